@@ -1,0 +1,104 @@
+// The untyped heart of a Graph: its nodes, its run lifecycle and the per-run counters that the
+// typed nodes touch on their hot path. Implemented in lib/graph_core.cpp.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "splitflow/config.hpp"
+#include "splitflow/detail/node.hpp"
+#include "splitflow/stats.hpp"
+
+namespace splitflow::detail {
+
+class RuntimeCore;
+class RunState;
+
+class GraphCore {
+ public:
+  GraphCore(std::shared_ptr<RuntimeCore> runtime, std::string name, GraphOptions opts);
+  /// Cancels an active run and waits for it.
+  ~GraphCore();
+  GraphCore(const GraphCore&) = delete;
+  GraphCore& operator=(const GraphCore&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  const GraphOptions& options() const noexcept { return opts_; }
+
+  // ---- building ------------------------------------------------------------------------------
+  /// Takes ownership of a new node; throws GraphError on a duplicate name or while running.
+  NodeBase& adopt(std::unique_ptr<NodeBase> node);
+  /// Throws GraphError if a run is active (the structure is frozen while running).
+  void check_mutable() const;
+
+  // ---- running -------------------------------------------------------------------------------
+  std::shared_ptr<RunState> start();
+  /// Stops the active run, if any: sources stop, queued items are dropped, running bodies
+  /// finish, and the run ends as cancelled (unless it already failed).
+  void cancel() noexcept;
+  /// Takes a unit of pending work if the run is not over (so it cannot end meanwhile).
+  bool try_acquire_unit() noexcept;
+  /// cancel() for a caller that holds a unit.
+  void cancel_holding_unit() noexcept;
+  /// Live figures of the active run.
+  RunStats snapshot() const;
+
+  // ---- hot path, called by nodes --------------------------------------------------------------
+  bool stopping() const noexcept { return stop_.load(std::memory_order_acquire); }
+  void add_items(std::uint64_t n) noexcept {
+    pending_.fetch_add(n << kItemShift, std::memory_order_relaxed);
+  }
+  /// Items left the graph (consumed or dropped). Sources waiting for max_in_flight are poked.
+  void retire_items(std::uint64_t n, WorkList& w) noexcept;
+  /// For a source holding its own lock: may it admit one more item? If not, it is poked later.
+  bool try_admit(NodeBase& source);
+  /// A unit of pending work (a task, an active source, a canceller) ended.
+  void release_unit() noexcept;
+  /// Records the first error of the run and stops it.
+  void fail(const NodeBase& node, std::uint64_t seq, std::exception_ptr error) noexcept;
+  /// Runs pokes and spawns claims found by a thread that is not a runtime task.
+  void dispatch_external(WorkList& w);
+  /// Throws the run's StageError if the current (or last) run failed.
+  void rethrow_if_failed() const;
+
+  /// Task body: run one claim and everything it leads to.
+  void run_task(NodeBase* first) noexcept;
+
+ private:
+  static constexpr int kItemShift = 32;
+  enum class StopReason : int { none, cancelled, failed };
+  void spawn(NodeBase& n);
+  void execute(WorkList& w);
+  void stop(StopReason why) noexcept;
+  void complete() noexcept;
+  void validate() const;
+  RunStats collect_stats(Ticks now, bool final) const;
+
+  std::shared_ptr<RuntimeCore> runtime_;
+  std::string name_;
+  GraphOptions opts_;
+  std::vector<std::unique_ptr<NodeBase>> nodes_;
+  std::vector<NodeBase*> sources_;
+
+  mutable std::mutex mu_;              // guards active_ and current_
+  bool active_ = false;
+  std::shared_ptr<RunState> current_;  // the active or last run
+
+  // Per run. pending_ = items << 32 | units (tasks, active sources, cancellers): the run is
+  // complete when it drops to zero, and item count gates sources against max_in_flight.
+  std::atomic<std::uint64_t> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<StopReason> stop_reason_{StopReason::none};
+  std::atomic<bool> token_waiting_{false};
+  std::mutex token_mu_;
+  std::vector<NodeBase*> token_waiters_;
+  bool telemetry_ = true;
+  Ticks start_ = 0;
+};
+
+}  // namespace splitflow::detail

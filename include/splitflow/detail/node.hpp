@@ -1,0 +1,180 @@
+// The executor's node protocol. Every stage is a NodeBase; the typed parts (queues, bodies,
+// emission) live in nodes.hpp. Read docs/architecture.md ("How an item flows") first.
+//
+// Slot protocol: a producer may start an invocation only after it has reserved one slot in
+// the input queue of each consumer (`try_reserve`). The slot is later filled (`push`) or given
+// back (`release_reservation`). A producer that cannot reserve registers itself as a waiter on
+// the full consumer and returns; the consumer pokes it when a slot frees. So outputs never
+// wait for space, queues never exceed their capacity, and no thread parks.
+//
+// Locking: one mutex per node. A thread holding node A's mutex may lock a consumer of A (and
+// transitively its consumers), never a producer. Graphs are acyclic, so this order is global
+// and deadlock-free. Wake-ups that go upstream (pokes) run with no lock held.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "splitflow/config.hpp"
+#include "splitflow/detail/clock.hpp"
+#include "splitflow/detail/small_vector.hpp"
+#include "splitflow/stats.hpp"
+
+namespace splitflow::detail {
+
+class NodeBase;
+class GraphCore;
+
+/// An item travelling through a graph, with the sequence number errors report.
+template <class T>
+struct Envelope {
+  T value;
+  std::uint64_t seq;
+};
+
+/// What running one claim turned up: claims to run next (the executor continues with the
+/// first on the same thread and spawns the others) and nodes to poke.
+struct WorkList {
+  SmallVector<NodeBase*, 4> claims;
+  SmallVector<NodeBase*, 4> pokes;
+};
+
+struct Edge {
+  NodeBase* node;
+  int port;
+};
+
+/// The typed entry of a node: fills a slot the producer reserved.
+template <class T>
+class Receiver {
+ public:
+  Receiver(NodeBase& node, int port) : node_(&node), port_(port) {}
+  virtual ~Receiver() = default;
+  virtual void push(Envelope<T>&& e, WorkList& w) = 0;
+  NodeBase& node() const noexcept { return *node_; }
+  int port() const noexcept { return port_; }
+
+ protected:
+  NodeBase* node_;
+  int port_;
+};
+
+class NodeBase {
+ public:
+  static constexpr int kMaxPorts = 2;
+
+  NodeBase(GraphCore& graph, std::string name, StageKind kind, const StageOptions& opts,
+           int ports);
+  virtual ~NodeBase();
+  NodeBase(const NodeBase&) = delete;
+  NodeBase& operator=(const NodeBase&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  StageKind kind() const noexcept { return kind_; }
+  GraphCore& graph() const noexcept { return *graph_; }
+  std::mutex& mutex() const noexcept { return mu_; }
+  std::size_t concurrency() const noexcept { return concurrency_; }
+  Order order() const noexcept { return order_; }
+  int ports() const noexcept { return nports_; }
+  /// Input queue capacity of every port, in items.
+  std::size_t capacity() const noexcept { return capacity_; }
+
+  // ---- executor ---------------------------------------------------------------------------
+  /// Runs one claim granted by collect_claims_locked(): pop, body, emit, finish.
+  virtual void run_claim(WorkList& w) = 0;
+  /// Capacity or tokens may have become free: grant what claims can be granted.
+  void poke(WorkList& w);
+
+  // ---- structure (build time) ---------------------------------------------------------------
+  void add_successor(NodeBase& consumer, int port);
+  const std::vector<Edge>& successors() const noexcept { return successors_; }
+  std::size_t predecessors(int port) const noexcept { return npred_[port]; }
+  /// Throws GraphError when the node's own settings or edges are invalid.
+  virtual void validate() const;
+
+  // ---- consumer side of the slot protocol ----------------------------------------------------
+  /// Called by a producer holding its own lock: reserve one slot on `port`, or register the
+  /// producer as a waiter and return false.
+  bool try_reserve(int port, NodeBase& producer);
+  /// A reserved slot will not be filled. Called with no lock of this node held.
+  void release_reservation(int port, WorkList& w);
+  /// Called with mu_ held, after the item was stored in the port's queue.
+  void arrived_locked(int port, WorkList& w);
+  /// Called with mu_ held when the item for a reserved slot was dropped (the run is stopping).
+  void rejected_locked(int port, WorkList& w);
+
+  // ---- run lifecycle (GraphCore) ------------------------------------------------------------
+  virtual void reset(Ticks start, bool telemetry);
+  /// Cancel: drop queued items (they are retired) and wake producers.
+  virtual void drop_queued(WorkList& w);
+  /// Empties the typed queues; returns how many items must be retired.
+  virtual std::size_t clear_queues_locked() { return 0; }
+  /// The run is over: let consumers of a pull sink see the end of the stream.
+  virtual void end_of_stream() {}
+  void finalize(Ticks end);
+  StageStats snapshot(Ticks now) const;
+
+ protected:
+  // All *_locked members run with mu_ held.
+  /// Items queued (per port: the count a claim can pop) that no granted claim owns yet.
+  virtual std::size_t ready_locked() const;
+  /// Extra admission check (sources: the graph's max_in_flight).
+  virtual bool admit_locked() { return true; }
+  void collect_claims_locked(WorkList& w);
+  /// An item left port's queue: account it and wake producers blocked on the space.
+  void popped_locked(int port, WorkList& w);
+  /// A body starts executing; returns its start time (0 without telemetry).
+  Ticks begin_invocation_locked();
+  /// A granted claim found nothing to pop (the run was cancelled): give everything back.
+  void abandon_claim_locked(WorkList& w);
+  /// Body done and output emitted (or not): release the claim and grant new ones.
+  void end_invocation(Ticks t0, bool emitted, WorkList& w);
+  void release_successors(WorkList& w);
+  void take_waiters_locked(WorkList& w);
+  void refresh_state_locked(Ticks now = 0);
+  bool telemetry() const noexcept { return telemetry_; }
+  bool sequenced() const noexcept { return sequenced_; }
+  std::size_t queued_locked(int port) const noexcept { return ports_[port].queued; }
+
+  GraphCore* graph_;
+  std::string name_;
+  StageKind kind_;
+  std::size_t concurrency_;
+  Order order_;
+  std::size_t capacity_;
+  int nports_;
+  std::vector<Edge> successors_;
+  std::size_t npred_[kMaxPorts] = {0, 0};
+
+  mutable std::mutex mu_;
+  struct Port {
+    std::size_t queued = 0;
+    std::size_t reserved = 0;
+  };
+  Port ports_[kMaxPorts];
+  std::size_t running_ = 0;    // granted claims not yet finished
+  std::size_t unpopped_ = 0;   // granted claims that have not popped their item yet
+  std::size_t executing_ = 0;  // bodies executing now
+  bool blocked_ = false;       // has input and free concurrency, but a consumer is full
+  bool telemetry_ = true;
+  bool sequenced_ = false;     // in-order with concurrency > 1: outputs go through a reorder ring
+  std::uint64_t next_ticket_ = 0;
+  std::vector<NodeBase*> waiters_;  // producers blocked on our capacity
+
+  // statistics (under mu_)
+  enum State : int { kStarved = 0, kBusy = 1, kBlocked = 2 };
+  int state_ = kStarved;
+  Ticks state_since_ = 0;
+  Ticks state_ticks_[3] = {0, 0, 0};
+  Ticks work_ticks_ = 0;
+  std::uint64_t items_in_ = 0;
+  std::uint64_t items_out_ = 0;
+  std::size_t max_executing_ = 0;
+  std::size_t max_queue_ = 0;
+};
+
+}  // namespace splitflow::detail

@@ -1,0 +1,43 @@
+// Exceptions thrown by splitflow. Messages name the graph, the stage and the item.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace splitflow {
+
+/// Base of everything splitflow throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The graph is malformed or used wrongly (bad edge, cycle, run while running, ...).
+class GraphError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A stage body (or a source's generator) threw. Thrown by `Run::wait()` and by pull sinks.
+/// The original exception is nested: `std::rethrow_if_nested(e)` rethrows it.
+class StageError : public Error {
+ public:
+  StageError(std::string graph, std::string stage, std::uint64_t item, std::string message);
+
+  const std::string& graph() const noexcept { return graph_; }
+  const std::string& stage() const noexcept { return stage_; }
+  /// Sequence number of the failing item: its index at the source that produced it
+  /// (for a zip, the index of the pair).
+  std::uint64_t item() const noexcept { return item_; }
+  /// The original exception's message.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::string graph_;
+  std::string stage_;
+  std::uint64_t item_;
+  std::string message_;
+};
+
+}  // namespace splitflow

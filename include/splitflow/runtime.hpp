@@ -1,0 +1,40 @@
+// Runtime: the shared executor that every graph of a process (or of a part of it) runs on.
+#pragma once
+
+#include <memory>
+
+#include "splitflow/config.hpp"
+
+namespace splitflow {
+
+namespace detail {
+class RuntimeCore;
+}
+
+/// Owns one oneTBB task arena. Any number of graphs run on it at once; a stage body runs on one
+/// of its threads, and no arena thread ever waits for queue space, input or a device.
+///
+/// Destroying a Runtime cancels the runs still in flight (as `Run::cancel()` does), waits for
+/// their running bodies to return, and then frees the threads. Graphs built on it may outlive
+/// it, but cannot run again (`Graph::run()` throws GraphError).
+///
+///     splitflow::Runtime rt({.threads = 8});
+class Runtime {
+ public:
+  explicit Runtime(RuntimeConfig config = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  /// Threads of the arena (config.threads, or the number of cores).
+  int threads() const noexcept;
+  const RuntimeConfig& config() const noexcept;
+
+  /// For the library's own layers.
+  const std::shared_ptr<detail::RuntimeCore>& core() const noexcept { return core_; }
+
+ private:
+  std::shared_ptr<detail::RuntimeCore> core_;
+};
+
+}  // namespace splitflow

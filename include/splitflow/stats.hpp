@@ -1,0 +1,54 @@
+// Per-stage and per-run statistics, readable while a run is in progress and after it ends.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace splitflow {
+
+enum class RunStatus { running, succeeded, failed, cancelled };
+const char* to_string(RunStatus s) noexcept;
+
+enum class StageKind { source, stage, sink, pull_sink, zip };
+const char* to_string(StageKind k) noexcept;
+
+/// What one stage did during a run. Times are in nanoseconds of the run's wall time.
+/// At every instant a stage is in exactly one state, so busy + starved + blocked == the run's
+/// wall time (up to the moment of a live snapshot):
+///  - busy:    at least one invocation of its body is executing;
+///  - blocked: it has input and free concurrency but a consumer's queue is full (or, for a
+///             source, the graph's max_in_flight is reached);
+///  - starved: otherwise (no input, or waiting for a thread). A pull sink counts as busy while
+///             items wait for the consumer.
+struct StageStats {
+  std::string name;
+  StageKind kind = StageKind::stage;
+  std::size_t concurrency_limit = 1;
+  std::size_t capacity = 0;          ///< input queue capacity (0 for sources)
+  std::uint64_t items_in = 0;        ///< items that arrived in its input queue(s)
+  std::uint64_t items_out = 0;       ///< items emitted (sources, stages) or consumed (sinks)
+  std::int64_t busy_ns = 0;
+  std::int64_t starved_ns = 0;
+  std::int64_t blocked_ns = 0;
+  std::int64_t work_ns = 0;          ///< sum of body durations (exceeds busy with concurrency)
+  std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
+  std::size_t max_queue = 0;         ///< most items seen queued at its input
+};
+
+struct RunStats {
+  std::string graph;
+  RunStatus status = RunStatus::running;
+  std::int64_t wall_ns = 0;
+  std::vector<StageStats> stages;  ///< in the order the stages were added to the graph
+
+  /// The stage called `name`, or nullptr.
+  const StageStats* find(std::string_view name) const noexcept;
+};
+
+/// A fixed-width text table of the stats, one row per stage.
+std::string format_table(const RunStats& stats);
+
+}  // namespace splitflow

@@ -1,0 +1,243 @@
+#include "splitflow/detail/node.hpp"
+
+#include <algorithm>
+
+#include "splitflow/detail/graph_core.hpp"
+#include "splitflow/error.hpp"
+
+namespace splitflow::detail {
+
+namespace {
+const char* what_of(StageKind k) {
+  switch (k) {
+    case StageKind::source: return "source";
+    case StageKind::sink: return "sink";
+    case StageKind::pull_sink: return "pull sink";
+    case StageKind::zip: return "zip";
+    case StageKind::stage: break;
+  }
+  return "stage";
+}
+}  // namespace
+
+NodeBase::NodeBase(GraphCore& graph, std::string name, StageKind kind, const StageOptions& opts,
+                   int ports)
+    : graph_(&graph),
+      name_(std::move(name)),
+      kind_(kind),
+      concurrency_(opts.concurrency),
+      order_(opts.order),
+      capacity_(opts.capacity ? opts.capacity : graph.options().default_capacity),
+      nports_(ports) {
+  if (concurrency_ == 0 && kind_ != StageKind::pull_sink)
+    throw GraphError(std::string("splitflow: ") + what_of(kind_) + " '" + name_ +
+                     "': concurrency must be at least 1 (Concurrency::serial)");
+}
+
+NodeBase::~NodeBase() = default;
+
+void NodeBase::add_successor(NodeBase& consumer, int port) {
+  successors_.push_back({&consumer, port});
+  ++consumer.npred_[port];
+}
+
+void NodeBase::validate() const {
+  const std::string who = std::string(what_of(kind_)) + " '" + name_ + "'";
+  for (int p = 0; p < nports_; ++p) {
+    if (npred_[p] != 0) continue;
+    if (kind_ == StageKind::zip)
+      throw GraphError("splitflow: " + who + ": its " + (p == 0 ? "first" : "second") +
+                       " input is not connected");
+    throw GraphError("splitflow: " + who + ": its input is not connected to any producer");
+  }
+  const bool has_output = kind_ == StageKind::source || kind_ == StageKind::stage ||
+                          kind_ == StageKind::zip;
+  if (has_output && successors_.empty())
+    throw GraphError("splitflow: " + who + ": its output is not connected to any consumer");
+  if (kind_ == StageKind::sink && concurrency_ > 1 && order_ == Order::in_order)
+    throw GraphError("splitflow: " + who +
+                     ": a sink with concurrency > 1 cannot run in order; give it "
+                     "Order::out_of_order, or concurrency 1");
+}
+
+void NodeBase::poke(WorkList& w) {
+  std::lock_guard lk(mu_);
+  collect_claims_locked(w);
+  refresh_state_locked();
+}
+
+bool NodeBase::try_reserve(int port, NodeBase& producer) {
+  std::lock_guard lk(mu_);
+  Port& p = ports_[port];
+  if (p.queued + p.reserved < capacity_) {
+    ++p.reserved;
+    return true;
+  }
+  if (std::find(waiters_.begin(), waiters_.end(), &producer) == waiters_.end())
+    waiters_.push_back(&producer);
+  return false;
+}
+
+void NodeBase::release_reservation(int port, WorkList& w) {
+  std::lock_guard lk(mu_);
+  --ports_[port].reserved;
+  take_waiters_locked(w);
+}
+
+void NodeBase::arrived_locked(int port, WorkList& w) {
+  Port& p = ports_[port];
+  --p.reserved;
+  ++p.queued;
+  ++items_in_;
+  max_queue_ = std::max(max_queue_, p.queued);
+  collect_claims_locked(w);
+  refresh_state_locked();
+}
+
+void NodeBase::rejected_locked(int port, WorkList& w) {
+  --ports_[port].reserved;
+  take_waiters_locked(w);
+  graph_->retire_items(1, w);
+}
+
+void NodeBase::popped_locked(int port, WorkList& w) {
+  --ports_[port].queued;
+  take_waiters_locked(w);
+}
+
+Ticks NodeBase::begin_invocation_locked() {
+  ++executing_;
+  max_executing_ = std::max(max_executing_, executing_);
+  const Ticks t0 = telemetry_ ? now_ticks() : 0;
+  refresh_state_locked(t0);
+  return t0;
+}
+
+void NodeBase::abandon_claim_locked(WorkList& w) {
+  --running_;
+  release_successors(w);  // consumers are downstream: locking them under ours is in order
+  refresh_state_locked();
+}
+
+void NodeBase::end_invocation(Ticks t0, bool emitted, WorkList& w) {
+  const Ticks t1 = telemetry_ ? now_ticks() : 0;
+  std::lock_guard lk(mu_);
+  --executing_;
+  --running_;
+  if (emitted) ++items_out_;
+  work_ticks_ += t1 - t0;
+  collect_claims_locked(w);
+  refresh_state_locked(t1);
+}
+
+void NodeBase::release_successors(WorkList& w) {
+  for (const Edge& e : successors_) e.node->release_reservation(e.port, w);
+}
+
+void NodeBase::take_waiters_locked(WorkList& w) {
+  if (waiters_.empty()) return;
+  for (NodeBase* n : waiters_) w.pokes.push_back(n);
+  waiters_.clear();
+}
+
+std::size_t NodeBase::ready_locked() const { return 0; }
+
+void NodeBase::collect_claims_locked(WorkList& w) {
+  bool blocked = false;
+  if (!graph_->stopping()) {
+    while (running_ < concurrency_ && ready_locked() > unpopped_) {
+      if (!admit_locked()) {
+        blocked = true;
+        break;
+      }
+      // Reserve a slot in every consumer; on the first full one, give back what we took and
+      // wait to be poked (try_reserve registered us).
+      std::size_t i = 0;
+      for (; i < successors_.size(); ++i)
+        if (!successors_[i].node->try_reserve(successors_[i].port, *this)) break;
+      if (i < successors_.size()) {
+        for (std::size_t j = 0; j < i; ++j)
+          successors_[j].node->release_reservation(successors_[j].port, w);
+        blocked = true;
+        break;
+      }
+      ++running_;
+      ++unpopped_;
+      w.claims.push_back(this);
+    }
+  }
+  blocked_ = blocked;
+}
+
+void NodeBase::refresh_state_locked(Ticks now) {
+  int s = executing_ > 0 ? kBusy : (blocked_ ? kBlocked : kStarved);
+  if (kind_ == StageKind::pull_sink) s = ports_[0].queued > 0 ? kBusy : kStarved;
+  if (s == state_) return;
+  if (telemetry_) {
+    if (now == 0) now = now_ticks();
+    state_ticks_[state_] += now - state_since_;
+    state_since_ = now;
+  }
+  state_ = s;
+}
+
+void NodeBase::reset(Ticks start, bool telemetry) {
+  std::lock_guard lk(mu_);
+  for (Port& p : ports_) p = Port{};
+  running_ = unpopped_ = executing_ = 0;
+  blocked_ = false;
+  telemetry_ = telemetry;
+  sequenced_ = order_ == Order::in_order && concurrency_ > 1 && !successors_.empty();
+  next_ticket_ = 0;
+  waiters_.clear();
+  state_ = kStarved;
+  state_since_ = start;
+  std::fill(std::begin(state_ticks_), std::end(state_ticks_), 0);
+  work_ticks_ = 0;
+  items_in_ = items_out_ = 0;
+  max_executing_ = max_queue_ = 0;
+}
+
+void NodeBase::drop_queued(WorkList& w) {
+  std::size_t n;
+  {
+    std::lock_guard lk(mu_);
+    n = clear_queues_locked();
+    for (Port& p : ports_) p.queued = 0;
+    blocked_ = false;
+    take_waiters_locked(w);
+    refresh_state_locked();
+  }
+  if (n) graph_->retire_items(n, w);
+}
+
+void NodeBase::finalize(Ticks end) {
+  std::lock_guard lk(mu_);
+  if (!telemetry_) return;
+  state_ticks_[state_] += end - state_since_;
+  state_since_ = end;
+}
+
+StageStats NodeBase::snapshot(Ticks now) const {
+  std::lock_guard lk(mu_);
+  StageStats s;
+  s.name = name_;
+  s.kind = kind_;
+  s.concurrency_limit = concurrency_;
+  s.capacity = kind_ == StageKind::source ? 0 : capacity_;
+  s.items_in = items_in_;
+  s.items_out = items_out_;
+  if (telemetry_) {
+    Ticks t[3] = {state_ticks_[0], state_ticks_[1], state_ticks_[2]};
+    if (now > state_since_) t[state_] += now - state_since_;
+    s.starved_ns = ticks_to_ns(t[kStarved]);
+    s.busy_ns = ticks_to_ns(t[kBusy]);
+    s.blocked_ns = ticks_to_ns(t[kBlocked]);
+    s.work_ns = ticks_to_ns(work_ticks_);
+  }
+  s.max_concurrency = max_executing_;
+  s.max_queue = max_queue_;
+  return s;
+}
+
+}  // namespace splitflow::detail

@@ -1,0 +1,49 @@
+// RunState: what a Run handle shares with the graph that runs it. Internal to the library.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "splitflow/stats.hpp"
+
+namespace splitflow::detail {
+
+class GraphCore;
+
+class RunState {
+ public:
+  explicit RunState(GraphCore* graph) : graph_(graph) {}
+
+  /// The first error of the run; later ones are ignored.
+  void record_error(const std::string& graph, const std::string& stage, std::uint64_t item,
+                    std::exception_ptr error);
+  void rethrow_if_failed() const;
+
+  /// The run ended: the graph is no longer touched through this state.
+  void publish(RunStatus status, RunStats stats);
+
+  RunStatus wait();
+  bool wait_for(std::chrono::nanoseconds timeout);
+  void cancel();
+  RunStatus status() const;
+  RunStats stats() const;
+
+ private:
+  [[noreturn]] void throw_error() const;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  GraphCore* graph_;  // valid while !done_
+  bool done_ = false;
+  RunStatus status_ = RunStatus::running;
+  RunStats final_;
+  std::exception_ptr error_;
+  std::string error_graph_, error_stage_;
+  std::uint64_t error_item_ = 0;
+};
+
+}  // namespace splitflow::detail

@@ -1,0 +1,100 @@
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
+
+#include <algorithm>
+
+#include "run_state.hpp"
+#include "runtime_core.hpp"
+#include "splitflow/error.hpp"
+#include "splitflow/runtime.hpp"
+
+namespace splitflow {
+namespace detail {
+namespace {
+
+thread_local RuntimeCore* t_current = nullptr;
+
+// oneTBB caps its worker pool at (cores - 1) unless told otherwise, and an arena whose
+// threads are all workers would then get fewer threads than it asked for. Raise the cap to
+// what the largest runtime needs; it only ever grows.
+void ensure_parallelism(int threads) {
+  static std::mutex mu;
+  static int current = 0;
+  static std::unique_ptr<tbb::global_control> control;
+  std::lock_guard lk(mu);
+  const int wanted = std::max(threads + 1, tbb::info::default_concurrency());
+  if (wanted <= current) return;
+  control.reset();  // the most restrictive active control wins, so drop the old one first
+  control = std::make_unique<tbb::global_control>(
+      tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(wanted));
+  current = wanted;
+}
+
+int resolve_threads(const RuntimeConfig& c) {
+  if (c.threads < 0) throw GraphError("splitflow::Runtime: threads must be >= 0 (0 = all cores)");
+  return c.threads > 0 ? c.threads : tbb::info::default_concurrency();
+}
+
+}  // namespace
+
+RuntimeCore::Observer::Observer(tbb::task_arena& arena, RuntimeCore* core)
+    : tbb::task_scheduler_observer(arena), core_(core) {
+  observe(true);
+}
+RuntimeCore::Observer::~Observer() { observe(false); }
+void RuntimeCore::Observer::on_scheduler_entry(bool) { t_current = core_; }
+void RuntimeCore::Observer::on_scheduler_exit(bool) { t_current = nullptr; }
+
+RuntimeCore* RuntimeCore::current() noexcept { return t_current; }
+
+RuntimeCore::RuntimeCore(RuntimeConfig config)
+    : config_(config),
+      threads_(resolve_threads(config)),
+      // No slot reserved for outside threads: callers never join the arena, they only enqueue.
+      arena_((ensure_parallelism(threads_), threads_), 0) {
+  arena_.initialize();
+  observer_ = std::make_unique<Observer>(arena_, this);
+}
+
+RuntimeCore::~RuntimeCore() { shutdown(); }
+
+void RuntimeCore::register_run(const std::shared_ptr<RunState>& run) {
+  std::lock_guard lk(mu_);
+  if (shut_down_)
+    throw GraphError("splitflow: the graph's Runtime has been destroyed; it cannot run again");
+  active_.push_back(run);
+}
+
+void RuntimeCore::unregister_run(const RunState* run) noexcept {
+  std::lock_guard lk(mu_);
+  std::erase_if(active_, [run](const auto& r) { return r.get() == run; });
+}
+
+void RuntimeCore::shutdown() noexcept {
+  std::vector<std::shared_ptr<RunState>> runs;
+  {
+    std::lock_guard lk(mu_);
+    if (shut_down_ && active_.empty() && !observer_) return;
+    shut_down_ = true;
+    runs = active_;
+  }
+  for (auto& r : runs) r->cancel();
+  for (auto& r : runs) {
+    try {
+      r->wait();
+    } catch (...) {  // a failed run is its owner's business
+    }
+  }
+  // Tasks may still be returning after the last run published its end.
+  arena_.execute([this] { group_.wait(); });
+  observer_.reset();
+}
+
+}  // namespace detail
+
+Runtime::Runtime(RuntimeConfig config) : core_(std::make_shared<detail::RuntimeCore>(config)) {}
+Runtime::~Runtime() { core_->shutdown(); }
+int Runtime::threads() const noexcept { return core_->threads(); }
+const RuntimeConfig& Runtime::config() const noexcept { return core_->config(); }
+
+}  // namespace splitflow
