@@ -50,31 +50,31 @@ void GraphCore::check_mutable() const {
     throw GraphError("splitflow::Graph '" + name_ + "': cannot change the graph while it runs");
 }
 
-void GraphCore::validate() const {
+void GraphCore::validate() {
   if (sources_.empty()) throw GraphError("splitflow::Graph '" + name_ + "': it has no source");
   for (const auto& n : nodes_) n->validate();
   // Kahn's algorithm: the per-node lock order relies on the graph being acyclic.
   std::unordered_map<const NodeBase*, std::size_t> indegree;
   for (const auto& n : nodes_)
     for (const Edge& e : n->successors()) ++indegree[e.node];
-  std::vector<const NodeBase*> ready;
+  std::vector<NodeBase*> ready, order;
   for (const auto& n : nodes_)
     if (indegree[n.get()] == 0) ready.push_back(n.get());
-  std::size_t seen = 0;
   while (!ready.empty()) {
-    const NodeBase* n = ready.back();
+    NodeBase* n = ready.back();
     ready.pop_back();
-    ++seen;
+    order.push_back(n);
     for (const Edge& e : n->successors())
       if (--indegree[e.node] == 0) ready.push_back(e.node);
   }
-  if (seen != nodes_.size()) {
+  if (order.size() != nodes_.size()) {
     std::string names;
     for (const auto& n : nodes_)
       if (indegree[n.get()] > 0) names += (names.empty() ? "'" : ", '") + n->name() + "'";
     throw GraphError("splitflow::Graph '" + name_ + "': it has a cycle through " + names +
                      " (graphs must be acyclic)");
   }
+  topo_ = std::move(order);
 }
 
 std::shared_ptr<RunState> GraphCore::start() {
@@ -138,7 +138,7 @@ void GraphCore::execute(WorkList& w) {
 void GraphCore::spawn(NodeBase& n) {
   pending_.fetch_add(1, std::memory_order_relaxed);
   NodeBase* node = &n;
-  runtime_->spawn([this, node] { run_task(node); }, node->kind() == StageKind::source);
+  runtime_->spawn([this, node] { run_task(node); }, false);
 }
 
 void GraphCore::dispatch_external(WorkList& w) {
@@ -219,23 +219,26 @@ void GraphCore::rethrow_if_failed() const {
   if (run) run->rethrow_if_failed();
 }
 
-RunStats GraphCore::collect_stats(Ticks now, bool final) const {
+RunStats GraphCore::collect_stats(bool final) const {
+  // Hold every node's lock, taken in topological order (the global lock order), so that all
+  // stages are read at the same instant and each one's states add up to the wall time.
+  std::vector<std::unique_lock<SpinLock>> locks;
+  locks.reserve(topo_.size());
+  for (NodeBase* n : topo_) locks.emplace_back(n->mutex());
+  const Ticks now = now_ticks();
   RunStats st;
   st.graph = name_;
+  st.status = RunStatus::running;
   st.wall_ns = ticks_to_ns(now - start_);
   st.stages.reserve(nodes_.size());
   for (const auto& n : nodes_) {
-    if (final) n->finalize(now);
-    st.stages.push_back(n->snapshot(now));
+    if (final) n->finalize_locked(now);
+    st.stages.push_back(n->snapshot_locked(now));
   }
   return st;
 }
 
-RunStats GraphCore::snapshot() const {
-  RunStats st = collect_stats(now_ticks(), false);
-  st.status = RunStatus::running;
-  return st;
-}
+RunStats GraphCore::snapshot() const { return collect_stats(false); }
 
 void GraphCore::complete() noexcept {
   std::shared_ptr<RunState> run;
@@ -243,7 +246,7 @@ void GraphCore::complete() noexcept {
     std::lock_guard lk(mu_);
     run = current_;
   }
-  RunStats st = collect_stats(now_ticks(), true);
+  RunStats st = collect_stats(true);
   const StopReason why = stop_reason_.load();
   const RunStatus status = why == StopReason::failed      ? RunStatus::failed
                            : why == StopReason::cancelled ? RunStatus::cancelled

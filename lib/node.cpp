@@ -211,15 +211,13 @@ void NodeBase::drop_queued(WorkList& w) {
   if (n) graph_->retire_items(n, w);
 }
 
-void NodeBase::finalize(Ticks end) {
-  std::lock_guard lk(mu_);
+void NodeBase::finalize_locked(Ticks end) {
   if (!telemetry_) return;
   state_ticks_[state_] += end - state_since_;
   state_since_ = end;
 }
 
-StageStats NodeBase::snapshot(Ticks now) const {
-  std::lock_guard lk(mu_);
+StageStats NodeBase::snapshot_locked(Ticks now) const {
   StageStats s;
   s.name = name_;
   s.kind = kind_;

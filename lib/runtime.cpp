@@ -12,8 +12,6 @@ namespace splitflow {
 namespace detail {
 namespace {
 
-thread_local RuntimeCore* t_current = nullptr;
-
 // oneTBB caps its worker pool at (cores - 1) unless told otherwise, and an arena whose
 // threads are all workers would then get fewer threads than it asked for. Raise the cap to
 // what the largest runtime needs; it only ever grows.
@@ -37,15 +35,7 @@ int resolve_threads(const RuntimeConfig& c) {
 
 }  // namespace
 
-RuntimeCore::Observer::Observer(tbb::task_arena& arena, RuntimeCore* core)
-    : tbb::task_scheduler_observer(arena), core_(core) {
-  observe(true);
-}
-RuntimeCore::Observer::~Observer() { observe(false); }
-void RuntimeCore::Observer::on_scheduler_entry(bool) { t_current = core_; }
-void RuntimeCore::Observer::on_scheduler_exit(bool) { t_current = nullptr; }
-
-RuntimeCore* RuntimeCore::current() noexcept { return t_current; }
+thread_local RuntimeCore* RuntimeCore::t_current = nullptr;
 
 RuntimeCore::RuntimeCore(RuntimeConfig config)
     : config_(config),
@@ -53,7 +43,6 @@ RuntimeCore::RuntimeCore(RuntimeConfig config)
       // No slot reserved for outside threads: callers never join the arena, they only enqueue.
       arena_((ensure_parallelism(threads_), threads_), 0) {
   arena_.initialize();
-  observer_ = std::make_unique<Observer>(arena_, this);
 }
 
 RuntimeCore::~RuntimeCore() { shutdown(); }
@@ -74,7 +63,6 @@ void RuntimeCore::shutdown() noexcept {
   std::vector<std::shared_ptr<RunState>> runs;
   {
     std::lock_guard lk(mu_);
-    if (shut_down_ && active_.empty() && !observer_) return;
     shut_down_ = true;
     runs = active_;
   }
@@ -87,7 +75,6 @@ void RuntimeCore::shutdown() noexcept {
   }
   // Tasks may still be returning after the last run published its end.
   arena_.execute([this] { group_.wait(); });
-  observer_.reset();
 }
 
 }  // namespace detail

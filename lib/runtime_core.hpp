@@ -3,7 +3,6 @@
 
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
-#include <oneapi/tbb/task_scheduler_observer.h>
 
 #include <memory>
 #include <mutex>
@@ -31,10 +30,16 @@ class RuntimeCore {
   /// graphs take turns: every source item enters the arena this way.
   template <class F>
   void spawn(F&& f, bool fair) {
-    if (!fair && current() == this) {
-      group_.run(std::forward<F>(f));
+    auto task = [this, fn = std::forward<F>(f)] {
+      // Marks the thread as running this runtime's task, so that its own spawns go local.
+      RuntimeCore* const outer = std::exchange(t_current, this);
+      fn();
+      t_current = outer;
+    };
+    if (!fair && t_current == this) {
+      group_.run(std::move(task));
     } else {
-      arena_.enqueue(group_.defer(std::forward<F>(f)));
+      arena_.enqueue(group_.defer(std::move(task)));
     }
   }
 
@@ -45,24 +50,12 @@ class RuntimeCore {
   void shutdown() noexcept;
 
  private:
-  static RuntimeCore* current() noexcept;
-
-  class Observer final : public tbb::task_scheduler_observer {
-   public:
-    Observer(tbb::task_arena& arena, RuntimeCore* core);
-    ~Observer() override;
-    void on_scheduler_entry(bool) override;
-    void on_scheduler_exit(bool) override;
-
-   private:
-    RuntimeCore* core_;
-  };
+  static thread_local RuntimeCore* t_current;
 
   RuntimeConfig config_;
   int threads_;
   tbb::task_arena arena_;
   tbb::task_group group_;
-  std::unique_ptr<Observer> observer_;
   std::mutex mu_;
   bool shut_down_ = false;
   std::vector<std::shared_ptr<RunState>> active_;

@@ -1,20 +1,299 @@
+// Graph semantics: ordering, fan-out / merge / zip, sources, move-only items, validation.
+// Each test names the requirement of the "Foundation" issue it checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
 #include <splitflow/splitflow.hpp>
-
+#include <string>
 #include <vector>
 
-TEST(Smoke, ChainDeliversInOrder) {
-  splitflow::Runtime rt({.threads = 4});
-  splitflow::Graph g(rt, "smoke");
-  auto src = g.source("numbers", std::vector<int>{1, 2, 3, 4, 5});
-  auto sq = g.stage("square", [](int x) { return long(x) * x; }, {.concurrency = 4});
-  auto out = g.pull_sink<long>("out");
-  src >> sq >> out;
-  auto run = g.run();
+#include "helpers.hpp"
+
+using namespace splitflow;
+using testing_helpers::counter;
+using testing_helpers::MoveOnly;
+using testing_helpers::spin_us;
+using testing_helpers::Tracked;
+
+namespace {
+
+std::vector<long> iota_vec(long n) {
+  std::vector<long> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 0L);
+  return v;
+}
+
+// Random work per item, seeded by the item so that runs are repeatable in what they do.
+double work_for(long item) {
+  std::mt19937 rng(static_cast<unsigned>(item) * 2654435761u);
+  return std::uniform_real_distribution<double>(0.0, 30.0)(rng);
+}
+
+}  // namespace
+
+// "ordering: in-order: output order equals input order even when parallel"
+TEST(Ordering, InOrderParallelStagesPreserveSourceOrder) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "ordered");
+  auto src = g.source("n", counter(3000));
+  auto a = g.stage("a", [](long x) { spin_us(work_for(x)); return x * 3; }, {.concurrency = 4});
+  auto b = g.stage("b", [](long x) { spin_us(work_for(x + 7)); return x + 1; },
+                   {.concurrency = Concurrency::unlimited});
   std::vector<long> got;
-  for (long v : out) got.push_back(v);
-  EXPECT_EQ(run.wait(), splitflow::RunStatus::succeeded);
-  EXPECT_EQ(got, (std::vector<long>{1, 4, 9, 16, 25}));
-  std::printf("%s", splitflow::format_table(run.stats()).c_str());
+  auto sink = g.sink("collect", [&](long x) { got.push_back(x); });
+  src >> a >> b >> sink;
+  EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), 3000u);
+  for (long i = 0; i < 3000; ++i) ASSERT_EQ(got[i], i * 3 + 1) << "at position " << i;
+}
+
+// "out-of-order" delivers every item exactly once; with random work the order does change.
+TEST(Ordering, OutOfOrderDeliversEveryItemOnce) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "unordered");
+  auto src = g.source("n", counter(2000));
+  auto a = g.stage("a", [](long x) { spin_us(work_for(x)); return x; },
+                   {.concurrency = 4, .order = Order::out_of_order});
+  std::vector<long> got;
+  auto sink = g.sink("collect", [&](long x) { got.push_back(x); });
+  src >> a >> sink;
+  g.run().wait();
+  std::vector<long> sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, iota_vec(2000));
+}
+
+// "fan-out (one output feeding several stages, each getting every item)"
+TEST(Topology, FanOutGivesEveryConsumerEveryItem) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "fan-out");
+  auto src = g.source("n", counter(1000));
+  auto twice = g.stage("twice", [](long x) { return 2 * x; }, {.concurrency = 3});
+  auto plus = g.stage("plus", [](long x) { return x + 5000; },
+                      {.concurrency = 2, .order = Order::out_of_order});
+  std::vector<long> from_twice, from_plus;
+  auto s1 = g.sink("s1", [&](long x) { from_twice.push_back(x); });
+  auto s2 = g.sink("s2", [&](long x) { from_plus.push_back(x); });
+  fan_out(src, twice, plus);
+  twice >> s1;
+  plus >> s2;
+  g.run().wait();
+  std::vector<long> want_twice, want_plus;
+  for (long i = 0; i < 1000; ++i) {
+    want_twice.push_back(2 * i);
+    want_plus.push_back(i + 5000);
+  }
+  EXPECT_EQ(from_twice, want_twice);  // in order
+  std::sort(from_plus.begin(), from_plus.end());
+  EXPECT_EQ(from_plus, want_plus);
+}
+
+// "merge (several inputs of one type into one stage)"
+TEST(Topology, MergeTakesEveryItemOfEveryProducer) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "merge");
+  auto low = g.source("low", counter(700));
+  auto high = g.source("high", std::vector<long>(iota_vec(500)));
+  auto shift = g.stage("shift", [](long x) { return x + 10000; });
+  auto mix = g.stage("mix", [](long x) { return x; }, {.concurrency = 2});
+  std::vector<long> got;
+  auto sink = g.sink("collect", [&](long x) { got.push_back(x); });
+  high >> shift;
+  connect(low, mix);
+  connect(shift, mix);
+  mix >> sink;
+  g.run().wait();
+  std::vector<long> want = iota_vec(700);
+  for (long i = 0; i < 500; ++i) want.push_back(i + 10000);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+  // Each producer's own items keep their order through an in-order merge stage.
+}
+
+// "zip (pair the i-th items of two branches into a std::pair)"
+TEST(Topology, ZipPairsTheIthItemsOfTwoBranches) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "zip");
+  auto src = g.source("n", counter(1500));
+  auto doubled = g.stage("doubled", [](long x) { spin_us(work_for(x)); return 2 * x; },
+                         {.concurrency = 3});
+  auto named = g.stage("named", [](long x) { return std::to_string(x); }, {.concurrency = 2});
+  auto pair = g.zip<long, std::string>("pair");
+  std::vector<std::pair<long, std::string>> got;
+  auto sink = g.sink("collect", [&](std::pair<long, std::string> p) { got.push_back(p); });
+  fan_out(src, doubled, named);
+  connect(doubled, pair.first());
+  connect(named, pair.second());
+  pair >> sink;
+  g.run().wait();
+  ASSERT_EQ(got.size(), 1500u);
+  for (long i = 0; i < 1500; ++i) {
+    ASSERT_EQ(got[i].first, 2 * i);
+    ASSERT_EQ(got[i].second, std::to_string(i));
+  }
+}
+
+// "sources (from a generator callable, or from an iterator range)"
+TEST(Sources, IteratorRangeAndGeneratorRestartOnEveryRun) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "sources");
+  const std::vector<std::string> words{"a", "bb", "ccc"};
+  auto w = g.source("words", words.begin(), words.end());
+  auto len = g.stage("len", [](std::string s) { return static_cast<long>(s.size()); });
+  auto out = g.pull_sink<long>("out");
+  w >> len >> out;
+  for (int round = 0; round < 3; ++round) {
+    auto run = g.run();
+    std::vector<long> got;
+    for (long v : out) got.push_back(v);
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(got, (std::vector<long>{1, 2, 3})) << "round " << round;
+  }
+}
+
+// "Movable-only item types work ... no item is copied by the runtime outside fan-out"
+TEST(Items, MoveOnlyItemsFlowWithZeroCopies) {
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 4});
+    Graph g(rt, "move-only");
+    auto src = g.source("make", [i = 0]() mutable -> std::optional<MoveOnly> {
+      if (i == 500) return std::nullopt;
+      return MoveOnly(i++);
+    });
+    auto boxed = g.stage("box", [](MoveOnly m) { return std::make_unique<int>(m.t.value * 2); },
+                         {.concurrency = 3});
+    auto unbox = g.stage("unbox", [](std::unique_ptr<int> p) { return MoveOnly(*p + 1); },
+                         {.concurrency = 2, .order = Order::out_of_order});
+    auto out = g.pull_sink<MoveOnly>("out", 4);
+    src >> boxed >> unbox >> out;
+    auto run = g.run();
+    std::vector<int> got;
+    while (auto m = out.next()) got.push_back(m->t.value);
+    run.wait();
+    std::sort(got.begin(), got.end());
+    ASSERT_EQ(got.size(), 500u);
+    for (int i = 0; i < 500; ++i) ASSERT_EQ(got[i], 2 * i + 1);
+  }
+  EXPECT_EQ(Tracked::copies.load(), 0) << "the runtime copied items";
+  EXPECT_EQ(Tracked::live.load(), 0) << "items leaked";
+}
+
+// Copyable items are not copied either (moves only), except by fan-out: one copy per extra
+// consumer per item.
+TEST(Items, CopyableItemsAreCopiedOnlyByFanOut) {
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 3});
+    Graph g(rt, "copies");
+    auto src = g.source("make", [i = 0]() mutable -> std::optional<Tracked> {
+      if (i == 300) return std::nullopt;
+      return Tracked(i++);
+    });
+    auto id = g.stage("id", [](Tracked t) { return t; }, {.concurrency = 2});
+    long sum1 = 0, sum2 = 0;
+    auto s1 = g.sink("s1", [&](Tracked t) { sum1 += t.value; });
+    auto s2 = g.sink("s2", [&](Tracked t) { sum2 += t.value; });
+    src >> id;
+    fan_out(id, s1, s2);
+    g.run().wait();
+    EXPECT_EQ(sum1, 299 * 300 / 2);
+    EXPECT_EQ(sum2, 299 * 300 / 2);
+  }
+  EXPECT_EQ(Tracked::copies.load(), 300);
+  EXPECT_EQ(Tracked::live.load(), 0);
+}
+
+TEST(Validation, MalformedGraphsAreRejectedWithTheStageNamed) {
+  Runtime rt({.threads = 2});
+  auto message_of = [](Graph& g) {
+    try {
+      g.run().wait();
+    } catch (const GraphError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  {
+    Graph g(rt, "dangling-output");
+    auto src = g.source("n", counter(3));
+    auto st = g.stage("orphan", [](long x) { return x; });
+    src >> st;
+    EXPECT_NE(message_of(g).find("stage 'orphan': its output is not connected"),
+              std::string::npos);
+  }
+  {
+    Graph g(rt, "dangling-input");
+    auto src = g.source("n", counter(3));
+    auto st = g.sink("lonely", [](long) {});
+    auto st2 = g.sink("fed", [](long) {});
+    src >> st2;
+    (void)st;
+    EXPECT_NE(message_of(g).find("sink 'lonely': its input is not connected"), std::string::npos);
+  }
+  {
+    Graph g(rt, "half-zip");
+    auto src = g.source("n", counter(3));
+    auto z = g.zip<long, long>("z");
+    auto sink = g.sink("s", [](std::pair<long, long>) {});
+    connect(src, z.first());
+    z >> sink;
+    EXPECT_NE(message_of(g).find("zip 'z': its second input is not connected"),
+              std::string::npos);
+  }
+  {
+    Graph g(rt, "cycle");
+    auto src = g.source("n", counter(3));
+    auto a = g.stage("a", [](long x) { return x; });
+    auto b = g.stage("b", [](long x) { return x; });
+    auto sink = g.sink("s", [](long) {});
+    src >> a >> b >> sink;
+    connect(b, a);
+    EXPECT_NE(message_of(g).find("cycle through 'a', 'b'"), std::string::npos) << message_of(g);
+  }
+  {
+    Graph g(rt, "no-source");
+    auto s = g.stage("a", [](long x) { return x; });
+    (void)s;
+    EXPECT_NE(message_of(g).find("it has no source"), std::string::npos);
+  }
+  {
+    Graph g(rt, "parallel-ordered-sink");
+    auto src = g.source("n", counter(3));
+    auto sink = g.sink("s", [](long) {}, {.concurrency = 2});
+    src >> sink;
+    EXPECT_NE(message_of(g).find("sink 's': a sink with concurrency > 1 cannot run in order"),
+              std::string::npos);
+  }
+  Graph g(rt, "names");
+  g.source("x", counter(1));
+  EXPECT_THROW(g.stage("x", [](long v) { return v; }), GraphError);
+  EXPECT_THROW(g.stage("zero", [](long v) { return v; }, {.concurrency = 0}), GraphError);
+}
+
+// Fan-out of a move-only type through connect() is refused at the second edge, with advice.
+TEST(Validation, SecondConsumerOfMoveOnlyItemsIsRefused) {
+  Runtime rt({.threads = 1});
+  Graph g(rt, "move-only-fan-out");
+  auto src = g.source("make", []() -> std::optional<std::unique_ptr<int>> { return {}; });
+  auto s1 = g.sink("s1", [](std::unique_ptr<int>) {});
+  auto s2 = g.sink("s2", [](std::unique_ptr<int>) {});
+  src >> s1;
+  try {
+    src >> s2;
+    FAIL() << "expected GraphError";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a copyable type"), std::string::npos);
+  }
+}
+
+TEST(Validation, ConnectingAcrossGraphsIsRefused) {
+  Runtime rt({.threads = 1});
+  Graph g1(rt, "one"), g2(rt, "two");
+  auto a = g1.source("a", counter(1));
+  auto b = g2.sink("b", [](long) {});
+  EXPECT_THROW(a >> b, GraphError);
 }

@@ -76,14 +76,15 @@ class GraphCore {
   void execute(WorkList& w);
   void stop(StopReason why) noexcept;
   void complete() noexcept;
-  void validate() const;
-  RunStats collect_stats(Ticks now, bool final) const;
+  void validate();
+  RunStats collect_stats(bool final) const;
 
   std::shared_ptr<RuntimeCore> runtime_;
   std::string name_;
   GraphOptions opts_;
   std::vector<std::unique_ptr<NodeBase>> nodes_;
   std::vector<NodeBase*> sources_;
+  std::vector<NodeBase*> topo_;  // topological order, set by validate()
 
   mutable std::mutex mu_;              // guards active_ and current_
   bool active_ = false;

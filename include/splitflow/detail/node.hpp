@@ -22,6 +22,7 @@
 #include "splitflow/config.hpp"
 #include "splitflow/detail/clock.hpp"
 #include "splitflow/detail/small_vector.hpp"
+#include "splitflow/detail/spin_lock.hpp"
 #include "splitflow/stats.hpp"
 
 namespace splitflow::detail {
@@ -76,7 +77,7 @@ class NodeBase {
   const std::string& name() const noexcept { return name_; }
   StageKind kind() const noexcept { return kind_; }
   GraphCore& graph() const noexcept { return *graph_; }
-  std::mutex& mutex() const noexcept { return mu_; }
+  SpinLock& mutex() const noexcept { return mu_; }
   std::size_t concurrency() const noexcept { return concurrency_; }
   Order order() const noexcept { return order_; }
   int ports() const noexcept { return nports_; }
@@ -115,8 +116,9 @@ class NodeBase {
   virtual std::size_t clear_queues_locked() { return 0; }
   /// The run is over: let consumers of a pull sink see the end of the stream.
   virtual void end_of_stream() {}
-  void finalize(Ticks end);
-  StageStats snapshot(Ticks now) const;
+  // With mu_ held (GraphCore holds every node's lock for a consistent snapshot).
+  void finalize_locked(Ticks end);
+  StageStats snapshot_locked(Ticks now) const;
 
  protected:
   // All *_locked members run with mu_ held.
@@ -150,7 +152,7 @@ class NodeBase {
   std::vector<Edge> successors_;
   std::size_t npred_[kMaxPorts] = {0, 0};
 
-  mutable std::mutex mu_;
+  mutable SpinLock mu_;
   struct Port {
     std::size_t queued = 0;
     std::size_t reserved = 0;

@@ -2,7 +2,10 @@
 // NodeBase (lib/node.cpp); what is here is only what needs the item types.
 #pragma once
 
+#include <algorithm>
+#include <cassert>
 #include <condition_variable>
+#include <limits>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -64,9 +67,11 @@ class Emitter : public NodeBase {
     NodeBase::reset(start, telemetry);
     reorder_.clear();
     if (sequenced()) {
-      // Every output waiting here holds a reserved slot in each consumer, so the tickets in
-      // flight span at most the smallest consumer capacity.
-      std::size_t span = concurrency_;
+      // Every popped ticket not yet emitted (running, or finished and waiting here for an
+      // earlier one) holds a reserved slot in each consumer, so the tickets in flight span at
+      // most the smallest consumer capacity. (Not the concurrency: waiting outputs no longer
+      // count against it.)
+      std::size_t span = std::numeric_limits<std::size_t>::max();
       for (const Edge& e : successors_) span = std::min(span, e.node->capacity());
       reorder_.resize(std::max<std::size_t>(span, 1));
     }
@@ -105,6 +110,7 @@ class Emitter : public NodeBase {
     }
     std::lock_guard lk(mu_);
     Slot& mine = reorder_[ticket % reorder_.size()];
+    assert(!mine.full && "reorder ring overrun");
     mine.value = std::move(out);
     mine.full = true;
     for (;;) {
@@ -434,7 +440,7 @@ class PullSinkNode final : public NodeBase {
 
   Port in_;
   std::deque<T> queue_;
-  std::condition_variable cv_;
+  std::condition_variable_any cv_;
   bool eos_ = true;
 };
 

@@ -1,0 +1,65 @@
+# The newcomer's commands. Each one installs what is missing, configures, builds and runs.
+#   make demo    the main job: the demonstration and its report
+#   make test    every test: release, ASan+UBSan, TSan, the installed-package consumer
+#   make bench   the benchmark suite (Google Benchmark JSON under build/bench/)
+.PHONY: all deps release demo test test-release test-asan test-tsan test-consumer bench clean
+
+JOBS    ?= $(shell nproc)
+BUILD   ?= build
+CMAKE   ?= cmake
+CTEST   ?= ctest --output-on-failure -j $(JOBS) --timeout 600
+# Sanitizer builds skip the CUDA backend: its device tests skip here anyway, and the release
+# build compiles and links it.
+SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPLITFLOW_WITH_CUDA=OFF \
+            -DSPLITFLOW_BUILD_BENCHMARKS=OFF -DSPLITFLOW_BUILD_EXAMPLES=OFF
+
+all: release
+
+deps:
+	@scripts/install-deps.sh
+
+release: deps
+	$(CMAKE) -S . -B $(BUILD)/release -DCMAKE_BUILD_TYPE=Release
+	$(CMAKE) --build $(BUILD)/release -j $(JOBS)
+
+demo: release
+	$(BUILD)/release/examples/cpu_pipeline
+
+test: test-release test-asan test-tsan test-consumer
+	@echo "make test: all suites passed"
+
+test-release: release
+	cd $(BUILD)/release && $(CTEST)
+
+test-asan: deps
+	$(CMAKE) -S . -B $(BUILD)/asan $(SAN_FLAGS) -DSPLITFLOW_SANITIZE=address,undefined
+	$(CMAKE) --build $(BUILD)/asan -j $(JOBS)
+	cd $(BUILD)/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(CTEST)
+
+# oneTBB itself is rebuilt with -fsanitize=thread from Debian's source package (see the script).
+test-tsan: deps
+	scripts/build-tsan-tbb.sh $(BUILD)/tsan-tbb
+	$(CMAKE) -S . -B $(BUILD)/tsan $(SAN_FLAGS) -DSPLITFLOW_SANITIZE=thread \
+	  -DTBB_DIR=$(abspath $(BUILD)/tsan-tbb)/lib/cmake/TBB
+	$(CMAKE) --build $(BUILD)/tsan -j $(JOBS)
+	cd $(BUILD)/tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(CTEST)
+
+# A separate project that finds the *installed* package with find_package(splitflow CONFIG).
+test-consumer: release
+	rm -rf $(BUILD)/consumer $(BUILD)/install-test
+	$(CMAKE) --install $(BUILD)/release --prefix $(abspath $(BUILD)/install-test)
+	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(BUILD)/install-test)
+	$(CMAKE) --build $(BUILD)/consumer -j $(JOBS)
+	$(BUILD)/consumer/consumer
+
+bench: release
+	mkdir -p $(BUILD)/bench
+	@for b in $(BUILD)/release/benchmarks/bench_*; do \
+	  echo "== $$b"; \
+	  $$b --benchmark_format=console --benchmark_out_format=json \
+	      --benchmark_out=$(BUILD)/bench/$$(basename $$b).json || exit 1; \
+	done
+
+clean:
+	rm -rf $(BUILD)

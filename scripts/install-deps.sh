@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages splitflow needs, only those missing. Idempotent; fast (one
+# dpkg-query) when everything is there. Nothing else is downloaded at build time.
+set -euo pipefail
+
+packages=(
+  # build
+  cmake g++ make pkg-config
+  # libraries
+  libtbb-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # the TSan build of oneTBB is built from Debian's own source package (scripts/build-tsan-tbb.sh)
+  dpkg-dev xz-utils
+)
+
+missing=()
+status=$(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' "${packages[@]}" 2>/dev/null || true)
+for p in "${packages[@]}"; do
+  grep -q "^$p ii" <<<"$status" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+# Update the lists only if a package is unknown to them (a fresh machine), not every time.
+if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then
+  $sudo apt-get update -q
+fi
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

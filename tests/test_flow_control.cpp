@@ -1,0 +1,198 @@
+// Flow control: concurrency limits, bounded queues, max_in_flight, and the rule that no arena
+// thread ever waits for queue space or input.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <splitflow/splitflow.hpp>
+#include <thread>
+
+#include "helpers.hpp"
+
+using namespace splitflow;
+using testing_helpers::counter;
+using testing_helpers::raise_max;
+using testing_helpers::spin_us;
+
+namespace {
+
+// Bodies that hold until `limit` of them run at once (the first time only), so that the
+// observed maximum reaches the limit if and only if the runtime allows it.
+struct Rendezvous {
+  explicit Rendezvous(long limit) : limit(limit) {}
+  void enter() {
+    std::unique_lock lk(mu);
+    ++current;
+    max_seen = std::max(max_seen, current);
+    if (current >= limit) met = true;
+    cv.notify_all();
+    cv.wait_for(lk, std::chrono::seconds(20), [&] { return met; });
+  }
+  void leave() {
+    std::lock_guard lk(mu);
+    --current;
+  }
+  const long limit;
+  std::mutex mu;
+  std::condition_variable cv;
+  long current = 0;
+  long max_seen = 0;
+  bool met = false;
+};
+
+}  // namespace
+
+// "observed max concurrency equals the limit (never more)"
+TEST(Concurrency, ObservedMaximumEqualsTheLimit) {
+  for (std::size_t limit : {1u, 3u, 5u}) {
+    Runtime rt({.threads = 8});
+    Graph g(rt, "limit");
+    Rendezvous rv(static_cast<long>(limit));
+    auto src = g.source("n", counter(400));
+    auto work = g.stage("work", [&](long x) {
+      rv.enter();
+      spin_us(20);
+      rv.leave();
+      return x;
+    }, {.concurrency = limit, .order = Order::out_of_order});
+    long n = 0;
+    auto sink = g.sink("count", [&](long) { ++n; });
+    src >> work >> sink;
+    auto run = g.run();
+    run.wait();
+    EXPECT_TRUE(rv.met) << "limit " << limit << " never reached";
+    EXPECT_EQ(rv.max_seen, static_cast<long>(limit));
+    EXPECT_EQ(run.stats().find("work")->max_concurrency, limit);
+    EXPECT_EQ(n, 400);
+  }
+}
+
+// "bounded queues bound items in flight under a slow sink (measure the maximum)"
+TEST(Backpressure, BoundedQueuesBoundItemsInFlightUnderASlowSink) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "slow-sink", {.max_in_flight = 1000});
+  std::atomic<long> produced{0}, consumed{0}, max_in_flight{0};
+  auto src = g.source("fast", [&, i = 0L]() mutable -> std::optional<long> {
+    if (i == 3000) return std::nullopt;
+    raise_max(max_in_flight, ++produced - consumed);
+    return i++;
+  });
+  auto mid = g.stage("mid", [](long x) { return x; }, {.concurrency = 2, .capacity = 4});
+  auto sink = g.sink("slow", [&](long) {
+    spin_us(20);
+    ++consumed;
+  }, {.capacity = 3});
+  src >> mid >> sink;
+  auto run = g.run();
+  run.wait();
+  EXPECT_EQ(consumed.load(), 3000);
+  // An item is in mid's queue or a source body (at most 4 reserved slots in mid), in a mid
+  // body or the sink's queue (at most 3 slots in the sink), or in the sink's body (1).
+  EXPECT_LE(max_in_flight.load(), 4 + 3 + 1);
+  EXPECT_GE(max_in_flight.load(), 4) << "the slow sink should have filled the queues";
+  const RunStats st = run.stats();
+  EXPECT_LE(st.find("mid")->max_queue, 4u);
+  EXPECT_LE(st.find("slow")->max_queue, 3u);
+  EXPECT_GT(st.find("fast")->blocked_ns, 0) << "the source never waited for space";
+}
+
+// "Items in flight across the graph are bounded (like max_number_of_live_tokens)"
+TEST(Backpressure, MaxInFlightBoundsItemsAcrossTheGraph) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "tokens", {.max_in_flight = 5, .default_capacity = 64});
+  std::atomic<long> produced{0}, consumed{0}, max_in_flight{0};
+  auto src = g.source("n", [&, i = 0L]() mutable -> std::optional<long> {
+    if (i == 2000) return std::nullopt;
+    raise_max(max_in_flight, ++produced - consumed);
+    return i++;
+  });
+  auto a = g.stage("a", [](long x) { return x; }, {.concurrency = 4});
+  auto b = g.stage("b", [](long x) { return x; }, {.concurrency = 4});
+  auto sink = g.sink("slow", [&](long) {
+    ++consumed;  // before the item is retired, so the gauge never undercounts
+    spin_us(5);
+  });
+  src >> a >> b >> sink;
+  g.run().wait();
+  EXPECT_EQ(consumed.load(), 2000);
+  EXPECT_LE(max_in_flight.load(), 5);
+  EXPECT_GE(max_in_flight.load(), 3);
+}
+
+// A pull sink nobody reads fills up and holds the graph back; reading drains it.
+TEST(Backpressure, UnreadPullSinkHoldsTheGraphBack) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "pull");
+  std::atomic<long> produced{0};
+  auto src = g.source("n", [&, i = 0L]() mutable -> std::optional<long> {
+    if (i == 1000) return std::nullopt;
+    ++produced;
+    return i++;
+  });
+  auto st = g.stage("st", [](long x) { return x; }, {.capacity = 2});
+  auto out = g.pull_sink<long>("out", 3);
+  src >> st >> out;
+  auto run = g.run();
+  // Take one item; once the graph cannot move it has produced a bounded number.
+  ASSERT_EQ(out.next(), 0L);
+  EXPECT_FALSE(run.wait_for(std::chrono::milliseconds(50)));
+  // taken + the sink's 3 slots (queued, or held by st's body) + st's 2 (queued, or held by
+  // the source's body)
+  EXPECT_LE(produced.load(), 1 + 3 + 2);
+  long expect = 1;
+  while (auto v = out.next()) ASSERT_EQ(*v, expect++);
+  EXPECT_EQ(expect, 1000);
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_LE(run.stats().find("out")->max_queue, 3u);
+}
+
+// "No arena thread ever blocks waiting for queue space or input": on a one-thread runtime a
+// thread that parked for space would deadlock; tiny queues and several graphs must finish.
+TEST(Scheduling, OneThreadRuntimeWithTinyQueuesFinishesEveryGraph) {
+  Runtime rt({.threads = 1});
+  std::vector<std::unique_ptr<Graph>> graphs;
+  std::vector<std::unique_ptr<std::atomic<long>>> sums;
+  std::vector<splitflow::Run> runs;
+  for (int k = 0; k < 4; ++k) {
+    auto g = std::make_unique<Graph>(rt, "g" + std::to_string(k),
+                                     GraphOptions{.max_in_flight = 2, .default_capacity = 1});
+    sums.push_back(std::make_unique<std::atomic<long>>(0));
+    auto* sum = sums.back().get();
+    auto src = g->source("n", counter(500));
+    auto a = g->stage("a", [](long x) { return x + 1; }, {.concurrency = 2});
+    auto b = g->stage("b", [k](long x) { return x * k; });
+    auto z = g->zip<long, long>("z");
+    auto s = g->sink("s", [sum](std::pair<long, long> p) { *sum += p.first + p.second; });
+    fan_out(src, a, b);
+    connect(a, z.first());
+    connect(b, z.second());
+    z >> s;
+    runs.push_back(g->run());
+    graphs.push_back(std::move(g));
+  }
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_TRUE(runs[k].wait_for(std::chrono::seconds(60))) << "graph " << k << " is stuck";
+    EXPECT_EQ(runs[k].wait(), RunStatus::succeeded);
+    EXPECT_EQ(sums[k]->load(), 500L * 501 / 2 + k * (499L * 500 / 2));
+  }
+}
+
+// Concurrency::unlimited is bounded by the consumer's capacity (each invocation holds a slot).
+TEST(Concurrency, UnlimitedIsBoundedByTheConsumersCapacity) {
+  Runtime rt({.threads = 8});
+  Graph g(rt, "unlimited");
+  std::atomic<long> now{0}, max{0};
+  auto src = g.source("n", counter(300));
+  auto st = g.stage("st", [&](long x) {
+    raise_max(max, ++now);
+    spin_us(200);
+    --now;
+    return x;
+  }, {.concurrency = Concurrency::unlimited, .order = Order::out_of_order, .capacity = 16});
+  auto sink = g.sink("s", [](long) {}, {.capacity = 3});
+  src >> st >> sink;
+  g.run().wait();
+  EXPECT_LE(max.load(), 3);
+  EXPECT_GE(max.load(), 2);
+}
