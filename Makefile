@@ -45,13 +45,17 @@ test-tsan: deps
 	$(CMAKE) --build $(BUILD)/tsan -j $(JOBS)
 	cd $(BUILD)/tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(CTEST)
 
-# A separate project that finds the *installed* package with find_package(splitflow CONFIG).
+# A separate project that finds the *installed* package with find_package(splitflow CONFIG),
+# then the same project using add_subdirectory.
 test-consumer: release
-	rm -rf $(BUILD)/consumer $(BUILD)/install-test
+	rm -rf $(BUILD)/consumer $(BUILD)/consumer-subdir $(BUILD)/install-test
 	$(CMAKE) --install $(BUILD)/release --prefix $(abspath $(BUILD)/install-test)
 	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(BUILD)/install-test)
 	$(CMAKE) --build $(BUILD)/consumer -j $(JOBS)
 	$(BUILD)/consumer/consumer
+	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer-subdir -DSPLITFLOW_SOURCE_DIR=$(abspath .)
+	$(CMAKE) --build $(BUILD)/consumer-subdir -j $(JOBS) --target consumer
+	$(BUILD)/consumer-subdir/consumer
 
 bench: release
 	mkdir -p $(BUILD)/bench

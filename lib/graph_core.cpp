@@ -89,7 +89,7 @@ std::shared_ptr<RunState> GraphCore::start() {
     runtime_->register_run(run);
     telemetry_ = runtime_->config().telemetry;
     start_ = now_ticks();
-    for (auto& n : nodes_) n->reset(start_, telemetry_);
+    for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
     stop_.store(false, std::memory_order_relaxed);
     stop_reason_.store(StopReason::none, std::memory_order_relaxed);
     {
@@ -102,22 +102,22 @@ std::shared_ptr<RunState> GraphCore::start() {
     current_ = run;
     active_ = true;
   }
-  runtime_->spawn([this] { run_task(nullptr); }, /*fair=*/true);
+  runtime_->spawn([this] { run_task({nullptr, 0}); }, /*fair=*/true);
   return run;
 }
 
-void GraphCore::run_task(NodeBase* first) noexcept {
+void GraphCore::run_task(Claim first) noexcept {
   try {
     WorkList w;
-    if (first) {
-      first->run_claim(w);
+    if (first.node) {
+      first.node->run_claim(w, first.items);
     } else {
       for (NodeBase* s : sources_) s->poke(w);
     }
     execute(w);
   } catch (...) {
     // Only the runtime's own failures get here (bodies are guarded): fail the run.
-    fail(first ? *first : *nodes_.front(), 0, std::current_exception());
+    fail(first.node ? *first.node : *nodes_.front(), 0, std::current_exception());
   }
   release_unit();
 }
@@ -126,24 +126,23 @@ void GraphCore::execute(WorkList& w) {
   for (;;) {
     while (!w.pokes.empty()) w.pokes.pop_back()->poke(w);
     if (w.claims.empty()) return;
-    // Continue with the first claim (the item just produced, downstream: cache-warm) and
+    // Continue with the first claim (the items just produced, downstream: cache-warm) and
     // hand the rest to other threads.
-    NodeBase* next = w.claims[0];
-    for (std::size_t i = 1; i < w.claims.size(); ++i) spawn(*w.claims[i]);
+    const Claim next = w.claims[0];
+    for (std::size_t i = 1; i < w.claims.size(); ++i) spawn(w.claims[i]);
     w.claims.clear();
-    next->run_claim(w);
+    next.node->run_claim(w, next.items);
   }
 }
 
-void GraphCore::spawn(NodeBase& n) {
+void GraphCore::spawn(Claim c) {
   pending_.fetch_add(1, std::memory_order_relaxed);
-  NodeBase* node = &n;
-  runtime_->spawn([this, node] { run_task(node); }, false);
+  runtime_->spawn([this, c] { run_task(c); }, /*fair=*/false);
 }
 
 void GraphCore::dispatch_external(WorkList& w) {
   while (!w.pokes.empty()) w.pokes.pop_back()->poke(w);
-  for (std::size_t i = 0; i < w.claims.size(); ++i) spawn(*w.claims[i]);
+  for (std::size_t i = 0; i < w.claims.size(); ++i) spawn(w.claims[i]);
   w.claims.clear();
 }
 
@@ -158,16 +157,19 @@ void GraphCore::retire_items(std::uint64_t n, WorkList& w) noexcept {
   }
 }
 
-bool GraphCore::try_admit(NodeBase& source) {
-  const auto items = [this] { return pending_.load(std::memory_order_seq_cst) >> kItemShift; };
-  if (items() < opts_.max_in_flight) return true;
+std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want) {
+  const auto room = [this] {
+    const std::uint64_t items = pending_.load(std::memory_order_seq_cst) >> kItemShift;
+    return items < opts_.max_in_flight ? static_cast<std::size_t>(opts_.max_in_flight - items) : 0;
+  };
+  if (const std::size_t r = room()) return std::min(want, r);
   {
     std::lock_guard lk(token_mu_);
     if (std::find(token_waiters_.begin(), token_waiters_.end(), &source) == token_waiters_.end())
       token_waiters_.push_back(&source);
     token_waiting_.store(true, std::memory_order_seq_cst);
   }
-  return items() < opts_.max_in_flight;
+  return std::min(want, room());
 }
 
 bool GraphCore::try_acquire_unit() noexcept {

@@ -66,72 +66,81 @@ void NodeBase::poke(WorkList& w) {
   refresh_state_locked();
 }
 
-bool NodeBase::try_reserve(int port, NodeBase& producer) {
+std::size_t NodeBase::try_reserve(int port, NodeBase& producer, std::size_t want) {
   std::lock_guard lk(mu_);
   Port& p = ports_[port];
-  if (p.queued + p.reserved < capacity_) {
-    ++p.reserved;
-    return true;
-  }
-  if (std::find(waiters_.begin(), waiters_.end(), &producer) == waiters_.end())
+  const std::size_t used = p.queued + p.reserved;
+  const std::size_t got = used < capacity_ ? std::min(want, capacity_ - used) : 0;
+  p.reserved += got;
+  if (got == 0 && std::find(waiters_.begin(), waiters_.end(), &producer) == waiters_.end())
     waiters_.push_back(&producer);
-  return false;
+  return got;
 }
 
-void NodeBase::release_reservation(int port, WorkList& w) {
+void NodeBase::release_reservation(int port, std::size_t n, WorkList& w) {
+  if (n == 0) return;
   std::lock_guard lk(mu_);
-  --ports_[port].reserved;
+  ports_[port].reserved -= n;
   take_waiters_locked(w);
 }
 
-void NodeBase::arrived_locked(int port, WorkList& w) {
+void NodeBase::arrived_locked(int port, std::size_t n, WorkList& w) {
   Port& p = ports_[port];
-  --p.reserved;
-  ++p.queued;
-  ++items_in_;
+  p.reserved -= n;
+  p.queued += n;
+  items_in_ += n;
   max_queue_ = std::max(max_queue_, p.queued);
   collect_claims_locked(w);
   refresh_state_locked();
 }
 
-void NodeBase::rejected_locked(int port, WorkList& w) {
-  --ports_[port].reserved;
+void NodeBase::rejected_locked(int port, std::size_t n, WorkList& w) {
+  ports_[port].reserved -= n;
   take_waiters_locked(w);
-  graph_->retire_items(1, w);
+  graph_->retire_items(n, w);
 }
 
-void NodeBase::popped_locked(int port, WorkList& w) {
-  --ports_[port].queued;
+void NodeBase::popped_locked(int port, std::size_t n, WorkList& w) {
+  ports_[port].queued -= n;
   take_waiters_locked(w);
 }
 
 Ticks NodeBase::begin_invocation_locked() {
   ++executing_;
   max_executing_ = std::max(max_executing_, executing_);
-  const Ticks t0 = telemetry_ ? now_ticks() : 0;
+  const Ticks t0 = now_ticks();
   refresh_state_locked(t0);
   return t0;
 }
 
-void NodeBase::abandon_claim_locked(WorkList& w) {
-  --running_;
-  release_successors(w);  // consumers are downstream: locking them under ours is in order
-  refresh_state_locked();
+void NodeBase::took_locked(std::size_t k, std::size_t n, WorkList& w) {
+  unpopped_ -= k;
+  // Fewer items than granted: a cancel dropped the rest. Give their slots back (consumers are
+  // downstream: locking them under our lock is in order).
+  if (n < k) release_successors(k - n, w);
 }
 
-void NodeBase::end_invocation(Ticks t0, bool emitted, WorkList& w) {
-  const Ticks t1 = telemetry_ ? now_ticks() : 0;
+void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w) {
+  const Ticks t1 = now_ticks();
   std::lock_guard lk(mu_);
   --executing_;
   --running_;
-  if (emitted) ++items_out_;
+  ++invocations_;
+  items_out_ += emitted;
   work_ticks_ += t1 - t0;
+  if (n > 0) {
+    // Smoothed time per item sets the next claims' size: about kClaimTargetNs of work each.
+    const double per_item = static_cast<double>(t1 - t0) / static_cast<double>(n);
+    item_ticks_ = item_ticks_ == 0 ? per_item : 0.75 * item_ticks_ + 0.25 * per_item;
+    const double fit = target_ticks_ / std::max(item_ticks_, 1.0);
+    claim_ = static_cast<std::size_t>(std::clamp(fit, 1.0, static_cast<double>(max_claim_)));
+  }
   collect_claims_locked(w);
   refresh_state_locked(t1);
 }
 
-void NodeBase::release_successors(WorkList& w) {
-  for (const Edge& e : successors_) e.node->release_reservation(e.port, w);
+void NodeBase::release_successors(std::size_t n, WorkList& w) {
+  for (const Edge& e : successors_) e.node->release_reservation(e.port, n, w);
 }
 
 void NodeBase::take_waiters_locked(WorkList& w) {
@@ -142,28 +151,35 @@ void NodeBase::take_waiters_locked(WorkList& w) {
 
 std::size_t NodeBase::ready_locked() const { return 0; }
 
+std::size_t NodeBase::claim_size_locked(std::size_t available) const {
+  // About kClaimTargetNs of work per claim: a backlog larger than that becomes several claims
+  // that other threads take; a smaller one is not worth splitting.
+  return std::min(available, claim_);
+}
+
 void NodeBase::collect_claims_locked(WorkList& w) {
   bool blocked = false;
   if (!graph_->stopping()) {
-    while (running_ < concurrency_ && ready_locked() > unpopped_) {
-      if (!admit_locked()) {
-        blocked = true;
-        break;
+    while (running_ < concurrency_) {
+      const std::size_t ready = ready_locked();
+      if (ready <= unpopped_) break;
+      std::size_t k = admit_locked(claim_size_locked(ready - unpopped_));
+      // Reserve k slots in every consumer, shrinking k to what the fullest one grants. Zero
+      // means a consumer is full: it registered us, and will poke us when slots free.
+      for (std::size_t i = 0; i < successors_.size() && k > 0; ++i) {
+        const std::size_t got = successors_[i].node->try_reserve(successors_[i].port, *this, k);
+        if (got < k)
+          for (std::size_t j = 0; j < i; ++j)
+            successors_[j].node->release_reservation(successors_[j].port, k - got, w);
+        k = got;
       }
-      // Reserve a slot in every consumer; on the first full one, give back what we took and
-      // wait to be poked (try_reserve registered us).
-      std::size_t i = 0;
-      for (; i < successors_.size(); ++i)
-        if (!successors_[i].node->try_reserve(successors_[i].port, *this)) break;
-      if (i < successors_.size()) {
-        for (std::size_t j = 0; j < i; ++j)
-          successors_[j].node->release_reservation(successors_[j].port, w);
+      if (k == 0) {
         blocked = true;
         break;
       }
       ++running_;
-      ++unpopped_;
-      w.claims.push_back(this);
+      unpopped_ += k;
+      w.claims.push_back({this, k});
     }
   }
   blocked_ = blocked;
@@ -181,8 +197,12 @@ void NodeBase::refresh_state_locked(Ticks now) {
   state_ = s;
 }
 
-void NodeBase::reset(Ticks start, bool telemetry) {
+void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   std::lock_guard lk(mu_);
+  parallelism_ = std::max<std::size_t>(parallelism, 1);
+  claim_ = 1;
+  item_ticks_ = 0;
+  target_ticks_ = static_cast<double>(kClaimTargetNs) / ns_per_tick();
   for (Port& p : ports_) p = Port{};
   running_ = unpopped_ = executing_ = 0;
   blocked_ = false;
@@ -194,7 +214,7 @@ void NodeBase::reset(Ticks start, bool telemetry) {
   state_since_ = start;
   std::fill(std::begin(state_ticks_), std::end(state_ticks_), 0);
   work_ticks_ = 0;
-  items_in_ = items_out_ = 0;
+  items_in_ = items_out_ = invocations_ = 0;
   max_executing_ = max_queue_ = 0;
 }
 
@@ -225,6 +245,7 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
   s.capacity = kind_ == StageKind::source ? 0 : capacity_;
   s.items_in = items_in_;
   s.items_out = items_out_;
+  s.invocations = invocations_;
   if (telemetry_) {
     Ticks t[3] = {state_ticks_[0], state_ticks_[1], state_ticks_[2]};
     if (now > state_since_) t[state_] += now - state_since_;

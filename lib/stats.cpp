@@ -45,13 +45,15 @@ std::string conc(std::size_t c) {
 std::string format_table(const RunStats& st) {
   std::string out = fmt::format("graph '{}' {}  wall {:.3f} ms\n", st.graph, to_string(st.status),
                                 static_cast<double>(st.wall_ns) / 1e6);
-  out += fmt::format("{:<18} {:<9} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>6} {:>7}\n",
-                     "stage", "kind", "conc", "in", "out", "busy", "starved", "blocked",
-                     "work ms", "max c", "max q");
+  out += fmt::format("{:<18} {:<9} {:>5} {:>10} {:>10} {:>9} {:>7} {:>8} {:>8} {:>9} {:>6} {:>7}\n",
+                     "stage", "kind", "conc", "in", "out", "items/inv", "busy", "starved",
+                     "blocked", "work ms", "max c", "max q");
   for (const auto& s : st.stages) {
     out += fmt::format(
-        "{:<18} {:<9} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9.2f} {:>6} {:>7}\n", s.name,
+        "{:<18} {:<9} {:>5} {:>10} {:>10} {:>9} {:>7} {:>8} {:>8} {:>9.2f} {:>6} {:>7}\n", s.name,
         to_string(s.kind), conc(s.concurrency_limit), s.items_in, s.items_out,
+        s.invocations ? fmt::format("{:.1f}", static_cast<double>(s.items_out) / s.invocations)
+                      : std::string("-"),
         pct(s.busy_ns, st.wall_ns), pct(s.starved_ns, st.wall_ns), pct(s.blocked_ns, st.wall_ns),
         static_cast<double>(s.work_ns) / 1e6, s.max_concurrency, s.max_queue);
   }

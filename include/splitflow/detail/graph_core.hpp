@@ -55,8 +55,9 @@ class GraphCore {
   }
   /// Items left the graph (consumed or dropped). Sources waiting for max_in_flight are poked.
   void retire_items(std::uint64_t n, WorkList& w) noexcept;
-  /// For a source holding its own lock: may it admit one more item? If not, it is poked later.
-  bool try_admit(NodeBase& source);
+  /// For a source holding its own lock: how many of `want` items may it admit under
+  /// max_in_flight? Zero registers it to be poked when items retire.
+  std::size_t try_admit(NodeBase& source, std::size_t want);
   /// A unit of pending work (a task, an active source, a canceller) ended.
   void release_unit() noexcept;
   /// Records the first error of the run and stops it.
@@ -66,13 +67,13 @@ class GraphCore {
   /// Throws the run's StageError if the current (or last) run failed.
   void rethrow_if_failed() const;
 
-  /// Task body: run one claim and everything it leads to.
-  void run_task(NodeBase* first) noexcept;
+  /// Task body: run one claim (none: start the run) and everything it leads to.
+  void run_task(Claim first) noexcept;
 
  private:
   static constexpr int kItemShift = 32;
   enum class StopReason : int { none, cancelled, failed };
-  void spawn(NodeBase& n);
+  void spawn(Claim c);
   void execute(WorkList& w);
   void stop(StopReason why) noexcept;
   void complete() noexcept;

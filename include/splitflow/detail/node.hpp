@@ -1,21 +1,25 @@
 // The executor's node protocol. Every stage is a NodeBase; the typed parts (queues, bodies,
-// emission) live in nodes.hpp. Read docs/architecture.md ("How an item flows") first.
+// emission) live in nodes.hpp. docs/architecture.md ("How an item flows") explains it.
 //
-// Slot protocol: a producer may start an invocation only after it has reserved one slot in
-// the input queue of each consumer (`try_reserve`). The slot is later filled (`push`) or given
+// Slot protocol: a producer may start a claim of k items only after it has reserved k slots in
+// the input queue of each consumer (`try_reserve`). The slots are later filled (`push`) or given
 // back (`release_reservation`). A producer that cannot reserve registers itself as a waiter on
-// the full consumer and returns; the consumer pokes it when a slot frees. So outputs never
-// wait for space, queues never exceed their capacity, and no thread parks.
+// the full consumer and returns; the consumer pokes it when slots free. So outputs never wait
+// for space, queues never exceed their capacity, and no thread parks.
 //
-// Locking: one mutex per node. A thread holding node A's mutex may lock a consumer of A (and
-// transitively its consumers), never a producer. Graphs are acyclic, so this order is global
-// and deadlock-free. Wake-ups that go upstream (pokes) run with no lock held.
+// Claims: a claim is one invocation slot (it counts against the stage's concurrency) that runs
+// the body on k items one after another. k adapts to the measured body time so that a claim
+// holds about kClaimTargetNs of work: trivial bodies amortise the scheduling cost over many
+// items, expensive ones run one item per claim.
+//
+// Locking: one spin lock per node. A thread holding node A's lock may lock a consumer of A (and
+// transitively its consumers), never a producer. Graphs are acyclic, so this order is global and
+// deadlock-free. Wake-ups that go upstream (pokes) run with no lock held.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,10 +41,16 @@ struct Envelope {
   std::uint64_t seq;
 };
 
+/// A granted claim: `items` queued items of `node` that one invocation will process.
+struct Claim {
+  NodeBase* node;
+  std::size_t items;
+};
+
 /// What running one claim turned up: claims to run next (the executor continues with the
 /// first on the same thread and spawns the others) and nodes to poke.
 struct WorkList {
-  SmallVector<NodeBase*, 4> claims;
+  SmallVector<Claim, 4> claims;
   SmallVector<NodeBase*, 4> pokes;
 };
 
@@ -49,13 +59,14 @@ struct Edge {
   int port;
 };
 
-/// The typed entry of a node: fills a slot the producer reserved.
+/// The typed entry of a node: fills slots the producer reserved, moving the items out of
+/// `items` (which the caller then clears).
 template <class T>
 class Receiver {
  public:
   Receiver(NodeBase& node, int port) : node_(&node), port_(port) {}
   virtual ~Receiver() = default;
-  virtual void push(Envelope<T>&& e, WorkList& w) = 0;
+  virtual void push(std::vector<Envelope<T>>& items, WorkList& w) = 0;
   NodeBase& node() const noexcept { return *node_; }
   int port() const noexcept { return port_; }
 
@@ -67,6 +78,8 @@ class Receiver {
 class NodeBase {
  public:
   static constexpr int kMaxPorts = 2;
+  /// Work per claim the adaptive claim size aims at.
+  static constexpr std::int64_t kClaimTargetNs = 20'000;
 
   NodeBase(GraphCore& graph, std::string name, StageKind kind, const StageOptions& opts,
            int ports);
@@ -85,8 +98,9 @@ class NodeBase {
   std::size_t capacity() const noexcept { return capacity_; }
 
   // ---- executor ---------------------------------------------------------------------------
-  /// Runs one claim granted by collect_claims_locked(): pop, body, emit, finish.
-  virtual void run_claim(WorkList& w) = 0;
+  /// Runs a claim granted by collect_claims_locked(): pop up to k items, run the body on each,
+  /// emit, finish.
+  virtual void run_claim(WorkList& w, std::size_t k) = 0;
   /// Capacity or tokens may have become free: grant what claims can be granted.
   void poke(WorkList& w);
 
@@ -98,18 +112,18 @@ class NodeBase {
   virtual void validate() const;
 
   // ---- consumer side of the slot protocol ----------------------------------------------------
-  /// Called by a producer holding its own lock: reserve one slot on `port`, or register the
-  /// producer as a waiter and return false.
-  bool try_reserve(int port, NodeBase& producer);
-  /// A reserved slot will not be filled. Called with no lock of this node held.
-  void release_reservation(int port, WorkList& w);
-  /// Called with mu_ held, after the item was stored in the port's queue.
-  void arrived_locked(int port, WorkList& w);
-  /// Called with mu_ held when the item for a reserved slot was dropped (the run is stopping).
-  void rejected_locked(int port, WorkList& w);
+  /// Called by a producer holding its own lock: reserve up to `want` slots on `port`; returns
+  /// how many. Zero registers the producer as a waiter.
+  std::size_t try_reserve(int port, NodeBase& producer, std::size_t want);
+  /// `n` reserved slots will not be filled. Called with no lock of this node held.
+  void release_reservation(int port, std::size_t n, WorkList& w);
+  /// Called with mu_ held, after `n` items were stored in the port's queue.
+  void arrived_locked(int port, std::size_t n, WorkList& w);
+  /// Called with mu_ held when `n` items for reserved slots were dropped (the run is stopping).
+  void rejected_locked(int port, std::size_t n, WorkList& w);
 
   // ---- run lifecycle (GraphCore) ------------------------------------------------------------
-  virtual void reset(Ticks start, bool telemetry);
+  virtual void reset(Ticks start, bool telemetry, std::size_t parallelism);
   /// Cancel: drop queued items (they are retired) and wake producers.
   virtual void drop_queued(WorkList& w);
   /// Empties the typed queues; returns how many items must be retired.
@@ -122,23 +136,23 @@ class NodeBase {
 
  protected:
   // All *_locked members run with mu_ held.
-  /// Items queued (per port: the count a claim can pop) that no granted claim owns yet.
+  /// Items queued (on every port) that a claim can pop, owned by a granted claim or not.
   virtual std::size_t ready_locked() const;
-  /// Extra admission check (sources: the graph's max_in_flight).
-  virtual bool admit_locked() { return true; }
+  /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
+  virtual std::size_t admit_locked(std::size_t want) { return want; }
   void collect_claims_locked(WorkList& w);
-  /// An item left port's queue: account it and wake producers blocked on the space.
-  void popped_locked(int port, WorkList& w);
-  /// A body starts executing; returns its start time (0 without telemetry).
+  std::size_t claim_size_locked(std::size_t available) const;
+  /// Items left port's queue: account them and wake producers blocked on the space.
+  void popped_locked(int port, std::size_t n, WorkList& w);
+  /// A claim starts executing; returns its start time.
   Ticks begin_invocation_locked();
-  /// A granted claim found nothing to pop (the run was cancelled): give everything back.
-  void abandon_claim_locked(WorkList& w);
-  /// Body done and output emitted (or not): release the claim and grant new ones.
-  void end_invocation(Ticks t0, bool emitted, WorkList& w);
-  void release_successors(WorkList& w);
+  /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it.
+  void took_locked(std::size_t k, std::size_t n, WorkList& w);
+  /// The claim processed `n` items and emitted `emitted`: release it and grant new claims.
+  void end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w);
+  void release_successors(std::size_t n, WorkList& w);
   void take_waiters_locked(WorkList& w);
   void refresh_state_locked(Ticks now = 0);
-  bool telemetry() const noexcept { return telemetry_; }
   bool sequenced() const noexcept { return sequenced_; }
   std::size_t queued_locked(int port) const noexcept { return ports_[port].queued; }
 
@@ -148,6 +162,7 @@ class NodeBase {
   std::size_t concurrency_;
   Order order_;
   std::size_t capacity_;
+  std::size_t max_claim_ = 64;  // items per claim at most
   int nports_;
   std::vector<Edge> successors_;
   std::size_t npred_[kMaxPorts] = {0, 0};
@@ -159,12 +174,16 @@ class NodeBase {
   };
   Port ports_[kMaxPorts];
   std::size_t running_ = 0;    // granted claims not yet finished
-  std::size_t unpopped_ = 0;   // granted claims that have not popped their item yet
-  std::size_t executing_ = 0;  // bodies executing now
+  std::size_t unpopped_ = 0;   // items owned by granted claims that have not popped them yet
+  std::size_t executing_ = 0;  // claims executing now
   bool blocked_ = false;       // has input and free concurrency, but a consumer is full
   bool telemetry_ = true;
   bool sequenced_ = false;     // in-order with concurrency > 1: outputs go through a reorder ring
   std::uint64_t next_ticket_ = 0;
+  std::size_t parallelism_ = 1;  // runtime threads: how many claims a backlog is split into
+  std::size_t claim_ = 1;        // adaptive items per claim
+  double item_ticks_ = 0;        // smoothed body time per item
+  double target_ticks_ = 0;      // kClaimTargetNs in ticks
   std::vector<NodeBase*> waiters_;  // producers blocked on our capacity
 
   // statistics (under mu_)
@@ -175,6 +194,7 @@ class NodeBase {
   Ticks work_ticks_ = 0;
   std::uint64_t items_in_ = 0;
   std::uint64_t items_out_ = 0;
+  std::uint64_t invocations_ = 0;
   std::size_t max_executing_ = 0;
   std::size_t max_queue_ = 0;
 };

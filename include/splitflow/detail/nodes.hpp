@@ -5,41 +5,47 @@
 #include <algorithm>
 #include <cassert>
 #include <condition_variable>
-#include <limits>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "splitflow/detail/graph_core.hpp"
 #include "splitflow/detail/node.hpp"
+#include "splitflow/detail/scratch.hpp"
 #include "splitflow/error.hpp"
 
 namespace splitflow::detail {
 
-/// A node's input queue of T on one port. The queue is guarded by the node's mutex, and its
-/// length never exceeds the port's capacity because every push fills a reserved slot.
+/// A node's input queue of T on one port. The queue is guarded by the node's lock, and its
+/// length never exceeds the capacity because every push fills reserved slots.
 template <class T>
 class InputPort final : public Receiver<T> {
  public:
   using Receiver<T>::Receiver;
 
-  void push(Envelope<T>&& e, WorkList& w) override {
+  void push(std::vector<Envelope<T>>& items, WorkList& w) override {
     std::lock_guard lk(this->node_->mutex());
     if (this->node_->graph().stopping()) {
-      this->node_->rejected_locked(this->port_, w);
+      this->node_->rejected_locked(this->port_, items.size(), w);
       return;
     }
-    queue_.push_back(std::move(e));
-    this->node_->arrived_locked(this->port_, w);
+    for (auto& e : items) queue_.push_back(std::move(e));
+    this->node_->arrived_locked(this->port_, items.size(), w);
   }
-  // Under the node's mutex:
-  bool empty() const noexcept { return queue_.empty(); }
-  Envelope<T> pop() {
-    Envelope<T> e = std::move(queue_.front());
-    queue_.pop_front();
-    return e;
+  // Under the node's lock:
+  std::size_t size() const noexcept { return queue_.size(); }
+  /// Moves up to k items from the front into `out`; returns how many.
+  std::size_t pop(std::vector<Envelope<T>>& out, std::size_t k) {
+    const std::size_t n = std::min(k, queue_.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      out.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    return n;
   }
   std::size_t clear() noexcept {
     const std::size_t n = queue_.size();
@@ -63,8 +69,8 @@ class Emitter : public NodeBase {
   }
   std::size_t fan_out() const noexcept { return targets_.size(); }
 
-  void reset(Ticks start, bool telemetry) override {
-    NodeBase::reset(start, telemetry);
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    NodeBase::reset(start, telemetry, parallelism);
     reorder_.clear();
     if (sequenced()) {
       // Every popped ticket not yet emitted (running, or finished and waiting here for an
@@ -79,51 +85,67 @@ class Emitter : public NodeBase {
   }
 
  protected:
-  /// Delivers `out` to every consumer (copies for all but the last) or, if empty, gives the
-  /// reserved slots back. May run with this node's mutex held (consumers lock downstream).
-  void deliver(std::optional<Envelope<Out>>& out, WorkList& w) {
-    if (!out) {
-      release_successors(w);
-      return;
-    }
-    if (graph().stopping()) {
-      release_successors(w);
-      graph().retire_items(1, w);
-      return;
-    }
-    const std::size_t n = targets_.size();
-    if constexpr (std::is_copy_constructible_v<Out>) {
-      if (n > 1) {
-        graph().add_items(n - 1);
-        for (std::size_t i = 0; i + 1 < n; ++i) targets_[i]->push(Envelope<Out>{*out}, w);
-      }
-    }
-    targets_[n - 1]->push(std::move(*out), w);
-    out.reset();
-  }
-
-  /// Emits the output of the invocation that popped `ticket`, after all earlier tickets.
-  void emit(std::uint64_t ticket, std::optional<Envelope<Out>>& out, WorkList& w) {
+  /// Emits the outputs of a claim that popped tickets [ticket, ticket + slots): `out` holds the
+  /// outputs of the first out.size() of them (fewer than `slots` only when a body failed).
+  void emit(std::uint64_t ticket, std::size_t slots, std::vector<Envelope<Out>>& out,
+            WorkList& w) {
     if (!sequenced()) {
+      release_successors(slots - out.size(), w);
       deliver(out, w);
       return;
     }
     std::lock_guard lk(mu_);
-    Slot& mine = reorder_[ticket % reorder_.size()];
-    assert(!mine.full && "reorder ring overrun");
-    mine.value = std::move(out);
-    mine.full = true;
+    for (std::size_t i = 0; i < slots; ++i) {
+      Slot& s = reorder_[(ticket + i) % reorder_.size()];
+      assert(!s.full && "reorder ring overrun");
+      if (i < out.size()) s.value.emplace(std::move(out[i]));
+      s.full = true;
+    }
+    out.clear();
+    // Deliver the run of consecutive finished tickets, if ours completed it.
     for (;;) {
       Slot& s = reorder_[next_emit_ % reorder_.size()];
       if (!s.full) break;
-      deliver(s.value, w);
+      if (s.value) {
+        out.push_back(std::move(*s.value));
+        s.value.reset();
+      } else {
+        release_successors(1, w);
+      }
       s.full = false;
-      s.value.reset();
       ++next_emit_;
     }
+    deliver(out, w);  // consumers are downstream: pushing under our lock is in order
   }
 
  private:
+  /// Pushes `out` (one reserved slot per item in every consumer) to every consumer: copies for
+  /// all but the last.
+  void deliver(std::vector<Envelope<Out>>& out, WorkList& w) {
+    const std::size_t n = out.size();
+    if (n == 0) return;
+    if (graph().stopping()) {
+      release_successors(n, w);
+      graph().retire_items(n, w);
+      out.clear();
+      return;
+    }
+    const std::size_t consumers = targets_.size();
+    if constexpr (std::is_copy_constructible_v<Out>) {
+      if (consumers > 1) {
+        graph().add_items(n * (consumers - 1));
+        Scratch<Envelope<Out>> copy;
+        for (std::size_t i = 0; i + 1 < consumers; ++i) {
+          copy->assign(out.begin(), out.end());
+          targets_[i]->push(*copy, w);
+          copy->clear();
+        }
+      }
+    }
+    targets_[consumers - 1]->push(out, w);
+    out.clear();
+  }
+
   struct Slot {
     std::optional<Envelope<Out>> value;
     bool full = false;
@@ -133,7 +155,7 @@ class Emitter : public NodeBase {
   std::uint64_t next_emit_ = 0;
 };
 
-/// Catches what a body throws and fails the run with the node's name and the item's number.
+/// Runs `f` and, if it throws, fails the run naming the node and the item.
 template <class F>
 bool guarded(NodeBase& node, std::uint64_t seq, F&& f) noexcept {
   try {
@@ -154,8 +176,8 @@ class SourceNode final : public Emitter<T> {
       : Emitter<T>(g, std::move(name), StageKind::source, StageOptions{}, 0),
         prototype_(std::move(gen)) {}
 
-  void reset(Ticks start, bool telemetry) override {
-    Emitter<T>::reset(start, telemetry);
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    Emitter<T>::reset(start, telemetry, parallelism);
     if constexpr (std::is_copy_constructible_v<Gen>) {
       gen_.emplace(prototype_);
     } else if (!gen_) {
@@ -166,31 +188,35 @@ class SourceNode final : public Emitter<T> {
     next_seq_ = 0;
   }
 
-  void run_claim(WorkList& w) override {
-    Ticks t0 = 0;
+  void run_claim(WorkList& w, std::size_t k) override {
+    Ticks t0;
     {
       std::lock_guard lk(this->mu_);
-      if (exhausted_ || this->graph().stopping()) {
-        --this->unpopped_;
-        this->abandon_claim_locked(w);
+      const bool live = !exhausted_ && !this->graph().stopping();
+      this->took_locked(k, live ? k : 0, w);
+      if (!live) {
+        --this->running_;
+        this->refresh_state_locked();
         return;
       }
-      --this->unpopped_;
       t0 = this->begin_invocation_locked();
     }
-    std::optional<T> v;
-    const std::uint64_t seq = next_seq_;
-    const bool ok = guarded(*this, seq, [&] { v = std::invoke(*gen_); });
-    std::optional<Envelope<T>> out;
-    if (v) {
-      out.emplace(Envelope<T>{std::move(*v), next_seq_++});
-      this->graph().add_items(1);
+    Scratch<Envelope<T>> out;
+    bool done = false;
+    for (std::size_t i = 0; i < k && !done; ++i) {
+      std::optional<T> v;
+      if (!guarded(*this, next_seq_, [&] { v = std::invoke(*gen_); }) || !v) {
+        done = true;
+      } else {
+        out->push_back(Envelope<T>{std::move(*v), next_seq_++});
+      }
     }
-    const bool emitted = out.has_value() && !this->graph().stopping();
-    const bool done = !ok || !v;
-    this->emit(0, out, w);
+    const std::size_t made = out->size();
+    this->graph().add_items(made);
+    const std::size_t emitted = this->graph().stopping() ? 0 : made;
+    this->emit(0, k, *out, w);
     if (done) finish();
-    this->end_invocation(t0, emitted, w);
+    this->end_invocation(t0, std::max<std::size_t>(made, 1), emitted, w);
   }
 
   void drop_queued(WorkList& w) override {
@@ -199,8 +225,12 @@ class SourceNode final : public Emitter<T> {
   }
 
  protected:
-  std::size_t ready_locked() const override { return exhausted_ ? 0 : 1; }
-  bool admit_locked() override { return this->graph().try_admit(*this); }
+  std::size_t ready_locked() const override {
+    return exhausted_ ? 0 : std::numeric_limits<std::size_t>::max() / 2;
+  }
+  std::size_t admit_locked(std::size_t want) override {
+    return this->graph().try_admit(*this, want);
+  }
 
  private:
   // The source's unit of pending work ends once, whoever sees the end first.
@@ -216,9 +246,9 @@ class SourceNode final : public Emitter<T> {
 
   Gen prototype_;
   std::optional<Gen> gen_;
-  bool exhausted_ = true;   // under mu_
-  bool holds_unit_ = false; // under mu_
-  std::uint64_t next_seq_ = 0;  // only the (serial) running claim touches it
+  bool exhausted_ = true;        // under mu_
+  bool holds_unit_ = false;      // under mu_
+  std::uint64_t next_seq_ = 0;   // only the (serial) running claim touches it
 };
 
 /// A stage: `Out(In)`, any concurrency, in or out of order.
@@ -230,39 +260,40 @@ class StageNode final : public Emitter<Out> {
 
   Receiver<In>& input() noexcept { return in_; }
 
-  void run_claim(WorkList& w) override {
-    std::optional<Envelope<In>> item;
-    std::uint64_t ticket = 0;
-    Ticks t0 = 0;
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<In>> in;
+    std::uint64_t ticket;
+    Ticks t0;
     {
       std::lock_guard lk(this->mu_);
-      --this->unpopped_;
-      if (in_.empty()) {  // dropped by a cancel
-        this->abandon_claim_locked(w);
-        return;
-      }
-      item.emplace(in_.pop());
-      this->popped_locked(0, w);
-      ticket = this->next_ticket_++;
+      const std::size_t n = in_.pop(*in, k);
+      this->took_locked(k, n, w);
+      this->popped_locked(0, n, w);
+      ticket = this->next_ticket_;
+      this->next_ticket_ += n;
       t0 = this->begin_invocation_locked();
     }
-    std::optional<Envelope<Out>> out;
-    const std::uint64_t seq = item->seq;
-    if (!guarded(*this, seq, [&] {
-          out.emplace(Envelope<Out>{std::invoke(f_, std::move(item->value)), seq});
-        })) {
-      this->graph().retire_items(1, w);
+    Scratch<Envelope<Out>> out;
+    for (auto& item : *in) {
+      const std::uint64_t seq = item.seq;
+      if (!guarded(*this, seq, [&] {
+            out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value)), seq});
+          })) {
+        this->graph().retire_items(in->size() - out->size(), w);  // this item and the rest
+        break;
+      }
     }
-    item.reset();
-    const bool emitted = out.has_value() && !this->graph().stopping();
-    this->emit(ticket, out, w);
-    this->end_invocation(t0, emitted, w);
+    const std::size_t n = in->size();
+    in->clear();
+    const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
+    this->emit(ticket, n, *out, w);
+    this->end_invocation(t0, n, emitted, w);
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
 
  protected:
-  std::size_t ready_locked() const override { return this->queued_locked(0); }
+  std::size_t ready_locked() const override { return in_.size(); }
 
  private:
   InputPort<In> in_;
@@ -278,30 +309,31 @@ class SinkNode final : public NodeBase {
 
   Receiver<In>& input() noexcept { return in_; }
 
-  void run_claim(WorkList& w) override {
-    std::optional<Envelope<In>> item;
-    Ticks t0 = 0;
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<In>> in;
+    Ticks t0;
     {
       std::lock_guard lk(this->mu_);
-      --this->unpopped_;
-      if (in_.empty()) {
-        this->abandon_claim_locked(w);
-        return;
-      }
-      item.emplace(in_.pop());
-      this->popped_locked(0, w);
+      const std::size_t n = in_.pop(*in, k);
+      this->took_locked(k, n, w);
+      this->popped_locked(0, n, w);
       t0 = this->begin_invocation_locked();
     }
-    const bool ok = guarded(*this, item->seq, [&] { std::invoke(f_, std::move(item->value)); });
-    item.reset();
-    this->graph().retire_items(1, w);
-    this->end_invocation(t0, ok, w);
+    std::size_t done = 0;
+    for (auto& item : *in) {
+      if (!guarded(*this, item.seq, [&] { std::invoke(f_, std::move(item.value)); })) break;
+      ++done;
+    }
+    const std::size_t n = in->size();
+    in->clear();
+    this->graph().retire_items(n, w);
+    this->end_invocation(t0, n, done, w);
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
 
  protected:
-  std::size_t ready_locked() const override { return this->queued_locked(0); }
+  std::size_t ready_locked() const override { return in_.size(); }
 
  private:
   InputPort<In> in_;
@@ -323,45 +355,45 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
   Receiver<A>& first() noexcept { return a_; }
   Receiver<B>& second() noexcept { return b_; }
 
-  void run_claim(WorkList& w) override {
-    std::optional<Envelope<Out>> out;
-    Ticks t0 = 0;
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<A>> as;
+    Scratch<Envelope<B>> bs;
+    Ticks t0;
     {
       std::lock_guard lk(this->mu_);
-      --this->unpopped_;
-      if (a_.empty() || b_.empty()) {
-        this->abandon_claim_locked(w);
-        return;
-      }
-      Envelope<A> a = a_.pop();
-      Envelope<B> b = b_.pop();
-      this->popped_locked(0, w);
-      this->popped_locked(1, w);
+      const std::size_t n = std::min(a_.pop(*as, k), b_.pop(*bs, k));
+      this->took_locked(k, n, w);
+      this->popped_locked(0, as->size(), w);
+      this->popped_locked(1, bs->size(), w);
       t0 = this->begin_invocation_locked();
-      out.emplace(Envelope<Out>{Out{std::move(a.value), std::move(b.value)}, pairs_++});
     }
-    this->graph().retire_items(1, w);  // two items became one
-    const bool emitted = !this->graph().stopping();
-    this->emit(0, out, w);
-    this->end_invocation(t0, emitted, w);
+    // After a cancel one side may have had fewer items: those popped alone are dropped.
+    const std::size_t n = std::min(as->size(), bs->size());
+    const std::size_t unpaired = as->size() + bs->size() - 2 * n;
+    Scratch<Envelope<Out>> out;
+    for (std::size_t i = 0; i < n; ++i)
+      out->push_back(
+          Envelope<Out>{Out{std::move((*as)[i].value), std::move((*bs)[i].value)}, pairs_++});
+    this->graph().retire_items(n + unpaired, w);  // two items became one
+    const std::size_t emitted = this->graph().stopping() ? 0 : n;
+    this->emit(0, n, *out, w);
+    this->end_invocation(t0, n, emitted, w);
   }
 
-  void reset(Ticks start, bool telemetry) override {
-    Emitter<Out>::reset(start, telemetry);
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    Emitter<Out>::reset(start, telemetry, parallelism);
     pairs_ = 0;
   }
 
   std::size_t clear_queues_locked() override { return a_.clear() + b_.clear(); }
 
  protected:
-  std::size_t ready_locked() const override {
-    return std::min(this->queued_locked(0), this->queued_locked(1));
-  }
+  std::size_t ready_locked() const override { return std::min(a_.size(), b_.size()); }
 
  private:
   InputPort<A> a_;
   InputPort<B> b_;
-  std::uint64_t pairs_ = 0;  // under mu_
+  std::uint64_t pairs_ = 0;  // only the (serial) running claim touches it
 };
 
 /// A sink whose items the caller's own thread takes with next(). Its queue is bounded like any
@@ -391,7 +423,7 @@ class PullSinkNode final : public NodeBase {
       }
       v.emplace(std::move(queue_.front()));
       queue_.pop_front();
-      this->popped_locked(0, w);
+      this->popped_locked(0, 1, w);
       ++this->items_out_;
       this->refresh_state_locked();
     }
@@ -399,10 +431,10 @@ class PullSinkNode final : public NodeBase {
     return v;
   }
 
-  void run_claim(WorkList&) override {}  // never granted: concurrency is 0
+  void run_claim(WorkList&, std::size_t) override {}  // never granted: concurrency is 0
 
-  void reset(Ticks start, bool telemetry) override {
-    NodeBase::reset(start, telemetry);
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    NodeBase::reset(start, telemetry, parallelism);
     queue_.clear();  // leftovers of an earlier run
     eos_ = false;
   }
@@ -420,18 +452,19 @@ class PullSinkNode final : public NodeBase {
   class Port final : public Receiver<T> {
    public:
     explicit Port(PullSinkNode& n) : Receiver<T>(n, 0), sink_(&n) {}
-    void push(Envelope<T>&& e, WorkList& w) override {
+    void push(std::vector<Envelope<T>>& items, WorkList& w) override {
+      const std::size_t n = items.size();
       {
         std::lock_guard lk(sink_->mu_);
         if (sink_->graph().stopping()) {
-          sink_->rejected_locked(0, w);
+          sink_->rejected_locked(0, n, w);
           return;
         }
-        sink_->queue_.push_back(std::move(e.value));
-        sink_->arrived_locked(0, w);  // grants no claim (concurrency 0): next() pops instead
+        for (auto& e : items) sink_->queue_.push_back(std::move(e.value));
+        sink_->arrived_locked(0, n, w);  // grants no claim (concurrency 0): next() pops instead
         sink_->cv_.notify_one();
       }
-      sink_->graph().retire_items(1, w);
+      sink_->graph().retire_items(n, w);
     }
 
    private:
