@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "device/device_runtime.hpp"
 #include "run_state.hpp"
 #include "runtime_core.hpp"
 #include "splitflow/error.hpp"
@@ -31,6 +32,36 @@ GraphCore::~GraphCore() {
     run->wait();
   } catch (...) {  // the run's failure belongs to whoever holds its Run handle
   }
+}
+
+std::shared_ptr<DeviceRuntime> GraphCore::device() { return runtime_->device(); }
+
+GpuAccount* GraphCore::gpu_account() {
+  if (!gpu_) gpu_ = std::make_unique<GpuAccount>();  // before the run starts (prepare)
+  return gpu_.get();
+}
+
+bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
+  if (!try_acquire_unit()) return false;
+  post(std::move(fn));
+  release_unit();  // post took its own
+  return true;
+}
+
+void GraphCore::post(std::function<void(WorkList&)> fn) {
+  pending_.fetch_add(1, std::memory_order_relaxed);
+  runtime_->spawn(
+      [this, fn = std::move(fn)] {
+        try {
+          WorkList w;
+          fn(w);
+          execute(w);
+        } catch (...) {
+          fail(*nodes_.front(), 0, std::current_exception());
+        }
+        release_unit();
+      },
+      /*fair=*/true);
 }
 
 NodeBase& GraphCore::adopt(std::unique_ptr<NodeBase> node) {
@@ -85,11 +116,13 @@ std::shared_ptr<RunState> GraphCore::start() {
       throw GraphError("splitflow::Graph '" + name_ +
                        "': it is already running; wait for its run or cancel it first");
     validate();
+    for (auto& n : nodes_) n->prepare();  // may throw: nothing is registered yet
     run = std::make_shared<RunState>(this);
     runtime_->register_run(run);
     telemetry_ = runtime_->config().telemetry;
     start_ = now_ticks();
     for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
+    if (gpu_) gpu_->reset();
     stop_.store(false, std::memory_order_relaxed);
     stop_reason_.store(StopReason::none, std::memory_order_relaxed);
     {
@@ -237,6 +270,7 @@ RunStats GraphCore::collect_stats(bool final) const {
     if (final) n->finalize_locked(now);
     st.stages.push_back(n->snapshot_locked(now));
   }
+  if (gpu_) st.gpu = gpu_->snapshot(steady_now_ns());
   return st;
 }
 

@@ -14,6 +14,7 @@ const char* what_of(StageKind k) {
     case StageKind::sink: return "sink";
     case StageKind::pull_sink: return "pull sink";
     case StageKind::zip: return "zip";
+    case StageKind::gpu_stage: return "GPU stage";
     case StageKind::stage: break;
   }
   return "stage";
@@ -45,13 +46,15 @@ void NodeBase::validate() const {
   const std::string who = std::string(what_of(kind_)) + " '" + name_ + "'";
   for (int p = 0; p < nports_; ++p) {
     if (npred_[p] != 0) continue;
+    // A GPU stage's two entries (device tensors, host tensors through its ring) are one input.
+    if (kind_ == StageKind::gpu_stage && npred_[0] + npred_[1] > 0) continue;
     if (kind_ == StageKind::zip)
       throw GraphError("splitflow: " + who + ": its " + (p == 0 ? "first" : "second") +
                        " input is not connected");
     throw GraphError("splitflow: " + who + ": its input is not connected to any producer");
   }
   const bool has_output = kind_ == StageKind::source || kind_ == StageKind::stage ||
-                          kind_ == StageKind::zip;
+                          kind_ == StageKind::zip || kind_ == StageKind::gpu_stage;
   if (has_output && successors_.empty())
     throw GraphError("splitflow: " + who + ": its output is not connected to any consumer");
   if (kind_ == StageKind::sink && concurrency_ > 1 && order_ == Order::in_order)
@@ -70,7 +73,8 @@ std::size_t NodeBase::try_reserve(int port, NodeBase& producer, std::size_t want
   std::lock_guard lk(mu_);
   Port& p = ports_[port];
   const std::size_t used = p.queued + p.reserved;
-  const std::size_t got = used < capacity_ ? std::min(want, capacity_ - used) : 0;
+  std::size_t got = used < capacity_ ? std::min(want, capacity_ - used) : 0;
+  if (got > 0) got = reserve_extra_locked(port, got);
   p.reserved += got;
   if (got == 0 && std::find(waiters_.begin(), waiters_.end(), &producer) == waiters_.end())
     waiters_.push_back(&producer);
@@ -79,9 +83,12 @@ std::size_t NodeBase::try_reserve(int port, NodeBase& producer, std::size_t want
 
 void NodeBase::release_reservation(int port, std::size_t n, WorkList& w) {
   if (n == 0) return;
-  std::lock_guard lk(mu_);
-  ports_[port].reserved -= n;
-  take_waiters_locked(w);
+  {
+    std::lock_guard lk(mu_);
+    ports_[port].reserved -= n;
+    take_waiters_locked(w);
+  }
+  release_extra(port, n);
 }
 
 void NodeBase::arrived_locked(int port, std::size_t n, WorkList& w) {
@@ -186,7 +193,7 @@ void NodeBase::collect_claims_locked(WorkList& w) {
 }
 
 void NodeBase::refresh_state_locked(Ticks now) {
-  int s = executing_ > 0 ? kBusy : (blocked_ ? kBlocked : kStarved);
+  int s = executing_ > 0 ? kBusy : (blocked_ || waiting_ > 0 ? kBlocked : kStarved);
   if (kind_ == StageKind::pull_sink) s = ports_[0].queued > 0 ? kBusy : kStarved;
   if (s == state_) return;
   if (telemetry_) {
@@ -204,7 +211,7 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   item_ticks_ = 0;
   target_ticks_ = static_cast<double>(kClaimTargetNs) / ns_per_tick();
   for (Port& p : ports_) p = Port{};
-  running_ = unpopped_ = executing_ = 0;
+  running_ = unpopped_ = executing_ = waiting_ = 0;
   blocked_ = false;
   telemetry_ = telemetry;
   sequenced_ = order_ == Order::in_order && concurrency_ > 1 && !successors_.empty();
@@ -256,6 +263,7 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
   }
   s.max_concurrency = max_executing_;
   s.max_queue = max_queue_;
+  add_stats_locked(s);
   return s;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "device/device_runtime.hpp"
 #include "run_state.hpp"
 #include "runtime_core.hpp"
 #include "splitflow/error.hpp"
@@ -75,6 +76,47 @@ void RuntimeCore::shutdown() noexcept {
   }
   // Tasks may still be returning after the last run published its end.
   arena_.execute([this] { group_.wait(); });
+  std::lock_guard lk(device_mu_);
+  device_.reset();  // tensors still alive keep it until they go
+}
+
+std::shared_ptr<DeviceRuntime> RuntimeCore::device() {
+  std::lock_guard lk(device_mu_);
+  if (device_) return device_;
+  const DeviceConfig& c = config_.device;
+  std::unique_ptr<DeviceBackend> backend;
+  switch (c.backend) {
+    case BackendKind::automatic:
+#if defined(SPLITFLOW_WITH_CUDA)
+      if (cuda_device_count() > 0) {
+        backend = make_cuda_backend(c.ordinal);
+        break;
+      }
+#endif
+      backend = make_host_backend(c.host_compute_slots);
+      break;
+    case BackendKind::cuda:
+#if defined(SPLITFLOW_WITH_CUDA)
+      if (cuda_device_count() == 0)
+        throw Error("splitflow: DeviceConfig::backend is cuda but no CUDA device is usable "
+                    "(no GPU or no driver); use BackendKind::automatic or host");
+      backend = make_cuda_backend(c.ordinal);
+      break;
+#else
+      throw Error("splitflow: DeviceConfig::backend is cuda but splitflow was built without "
+                  "CUDA (SPLITFLOW_WITH_CUDA=OFF, or no nvcc when it was built)");
+#endif
+    case BackendKind::host:
+      backend = make_host_backend(c.host_compute_slots);
+      break;
+  }
+  device_ = std::make_shared<DeviceRuntime>(std::move(backend), c);
+  return device_;
+}
+
+std::shared_ptr<DeviceRuntime> RuntimeCore::device_if_created() const {
+  std::lock_guard lk(device_mu_);
+  return device_;
 }
 
 }  // namespace detail
@@ -82,6 +124,11 @@ void RuntimeCore::shutdown() noexcept {
 Runtime::Runtime(RuntimeConfig config) : core_(std::make_shared<detail::RuntimeCore>(config)) {}
 Runtime::~Runtime() { core_->shutdown(); }
 int Runtime::threads() const noexcept { return core_->threads(); }
+std::optional<DeviceStats> Runtime::device_stats() const {
+  auto dev = core_->device_if_created();
+  if (!dev) return std::nullopt;
+  return dev->stats();
+}
 const RuntimeConfig& Runtime::config() const noexcept { return core_->config(); }
 
 }  // namespace splitflow

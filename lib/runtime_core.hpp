@@ -14,6 +14,7 @@
 namespace splitflow::detail {
 
 class RunState;
+class DeviceRuntime;
 
 class RuntimeCore {
  public:
@@ -49,6 +50,12 @@ class RuntimeCore {
   /// Cancels the active runs, waits for them and for every task. Idempotent.
   void shutdown() noexcept;
 
+  /// The device, created on first call (the first run of a graph with a GPU stage): until
+  /// then nothing touches the CUDA runtime. Throws Error if the configured backend is missing.
+  std::shared_ptr<DeviceRuntime> device();
+  /// The device if it was created, else null.
+  std::shared_ptr<DeviceRuntime> device_if_created() const;
+
  private:
   static thread_local RuntimeCore* t_current;
 
@@ -59,6 +66,8 @@ class RuntimeCore {
   std::mutex mu_;
   bool shut_down_ = false;
   std::vector<std::shared_ptr<RunState>> active_;
+  mutable std::mutex device_mu_;
+  std::shared_ptr<DeviceRuntime> device_;
 };
 
 }  // namespace splitflow::detail

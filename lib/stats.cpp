@@ -23,6 +23,7 @@ const char* to_string(StageKind k) noexcept {
     case StageKind::sink: return "sink";
     case StageKind::pull_sink: return "pull_sink";
     case StageKind::zip: return "zip";
+    case StageKind::gpu_stage: return "gpu_stage";
   }
   return "?";
 }

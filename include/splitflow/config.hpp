@@ -35,12 +35,47 @@ struct GraphOptions {
   std::size_t default_capacity = 32;
 };
 
+/// Which device backend GPU stages use.
+enum class BackendKind {
+  automatic,  ///< CUDA when built with it and a device is present, otherwise host
+  cuda,       ///< CUDA; fails (at the first GPU stage's run) if there is no device
+  host,       ///< GPU-stage work on host threads in stream order (always available)
+};
+
+/// The device a runtime's GPU stages share. Nothing here touches the CUDA runtime until a graph
+/// with a GPU stage first runs (a CPU-only process never initialises CUDA).
+struct DeviceConfig {
+  BackendKind backend = BackendKind::automatic;
+  int ordinal = 0;                                   ///< CUDA device index
+  std::size_t streams = 8;                           ///< StreamPool size, shared by all graphs
+  std::size_t device_pool_bytes = std::size_t{2} << 30;  ///< cap of device allocations
+  std::size_t pinned_pool_bytes = std::size_t{1} << 30;  ///< cap of pinned host memory (rings too)
+  int host_compute_slots = 1;  ///< host backend: kernels running at once (like one full-size kernel)
+};
+
 /// Per-runtime policy.
 struct RuntimeConfig {
   /// Threads of the runtime's task arena; 0 means one per core.
   int threads = 0;
   /// Per-stage timing (busy / starved / blocked, work time). Item counters are always kept.
   bool telemetry = true;
+  DeviceConfig device{};
+};
+
+/// Per-GPU-stage policy. Each invocation holds one pooled stream for its kernel burst only.
+struct GpuStageOptions {
+  /// Bursts of this stage in flight at once (each holds a stream while it runs).
+  std::size_t concurrency = 2;
+  Order order = Order::in_order;
+  /// Input queue capacity in items; 0 means the graph's default.
+  std::size_t capacity = 0;
+  /// Pinned ring between a CPU producer of HostTensor and this stage (input DeviceTensor): total
+  /// bytes, and the largest item. The H2D copy runs on this stage's leased stream.
+  std::size_t ring_bytes = std::size_t{64} << 20;
+  std::size_t ring_item_bytes = std::size_t{16} << 20;
+  /// Pinned ring for DeviceContext::to_host() (D2H); 0 = allocate from the pinned pool instead.
+  std::size_t out_ring_bytes = 0;
+  std::size_t out_ring_item_bytes = 0;
 };
 
 }  // namespace splitflow

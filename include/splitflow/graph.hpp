@@ -23,7 +23,9 @@
 
 #include "splitflow/config.hpp"
 #include "splitflow/detail/graph_core.hpp"
+#include "splitflow/detail/gpu_node.hpp"
 #include "splitflow/detail/nodes.hpp"
+#include "splitflow/device.hpp"
 #include "splitflow/error.hpp"
 #include "splitflow/run.hpp"
 #include "splitflow/runtime.hpp"
@@ -140,6 +142,20 @@ class Zip {
   detail::ZipNode<A, B>* node_;
 };
 
+/// A GPU stage: `Out(In, DeviceContext&)`. When In is DeviceTensor it also accepts HostTensor
+/// producers: connect() puts a pinned ring between them (see GpuStageOptions).
+template <class In, class Out>
+class GpuStage : public Node<In, Out> {
+ public:
+  GpuStage(detail::NodeBase& n, detail::Receiver<In>* in, detail::Emitter<Out>* out,
+           detail::Receiver<HostTensor>* host_in)
+      : Node<In, Out>(n, in, out), host_in_(host_in) {}
+  detail::Receiver<HostTensor>& host_in_port() const noexcept { return *host_in_; }
+
+ private:
+  detail::Receiver<HostTensor>* host_in_;
+};
+
 namespace detail {
 
 struct Deduce {};
@@ -169,10 +185,25 @@ struct input_type {
 template <class F>
 struct input_type<Deduce, F> {
   using args = typename call_signature<std::decay_t<F>>::args;
-  static_assert(std::tuple_size_v<args> == 1,
-                "splitflow: a stage body takes exactly one argument, its input item");
+  static_assert(std::tuple_size_v<args> == 1 || std::tuple_size_v<args> == 2,
+                "splitflow: a stage body takes its input item (and, for a GPU stage, a "
+                "DeviceContext&, or for a producer of host tensors, a HostAllocator&)");
   using type = std::decay_t<std::tuple_element_t<0, args>>;
 };
+
+/// Output of a CPU stage body `Out(In)` or `Out(In, HostAllocator&)`.
+template <class F, class I>
+struct stage_output {
+  using type = std::decay_t<std::invoke_result_t<F&, I&&>>;
+};
+template <class F, class I>
+  requires std::is_invocable_v<F&, I&&, HostAllocator&>
+struct stage_output<F, I> {
+  using type = std::decay_t<std::invoke_result_t<F&, I&&, HostAllocator&>>;
+};
+
+template <class C>
+concept HasHostPort = requires(const C& c) { c.host_in_port(); };
 
 template <class T>
 struct is_optional : std::false_type {};
@@ -195,10 +226,21 @@ void connect(const P& producer, const C& consumer) {
   static_assert(!std::is_void_v<U>,
                 "splitflow::connect: the consumer is a source or a zip; it has no single input "
                 "(connect to zip.first() / zip.second())");
-  static_assert(std::is_void_v<T> || std::is_void_v<U> || std::is_same_v<T, U>,
+  constexpr bool ring_edge = std::is_same_v<T, HostTensor> && std::is_same_v<U, DeviceTensor> &&
+                             detail::HasHostPort<C>;
+  static_assert(std::is_void_v<T> || std::is_void_v<U> || std::is_same_v<T, U> || ring_edge,
                 "splitflow::connect: edge type mismatch: the producer's output type is not the "
                 "consumer's input type (edge types are checked at compile time)");
-  if constexpr (!std::is_void_v<T> && std::is_same_v<T, U>) {
+  if constexpr (ring_edge) {
+    // CPU -> GPU: host tensors travel through the GPU stage's pinned ring.
+    detail::Emitter<HostTensor>& from = producer.out_port();
+    detail::Receiver<HostTensor>& to = consumer.host_in_port();
+    if (&from.graph() != &to.node().graph())
+      throw GraphError("splitflow::connect: '" + from.name() + "' and '" + to.node().name() +
+                       "' belong to different graphs");
+    from.graph().check_mutable();
+    from.add_target(to);
+  } else if constexpr (!std::is_void_v<T> && std::is_same_v<T, U>) {
     detail::Emitter<T>& from = producer.out_port();
     detail::Receiver<T>& to = consumer.in_port();
     if (&from.graph() != &to.node().graph())
@@ -295,14 +337,29 @@ class Graph {
   template <class In = detail::Deduce, class F>
   auto stage(std::string name, F body, StageOptions options = {}) {
     using I = typename detail::input_type<In, F>::type;
-    static_assert(std::is_invocable_v<F&, I&&>,
+    static_assert(std::is_invocable_v<F&, I&&> || std::is_invocable_v<F&, I&&, HostAllocator&>,
                   "splitflow::Graph::stage: the body cannot be called with the input type");
-    using Out = std::decay_t<std::invoke_result_t<F&, I&&>>;
+    using Out = typename detail::stage_output<F, I>::type;
     static_assert(!std::is_void_v<Out>,
                   "splitflow::Graph::stage: the body returns nothing; use sink() for a body "
                   "without output");
     auto& n = add<detail::StageNode<I, Out, F>>(std::move(name), std::move(body), options);
     return Stage<I, Out>(n, &n.input(), &n);
+  }
+
+  /// A GPU stage `Out(In, DeviceContext&)`: each invocation leases a stream from the runtime's
+  /// pool for its kernel burst only; its output is emitted when the stream's work completed.
+  /// Give In explicitly for a generic body: `gpu_stage<DeviceTensor>(...)`.
+  template <class In = detail::Deduce, class F>
+  auto gpu_stage(std::string name, F body, GpuStageOptions options = {}) {
+    using I = typename detail::input_type<In, F>::type;
+    static_assert(std::is_invocable_v<F&, I&&, DeviceContext&>,
+                  "splitflow::Graph::gpu_stage: the body must be callable as Out(In, "
+                  "DeviceContext&)");
+    using Out = std::decay_t<std::invoke_result_t<F&, I&&, DeviceContext&>>;
+    static_assert(!std::is_void_v<Out>, "splitflow::Graph::gpu_stage: the body returns nothing");
+    auto& n = add<detail::GpuStageNode<I, Out, F>>(std::move(name), std::move(body), options);
+    return GpuStage<I, Out>(n, &n.input(), &n, &n.host_input());
   }
 
   /// A callback sink `void(In)`.

@@ -7,12 +7,14 @@
 #include <string_view>
 #include <vector>
 
+#include "splitflow/device.hpp"
+
 namespace splitflow {
 
 enum class RunStatus { running, succeeded, failed, cancelled };
 const char* to_string(RunStatus s) noexcept;
 
-enum class StageKind { source, stage, sink, pull_sink, zip };
+enum class StageKind { source, stage, sink, pull_sink, zip, gpu_stage };
 const char* to_string(StageKind k) noexcept;
 
 /// What one stage did during a run. Times are in nanoseconds of the run's wall time.
@@ -40,6 +42,11 @@ struct StageStats {
   std::int64_t work_ns = 0;          ///< sum of body durations (exceeds busy with concurrency)
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
+  /// GPU stages fed host tensors: their pinned ring (bytes), 0 otherwise.
+  std::size_t ring_capacity = 0;
+  std::size_t ring_in_use = 0;       ///< bytes now (0 once every tensor from it is gone)
+  std::size_t ring_budgets = 0;      ///< item budgets reserved by producers now
+  std::uint64_t ring_wraps = 0;
 };
 
 struct RunStats {
@@ -47,6 +54,8 @@ struct RunStats {
   RunStatus status = RunStatus::running;
   std::int64_t wall_ns = 0;
   std::vector<StageStats> stages;  ///< in the order the stages were added to the graph
+  /// GPU figures (all zero for a graph without GPU stages).
+  GpuStats gpu;
 
   /// The stage called `name`, or nullptr.
   const StageStats* find(std::string_view name) const noexcept;

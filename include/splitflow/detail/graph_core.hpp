@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,8 @@ namespace splitflow::detail {
 
 class RuntimeCore;
 class RunState;
+class DeviceRuntime;
+class GpuAccount;
 
 class GraphCore {
  public:
@@ -60,6 +63,18 @@ class GraphCore {
   std::size_t try_admit(NodeBase& source, std::size_t want);
   /// A unit of pending work (a task, an active source, a canceller) ended.
   void release_unit() noexcept;
+  /// Takes one more unit, for work outside any task (a GPU invocation in flight). Only while
+  /// the caller itself holds one.
+  void add_unit() noexcept { pending_.fetch_add(1, std::memory_order_relaxed); }
+  /// Runs fn on an arena thread (from any thread, e.g. a device callback), then the work it
+  /// found. Holds a unit meanwhile. The caller must hold a unit (the run is live).
+  void post(std::function<void(WorkList&)> fn);
+  /// post() for a caller that may not hold a unit: does nothing (returns false) if the run has
+  /// ended, otherwise the posted task keeps the run, and so the graph, alive until it ran.
+  bool post_if_running(std::function<void(WorkList&)> fn);
+  /// The runtime's device (created on first use) and this graph's GPU accounting.
+  std::shared_ptr<DeviceRuntime> device();
+  GpuAccount* gpu_account();
   /// Records the first error of the run and stops it.
   void fail(const NodeBase& node, std::uint64_t seq, std::exception_ptr error) noexcept;
   /// Runs pokes and spawns claims found by a thread that is not a runtime task.
@@ -101,6 +116,7 @@ class GraphCore {
   std::vector<NodeBase*> token_waiters_;
   bool telemetry_ = true;
   Ticks start_ = 0;
+  std::unique_ptr<GpuAccount> gpu_;  // with the first GPU stage's run
 };
 
 }  // namespace splitflow::detail

@@ -33,6 +33,7 @@ namespace splitflow::detail {
 
 class NodeBase;
 class GraphCore;
+class PinnedRing;
 
 /// An item travelling through a graph, with the sequence number errors report.
 template <class T>
@@ -67,6 +68,8 @@ class Receiver {
   Receiver(NodeBase& node, int port) : node_(&node), port_(port) {}
   virtual ~Receiver() = default;
   virtual void push(std::vector<Envelope<T>>& items, WorkList& w) = 0;
+  /// The pinned ring behind this entry, if it is a CPU-to-GPU edge (producers write into it).
+  virtual PinnedRing* ring() const noexcept { return nullptr; }
   NodeBase& node() const noexcept { return *node_; }
   int port() const noexcept { return port_; }
 
@@ -123,6 +126,8 @@ class NodeBase {
   void rejected_locked(int port, std::size_t n, WorkList& w);
 
   // ---- run lifecycle (GraphCore) ------------------------------------------------------------
+  /// Before a run, after validation: acquire what the run needs (a device, rings). May throw.
+  virtual void prepare() {}
   virtual void reset(Ticks start, bool telemetry, std::size_t parallelism);
   /// Cancel: drop queued items (they are retired) and wake producers.
   virtual void drop_queued(WorkList& w);
@@ -133,6 +138,8 @@ class NodeBase {
   // With mu_ held (GraphCore holds every node's lock for a consistent snapshot).
   void finalize_locked(Ticks end);
   StageStats snapshot_locked(Ticks now) const;
+  /// Adds figures of resources the node owns (a GPU stage's pinned ring).
+  virtual void add_stats_locked(StageStats&) const {}
 
  protected:
   // All *_locked members run with mu_ held.
@@ -140,6 +147,11 @@ class NodeBase {
   virtual std::size_t ready_locked() const;
   /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
   virtual std::size_t admit_locked(std::size_t want) { return want; }
+  /// Extra capacity of an input port beyond its item slots (a pinned ring's byte budget): how
+  /// many of `want` slots it can back. Called with mu_ held; 0 makes the producer wait.
+  virtual std::size_t reserve_extra_locked(int /*port*/, std::size_t want) { return want; }
+  /// Reserved slots given back: return their extra capacity too.
+  virtual void release_extra(int /*port*/, std::size_t /*n*/) {}
   void collect_claims_locked(WorkList& w);
   std::size_t claim_size_locked(std::size_t available) const;
   /// Items left port's queue: account them and wake producers blocked on the space.
@@ -176,6 +188,7 @@ class NodeBase {
   std::size_t running_ = 0;    // granted claims not yet finished
   std::size_t unpopped_ = 0;   // items owned by granted claims that have not popped them yet
   std::size_t executing_ = 0;  // claims executing now
+  std::size_t waiting_ = 0;    // claims waiting for an outside resource (a stream)
   bool blocked_ = false;       // has input and free concurrency, but a consumer is full
   bool telemetry_ = true;
   bool sequenced_ = false;     // in-order with concurrency > 1: outputs go through a reorder ring

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "splitflow/detail/graph_core.hpp"
+#include "splitflow/device.hpp"
 #include "splitflow/detail/node.hpp"
 #include "splitflow/detail/scratch.hpp"
 #include "splitflow/error.hpp"
@@ -68,6 +69,11 @@ class Emitter : public NodeBase {
     targets_.push_back(&r);
   }
   std::size_t fan_out() const noexcept { return targets_.size(); }
+  /// The pinned ring this node's outputs go into (its only consumer is a GPU stage fed
+  /// through one), or nullptr.
+  PinnedRing* output_ring() const noexcept {
+    return targets_.size() == 1 ? targets_[0]->ring() : nullptr;
+  }
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     NodeBase::reset(start, telemetry, parallelism);
@@ -251,9 +257,11 @@ class SourceNode final : public Emitter<T> {
   std::uint64_t next_seq_ = 0;   // only the (serial) running claim touches it
 };
 
-/// A stage: `Out(In)`, any concurrency, in or out of order.
+/// A stage: `Out(In)` (or `Out(In, HostAllocator&)`), any concurrency, in or out of order.
 template <class In, class Out, class F>
 class StageNode final : public Emitter<Out> {
+  static constexpr bool kAllocates = std::is_invocable_v<F&, In&&, HostAllocator&>;
+
  public:
   StageNode(GraphCore& g, std::string name, F f, const StageOptions& o)
       : Emitter<Out>(g, std::move(name), StageKind::stage, o, 1), in_(*this, 0), f_(std::move(f)) {}
@@ -274,10 +282,17 @@ class StageNode final : public Emitter<Out> {
       t0 = this->begin_invocation_locked();
     }
     Scratch<Envelope<Out>> out;
+    PinnedRing* ring = nullptr;
+    if constexpr (kAllocates) ring = this->output_ring();
     for (auto& item : *in) {
       const std::uint64_t seq = item.seq;
       if (!guarded(*this, seq, [&] {
-            out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value)), seq});
+            if constexpr (kAllocates) {
+              HostAllocator alloc(ring, &this->name(), seq);
+              out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value), alloc), seq});
+            } else {
+              out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value)), seq});
+            }
           })) {
         this->graph().retire_items(in->size() - out->size(), w);  // this item and the rest
         break;

@@ -1,0 +1,110 @@
+// The backend-neutral device interface: streams, work enqueued in stream order, completion
+// callbacks, timing, memory. Implemented by the host backend (host_backend.cpp) and the CUDA
+// backend (cuda_backend.cu). Internal to the library.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "splitflow/config.hpp"
+
+namespace splitflow::detail {
+
+/// Receives the execution intervals of a burst's work on the device, in steady_clock
+/// nanoseconds. The host backend reports every kernel and copy as it runs; the CUDA backend
+/// reports the burst's [start, end] from its events when it completes.
+class ExecutionSink {
+ public:
+  virtual ~ExecutionSink() = default;
+  virtual void exec_begin(std::int64_t t_ns) = 0;
+  virtual void exec_end(std::int64_t t_ns) = 0;
+  /// An execution interval reported after the fact (CUDA events), possibly out of order.
+  virtual void exec_interval(std::int64_t t0_ns, std::int64_t t1_ns) = 0;
+  /// A copy ran: direction (true: host to device), bytes, its execution time.
+  virtual void copied(bool h2d, std::size_t bytes, std::int64_t ns) = 0;
+};
+
+struct Stream;  // a backend's stream
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual BackendKind kind() const noexcept = 0;
+  virtual std::string name() const = 0;
+  virtual int ordinal() const noexcept = 0;
+
+  virtual Stream* create_stream() = 0;
+  virtual void destroy_stream(Stream* s) noexcept = 0;
+  /// cudaStream_t on CUDA, nullptr on host.
+  virtual void* native(Stream* s) const noexcept = 0;
+
+  // Work, in stream order. `sink` (may be null) is told when it executes.
+  virtual void copy(Stream* s, void* dst, const void* src, std::size_t bytes, bool h2d,
+                    ExecutionSink* sink) = 0;
+  /// Host backend: runs fn on a compute slot. CUDA: throws.
+  virtual void host_kernel(Stream* s, std::function<void()> fn, ExecutionSink* sink) = 0;
+  /// Occupies a compute slot (host: a timer wait, no CPU burnt) or the whole device (CUDA: a
+  /// globaltimer spin on every SM) for `d`.
+  virtual void timed_kernel(Stream* s, std::chrono::nanoseconds d, ExecutionSink* sink) = 0;
+  /// Calls fn (on a backend thread; it must not block or call the device) once all work
+  /// enqueued on s before it has completed.
+  virtual void callback(Stream* s, std::function<void()> fn) = 0;
+  /// Marks the start of a burst on s. Returns a timer handle (CUDA: timing events; host:
+  /// nullptr, executions are reported per op as they run).
+  virtual void* burst_begin(Stream* s) = 0;
+  /// Marks its end: `done` is called on a backend thread (it must not call the device) when all
+  /// the burst's work has completed.
+  virtual void burst_end(Stream* s, void* timer, std::function<void()> done) = 0;
+  /// After `done`, on an ordinary thread: reports the burst's execution interval to `sink`
+  /// (CUDA: from its events) and frees the timer.
+  virtual void settle(void* timer, ExecutionSink* sink) noexcept = 0;
+
+  // Memory. Device allocations are stream-ordered; frees may be called from any thread.
+  virtual void* device_alloc(std::size_t bytes, Stream* s) = 0;
+  virtual void device_free(void* p) noexcept = 0;
+  virtual void* pinned_alloc(std::size_t bytes) = 0;
+  virtual void pinned_free(void* p) noexcept = 0;
+
+  /// Time at least one kernel or copy was executing, since the backend started (steady ns).
+  virtual std::int64_t busy_ns() const = 0;
+};
+
+/// Host backend: compute slots and one copy engine per direction, each served by host threads.
+std::unique_ptr<DeviceBackend> make_host_backend(int compute_slots);
+
+#if defined(SPLITFLOW_WITH_CUDA)
+/// CUDA backend on device `ordinal`. Throws Error if there is no usable device.
+std::unique_ptr<DeviceBackend> make_cuda_backend(int ordinal);
+/// Number of CUDA devices (0 when there is no driver or device); counts as a CUDA call.
+int cuda_device_count() noexcept;
+#endif
+
+/// CUDA runtime calls made by this process through splitflow (tests check that a CPU-only
+/// graph makes none).
+std::uint64_t cuda_runtime_calls() noexcept;
+
+/// True on a thread running a device completion callback: it must not call the CUDA runtime,
+/// so frees made there are deferred (DeviceRuntime drains them on arena threads).
+bool in_device_callback() noexcept;
+/// Sets in_device_callback() for the scope (backends wrap their callbacks with it).
+class DeviceCallbackScope {
+ public:
+  DeviceCallbackScope() noexcept;
+  ~DeviceCallbackScope();
+  DeviceCallbackScope(const DeviceCallbackScope&) = delete;
+  DeviceCallbackScope& operator=(const DeviceCallbackScope&) = delete;
+ private:
+  bool outer_;
+};
+
+inline std::int64_t steady_now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace splitflow::detail

@@ -1,0 +1,223 @@
+// CUDA backend: pooled non-blocking streams, a stream-ordered memory pool, pinned memory,
+// completion by cudaLaunchHostFunc, burst timing by events. Every runtime call is checked; an
+// error names the call, the device and (inside a GPU stage) the stage.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "backend.hpp"
+#include "cuda_check.hpp"
+#include "splitflow/error.hpp"
+
+namespace splitflow::detail {
+
+namespace {
+
+// Occupies the device for `ns` nanoseconds: every block spins on the global timer, and the grid
+// fills every SM, like one full-size kernel.
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+}  // namespace
+
+struct Stream {
+  cudaStream_t stream = nullptr;
+};
+
+namespace {
+
+struct BurstEvents {
+  cudaEvent_t start = nullptr;
+  cudaEvent_t end = nullptr;
+};
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {
+    int count = 0;
+    SF_CUDA(cudaGetDeviceCount(&count), ordinal_);
+    if (ordinal_ < 0 || ordinal_ >= count)
+      throw Error(fmt::format("splitflow: CUDA device {} requested, {} present", ordinal_, count));
+    SF_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    cudaDeviceProp prop{};
+    SF_CUDA(cudaGetDeviceProperties(&prop, ordinal_), ordinal_);
+    name_ = fmt::format("{} (sm_{}{}, {} SMs, device {})", prop.name, prop.major, prop.minor,
+                        prop.multiProcessorCount, ordinal_);
+    sms_ = prop.multiProcessorCount;
+    threads_per_sm_ = prop.maxThreadsPerMultiProcessor;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ordinal_;
+    SF_CUDA(cudaMemPoolCreate(&pool_, &props), ordinal_);
+    std::uint64_t keep = ~std::uint64_t{0};  // keep freed memory in the pool for reuse
+    SF_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep), ordinal_);
+    SF_CUDA(cudaStreamCreateWithFlags(&free_stream_, cudaStreamNonBlocking), ordinal_);
+    // Device time is measured against this event, recorded at a known host time.
+    SF_CUDA(cudaEventCreate(&origin_), ordinal_);
+    SF_CUDA(cudaEventRecord(origin_, free_stream_), ordinal_);
+    SF_CUDA(cudaEventSynchronize(origin_), ordinal_);
+    origin_ns_ = steady_now_ns();
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(free_stream_);
+    cudaStreamDestroy(free_stream_);
+    cudaEventDestroy(origin_);
+    cudaMemPoolDestroy(pool_);
+  }
+
+  BackendKind kind() const noexcept override { return BackendKind::cuda; }
+  std::string name() const override { return name_; }
+  int ordinal() const noexcept override { return ordinal_; }
+
+  Stream* create_stream() override {
+    SF_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    auto* s = new Stream();
+    SF_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), ordinal_);
+    return s;
+  }
+  void destroy_stream(Stream* s) noexcept override {
+    cudaStreamSynchronize(s->stream);
+    cudaStreamDestroy(s->stream);
+    delete s;
+  }
+  void* native(Stream* s) const noexcept override { return s->stream; }
+
+  void copy(Stream* s, void* dst, const void* src, std::size_t bytes, bool h2d,
+            ExecutionSink* sink) override {
+    SF_CUDA(cudaMemcpyAsync(dst, src, bytes,
+                            h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s->stream),
+            ordinal_);
+    if (sink) sink->copied(h2d, bytes, 0);  // time is part of the burst's event interval
+  }
+  void host_kernel(Stream*, std::function<void()>, ExecutionSink*) override {
+    throw Error(
+        "splitflow: DeviceContext::host_kernel() runs on the host backend only; on CUDA launch "
+        "kernels on DeviceContext::native_stream()");
+  }
+  void timed_kernel(Stream* s, std::chrono::nanoseconds d, ExecutionSink*) override {
+    const int block = threads_per_sm_ >= 1024 ? 1024 : threads_per_sm_;
+    const int grid = sms_ * (threads_per_sm_ / block);
+    spin_kernel<<<grid, block, 0, s->stream>>>(static_cast<unsigned long long>(d.count()));
+    SF_CUDA(cudaGetLastError(), ordinal_);
+  }
+  void callback(Stream* s, std::function<void()> fn) override {
+    auto* heap = new std::function<void()>(std::move(fn));
+    SF_CUDA(cudaLaunchHostFunc(
+                s->stream,
+                [](void* p) {
+                  std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(p));
+                  DeviceCallbackScope scope;  // no CUDA calls from here: frees are deferred
+                  (*f)();
+                },
+                heap),
+            ordinal_);
+  }
+  void* burst_begin(Stream* s) override {
+    auto* ev = new BurstEvents();
+    SF_CUDA(cudaEventCreate(&ev->start), ordinal_);
+    SF_CUDA(cudaEventCreate(&ev->end), ordinal_);
+    SF_CUDA(cudaEventRecord(ev->start, s->stream), ordinal_);
+    return ev;
+  }
+  void burst_end(Stream* s, void* timer, std::function<void()> done) override {
+    if (auto* ev = static_cast<BurstEvents*>(timer)) SF_CUDA(cudaEventRecord(ev->end, s->stream), ordinal_);
+    callback(s, std::move(done));  // host functions may not call CUDA: settle() reads the events
+  }
+  void settle(void* timer, ExecutionSink* sink) noexcept override {
+    auto* ev = static_cast<BurstEvents*>(timer);
+    if (!ev) return;
+    float a = 0, b = 0;
+    note_cuda_call();
+    if (cudaEventElapsedTime(&a, origin_, ev->start) == cudaSuccess &&
+        cudaEventElapsedTime(&b, origin_, ev->end) == cudaSuccess) {
+      const std::int64_t t0 = origin_ns_ + static_cast<std::int64_t>(static_cast<double>(a) * 1e6);
+      const std::int64_t t1 = origin_ns_ + static_cast<std::int64_t>(static_cast<double>(b) * 1e6);
+      if (sink) sink->exec_interval(t0, t1);
+      record_busy(t0, t1);
+    }
+    cudaEventDestroy(ev->start);
+    cudaEventDestroy(ev->end);
+    delete ev;
+  }
+
+  void* device_alloc(std::size_t bytes, Stream* s) override {
+    void* p = nullptr;
+    SF_CUDA(cudaMallocFromPoolAsync(&p, bytes, pool_, s->stream), ordinal_);
+    return p;
+  }
+  void device_free(void* p) noexcept override { cudaFreeAsync(p, free_stream_); }
+  void* pinned_alloc(std::size_t bytes) override {
+    void* p = nullptr;
+    SF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), ordinal_);
+    return p;
+  }
+  void pinned_free(void* p) noexcept override { cudaFreeHost(p); }
+
+  std::int64_t busy_ns() const override {
+    std::lock_guard lk(mu_);
+    return busy_;
+  }
+
+ private:
+  // Union of burst intervals, arriving roughly in start order (exact when they do).
+  void record_busy(std::int64_t t0, std::int64_t t1) {
+    std::lock_guard lk(mu_);
+    if (t1 <= watermark_) return;
+    busy_ += t1 - std::max(t0, watermark_);
+    watermark_ = t1;
+  }
+
+  int ordinal_;
+  std::string name_;
+  int sms_ = 1;
+  int threads_per_sm_ = 1024;
+  cudaMemPool_t pool_ = nullptr;
+  cudaStream_t free_stream_ = nullptr;
+  cudaEvent_t origin_ = nullptr;
+  std::int64_t origin_ns_ = 0;
+  mutable std::mutex mu_;
+  std::int64_t watermark_ = 0;
+  std::int64_t busy_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> make_cuda_backend(int ordinal) {
+  return std::make_unique<CudaBackend>(ordinal);
+}
+
+int cuda_device_count() noexcept {
+  int count = 0;
+  note_cuda_call();
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device / no driver" error
+    return 0;
+  }
+  return count;
+}
+
+}  // namespace splitflow::detail
+
+namespace splitflow::detail {
+
+void throw_cuda_error(cudaError_t err, const char* call, int device) {
+  cudaGetLastError();  // clear a non-sticky error so the device stays usable for other graphs
+  const std::string& stage = current_stage();
+  throw Error(fmt::format("splitflow: CUDA error {} ({}) in {} on device {}{}", static_cast<int>(err),
+                          cudaGetErrorString(err), call, device,
+                          stage.empty() ? std::string() : fmt::format(" (stage '{}')", stage)));
+}
+
+}  // namespace splitflow::detail

@@ -1,0 +1,610 @@
+#include "device_runtime.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "splitflow/error.hpp"
+
+namespace splitflow::detail {
+
+namespace {
+thread_local bool t_in_callback = false;
+std::atomic<std::uint64_t> g_cuda_calls{0};
+
+std::size_t bytes_of(DType dtype, const std::vector<std::int64_t>& shape) {
+  std::size_t n = itemsize(dtype);
+  for (auto d : shape) {
+    if (d < 0) throw Error("splitflow: negative tensor dimension");
+    n *= static_cast<std::size_t>(d);
+  }
+  return n;
+}
+
+std::string mib(std::size_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); }
+}  // namespace
+
+bool in_device_callback() noexcept { return t_in_callback; }
+DeviceCallbackScope::DeviceCallbackScope() noexcept : outer_(t_in_callback) { t_in_callback = true; }
+DeviceCallbackScope::~DeviceCallbackScope() { t_in_callback = outer_; }
+
+void note_cuda_call() noexcept { g_cuda_calls.fetch_add(1, std::memory_order_relaxed); }
+std::uint64_t cuda_runtime_calls() noexcept { return g_cuda_calls.load(std::memory_order_relaxed); }
+
+}  // namespace splitflow::detail
+
+namespace splitflow {
+std::uint64_t cuda_runtime_calls() noexcept { return detail::cuda_runtime_calls(); }
+bool built_with_cuda() noexcept {
+#if defined(SPLITFLOW_WITH_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace splitflow
+
+namespace splitflow::detail {
+
+// ---- StreamPool ------------------------------------------------------------------------------
+
+StreamPool::StreamPool(DeviceBackend& backend, std::size_t size) : backend_(backend) {
+  if (size == 0) throw Error("splitflow: DeviceConfig::streams must be at least 1");
+  for (std::size_t i = 0; i < size; ++i) {
+    leases_.push_back(std::make_unique<Lease>(Lease{backend_.create_stream()}));
+    free_.push_back(leases_.back().get());
+  }
+}
+
+StreamPool::~StreamPool() {
+  for (auto& l : leases_) backend_.destroy_stream(l->stream);
+}
+
+Lease* StreamPool::acquire_or_wait(LeaseWaiter& w) {
+  std::lock_guard lk(mu_);
+  // Someone already waiting goes first: a newcomer never overtakes (first come, first served).
+  if (!free_.empty() && waiting_.empty()) {
+    Lease* l = free_.back();
+    free_.pop_back();
+    max_in_use_ = std::max(max_in_use_, ++in_use_);
+    ++count_;
+    l->since_ns = steady_now_ns();
+    return l;
+  }
+  w.since_ns = steady_now_ns();
+  // Priority classes: behind every waiter of the same or a higher priority.
+  auto it = waiting_.end();
+  while (it != waiting_.begin() && (*(it - 1))->priority < w.priority) --it;
+  waiting_.insert(it, &w);
+  return nullptr;
+}
+
+void StreamPool::release(Lease* lease) noexcept {
+  LeaseWaiter* next = nullptr;
+  const std::int64_t now = steady_now_ns();
+  {
+    std::lock_guard lk(mu_);
+    lease_ns_ += now - lease->since_ns;
+    if (!waiting_.empty()) {
+      next = waiting_.front();
+      waiting_.pop_front();
+      ++count_;
+      lease->since_ns = now;
+    } else {
+      --in_use_;
+      free_.push_back(lease);
+    }
+  }
+  if (next) next->grant(lease);  // it only hands work to the arena
+}
+
+void StreamPool::withdraw(const void* owner) noexcept {
+  std::vector<LeaseWaiter*> gone;
+  {
+    std::lock_guard lk(mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if ((*it)->owner == owner) {
+        gone.push_back(*it);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (LeaseWaiter* w : gone) w->grant(nullptr);
+}
+
+std::size_t StreamPool::in_use() const {
+  std::lock_guard lk(mu_);
+  return in_use_;
+}
+std::size_t StreamPool::max_in_use() const {
+  std::lock_guard lk(mu_);
+  return max_in_use_;
+}
+std::size_t StreamPool::waiters() const {
+  std::lock_guard lk(mu_);
+  return waiting_.size();
+}
+std::uint64_t StreamPool::leases() const {
+  std::lock_guard lk(mu_);
+  return count_;
+}
+std::int64_t StreamPool::lease_ns() const {
+  std::lock_guard lk(mu_);
+  return lease_ns_;
+}
+
+// ---- capped pools ------------------------------------------------------------------------------
+
+void CappedBytes::take(std::size_t n, const std::string& stage, std::uint64_t item) {
+  std::size_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (used + n > cap_)
+      throw Error(fmt::format(
+          "splitflow: stage '{}' item {}: the {} pool cannot give {} ({} of its {} cap in use); "
+          "raise DeviceConfig::{}_pool_bytes or lower the queue capacities that hold these tensors",
+          stage, item, what_, mib(n), mib(used), mib(cap_), what_));
+  } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+}
+
+// ---- DeviceRuntime -------------------------------------------------------------------------------
+
+DeviceRuntime::DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const DeviceConfig& config)
+    : backend_(std::move(backend)),
+      pool_(*backend_, config.streams),
+      device_bytes_("device", config.device_pool_bytes),
+      pinned_bytes_("pinned", config.pinned_pool_bytes),
+      start_ns_(steady_now_ns()) {}
+
+DeviceRuntime::~DeviceRuntime() { drain_deferred(); }
+
+void DeviceRuntime::free_device(void* p, std::size_t bytes) noexcept {
+  if (in_device_callback()) {
+    std::lock_guard lk(deferred_mu_);
+    deferred_.push_back({p, bytes, false});
+    return;
+  }
+  backend_->device_free(p);
+  device_bytes_.give(bytes);
+}
+
+void DeviceRuntime::free_pinned(void* p, std::size_t bytes) noexcept {
+  if (in_device_callback()) {
+    std::lock_guard lk(deferred_mu_);
+    deferred_.push_back({p, bytes, true});
+    return;
+  }
+  backend_->pinned_free(p);
+  pinned_bytes_.give(bytes);
+}
+
+void DeviceRuntime::drain_deferred() noexcept {
+  std::vector<Deferred> todo;
+  {
+    std::lock_guard lk(deferred_mu_);
+    todo.swap(deferred_);
+  }
+  for (const Deferred& d : todo) {
+    if (d.pinned) {
+      backend_->pinned_free(d.p);
+      pinned_bytes_.give(d.bytes);
+    } else {
+      backend_->device_free(d.p);
+      device_bytes_.give(d.bytes);
+    }
+  }
+}
+
+namespace {
+// Owns one allocation; frees it when the last tensor referring to it goes. (Constructed in
+// place: a temporary's destructor would free the memory.)
+struct Allocation {
+  Allocation(std::shared_ptr<DeviceRuntime> d, void* ptr, std::size_t n, bool pin)
+      : dev(std::move(d)), p(ptr), bytes(n), pinned(pin) {}
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+  std::shared_ptr<DeviceRuntime> dev;
+  void* p;
+  std::size_t bytes;
+  bool pinned;
+  ~Allocation() {
+    if (pinned) {
+      dev->free_pinned(p, bytes);
+    } else {
+      dev->free_device(p, bytes);
+    }
+  }
+};
+}  // namespace
+
+DeviceTensor DeviceRuntime::alloc(DType dtype, std::vector<std::int64_t> shape, Stream* s,
+                                  const std::string& stage, std::uint64_t item) {
+  drain_deferred();
+  const std::size_t n = bytes_of(dtype, shape);
+  device_bytes_.take(n, stage, item);
+  void* p = nullptr;
+  try {
+    p = backend_->device_alloc(n, s);
+  } catch (...) {
+    device_bytes_.give(n);
+    throw;
+  }
+  auto owner = std::make_shared<Allocation>(shared_from_this(), p, n, false);
+  return DeviceTensor::wrap(p, dtype, std::move(shape), backend_->ordinal(), std::move(owner));
+}
+
+HostTensor DeviceRuntime::alloc_pinned(DType dtype, std::vector<std::int64_t> shape,
+                                       const std::string& stage, std::uint64_t item) {
+  drain_deferred();
+  const std::size_t n = bytes_of(dtype, shape);
+  pinned_bytes_.take(n, stage, item);
+  void* p = nullptr;
+  try {
+    p = backend_->pinned_alloc(n);
+  } catch (...) {
+    pinned_bytes_.give(n);
+    throw;
+  }
+  auto owner = std::make_shared<Allocation>(shared_from_this(), p, n, true);
+  return HostTensor::wrap(p, dtype, std::move(shape), std::move(owner), Memory::pinned);
+}
+
+DeviceStats DeviceRuntime::stats() const {
+  DeviceStats s;
+  s.name = backend_->name();
+  s.backend = backend_->kind();
+  s.wall_ns = steady_now_ns() - start_ns_;
+  s.busy_ns = backend_->busy_ns();
+  s.streams = pool_.size();
+  s.leases_in_use = pool_.in_use();
+  s.max_leases_in_use = pool_.max_in_use();
+  s.lease_waiters = pool_.waiters();
+  s.leases = pool_.leases();
+  s.lease_ns = pool_.lease_ns();
+  s.device_bytes_in_use = device_bytes_.used();
+  s.device_bytes_cap = device_bytes_.cap();
+  s.pinned_bytes_in_use = pinned_bytes_.used();
+  s.pinned_bytes_cap = pinned_bytes_.cap();
+  return s;
+}
+
+// ---- GpuAccount --------------------------------------------------------------------------------
+
+void GpuAccount::lease_begin(std::int64_t t) noexcept {
+  std::lock_guard lk(mu_);
+  if (leases_++ == 0) held_since_ = t;
+}
+void GpuAccount::lease_end(std::int64_t t) noexcept {
+  std::lock_guard lk(mu_);
+  if (--leases_ == 0) s_.held_ns += t - held_since_;
+}
+void GpuAccount::exec_begin(std::int64_t t) noexcept {
+  std::lock_guard lk(mu_);
+  if (execs_++ == 0) exec_since_ = t;
+}
+void GpuAccount::exec_end(std::int64_t t) noexcept {
+  std::lock_guard lk(mu_);
+  if (--execs_ == 0) {
+    s_.busy_ns += t - exec_since_;
+    watermark_ = std::max(watermark_, t);
+  }
+}
+void GpuAccount::exec_interval(std::int64_t t0, std::int64_t t1) noexcept {
+  std::lock_guard lk(mu_);
+  if (t1 <= watermark_) return;
+  s_.busy_ns += t1 - std::max(t0, watermark_);
+  watermark_ = t1;
+}
+void GpuAccount::copied(bool h2d, std::size_t bytes, std::int64_t ns) noexcept {
+  std::lock_guard lk(mu_);
+  (h2d ? s_.h2d_bytes : s_.d2h_bytes) += bytes;
+  (h2d ? s_.h2d_ns : s_.d2h_ns) += ns;
+}
+void GpuAccount::waited(std::int64_t ns) noexcept {
+  std::lock_guard lk(mu_);
+  s_.lease_wait_ns += ns;
+  s_.max_lease_wait_ns = std::max(s_.max_lease_wait_ns, ns);
+}
+void GpuAccount::staged() noexcept {
+  std::lock_guard lk(mu_);
+  ++s_.staging_copies;
+}
+void GpuAccount::burst() noexcept {
+  std::lock_guard lk(mu_);
+  ++s_.bursts;
+}
+void GpuAccount::reset() noexcept {
+  std::lock_guard lk(mu_);
+  leases_ = execs_ = 0;
+  held_since_ = exec_since_ = watermark_ = 0;
+  s_ = GpuStats{};
+}
+GpuStats GpuAccount::snapshot(std::int64_t now) const {
+  std::lock_guard lk(mu_);
+  GpuStats s = s_;
+  if (leases_ > 0) s.held_ns += now - held_since_;
+  if (execs_ > 0) s.busy_ns += now - exec_since_;
+  return s;
+}
+
+// ---- Burst -----------------------------------------------------------------------------------
+
+class Burst::Sink final : public ExecutionSink {
+ public:
+  explicit Sink(GpuAccount* a) : a_(a) {}
+  void exec_begin(std::int64_t t) override {
+    if (a_) a_->exec_begin(t);
+  }
+  void exec_end(std::int64_t t) override {
+    if (a_) a_->exec_end(t);
+  }
+  void exec_interval(std::int64_t t0, std::int64_t t1) override {
+    if (a_) a_->exec_interval(t0, t1);
+  }
+  void copied(bool h2d, std::size_t bytes, std::int64_t ns) override {
+    if (a_) a_->copied(h2d, bytes, ns);
+  }
+
+ private:
+  GpuAccount* a_;
+};
+
+Burst::Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, const std::string& stage,
+             std::uint64_t item)
+    : dev_(&dev),
+      lease_(lease),
+      account_(account),
+      stage_(&stage),
+      item_(item),
+      sink_(std::make_unique<Sink>(account)) {
+  lease_->account = account;
+  if (account_) {
+    account_->lease_begin(lease_->since_ns);
+    account_->burst();
+  }
+}
+
+Burst::~Burst() = default;
+
+Stream* Burst::stream() const noexcept { return lease_->stream; }
+ExecutionSink* Burst::exec_sink() const noexcept { return sink_.get(); }
+
+void Burst::begin() { timer_ = dev_->backend().burst_begin(lease_->stream); }
+
+void Burst::end(std::function<void()> done) {
+  DeviceRuntime* dev = dev_;
+  Lease* lease = lease_;
+  GpuAccount* account = account_;
+  dev_->backend().burst_end(lease_->stream, timer_, [dev, lease, account, done = std::move(done)] {
+    if (account) account->lease_end(steady_now_ns());
+    dev->pool().release(lease);
+    done();
+  });
+}
+
+void Burst::settle() noexcept {
+  dev_->backend().settle(timer_, sink_.get());
+  timer_ = nullptr;
+  std::vector<std::shared_ptr<void>> keep;
+  {
+    std::lock_guard lk(mu_);
+    keep.swap(keep_);
+  }
+  keep.clear();  // sources of async copies: the work is done
+  dev_->drain_deferred();
+}
+
+std::exception_ptr Burst::device_error() const {
+  std::lock_guard lk(mu_);
+  return device_error_;
+}
+void Burst::set_device_error(std::exception_ptr e) {
+  std::lock_guard lk(mu_);
+  if (!device_error_) device_error_ = std::move(e);
+}
+void Burst::keep_alive(std::shared_ptr<void> keep) {
+  std::lock_guard lk(mu_);
+  keep_.push_back(std::move(keep));
+}
+
+// ---- PinnedRing ------------------------------------------------------------------------------
+
+struct PinnedRing::Block {
+  std::size_t offset;
+  std::size_t size;      // bytes the block occupies
+  bool counted = false;  // in counted_ (pushed, or freed before it was pushed)
+  bool freed = false;
+};
+
+namespace {
+// The owner of a ring tensor: returns its block when the last tensor goes, and keeps the ring
+// alive until then.
+struct RingRef {
+  RingRef(std::shared_ptr<PinnedRing> r, PinnedRing::Block* b) : ring(std::move(r)), block(b) {}
+  RingRef(const RingRef&) = delete;
+  RingRef& operator=(const RingRef&) = delete;
+  ~RingRef() { ring->free_block(block); }
+  std::shared_ptr<PinnedRing> ring;
+  PinnedRing::Block* block;
+};
+constexpr std::size_t kRingAlign = 256;
+std::size_t round_up(std::size_t n) { return (n + kRingAlign - 1) / kRingAlign * kRingAlign; }
+}  // namespace
+
+PinnedRing::PinnedRing(std::shared_ptr<DeviceRuntime> dev, std::string owner, std::size_t bytes,
+                       std::size_t item_bytes)
+    : dev_(std::move(dev)),
+      owner_(std::move(owner)),
+      capacity_(round_up(bytes)),
+      item_bytes_(round_up(item_bytes)) {
+  if (item_bytes_ == 0 || capacity_ < 2 * item_bytes_)
+    throw GraphError(fmt::format(
+        "splitflow: stage '{}': its pinned ring needs at least twice its item size ({} ring, {} "
+        "per item)",
+        owner_, mib(capacity_), mib(item_bytes_)));
+  dev_->pinned_bytes().take(capacity_, owner_, 0);
+  try {
+    base_ = static_cast<unsigned char*>(dev_->backend().pinned_alloc(capacity_));
+  } catch (...) {
+    dev_->pinned_bytes().give(capacity_);
+    throw;
+  }
+}
+
+PinnedRing::~PinnedRing() {
+  for (Block* b : blocks_) delete b;  // only wrap wastes can be left: tensors keep us alive
+  dev_->free_pinned(base_, capacity_);
+}
+
+void PinnedRing::set_notifier(std::shared_ptr<SpaceNotifier> n) {
+  std::lock_guard lk(mu_);
+  notifier_ = std::move(n);
+}
+
+void PinnedRing::notify_if_waiting_locked(std::shared_ptr<SpaceNotifier>& out) {
+  if (!waiting_) return;
+  waiting_ = false;
+  out = notifier_;
+}
+
+std::size_t PinnedRing::try_reserve(std::size_t want) {
+  std::lock_guard lk(mu_);
+  const std::size_t limit = capacity_ - item_bytes_;
+  const std::size_t committed = counted_ + budget_items_ * item_bytes_;
+  const std::size_t room = committed < limit ? (limit - committed) / item_bytes_ : 0;
+  const std::size_t got = std::min(want, room);
+  budget_items_ += got;
+  if (got == 0) waiting_ = true;
+  return got;
+}
+
+void PinnedRing::release(std::size_t n) {
+  if (n == 0) return;
+  std::shared_ptr<SpaceNotifier> notify;
+  {
+    std::lock_guard lk(mu_);
+    budget_items_ -= n;
+    notify_if_waiting_locked(notify);
+  }
+  if (notify) notify->notify();
+}
+
+std::size_t PinnedRing::alloc_offset_locked(std::size_t size) {
+  // The live region is [tail, head), or [tail, capacity) + [0, head) once wrapped.
+  const bool wrapped = used_ > 0 && head_ <= tail_;
+  if (!wrapped) {
+    if (capacity_ - head_ >= size) {
+      const std::size_t at = head_;
+      head_ += size;
+      used_ += size;
+      return at;
+    }
+    if (tail_ >= size) {  // wrap: the end of the buffer is wasted until the tail passes it
+      const std::size_t waste = capacity_ - head_;
+      if (waste > 0) blocks_.push_back(new Block{head_, waste, false, true});
+      used_ += waste + size;
+      head_ = size;
+      ++wraps_;
+      return 0;
+    }
+  } else if (tail_ - head_ >= size) {
+    const std::size_t at = head_;
+    head_ += size;
+    used_ += size;
+    return at;
+  }
+  throw Error(fmt::format(
+      "splitflow: internal error: the pinned ring of '{}' has no contiguous room for {} bytes "
+      "(head {}, tail {}, used {})",
+      owner_, size, head_, tail_, used_));
+}
+
+HostTensor PinnedRing::allocate(DType dtype, std::vector<std::int64_t> shape,
+                                const std::string& stage, std::uint64_t item) {
+  const std::size_t n = bytes_of(dtype, shape);
+  if (n > item_bytes_)
+    throw Error(fmt::format(
+        "splitflow: stage '{}' item {}: its output ({} of {}) exceeds the item size of the pinned "
+        "ring into '{}' ({}); raise GpuStageOptions::ring_item_bytes",
+        stage, item, mib(n), to_string(dtype), owner_, mib(item_bytes_)));
+  Block* b;
+  {
+    std::lock_guard lk(mu_);
+    const std::size_t size = round_up(std::max<std::size_t>(n, 1));
+    const std::size_t at = alloc_offset_locked(size);
+    b = new Block{at, size};
+    blocks_.push_back(b);
+    unpushed_[base_ + at] = b;
+  }
+  auto ref = std::make_shared<RingRef>(shared_from_this(), b);
+  return HostTensor::wrap(base_ + b->offset, dtype, std::move(shape), std::move(ref),
+                          Memory::pinned);
+}
+
+HostTensor PinnedRing::push(HostTensor t, bool& staged, const std::string& stage,
+                            std::uint64_t item) {
+  {
+    std::lock_guard lk(mu_);
+    auto it = unpushed_.find(t.raw());
+    staged = it == unpushed_.end();
+    if (!staged) {
+      Block* b = it->second;
+      unpushed_.erase(it);
+      b->counted = true;
+      counted_ += b->size;
+      budget_items_ -= 1;
+      return t;
+    }
+  }
+  if (!t.contiguous())
+    throw Error(fmt::format(
+        "splitflow: stage '{}' item {}: a non-contiguous host tensor cannot go through the "
+        "pinned ring into '{}'",
+        stage, item, owner_));
+  HostTensor copy = allocate(t.dtype(), t.shape(), stage, item);
+  std::memcpy(copy.raw(), t.raw(), t.nbytes());
+  bool again = false;
+  return push(std::move(copy), again, stage, item);
+}
+
+void PinnedRing::free_block(Block* b) noexcept {
+  std::shared_ptr<SpaceNotifier> notify;
+  {
+    std::lock_guard lk(mu_);
+    b->freed = true;
+    if (!b->counted) {  // freed before it was pushed: it occupies space until reclaimed
+      unpushed_.erase(base_ + b->offset);
+      b->counted = true;
+      counted_ += b->size;
+    }
+    // Reclaim freed blocks (and the wrap waste) from the tail, in allocation order.
+    while (!blocks_.empty() && blocks_.front()->freed) {
+      Block* f = blocks_.front();
+      blocks_.pop_front();
+      used_ -= f->size;
+      if (f->counted) counted_ -= f->size;
+      tail_ = (f->offset + f->size) % capacity_;
+      delete f;
+    }
+    if (blocks_.empty()) head_ = tail_ = used_ = 0;
+    notify_if_waiting_locked(notify);
+  }
+  if (notify) notify->notify();
+}
+
+std::size_t PinnedRing::bytes_in_use() const {
+  std::lock_guard lk(mu_);
+  return used_;
+}
+std::size_t PinnedRing::budgets() const {
+  std::lock_guard lk(mu_);
+  return budget_items_;
+}
+std::uint64_t PinnedRing::wraps() const {
+  std::lock_guard lk(mu_);
+  return wraps_;
+}
+
+}  // namespace splitflow::detail

@@ -1,0 +1,138 @@
+// DeviceRuntime: one per Runtime, created when a graph with a GPU stage first runs. Owns the
+// backend, the StreamPool shared by every graph, and the capped device and pinned pools.
+// GpuAccount: one graph's GPU figures (held, busy, copies). Internal to the library.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backend.hpp"
+#include "splitflow/detail/gpu.hpp"
+#include "splitflow/device.hpp"
+
+namespace splitflow::detail {
+
+struct Lease {
+  Stream* stream;
+  std::int64_t since_ns = 0;
+  GpuAccount* account = nullptr;
+};
+
+/// The pool of streams shared by all graphs of a runtime. A lease lasts one kernel burst.
+/// Waiters are served first come, first served (within a priority class, highest first), so a
+/// light graph waits at most for the bursts ahead of it, whatever a greedy graph does.
+class StreamPool {
+ public:
+  StreamPool(DeviceBackend& backend, std::size_t size);
+  ~StreamPool();
+
+  Lease* acquire_or_wait(LeaseWaiter& w);
+  /// Returns the lease's stream (the burst's work is done). Hands it to the first waiter.
+  void release(Lease* lease) noexcept;
+  void withdraw(const void* owner) noexcept;
+
+  std::size_t size() const noexcept { return leases_.size(); }
+  std::size_t in_use() const;
+  std::size_t max_in_use() const;
+  std::size_t waiters() const;
+  std::uint64_t leases() const;
+  std::int64_t lease_ns() const;
+
+ private:
+  DeviceBackend& backend_;
+  std::vector<std::unique_ptr<Lease>> leases_;
+  mutable std::mutex mu_;
+  std::vector<Lease*> free_;
+  std::deque<LeaseWaiter*> waiting_;
+  std::size_t in_use_ = 0, max_in_use_ = 0;
+  std::uint64_t count_ = 0;
+  std::int64_t lease_ns_ = 0;
+};
+
+/// Bytes against a cap: device memory, pinned memory.
+class CappedBytes {
+ public:
+  CappedBytes(const char* what, std::size_t cap) : what_(what), cap_(cap) {}
+  /// Throws Error naming the stage and item when the cap would be exceeded.
+  void take(std::size_t n, const std::string& stage, std::uint64_t item);
+  void give(std::size_t n) noexcept { used_.fetch_sub(n, std::memory_order_relaxed); }
+  std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+  std::size_t cap() const noexcept { return cap_; }
+
+ private:
+  const char* what_;
+  std::size_t cap_;
+  std::atomic<std::size_t> used_{0};
+};
+
+class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
+ public:
+  DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const DeviceConfig& config);
+  ~DeviceRuntime();
+
+  DeviceBackend& backend() noexcept { return *backend_; }
+  StreamPool& pool() noexcept { return pool_; }
+  CappedBytes& device_bytes() noexcept { return device_bytes_; }
+  CappedBytes& pinned_bytes() noexcept { return pinned_bytes_; }
+
+  /// Device memory in stream order on `s`, freed with the tensor.
+  DeviceTensor alloc(DType dtype, std::vector<std::int64_t> shape, Stream* s,
+                     const std::string& stage, std::uint64_t item);
+  /// Pinned host memory from the pool.
+  HostTensor alloc_pinned(DType dtype, std::vector<std::int64_t> shape, const std::string& stage,
+                          std::uint64_t item);
+
+  DeviceStats stats() const;
+
+  /// Frees device or pinned memory now, or later (on an arena thread) when called from a
+  /// device callback, which must not call the CUDA runtime.
+  void free_device(void* p, std::size_t bytes) noexcept;
+  void free_pinned(void* p, std::size_t bytes) noexcept;
+  void drain_deferred() noexcept;
+
+ private:
+  struct Deferred {
+    void* p;
+    std::size_t bytes;
+    bool pinned;
+  };
+  std::mutex deferred_mu_;
+  std::vector<Deferred> deferred_;
+  std::unique_ptr<DeviceBackend> backend_;
+  StreamPool pool_;
+  CappedBytes device_bytes_;
+  CappedBytes pinned_bytes_;
+  std::int64_t start_ns_;
+};
+
+/// One graph's GPU accounting. Held is the union of its lease intervals; busy the union of the
+/// execution intervals of its kernels and copies (exact on the host backend, where every op
+/// reports as it runs; from burst events on CUDA).
+class GpuAccount {
+ public:
+  void lease_begin(std::int64_t t) noexcept;
+  void lease_end(std::int64_t t) noexcept;
+  void exec_begin(std::int64_t t) noexcept;
+  void exec_end(std::int64_t t) noexcept;
+  void exec_interval(std::int64_t t0, std::int64_t t1) noexcept;
+  void copied(bool h2d, std::size_t bytes, std::int64_t ns) noexcept;
+  void waited(std::int64_t ns) noexcept;
+  void staged() noexcept;
+  void burst() noexcept;
+  void reset() noexcept;
+  /// Figures up to `now` (open intervals counted up to it).
+  GpuStats snapshot(std::int64_t now) const;
+
+ private:
+  mutable std::mutex mu_;
+  int leases_ = 0, execs_ = 0;
+  std::int64_t held_since_ = 0, exec_since_ = 0, watermark_ = 0;
+  GpuStats s_;
+};
+
+}  // namespace splitflow::detail

@@ -1,0 +1,237 @@
+// Host backend: a device modelled on host threads. Streams are FIFOs of work; the head of each
+// stream runs on an engine (compute slots, one H2D and one D2H copy engine), so work of one
+// stream runs in order and work of different streams overlaps as far as the engines allow, as
+// on a GPU. Copies are real memcpys; a timed kernel holds its compute slot by waiting on a timer
+// (no CPU burnt). Completion callbacks run on engine threads, like cudaLaunchHostFunc.
+#include <cstdlib>
+#include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend.hpp"
+#include "splitflow/error.hpp"
+
+namespace splitflow::detail {
+
+namespace {
+
+enum class OpKind { kernel, timed, copy, callback };
+
+struct Op {
+  OpKind kind;
+  std::function<void()> fn;  // kernel body or callback
+  std::chrono::nanoseconds duration{0};
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+  bool h2d = true;
+  ExecutionSink* sink = nullptr;
+  Stream* stream = nullptr;
+};
+
+}  // namespace
+
+struct Stream {
+  std::deque<Op> ops;    // under HostBackend::mu_
+  bool running = false;  // someone owns the head: an engine runs it, or a thread its callbacks
+};
+
+namespace {
+
+class Engine {
+ public:
+  void push(Op* op) {
+    {
+      std::lock_guard lk(mu_);
+      ready_.push_back(op);
+    }
+    cv_.notify_one();
+  }
+  Op* pop() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return stop_ || !ready_.empty(); });
+    if (ready_.empty()) return nullptr;
+    Op* op = ready_.front();
+    ready_.pop_front();
+    return op;
+  }
+  void stop() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op*> ready_;
+  bool stop_ = false;
+};
+
+class HostBackend final : public DeviceBackend {
+ public:
+  explicit HostBackend(int compute_slots) : slots_(compute_slots) {
+    if (compute_slots < 1)
+      throw Error("splitflow: host backend: host_compute_slots must be at least 1");
+    for (int i = 0; i < compute_slots; ++i) threads_.emplace_back([this] { serve(compute_); });
+    threads_.emplace_back([this] { serve(h2d_); });
+    threads_.emplace_back([this] { serve(d2h_); });
+  }
+
+  ~HostBackend() override {
+    compute_.stop();
+    h2d_.stop();
+    d2h_.stop();
+    for (auto& t : threads_) t.join();
+  }
+
+  BackendKind kind() const noexcept override { return BackendKind::host; }
+  std::string name() const override {
+    return fmt::format("host backend ({} compute slot{}, 2 copy engines)", slots_,
+                       slots_ == 1 ? "" : "s");
+  }
+  int ordinal() const noexcept override { return 0; }
+
+  Stream* create_stream() override { return new Stream(); }
+  void destroy_stream(Stream* s) noexcept override { delete s; }
+  void* native(Stream*) const noexcept override { return nullptr; }
+
+  void copy(Stream* s, void* dst, const void* src, std::size_t bytes, bool h2d,
+            ExecutionSink* sink) override {
+    Op op{OpKind::copy, {}, {}, dst, src, bytes, h2d, sink, s};
+    enqueue(s, std::move(op));
+  }
+  void host_kernel(Stream* s, std::function<void()> fn, ExecutionSink* sink) override {
+    enqueue(s, Op{OpKind::kernel, std::move(fn), {}, nullptr, nullptr, 0, true, sink, s});
+  }
+  void timed_kernel(Stream* s, std::chrono::nanoseconds d, ExecutionSink* sink) override {
+    enqueue(s, Op{OpKind::timed, {}, d, nullptr, nullptr, 0, true, sink, s});
+  }
+  void callback(Stream* s, std::function<void()> fn) override {
+    enqueue(s, Op{OpKind::callback, std::move(fn), {}, nullptr, nullptr, 0, true, nullptr, s});
+  }
+  void* burst_begin(Stream*) override { return nullptr; }  // executions are reported per op
+  void burst_end(Stream* s, void*, std::function<void()> done) override {
+    callback(s, std::move(done));
+  }
+  void settle(void*, ExecutionSink*) noexcept override {}
+
+  void* device_alloc(std::size_t bytes, Stream*) override { return aligned(64, bytes); }
+  void device_free(void* p) noexcept override { std::free(p); }
+  void* pinned_alloc(std::size_t bytes) override { return aligned(4096, bytes); }
+  void pinned_free(void* p) noexcept override { std::free(p); }
+
+  std::int64_t busy_ns() const override {
+    std::lock_guard lk(busy_mu_);
+    return busy_ + (active_ > 0 ? steady_now_ns() - busy_since_ : 0);
+  }
+
+ private:
+  static void* aligned(std::size_t alignment, std::size_t bytes) {
+    const std::size_t size = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, size);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+
+  void enqueue(Stream* s, Op&& op) {
+    {
+      std::lock_guard lk(mu_);
+      s->ops.push_back(std::move(op));
+      if (s->running) return;  // the stream's current owner will get to it
+      s->running = true;
+    }
+    advance(s);
+  }
+
+  // Called by the owner of the stream's head (running == true) with no lock held: runs the
+  // callbacks at the head in order, then hands the next op to its engine. Like a CUDA host
+  // function, a callback holds the stream: what follows starts only after it returned.
+  void advance(Stream* s) {
+    for (;;) {
+      std::function<void()> callback;
+      {
+        std::lock_guard lk(mu_);
+        if (s->ops.empty()) {
+          s->running = false;
+          return;
+        }
+        Op& head = s->ops.front();  // deque: stable while it stays at the front
+        if (head.kind != OpKind::callback) {
+          Engine& e = head.kind == OpKind::copy ? (head.h2d ? h2d_ : d2h_) : compute_;
+          e.push(&head);
+          return;
+        }
+        callback = std::move(head.fn);
+        s->ops.pop_front();
+      }
+      callback();
+    }
+  }
+
+  void serve(Engine& engine) {
+    while (Op* op = engine.pop()) {
+      const std::int64_t t0 = steady_now_ns();
+      active_begin(t0);
+      if (op->sink) op->sink->exec_begin(t0);
+      switch (op->kind) {
+        case OpKind::kernel:
+          op->fn();  // kernels are splitflow ops: they report errors through their burst
+          break;
+        case OpKind::timed:
+          std::this_thread::sleep_until(std::chrono::steady_clock::now() + op->duration);
+          break;
+        case OpKind::copy:
+          std::memcpy(op->dst, op->src, op->bytes);
+          break;
+        case OpKind::callback:
+          break;
+      }
+      const std::int64_t t1 = steady_now_ns();
+      if (op->sink) {
+        if (op->kind == OpKind::copy) op->sink->copied(op->h2d, op->bytes, t1 - t0);
+        op->sink->exec_end(t1);
+      }
+      active_end(t1);
+      Stream* s = op->stream;
+      {
+        std::lock_guard lk(mu_);
+        s->ops.pop_front();  // `op` is gone from here on
+      }
+      advance(s);
+    }
+  }
+
+  void active_begin(std::int64_t t) {
+    std::lock_guard lk(busy_mu_);
+    if (active_++ == 0) busy_since_ = t;
+  }
+  void active_end(std::int64_t t) {
+    std::lock_guard lk(busy_mu_);
+    if (--active_ == 0) busy_ += t - busy_since_;
+  }
+
+  const int slots_;
+  std::mutex mu_;  // every stream's ops
+  Engine compute_, h2d_, d2h_;
+  std::vector<std::thread> threads_;
+  mutable std::mutex busy_mu_;
+  int active_ = 0;
+  std::int64_t busy_since_ = 0;
+  std::int64_t busy_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> make_host_backend(int compute_slots) {
+  return std::make_unique<HostBackend>(compute_slots);
+}
+
+}  // namespace splitflow::detail

@@ -1,0 +1,88 @@
+#include <fmt/format.h>
+
+#include "../device/device_runtime.hpp"
+#include "normalize.hpp"
+#include "splitflow/error.hpp"
+#include "splitflow/ops.hpp"
+
+namespace splitflow::ops {
+
+namespace {
+
+detail::NormalizeParams params(const std::string& stage, std::uint64_t item, std::int64_t c,
+                               const std::vector<float>& mean, const std::vector<float>& stddev,
+                               float scale) {
+  if (c < 1 || c > detail::kMaxChannels || mean.size() != static_cast<std::size_t>(c) ||
+      stddev.size() != static_cast<std::size_t>(c))
+    throw Error(fmt::format("splitflow: stage '{}' item {}: normalize needs one mean and one "
+                            "stddev per channel (1..{} channels); the batch has {}, {} means, "
+                            "{} stddevs",
+                            stage, item, detail::kMaxChannels, c, mean.size(), stddev.size()));
+  detail::NormalizeParams p{};
+  p.scale = scale;
+  for (std::int64_t i = 0; i < c; ++i) {
+    if (stddev[i] == 0.0f)
+      throw Error(fmt::format("splitflow: stage '{}' item {}: normalize: stddev[{}] is 0", stage,
+                              item, i));
+    p.mean[i] = mean[i];
+    p.stddev[i] = stddev[i];
+  }
+  return p;
+}
+
+void check_images(const Tensor& t, const std::string& stage, std::uint64_t item) {
+  if (t.dtype() != DType::u8 || t.ndim() != 4 || !t.contiguous())
+    throw Error(fmt::format("splitflow: stage '{}' item {}: normalize takes a contiguous u8 NHWC "
+                            "batch, got {}",
+                            stage, item, t.describe()));
+}
+
+}  // namespace
+
+DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images,
+                       const std::vector<float>& mean, const std::vector<float>& stddev,
+                       float scale) {
+  check_images(images, ctx.stage(), ctx.item());
+  const std::int64_t n = images.dim(0), h = images.dim(1), w = images.dim(2), c = images.dim(3);
+  const detail::NormalizeParams p = params(ctx.stage(), ctx.item(), c, mean, stddev, scale);
+  DeviceTensor out = ctx.alloc(DType::f32, {n, c, h, w});
+  const auto* in = static_cast<const std::uint8_t*>(images.raw());
+  auto* dst = static_cast<float*>(out.raw());
+  if (ctx.backend() == BackendKind::cuda) {
+#if defined(SPLITFLOW_WITH_CUDA)
+    detail::normalize_cuda(ctx.native_stream(), in, dst, n, h, w, c, p);
+#endif
+  } else {
+    // The kernel keeps its input alive until it ran (the body's tensor may go before).
+    ctx.host_kernel([keep = images, in, dst, n, h, w, c, p] {
+      detail::normalize_host(in, dst, n, h, w, c, p);
+    });
+  }
+  ctx.burst().keep_alive(images.owner());
+  return out;
+}
+
+HostTensor normalize_reference(const HostTensor& images, const std::vector<float>& mean,
+                               const std::vector<float>& stddev, float scale) {
+  check_images(images, "normalize_reference", 0);
+  const std::int64_t n = images.dim(0), h = images.dim(1), w = images.dim(2), c = images.dim(3);
+  params("normalize_reference", 0, c, mean, stddev, scale);
+  HostTensor out = HostTensor::empty(DType::f32, {n, c, h, w});
+  const auto* in = images.data<std::uint8_t>();
+  float* dst = out.data<float>();
+  for (std::int64_t b = 0; b < n; ++b)
+    for (std::int64_t ch = 0; ch < c; ++ch)
+      for (std::int64_t y = 0; y < h; ++y)
+        for (std::int64_t x = 0; x < w; ++x)
+          dst[((b * c + ch) * h + y) * w + x] =
+              (static_cast<float>(in[((b * h + y) * w + x) * c + ch]) * scale - mean[ch]) /
+              stddev[ch];
+  return out;
+}
+
+void busy_kernel(DeviceContext& ctx, std::chrono::nanoseconds duration) {
+  auto& b = ctx.burst();
+  b.device().backend().timed_kernel(b.stream(), duration, b.exec_sink());
+}
+
+}  // namespace splitflow::ops
