@@ -23,7 +23,7 @@ release: deps
 	$(CMAKE) --build $(BUILD)/release -j $(JOBS)
 
 demo: release
-	$(BUILD)/release/examples/cpu_pipeline
+	$(BUILD)/release/examples/consolidation
 
 test: test-release test-asan test-tsan test-consumer
 	@echo "make test: all suites passed"

@@ -93,7 +93,7 @@ std::shared_ptr<DeviceRuntime> RuntimeCore::device() {
         break;
       }
 #endif
-      backend = make_host_backend(c.host_compute_slots);
+      backend = make_host_backend(c.host_compute_slots, c.device_pool_bytes);
       break;
     case BackendKind::cuda:
 #if defined(SPLITFLOW_WITH_CUDA)
@@ -107,7 +107,7 @@ std::shared_ptr<DeviceRuntime> RuntimeCore::device() {
                   "CUDA (SPLITFLOW_WITH_CUDA=OFF, or no nvcc when it was built)");
 #endif
     case BackendKind::host:
-      backend = make_host_backend(c.host_compute_slots);
+      backend = make_host_backend(c.host_compute_slots, c.device_pool_bytes);
       break;
   }
   device_ = std::make_shared<DeviceRuntime>(std::move(backend), c);

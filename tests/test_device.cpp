@@ -226,7 +226,7 @@ TEST(StreamPool, LeasesNeverExceedThePoolAndGraphsShareIt) {
   std::vector<std::unique_ptr<std::atomic<long>>> sums;
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < 3; ++k) {
-    auto g = std::make_unique<Graph>(rt, "g" + std::to_string(k));
+    auto g = std::make_unique<Graph>(rt, std::string("g").append(std::to_string(k)));
     sums.push_back(std::make_unique<std::atomic<long>>(0));
     auto* sum = sums.back().get();
     auto src = g->source("n", counter(60));
@@ -322,14 +322,14 @@ TEST(StreamPool, ALightGraphsWaitIsBoundedWhileAGreedyGraphSaturatesThePool) {
 TEST(Accounting, HeldCoversBusyAndIsCloseToItForAGpuBoundGraph) {
   Runtime rt(host_device(2, 4));
   Graph g(rt, "gpu-bound");
-  // 10 ms kernels: per-burst overheads (thread wake-ups of the modelled engines on a loaded
-  // 2-core machine) stay small against them.
-  auto src = g.source("n", counter(20));
+  // 20 ms kernels: per-burst overheads (thread wake-ups of the modelled engines on a loaded
+  // 2-core machine, slower still under sanitizers) stay small against them.
+  auto src = g.source("n", counter(10));
   auto make = g.stage("make", [](long) { return HostTensor::empty(DType::u8, {1024}); });
   GpuStageOptions o;
   o.concurrency = 1;
   auto gpu = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
-    ops::busy_kernel(ctx, 10ms);
+    ops::busy_kernel(ctx, 20ms);
     return t;
   }, o);
   auto sink = g.sink("s", [](DeviceTensor) {});
@@ -338,8 +338,10 @@ TEST(Accounting, HeldCoversBusyAndIsCloseToItForAGpuBoundGraph) {
   run.wait();
   const GpuStats s = run.stats().gpu;
   EXPECT_GE(s.held_ns, s.busy_ns);
-  EXPECT_GE(s.busy_ns, 20 * 10'000'000) << "busy must include every kernel";
-  EXPECT_LE(s.held_over_busy(), 1.1) << "held " << s.held_ns << " busy " << s.busy_ns;
+  EXPECT_GE(s.busy_ns, 10 * 20'000'000) << "busy must include every kernel";
+  // Near 1 (docs/benchmarks.md measures 1.0x on an idle machine); the slack absorbs thread
+  // wake-ups under load. Held for the graph's life would also count the ramp-up and drain.
+  EXPECT_LE(s.held_over_busy(), 1.3) << "held " << s.held_ns << " busy " << s.busy_ns;
   const auto d = rt.device_stats();
   EXPECT_LE(d->busy_fraction(), 1.0);
   EXPECT_GT(d->busy_fraction(), 0.0);
@@ -548,10 +550,7 @@ TEST(DevicePool, ExceedingTheCapIsAClearErrorAndLeavesTheRuntimeUsable) {
 }
 
 TEST(Device, ChoosingCudaWithoutADeviceIsAClearError) {
-  if (built_with_cuda()) {
-    // With a CUDA build the error depends on the machine; on a GPU machine it succeeds.
-    GTEST_SKIP() << "covered by the CUDA tests";
-  }
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present: see test_cuda";
   RuntimeConfig c{.threads = 1};
   c.device.backend = BackendKind::cuda;
   Runtime rt(c);
@@ -565,6 +564,9 @@ TEST(Device, ChoosingCudaWithoutADeviceIsAClearError) {
     g.run();
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
+    const std::string want = built_with_cuda() ? "no CUDA device is usable" : "built without CUDA";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
+  // The failed start created no device and registered no run.
+  EXPECT_FALSE(rt.device_stats().has_value());
 }

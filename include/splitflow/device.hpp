@@ -27,6 +27,9 @@ const char* to_string(BackendKind k) noexcept;
 
 /// Whether this build has the CUDA backend (SPLITFLOW_WITH_CUDA resolved to ON).
 bool built_with_cuda() noexcept;
+/// CUDA devices usable by this process: 0 without a CUDA build, a driver or a GPU. This call
+/// initialises the CUDA runtime (do not call it before forking data-loader workers).
+int cuda_device_count() noexcept;
 /// CUDA runtime calls splitflow made in this process: 0 while only CPU graphs ran (the device
 /// is created lazily), which is what makes forked data-loader workers safe.
 std::uint64_t cuda_runtime_calls() noexcept;
@@ -108,6 +111,7 @@ struct DeviceStats {
   BackendKind backend = BackendKind::host;
   std::int64_t wall_ns = 0;          ///< since the device was initialised
   std::int64_t busy_ns = 0;          ///< time with at least one kernel or copy executing
+  std::int64_t held_ns = 0;          ///< time with at least one stream leased (by any graph)
   std::size_t streams = 0;
   std::size_t leases_in_use = 0;
   std::size_t max_leases_in_use = 0;
@@ -118,6 +122,11 @@ struct DeviceStats {
   std::size_t pinned_bytes_in_use = 0, pinned_bytes_cap = 0;
   double busy_fraction() const noexcept {
     return wall_ns > 0 ? static_cast<double>(busy_ns) / static_cast<double>(wall_ns) : 0.0;
+  }
+  /// held / busy of the device as a whole: time it was reserved by some graph against time
+  /// it worked. (A graph's own held/busy also counts its bursts queued behind other graphs'.)
+  double held_over_busy() const noexcept {
+    return busy_ns > 0 ? static_cast<double>(held_ns) / static_cast<double>(busy_ns) : 0.0;
   }
 };
 

@@ -65,7 +65,7 @@ class DeviceBackend {
 
   // Memory. Device allocations are stream-ordered; frees may be called from any thread.
   virtual void* device_alloc(std::size_t bytes, Stream* s) = 0;
-  virtual void device_free(void* p) noexcept = 0;
+  virtual void device_free(void* p, std::size_t bytes) noexcept = 0;
   virtual void* pinned_alloc(std::size_t bytes) = 0;
   virtual void pinned_free(void* p) noexcept = 0;
 
@@ -74,7 +74,8 @@ class DeviceBackend {
 };
 
 /// Host backend: compute slots and one copy engine per direction, each served by host threads.
-std::unique_ptr<DeviceBackend> make_host_backend(int compute_slots);
+/// Freed device memory is kept for reuse (like a CUDA memory pool), up to `cache_bytes`.
+std::unique_ptr<DeviceBackend> make_host_backend(int compute_slots, std::size_t cache_bytes);
 
 #if defined(SPLITFLOW_WITH_CUDA)
 /// CUDA backend on device `ordinal`. Throws Error if there is no usable device.

@@ -157,7 +157,7 @@ class CudaBackend final : public DeviceBackend {
     SF_CUDA(cudaMallocFromPoolAsync(&p, bytes, pool_, s->stream), ordinal_);
     return p;
   }
-  void device_free(void* p) noexcept override { cudaFreeAsync(p, free_stream_); }
+  void device_free(void* p, std::size_t) noexcept override { cudaFreeAsync(p, free_stream_); }
   void* pinned_alloc(std::size_t bytes) override {
     void* p = nullptr;
     SF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), ordinal_);

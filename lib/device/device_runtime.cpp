@@ -43,6 +43,13 @@ bool built_with_cuda() noexcept {
   return false;
 #endif
 }
+int cuda_device_count() noexcept {
+#if defined(SPLITFLOW_WITH_CUDA)
+  return detail::cuda_device_count();
+#else
+  return 0;
+#endif
+}
 }  // namespace splitflow
 
 namespace splitflow::detail {
@@ -67,9 +74,10 @@ Lease* StreamPool::acquire_or_wait(LeaseWaiter& w) {
   if (!free_.empty() && waiting_.empty()) {
     Lease* l = free_.back();
     free_.pop_back();
-    max_in_use_ = std::max(max_in_use_, ++in_use_);
-    ++count_;
     l->since_ns = steady_now_ns();
+    if (in_use_++ == 0) held_since_ = l->since_ns;
+    max_in_use_ = std::max(max_in_use_, in_use_);
+    ++count_;
     return l;
   }
   w.since_ns = steady_now_ns();
@@ -92,7 +100,7 @@ void StreamPool::release(Lease* lease) noexcept {
       ++count_;
       lease->since_ns = now;
     } else {
-      --in_use_;
+      if (--in_use_ == 0) held_ns_ += now - held_since_;
       free_.push_back(lease);
     }
   }
@@ -135,6 +143,10 @@ std::int64_t StreamPool::lease_ns() const {
   std::lock_guard lk(mu_);
   return lease_ns_;
 }
+std::int64_t StreamPool::held_ns() const {
+  std::lock_guard lk(mu_);
+  return held_ns_ + (in_use_ > 0 ? steady_now_ns() - held_since_ : 0);
+}
 
 // ---- capped pools ------------------------------------------------------------------------------
 
@@ -166,7 +178,7 @@ void DeviceRuntime::free_device(void* p, std::size_t bytes) noexcept {
     deferred_.push_back({p, bytes, false});
     return;
   }
-  backend_->device_free(p);
+  backend_->device_free(p, bytes);
   device_bytes_.give(bytes);
 }
 
@@ -191,7 +203,7 @@ void DeviceRuntime::drain_deferred() noexcept {
       backend_->pinned_free(d.p);
       pinned_bytes_.give(d.bytes);
     } else {
-      backend_->device_free(d.p);
+      backend_->device_free(d.p, d.bytes);
       device_bytes_.give(d.bytes);
     }
   }
@@ -257,6 +269,7 @@ DeviceStats DeviceRuntime::stats() const {
   s.backend = backend_->kind();
   s.wall_ns = steady_now_ns() - start_ns_;
   s.busy_ns = backend_->busy_ns();
+  s.held_ns = pool_.held_ns();
   s.streams = pool_.size();
   s.leases_in_use = pool_.in_use();
   s.max_leases_in_use = pool_.max_in_use();
@@ -361,7 +374,9 @@ Burst::Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, const std::s
       sink_(std::make_unique<Sink>(account)) {
   lease_->account = account;
   if (account_) {
-    account_->lease_begin(lease_->since_ns);
+    // Held from when the body starts enqueuing (now), not from when the pool granted the
+    // stream: the hand-over to an arena thread in between is the runtime's, not the graph's.
+    account_->lease_begin(steady_now_ns());
     account_->burst();
   }
 }

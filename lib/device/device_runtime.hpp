@@ -42,6 +42,8 @@ class StreamPool {
   std::size_t waiters() const;
   std::uint64_t leases() const;
   std::int64_t lease_ns() const;
+  /// Time with at least one lease out.
+  std::int64_t held_ns() const;
 
  private:
   DeviceBackend& backend_;
@@ -52,6 +54,7 @@ class StreamPool {
   std::size_t in_use_ = 0, max_in_use_ = 0;
   std::uint64_t count_ = 0;
   std::int64_t lease_ns_ = 0;
+  std::int64_t held_ns_ = 0, held_since_ = 0;
 };
 
 /// Bytes against a cap: device memory, pinned memory.

@@ -1,0 +1,163 @@
+// Consolidation: N training-style graphs, each `CPU stage (real CPU work) -> busy_kernel ->
+// CPU sink`, sized so that their total CPU demand fits the cores and their total GPU demand
+// fits one device. Two modes in one run:
+//   BM_Consolidation/bundled/N  each graph owns a device and a stream for its whole run and
+//                               does load-then-compute in sequence (the usual training loop):
+//                               N devices, each held for the whole run
+//   BM_Consolidation/split/N    all graphs share one device through the stream pool
+// Counters: devices_used, device_busy (busy fraction of each device used), held_over_busy,
+// busy_vs_demand (split: device busy fraction / the graphs' summed GPU duty), and
+// min_throughput_ratio (the slowest graph's items/s over a graph's dedicated items/s, the
+// dedicated run measured in the same process before the timed loop).
+// Host backend: kernels wait on a timer on one compute slot, like one full-size kernel at a
+// time on a GPU. scripts/gpu-check.sh runs the CUDA equivalent on a GPU.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <splitflow/ops.hpp>
+#include <splitflow/splitflow.hpp>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr long kItems = 120;
+constexpr auto kCpu = 2000us;     // per item, real CPU work (spin)
+constexpr auto kKernel = 1500us;  // per item, device time
+
+splitflow::BackendKind backend() {
+  return splitflow::cuda_device_count() > 0 ? splitflow::BackendKind::cuda
+                                            : splitflow::BackendKind::host;
+}
+
+void cpu_work(std::chrono::microseconds d) {
+  const auto end = std::chrono::steady_clock::now() + d;
+  volatile unsigned x = 1;
+  while (std::chrono::steady_clock::now() < end) x = x * 1664525u + 1013904223u;
+}
+
+// One graph: source -> load (CPU) -> model (GPU) -> sink. `sequential` makes it load-then-
+// compute, one item at a time, as a training loop without a separate loader does.
+void build(splitflow::Graph& g, bool sequential) {
+  auto src = g.source("items", [i = 0L]() mutable -> std::optional<long> {
+    if (i == kItems) return std::nullopt;
+    return i++;
+  });
+  auto load = g.stage("load", [](long, splitflow::HostAllocator& a) {
+    cpu_work(kCpu);
+    return a.empty(splitflow::DType::u8, {4096});
+  }, {.capacity = 4});
+  splitflow::GpuStageOptions o;
+  o.concurrency = sequential ? 1 : 2;
+  o.ring_bytes = 1 << 20;
+  o.ring_item_bytes = 4096;
+  auto model = g.gpu_stage("model", [](splitflow::DeviceTensor t, splitflow::DeviceContext& ctx) {
+    splitflow::ops::busy_kernel(ctx, kKernel);
+    return t;
+  }, o);
+  auto sink = g.sink("step", [](splitflow::DeviceTensor) {});
+  src >> load >> model >> sink;
+}
+
+splitflow::RuntimeConfig config(int threads) {
+  splitflow::RuntimeConfig c{.threads = threads};
+  c.device.backend = backend();
+  return c;
+}
+
+struct Dedicated {
+  double items_per_s;
+  double duty;  // GPU busy / wall
+};
+
+// A graph alone on its own device, load-then-compute: the baseline every mode is compared to.
+Dedicated dedicated() {
+  splitflow::Runtime rt(config(1));
+  splitflow::Graph g(rt, "dedicated", {.max_in_flight = 1});
+  build(g, true);
+  auto run = g.run();
+  run.wait();
+  const auto st = run.stats();
+  return {kItems / (st.wall_ns / 1e9), static_cast<double>(st.gpu.busy_ns) / st.wall_ns};
+}
+
+void BM_bundled(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const Dedicated base = dedicated();
+  double min_ratio = 1e9, held = 0, busy = 0, device_busy = 0;
+  for (auto _ : state) {
+    std::vector<std::unique_ptr<splitflow::Runtime>> devices;  // one device per graph
+    std::vector<std::unique_ptr<splitflow::Graph>> graphs;
+    std::vector<splitflow::Run> runs;
+    for (int k = 0; k < n; ++k) {
+      devices.push_back(std::make_unique<splitflow::Runtime>(config(1)));
+      graphs.push_back(std::make_unique<splitflow::Graph>(*devices.back(), "job",
+                                                          splitflow::GraphOptions{.max_in_flight = 1}));
+      build(*graphs.back(), true);
+    }
+    for (auto& g : graphs) runs.push_back(g->run());
+    for (auto& r : runs) {
+      r.wait();
+      const auto st = r.stats();
+      // The job owns its device for its whole run: held is its wall time.
+      held += static_cast<double>(st.wall_ns);
+      busy += static_cast<double>(st.gpu.busy_ns);
+      device_busy += static_cast<double>(st.gpu.busy_ns) / st.wall_ns;
+      min_ratio = std::min(min_ratio, kItems / (st.wall_ns / 1e9) / base.items_per_s);
+    }
+  }
+  state.counters["devices_used"] = n;
+  state.counters["device_busy"] = device_busy / (n * state.iterations());
+  state.counters["held_over_busy"] = held / busy;  // each device held by its job throughout
+  state.counters["min_throughput_ratio"] = min_ratio;
+  state.counters["dedicated_duty"] = base.duty;
+}
+
+void BM_split(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const Dedicated base = dedicated();
+  double min_ratio = 1e9, held = 0, busy = 0, device_busy = 0, device_held = 0, device_work = 0;
+  for (auto _ : state) {
+    splitflow::Runtime rt(config(n));  // one device, its stream pool shared by every graph
+    std::vector<std::unique_ptr<splitflow::Graph>> graphs;
+    std::vector<splitflow::Run> runs;
+    for (int k = 0; k < n; ++k) {
+      graphs.push_back(std::make_unique<splitflow::Graph>(rt, "job" + std::to_string(k)));
+      build(*graphs.back(), false);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& g : graphs) runs.push_back(g->run());
+    for (auto& r : runs) {
+      r.wait();
+      const auto st = r.stats();
+      held += static_cast<double>(st.gpu.held_ns);
+      busy += static_cast<double>(st.gpu.busy_ns);
+      min_ratio = std::min(min_ratio, kItems / (st.wall_ns / 1e9) / base.items_per_s);
+    }
+    const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    const auto dev = *rt.device_stats();
+    device_busy += static_cast<double>(dev.busy_ns) / wall;
+    device_held += static_cast<double>(dev.held_ns);
+    device_work += static_cast<double>(dev.busy_ns);
+  }
+  const double fraction = device_busy / state.iterations();
+  state.counters["devices_used"] = 1;
+  state.counters["device_busy"] = fraction;
+  // The device: time some graph held a stream against time it worked.
+  state.counters["held_over_busy"] = device_held / device_work;
+  // Each graph's own: also counts its bursts queued behind the other graphs' kernels.
+  state.counters["graph_held_over_busy"] = held / busy;
+  state.counters["busy_vs_demand"] = fraction / (n * base.duty);
+  state.counters["min_throughput_ratio"] = min_ratio;
+  state.counters["dedicated_duty"] = base.duty;
+}
+
+}  // namespace
+
+BENCHMARK(BM_bundled)->Name("BM_Consolidation/bundled")->Arg(2)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_split)->Name("BM_Consolidation/split")->Arg(2)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();
