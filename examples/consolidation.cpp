@@ -59,26 +59,27 @@ splitflow::RuntimeConfig config(int threads) {
 struct Row {
   int devices = 0;
   double device_busy = 0;  // busy fraction of each device used
-  double held = 0, busy = 0;
+  double held = 0, busy = 0;  // the devices': time reserved vs time working
+  double job_held = 0, job_busy = 0;
   std::vector<double> throughput;
   splitflow::RunStats example;
 };
 
-// Waits for the runs, printing one progress line.
+// Waits for the runs, updating one progress line.
 void wait_all(std::vector<splitflow::Run>& runs, const char* what) {
   for (;;) {
     std::uint64_t done = 0;
-    bool all = true;
+    splitflow::Run* pending = nullptr;
     for (auto& r : runs) {
       const auto st = r.stats();
       done += st.find("step")->items_out;
-      all &= st.status != splitflow::RunStatus::running;
+      if (st.status == splitflow::RunStatus::running) pending = &r;
     }
     std::printf("\r  %-8s %5llu / %ld items", what, static_cast<unsigned long long>(done),
                 kItems * static_cast<long>(runs.size()));
     std::fflush(stdout);
-    if (all) break;
-    runs.front().wait_for(100ms);
+    if (!pending) break;
+    pending->wait_for(100ms);
   }
   for (auto& r : runs) r.wait();
   std::printf("\n");
@@ -123,12 +124,14 @@ Row split(std::string& backend) {
   const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   for (auto& r : runs) {
     const auto st = r.stats();
-    row.held += st.gpu.held_ns;
-    row.busy += st.gpu.busy_ns;
+    row.job_held += st.gpu.held_ns;
+    row.job_busy += st.gpu.busy_ns;
     row.throughput.push_back(kItems / (st.wall_ns / 1e9));
   }
   const auto dev = rt.device_stats();
   row.device_busy = dev->busy_ns / wall;
+  row.held = dev->held_ns;  // time some job had a stream leased
+  row.busy = dev->busy_ns;
   row.devices = 1;
   row.example = runs.front().stats();
   backend = dev->name;
@@ -168,8 +171,10 @@ int main() {
   print("bundled", b, dedicated);
   print("split", s, dedicated);
   std::printf("\nbundled holds %d devices, each idle %.0f%% of the time; split does the same work "
-              "on 1 device.\n\n",
-              b.devices, 100 * (1 - b.device_busy));
+              "on 1 device.\nheld/busy is the device's: time some job held it against time it "
+              "worked. A split job's own\nheld/busy is %.2f: its bursts also wait, leased, behind "
+              "the other job's kernels.\n\n",
+              b.devices, 100 * (1 - b.device_busy), s.job_held / s.job_busy);
   std::printf("one split job, per stage:\n%s", splitflow::format_table(s.example).c_str());
   std::printf("GPU: held %.1f ms, busy %.1f ms (held/busy %.2f), %llu bursts, waited for a "
               "stream %.1f ms in all\n",

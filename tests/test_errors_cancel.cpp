@@ -265,7 +265,7 @@ TEST_P(ManyGraphs, RunAtOnceWithCorrectPerGraphResults) {
   std::vector<std::vector<long>> results(n);
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < n; ++k) {
-    auto g = std::make_unique<Graph>(rt, "g" + std::to_string(k));
+    auto g = std::make_unique<Graph>(rt, std::string("g").append(std::to_string(k)));
     const long items = 2000 + 100 * k;
     auto src = g->source("n", counter(items));
     auto mul = g->stage("mul", [k](long x) { return x * (k + 1); }, {.concurrency = 3});

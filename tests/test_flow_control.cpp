@@ -155,7 +155,7 @@ TEST(Scheduling, OneThreadRuntimeWithTinyQueuesFinishesEveryGraph) {
   std::vector<std::unique_ptr<std::atomic<long>>> sums;
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < 4; ++k) {
-    auto g = std::make_unique<Graph>(rt, "g" + std::to_string(k),
+    auto g = std::make_unique<Graph>(rt, std::string("g").append(std::to_string(k)),
                                      GraphOptions{.max_in_flight = 2, .default_capacity = 1});
     sums.push_back(std::make_unique<std::atomic<long>>(0));
     auto* sum = sums.back().get();

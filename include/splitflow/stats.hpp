@@ -42,11 +42,11 @@ struct StageStats {
   std::int64_t work_ns = 0;          ///< sum of body durations (exceeds busy with concurrency)
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
-  /// GPU stages fed host tensors: their pinned ring (bytes), 0 otherwise.
+  /// GPU stages: their pinned rings (input and output, together), in bytes; 0 without.
   std::size_t ring_capacity = 0;
   std::size_t ring_in_use = 0;       ///< bytes now (0 once every tensor from it is gone)
   std::size_t ring_budgets = 0;      ///< item budgets reserved by producers now
-  std::uint64_t ring_wraps = 0;
+  std::uint64_t ring_wraps = 0;      ///< times the ring's head went past its end
 };
 
 struct RunStats {

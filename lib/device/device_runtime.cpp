@@ -507,28 +507,29 @@ void PinnedRing::release(std::size_t n) {
 }
 
 std::size_t PinnedRing::alloc_offset_locked(std::size_t size) {
-  // The live region is [tail, head), or [tail, capacity) + [0, head) once wrapped.
-  const bool wrapped = used_ > 0 && head_ <= tail_;
-  if (!wrapped) {
-    if (capacity_ - head_ >= size) {
-      const std::size_t at = head_;
-      head_ += size;
-      used_ += size;
-      return at;
-    }
-    if (tail_ >= size) {  // wrap: the end of the buffer is wasted until the tail passes it
-      const std::size_t waste = capacity_ - head_;
-      if (waste > 0) blocks_.push_back(new Block{head_, waste, false, true});
-      used_ += waste + size;
-      head_ = size;
+  // The live region is [tail, head), or [tail, capacity) + [0, head) once wrapped. head is
+  // kept below capacity: a block ending exactly at the end moves it back to 0.
+  const auto take = [&](std::size_t at) {
+    head_ = at + size;
+    if (head_ == capacity_) {  // ends exactly at the end: the head wraps with no waste
+      head_ = 0;
       ++wraps_;
-      return 0;
     }
-  } else if (tail_ - head_ >= size) {
-    const std::size_t at = head_;
-    head_ += size;
     used_ += size;
     return at;
+  };
+  const bool wrapped = used_ > 0 && head_ <= tail_;
+  if (!wrapped) {
+    if (capacity_ - head_ >= size) return take(head_);
+    if (tail_ >= size) {  // wrap: the end of the buffer is wasted until the tail passes it
+      const std::size_t waste = capacity_ - head_;
+      blocks_.push_back(new Block{head_, waste, false, true});
+      used_ += waste;
+      ++wraps_;
+      return take(0);
+    }
+  } else if (tail_ - head_ >= size) {
+    return take(head_);
   }
   throw Error(fmt::format(
       "splitflow: internal error: the pinned ring of '{}' has no contiguous room for {} bytes "
@@ -603,7 +604,6 @@ void PinnedRing::free_block(Block* b) noexcept {
       tail_ = (f->offset + f->size) % capacity_;
       delete f;
     }
-    if (blocks_.empty()) head_ = tail_ = used_ = 0;
     notify_if_waiting_locked(notify);
   }
   if (notify) notify->notify();

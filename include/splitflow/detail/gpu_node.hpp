@@ -63,11 +63,13 @@ class GpuStageNode final : public Emitter<Out> {
   }
 
   void add_stats_locked(StageStats& s) const override {
-    if (!ring_) return;
-    s.ring_capacity = ring_->capacity();
-    s.ring_in_use = ring_->bytes_in_use();
-    s.ring_budgets = ring_->budgets();
-    s.ring_wraps = ring_->wraps();
+    for (const auto* ring : {ring_.get(), out_ring_.get()}) {
+      if (!ring) continue;
+      s.ring_capacity += ring->capacity();
+      s.ring_in_use += ring->bytes_in_use();
+      s.ring_budgets += ring->budgets();
+      s.ring_wraps += ring->wraps();
+    }
   }
 
   void run_claim(WorkList& w, std::size_t k) override {
