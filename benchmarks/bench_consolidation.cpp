@@ -16,57 +16,16 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <splitflow/ops.hpp>
 #include <splitflow/splitflow.hpp>
 #include <vector>
+
+#include "consolidation_workload.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-constexpr long kItems = 120;
-constexpr auto kCpu = 2000us;     // per item, real CPU work (spin)
-constexpr auto kKernel = 1500us;  // per item, device time
-
-splitflow::BackendKind backend() {
-  return splitflow::cuda_device_count() > 0 ? splitflow::BackendKind::cuda
-                                            : splitflow::BackendKind::host;
-}
-
-void cpu_work(std::chrono::microseconds d) {
-  const auto end = std::chrono::steady_clock::now() + d;
-  volatile unsigned x = 1;
-  while (std::chrono::steady_clock::now() < end) x = x * 1664525u + 1013904223u;
-}
-
-// One graph: source -> load (CPU) -> model (GPU) -> sink. `sequential` makes it load-then-
-// compute, one item at a time, as a training loop without a separate loader does.
-void build(splitflow::Graph& g, bool sequential) {
-  auto src = g.source("items", [i = 0L]() mutable -> std::optional<long> {
-    if (i == kItems) return std::nullopt;
-    return i++;
-  });
-  auto load = g.stage("load", [](long, splitflow::HostAllocator& a) {
-    cpu_work(kCpu);
-    return a.empty(splitflow::DType::u8, {4096});
-  }, {.capacity = 4});
-  splitflow::GpuStageOptions o;
-  o.concurrency = sequential ? 1 : 2;
-  o.ring_bytes = 1 << 20;
-  o.ring_item_bytes = 4096;
-  auto model = g.gpu_stage("model", [](splitflow::DeviceTensor t, splitflow::DeviceContext& ctx) {
-    splitflow::ops::busy_kernel(ctx, kKernel);
-    return t;
-  }, o);
-  auto sink = g.sink("step", [](splitflow::DeviceTensor) {});
-  src >> load >> model >> sink;
-}
-
-splitflow::RuntimeConfig config(int threads) {
-  splitflow::RuntimeConfig c{.threads = threads};
-  c.device.backend = backend();
-  return c;
-}
+const consolidation::Job kJob{120, 2000us, 1500us, 4096};
 
 struct Dedicated {
   double items_per_s;
@@ -75,13 +34,13 @@ struct Dedicated {
 
 // A graph alone on its own device, load-then-compute: the baseline every mode is compared to.
 Dedicated dedicated() {
-  splitflow::Runtime rt(config(1));
+  splitflow::Runtime rt(consolidation::config(1));
   splitflow::Graph g(rt, "dedicated", {.max_in_flight = 1});
-  build(g, true);
+  consolidation::build(g, kJob, true);
   auto run = g.run();
   run.wait();
   const auto st = run.stats();
-  return {kItems / (st.wall_ns / 1e9), static_cast<double>(st.gpu.busy_ns) / st.wall_ns};
+  return {kJob.items / (st.wall_ns / 1e9), static_cast<double>(st.gpu.busy_ns) / st.wall_ns};
 }
 
 void BM_bundled(benchmark::State& state) {
@@ -93,10 +52,10 @@ void BM_bundled(benchmark::State& state) {
     std::vector<std::unique_ptr<splitflow::Graph>> graphs;
     std::vector<splitflow::Run> runs;
     for (int k = 0; k < n; ++k) {
-      devices.push_back(std::make_unique<splitflow::Runtime>(config(1)));
+      devices.push_back(std::make_unique<splitflow::Runtime>(consolidation::config(1)));
       graphs.push_back(std::make_unique<splitflow::Graph>(*devices.back(), "job",
                                                           splitflow::GraphOptions{.max_in_flight = 1}));
-      build(*graphs.back(), true);
+      consolidation::build(*graphs.back(), kJob, true);
     }
     for (auto& g : graphs) runs.push_back(g->run());
     for (auto& r : runs) {
@@ -106,7 +65,7 @@ void BM_bundled(benchmark::State& state) {
       held += static_cast<double>(st.wall_ns);
       busy += static_cast<double>(st.gpu.busy_ns);
       device_busy += static_cast<double>(st.gpu.busy_ns) / st.wall_ns;
-      min_ratio = std::min(min_ratio, kItems / (st.wall_ns / 1e9) / base.items_per_s);
+      min_ratio = std::min(min_ratio, kJob.items / (st.wall_ns / 1e9) / base.items_per_s);
     }
   }
   state.counters["devices_used"] = n;
@@ -121,12 +80,12 @@ void BM_split(benchmark::State& state) {
   const Dedicated base = dedicated();
   double min_ratio = 1e9, held = 0, busy = 0, device_busy = 0, device_held = 0, device_work = 0;
   for (auto _ : state) {
-    splitflow::Runtime rt(config(n));  // one device, its stream pool shared by every graph
+    splitflow::Runtime rt(consolidation::config(n));  // one device, its stream pool shared by every graph
     std::vector<std::unique_ptr<splitflow::Graph>> graphs;
     std::vector<splitflow::Run> runs;
     for (int k = 0; k < n; ++k) {
       graphs.push_back(std::make_unique<splitflow::Graph>(rt, "job" + std::to_string(k)));
-      build(*graphs.back(), false);
+      consolidation::build(*graphs.back(), kJob, false);
     }
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& g : graphs) runs.push_back(g->run());
@@ -135,7 +94,7 @@ void BM_split(benchmark::State& state) {
       const auto st = r.stats();
       held += static_cast<double>(st.gpu.held_ns);
       busy += static_cast<double>(st.gpu.busy_ns);
-      min_ratio = std::min(min_ratio, kItems / (st.wall_ns / 1e9) / base.items_per_s);
+      min_ratio = std::min(min_ratio, kJob.items / (st.wall_ns / 1e9) / base.items_per_s);
     }
     const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     const auto dev = *rt.device_stats();

@@ -5,8 +5,9 @@
 //   split    all jobs share one device; each job's GPU stage leases a stream per kernel burst.
 // It prints devices used, device busy, GPU held / busy and each job's throughput, then the
 // per-stage report of one split job.
-#include <splitflow/ops.hpp>
 #include <splitflow/splitflow.hpp>
+
+#include "consolidation_workload.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -19,42 +20,7 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kJobs = 2;
-constexpr long kItems = 150;
-constexpr auto kLoad = 2000us;   // CPU work per item (decode, augment)
-constexpr auto kModel = 1500us;  // device time per item (the model step)
-
-void cpu_work(std::chrono::microseconds d) {
-  const auto end = std::chrono::steady_clock::now() + d;
-  volatile unsigned x = 1;
-  while (std::chrono::steady_clock::now() < end) x = x * 1664525u + 1013904223u;
-}
-
-void build(splitflow::Graph& g, bool sequential) {
-  auto src = g.source("items", [i = 0L]() mutable -> std::optional<long> {
-    if (i == kItems) return std::nullopt;
-    return i++;
-  });
-  auto load = g.stage("load", [](long, splitflow::HostAllocator& a) {
-    cpu_work(kLoad);
-    return a.empty(splitflow::DType::u8, {224 * 224 * 3});  // written in pinned ring space
-  }, {.capacity = 4});
-  splitflow::GpuStageOptions o;
-  o.concurrency = sequential ? 1 : 2;
-  o.ring_bytes = 4 << 20;
-  o.ring_item_bytes = 224 * 224 * 3;
-  auto model = g.gpu_stage("model", [](splitflow::DeviceTensor t, splitflow::DeviceContext& ctx) {
-    splitflow::ops::busy_kernel(ctx, kModel);
-    return t;
-  }, o);
-  auto step = g.sink("step", [](splitflow::DeviceTensor) {});
-  src >> load >> model >> step;
-}
-
-splitflow::RuntimeConfig config(int threads) {
-  splitflow::RuntimeConfig c{.threads = threads};
-  c.device.backend = splitflow::BackendKind::automatic;  // CUDA when a device is present
-  return c;
-}
+const consolidation::Job kJob{150, 2000us, 1500us};
 
 struct Row {
   int devices = 0;
@@ -76,7 +42,7 @@ void wait_all(std::vector<splitflow::Run>& runs, const char* what) {
       if (st.status == splitflow::RunStatus::running) pending = &r;
     }
     std::printf("\r  %-8s %5llu / %ld items", what, static_cast<unsigned long long>(done),
-                kItems * static_cast<long>(runs.size()));
+                kJob.items * static_cast<long>(runs.size()));
     std::fflush(stdout);
     if (!pending) break;
     pending->wait_for(100ms);
@@ -91,10 +57,10 @@ Row bundled() {
   std::vector<std::unique_ptr<splitflow::Graph>> jobs;
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < kJobs; ++k) {
-    devices.push_back(std::make_unique<splitflow::Runtime>(config(1)));
+    devices.push_back(std::make_unique<splitflow::Runtime>(consolidation::config(1)));
     jobs.push_back(std::make_unique<splitflow::Graph>(*devices.back(), "job" + std::to_string(k),
                                                       splitflow::GraphOptions{.max_in_flight = 1}));
-    build(*jobs.back(), true);
+    consolidation::build(*jobs.back(), kJob, true);
   }
   for (auto& j : jobs) runs.push_back(j->run());
   wait_all(runs, "bundled");
@@ -103,7 +69,7 @@ Row bundled() {
     row.held += st.wall_ns;  // the job owns its device for its whole run
     row.busy += st.gpu.busy_ns;
     row.device_busy += static_cast<double>(st.gpu.busy_ns) / st.wall_ns / kJobs;
-    row.throughput.push_back(kItems / (st.wall_ns / 1e9));
+    row.throughput.push_back(kJob.items / (st.wall_ns / 1e9));
   }
   row.devices = kJobs;
   return row;
@@ -111,12 +77,12 @@ Row bundled() {
 
 Row split(std::string& backend) {
   Row row;
-  splitflow::Runtime rt(config(kJobs));
+  splitflow::Runtime rt(consolidation::config(kJobs));
   std::vector<std::unique_ptr<splitflow::Graph>> jobs;
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < kJobs; ++k) {
     jobs.push_back(std::make_unique<splitflow::Graph>(rt, "job" + std::to_string(k)));
-    build(*jobs.back(), false);
+    consolidation::build(*jobs.back(), kJob, false);
   }
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& j : jobs) runs.push_back(j->run());
@@ -126,7 +92,7 @@ Row split(std::string& backend) {
     const auto st = r.stats();
     row.job_held += st.gpu.held_ns;
     row.job_busy += st.gpu.busy_ns;
-    row.throughput.push_back(kItems / (st.wall_ns / 1e9));
+    row.throughput.push_back(kJob.items / (st.wall_ns / 1e9));
   }
   const auto dev = rt.device_stats();
   row.device_busy = dev->busy_ns / wall;
@@ -155,7 +121,7 @@ void print(const char* mode, const Row& r, double dedicated) {
 int main() {
   std::printf("splitflow consolidation demo: %d jobs, each per item: load %.1f ms CPU -> model "
               "step %.1f ms on the device; %ld items each\n",
-              kJobs, kLoad.count() / 1e3, kModel.count() / 1e3, kItems);
+              kJobs, kJob.load.count() / 1e3, kJob.model.count() / 1e3, kJob.items);
   std::printf("backend: %s\n\n",
               splitflow::cuda_device_count() > 0
                   ? "CUDA (a device is present)"

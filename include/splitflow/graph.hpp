@@ -205,6 +205,34 @@ struct stage_output<F, I> {
 template <class C>
 concept HasHostPort = requires(const C& c) { c.host_in_port(); };
 
+/// The edge from -> to, once the types are known to match.
+template <class T>
+void link(Emitter<T>& from, Receiver<T>& to) {
+  if (&from.graph() != &to.node().graph())
+    throw GraphError("splitflow::connect: '" + from.name() + "' and '" + to.node().name() +
+                     "' belong to different graphs");
+  from.graph().check_mutable();
+  if constexpr (!std::is_copy_constructible_v<T>) {
+    if (from.fan_out() > 0)
+      throw GraphError("splitflow::connect: '" + from.name() +
+                       "' already has a consumer and its item type is move-only; fan-out "
+                       "copies items, so it needs a copyable type (e.g. std::shared_ptr<T>)");
+  }
+  from.add_target(to);
+}
+
+/// A generator over [it, last): yields copies of the elements.
+template <class It, class S, class Keep = std::nullptr_t>
+auto iterate(It it, S last, Keep keep = nullptr) {
+  using T = std::iter_value_t<It>;
+  return [keep = std::move(keep), it, last]() mutable -> std::optional<T> {
+    if (it == last) return std::nullopt;
+    std::optional<T> v(*it);
+    ++it;
+    return v;
+  };
+}
+
 template <class T>
 struct is_optional : std::false_type {};
 template <class T>
@@ -232,28 +260,9 @@ void connect(const P& producer, const C& consumer) {
                 "splitflow::connect: edge type mismatch: the producer's output type is not the "
                 "consumer's input type (edge types are checked at compile time)");
   if constexpr (ring_edge) {
-    // CPU -> GPU: host tensors travel through the GPU stage's pinned ring.
-    detail::Emitter<HostTensor>& from = producer.out_port();
-    detail::Receiver<HostTensor>& to = consumer.host_in_port();
-    if (&from.graph() != &to.node().graph())
-      throw GraphError("splitflow::connect: '" + from.name() + "' and '" + to.node().name() +
-                       "' belong to different graphs");
-    from.graph().check_mutable();
-    from.add_target(to);
+    detail::link(producer.out_port(), consumer.host_in_port());  // through the GPU stage's ring
   } else if constexpr (!std::is_void_v<T> && std::is_same_v<T, U>) {
-    detail::Emitter<T>& from = producer.out_port();
-    detail::Receiver<T>& to = consumer.in_port();
-    if (&from.graph() != &to.node().graph())
-      throw GraphError("splitflow::connect: '" + from.name() + "' and '" + to.node().name() +
-                       "' belong to different graphs");
-    from.graph().check_mutable();
-    if constexpr (!std::is_copy_constructible_v<T>) {
-      if (from.fan_out() > 0)
-        throw GraphError("splitflow::connect: '" + from.name() +
-                         "' already has a consumer and its item type is move-only; fan-out "
-                         "copies items, so it needs a copyable type (e.g. std::shared_ptr<T>)");
-    }
-    from.add_target(to);
+    detail::link(producer.out_port(), consumer.in_port());
   }
 }
 
@@ -303,13 +312,7 @@ class Graph {
   /// move-only items). The range must outlive the graph's runs.
   template <std::input_iterator It, std::sentinel_for<It> S>
   auto source(std::string name, It first, S last) {
-    using T = std::iter_value_t<It>;
-    return source(std::move(name), [it = first, last]() mutable -> std::optional<T> {
-      if (it == last) return std::nullopt;
-      std::optional<T> v(*it);
-      ++it;
-      return v;
-    });
+    return source(std::move(name), detail::iterate(first, last));
   }
 
   /// A source from a range: an lvalue range is read in place (it must outlive the graph), an
@@ -317,19 +320,13 @@ class Graph {
   template <std::ranges::input_range R>
     requires(!std::invocable<R&>)
   auto source(std::string name, R&& range) {
-    using T = std::ranges::range_value_t<R>;
     if constexpr (std::is_lvalue_reference_v<R>) {
       return source(std::move(name), std::ranges::begin(range), std::ranges::end(range));
     } else {
+      // The generator keeps the range; every copy of it (one per run) shares it.
       auto kept = std::make_shared<std::remove_cvref_t<R>>(std::move(range));
-      auto first = std::ranges::begin(*kept);
-      auto last = std::ranges::end(*kept);
-      return source(std::move(name), [kept, it = first, last]() mutable -> std::optional<T> {
-        if (it == last) return std::nullopt;
-        std::optional<T> v(*it);
-        ++it;
-        return v;
-      });
+      return source(std::move(name),
+                    detail::iterate(std::ranges::begin(*kept), std::ranges::end(*kept), kept));
     }
   }
 

@@ -172,24 +172,24 @@ DeviceRuntime::DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const Devic
 
 DeviceRuntime::~DeviceRuntime() { drain_deferred(); }
 
-void DeviceRuntime::free_device(void* p, std::size_t bytes) noexcept {
+void DeviceRuntime::free(void* p, std::size_t bytes, bool pinned) noexcept {
+  const Deferred d{p, bytes, pinned};
   if (in_device_callback()) {
     std::lock_guard lk(deferred_mu_);
-    deferred_.push_back({p, bytes, false});
+    deferred_.push_back(d);
     return;
   }
-  backend_->device_free(p, bytes);
-  device_bytes_.give(bytes);
+  free_now(d);
 }
 
-void DeviceRuntime::free_pinned(void* p, std::size_t bytes) noexcept {
-  if (in_device_callback()) {
-    std::lock_guard lk(deferred_mu_);
-    deferred_.push_back({p, bytes, true});
-    return;
+void DeviceRuntime::free_now(const Deferred& d) noexcept {
+  if (d.pinned) {
+    backend_->pinned_free(d.p);
+    pinned_bytes_.give(d.bytes);
+  } else {
+    backend_->device_free(d.p, d.bytes);
+    device_bytes_.give(d.bytes);
   }
-  backend_->pinned_free(p);
-  pinned_bytes_.give(bytes);
 }
 
 void DeviceRuntime::drain_deferred() noexcept {
@@ -198,15 +198,7 @@ void DeviceRuntime::drain_deferred() noexcept {
     std::lock_guard lk(deferred_mu_);
     todo.swap(deferred_);
   }
-  for (const Deferred& d : todo) {
-    if (d.pinned) {
-      backend_->pinned_free(d.p);
-      pinned_bytes_.give(d.bytes);
-    } else {
-      backend_->device_free(d.p, d.bytes);
-      device_bytes_.give(d.bytes);
-    }
-  }
+  for (const Deferred& d : todo) free_now(d);
 }
 
 namespace {
@@ -221,13 +213,7 @@ struct Allocation {
   void* p;
   std::size_t bytes;
   bool pinned;
-  ~Allocation() {
-    if (pinned) {
-      dev->free_pinned(p, bytes);
-    } else {
-      dev->free_device(p, bytes);
-    }
-  }
+  ~Allocation() { dev->free(p, bytes, pinned); }
 };
 }  // namespace
 
@@ -470,7 +456,7 @@ PinnedRing::PinnedRing(std::shared_ptr<DeviceRuntime> dev, std::string owner, st
 
 PinnedRing::~PinnedRing() {
   for (Block* b : blocks_) delete b;  // only wrap wastes can be left: tensors keep us alive
-  dev_->free_pinned(base_, capacity_);
+  dev_->free(base_, capacity_, /*pinned=*/true);
 }
 
 void PinnedRing::set_notifier(std::shared_ptr<SpaceNotifier> n) {

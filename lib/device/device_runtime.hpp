@@ -94,8 +94,7 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
 
   /// Frees device or pinned memory now, or later (on an arena thread) when called from a
   /// device callback, which must not call the CUDA runtime.
-  void free_device(void* p, std::size_t bytes) noexcept;
-  void free_pinned(void* p, std::size_t bytes) noexcept;
+  void free(void* p, std::size_t bytes, bool pinned) noexcept;
   void drain_deferred() noexcept;
 
  private:
@@ -104,6 +103,7 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
     std::size_t bytes;
     bool pinned;
   };
+  void free_now(const Deferred& d) noexcept;
   std::mutex deferred_mu_;
   std::vector<Deferred> deferred_;
   std::unique_ptr<DeviceBackend> backend_;
