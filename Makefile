@@ -23,7 +23,9 @@ release: deps
 	$(CMAKE) --build $(BUILD)/release -j $(JOBS)
 
 demo: release
-	$(BUILD)/release/examples/consolidation
+	rm -rf $(BUILD)/demo
+	$(BUILD)/release/examples/consolidation $(BUILD)/demo
+	/usr/bin/python3 scripts/plot_run.py --out $(BUILD)/demo/consolidation.png $(BUILD)/demo/job0.json $(BUILD)/demo/job1.json
 
 test: test-release test-asan test-tsan test-consumer
 	@echo "make test: all suites passed"

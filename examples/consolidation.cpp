@@ -4,13 +4,18 @@
 //            the way a training script without a separate loader does;
 //   split    all jobs share one device; each job's GPU stage leases a stream per kernel burst.
 // It prints devices used, device busy, GPU held / busy and each job's throughput, then the
-// per-stage report of one split job.
+// report of one split job, with its diagnosis. Given a directory, it also writes each split
+// job's JSON summary and Chrome trace there (scripts/plot_run.py plots them).
+//
+//     consolidation [OUTPUT_DIR]
 #include <splitflow/splitflow.hpp>
 
 #include "consolidation_workload.hpp"
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,7 +33,9 @@ struct Row {
   double held = 0, busy = 0;  // the devices': time reserved vs time working
   double job_held = 0, job_busy = 0;
   std::vector<double> throughput;
-  splitflow::RunStats example;
+  std::vector<splitflow::RunStats> stats;
+  std::vector<std::string> traces;
+  std::optional<splitflow::DeviceStats> device;
 };
 
 // Waits for the runs, updating one progress line.
@@ -81,7 +88,8 @@ Row split(std::string& backend) {
   std::vector<std::unique_ptr<splitflow::Graph>> jobs;
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < kJobs; ++k) {
-    jobs.push_back(std::make_unique<splitflow::Graph>(rt, "job" + std::to_string(k)));
+    jobs.push_back(std::make_unique<splitflow::Graph>(rt, std::string("job").append(std::to_string(k)),
+                                                      splitflow::GraphOptions{.trace = true}));
     consolidation::build(*jobs.back(), kJob, false);
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -93,13 +101,15 @@ Row split(std::string& backend) {
     row.job_held += st.gpu.held_ns;
     row.job_busy += st.gpu.busy_ns;
     row.throughput.push_back(kJob.items / (st.wall_ns / 1e9));
+    row.stats.push_back(st);
+    row.traces.push_back(r.trace_json());
   }
   const auto dev = rt.device_stats();
   row.device_busy = dev->busy_ns / wall;
   row.held = dev->held_ns;  // time some job had a stream leased
   row.busy = dev->busy_ns;
   row.devices = 1;
-  row.example = runs.front().stats();
+  row.device = dev;
   backend = dev->name;
   return row;
 }
@@ -118,7 +128,7 @@ void print(const char* mode, const Row& r, double dedicated) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   std::printf("splitflow consolidation demo: %d jobs, each per item: load %.1f ms CPU -> model "
               "step %.1f ms on the device; %ld items each\n",
               kJobs, kJob.load.count() / 1e3, kJob.model.count() / 1e3, kJob.items);
@@ -141,12 +151,18 @@ int main() {
               "worked. A split job's own\nheld/busy is %.2f: its bursts also wait, leased, behind "
               "the other job's kernels.\n\n",
               b.devices, 100 * (1 - b.device_busy), s.job_held / s.job_busy);
-  std::printf("one split job, per stage:\n%s", splitflow::format_table(s.example).c_str());
-  std::printf("GPU: held %.1f ms, busy %.1f ms (held/busy %.2f), %llu bursts, waited for a "
-              "stream %.1f ms in all\n",
-              s.example.gpu.held_ns / 1e6, s.example.gpu.busy_ns / 1e6,
-              s.example.gpu.held_over_busy(),
-              static_cast<unsigned long long>(s.example.gpu.bursts),
-              s.example.gpu.lease_wait_ns / 1e6);
+  std::printf("one split job:\n%s", splitflow::report(s.stats.front(), s.device).c_str());
+  if (argc > 1) {
+    const std::filesystem::path dir = argv[1];
+    std::filesystem::create_directories(dir);
+    for (std::size_t k = 0; k < s.stats.size(); ++k) {
+      const auto base = dir / s.stats[k].graph;
+      std::ofstream(base.string() + ".json") << splitflow::to_json(s.stats[k], s.device);
+      std::ofstream(base.string() + ".trace.json") << s.traces[k];
+      std::printf("\nwrote %s.json and %s.trace.json (open the trace in ui.perfetto.dev)",
+                  base.c_str(), base.c_str());
+    }
+    std::printf("\n");
+  }
   return 0;
 }

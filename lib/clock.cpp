@@ -55,4 +55,9 @@ double ns_per_tick() noexcept {
   return v;
 }
 
+std::int64_t steady_ns_of(Ticks t) noexcept {
+  if (!g_tsc_clock) return t;
+  return g_origin.ns + ticks_to_ns(t - g_origin.ticks);
+}
+
 }  // namespace splitflow::detail

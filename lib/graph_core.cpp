@@ -7,6 +7,7 @@
 #include "device/device_runtime.hpp"
 #include "run_state.hpp"
 #include "runtime_core.hpp"
+#include "telemetry/tracer.hpp"
 #include "splitflow/error.hpp"
 #include "splitflow/graph.hpp"
 
@@ -123,6 +124,16 @@ std::shared_ptr<RunState> GraphCore::start() {
     start_ = now_ticks();
     for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
     if (gpu_) gpu_->reset();
+    observers_.clear();
+    if (opts_.observer) observers_.push_back(opts_.observer.get());
+    if (opts_.trace) {
+      std::vector<std::string> names;
+      for (const auto& n : nodes_) names.push_back(n->name());
+      auto tracer = std::make_shared<Tracer>(name_, std::move(names), opts_.trace_max_events,
+                                             steady_ns_of(start_));
+      observers_.push_back(tracer.get());
+      run->set_tracer(std::move(tracer));
+    }
     stop_.store(false, std::memory_order_relaxed);
     stop_reason_.store(StopReason::none, std::memory_order_relaxed);
     {

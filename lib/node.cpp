@@ -91,7 +91,21 @@ void NodeBase::release_reservation(int port, std::size_t n, WorkList& w) {
   release_extra(port, n);
 }
 
-void NodeBase::arrived_locked(int port, std::size_t n, WorkList& w) {
+void NodeBase::account_queue_locked(Ticks now) noexcept {
+  if (!telemetry_) return;
+  if (now == 0) now = now_ticks();
+  queue_area_ += static_cast<double>(queued_total_locked()) * static_cast<double>(now - queue_since_);
+  queue_since_ = now;
+}
+
+std::size_t NodeBase::queued_total_locked() const noexcept {
+  std::size_t q = 0;
+  for (int p = 0; p < nports_; ++p) q += ports_[p].queued;
+  return q;
+}
+
+void NodeBase::arrived_locked(int port, std::size_t n, WorkList& w, Ticks now) {
+  account_queue_locked(now);
   Port& p = ports_[port];
   p.reserved -= n;
   p.queued += n;
@@ -108,6 +122,7 @@ void NodeBase::rejected_locked(int port, std::size_t n, WorkList& w) {
 }
 
 void NodeBase::popped_locked(int port, std::size_t n, WorkList& w) {
+  account_queue_locked(0);
   ports_[port].queued -= n;
   take_waiters_locked(w);
 }
@@ -127,23 +142,45 @@ void NodeBase::took_locked(std::size_t k, std::size_t n, WorkList& w) {
   if (n < k) release_successors(k - n, w);
 }
 
-void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w) {
+void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w,
+                              const Ticks* arrivals, std::uint64_t first) {
   const Ticks t1 = now_ticks();
-  std::lock_guard lk(mu_);
-  --executing_;
-  --running_;
-  ++invocations_;
-  items_out_ += emitted;
-  work_ticks_ += t1 - t0;
-  if (n > 0) {
-    // Smoothed time per item sets the next claims' size: about kClaimTargetNs of work each.
-    const double per_item = static_cast<double>(t1 - t0) / static_cast<double>(n);
-    item_ticks_ = item_ticks_ == 0 ? per_item : 0.75 * item_ticks_ + 0.25 * per_item;
-    const double fit = target_ticks_ / std::max(item_ticks_, 1.0);
-    claim_ = static_cast<std::size_t>(std::clamp(fit, 1.0, static_cast<double>(max_claim_)));
+  {
+    std::lock_guard lk(mu_);
+    --executing_;
+    --running_;
+    ++invocations_;
+    items_out_ += emitted;
+    work_ticks_ += t1 - t0;
+    if (n > 0) {
+      // Smoothed time per item sets the next claims' size: about kClaimTargetNs of work each.
+      const double per_item = static_cast<double>(t1 - t0) / static_cast<double>(n);
+      item_ticks_ = item_ticks_ == 0 ? per_item : 0.75 * item_ticks_ + 0.25 * per_item;
+      const double fit = target_ticks_ / std::max(item_ticks_, 1.0);
+      claim_ = static_cast<std::size_t>(std::clamp(fit, 1.0, static_cast<double>(max_claim_)));
+      if (telemetry_) {
+        if (arrivals) {
+          for (std::size_t i = 0; i < n; ++i)
+            latency_.record(static_cast<std::uint64_t>(ticks_to_ns(t1 - arrivals[i])));
+        } else {
+          latency_.record(static_cast<std::uint64_t>(ticks_to_ns((t1 - t0) / static_cast<Ticks>(n))), n);
+        }
+      }
+    }
+    collect_claims_locked(w);
+    refresh_state_locked(t1);
   }
-  collect_claims_locked(w);
-  refresh_state_locked(t1);
+  if (graph_->observed()) {
+    InvocationEvent e{&graph_->name(), &name_, first, n, steady_ns_of(t0), steady_ns_of(t1), 0};
+    graph_->for_each_observer([&](Observer& o) { o.on_stage_end(e); });
+  }
+}
+
+void NodeBase::notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,
+                            std::int64_t ring_bytes) {
+  if (!graph_->observed()) return;
+  InvocationEvent e{&graph_->name(), &name_, first, n, steady_ns_of(t0), 0, queued, ring_bytes};
+  graph_->for_each_observer([&](Observer& o) { o.on_stage_begin(e); });
 }
 
 void NodeBase::release_successors(std::size_t n, WorkList& w) {
@@ -223,6 +260,9 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   work_ticks_ = 0;
   items_in_ = items_out_ = invocations_ = 0;
   max_executing_ = max_queue_ = 0;
+  queue_area_ = 0;
+  queue_since_ = start_ = start;
+  latency_ = LatencyHistogram{};
 }
 
 void NodeBase::drop_queued(WorkList& w) {
@@ -242,6 +282,7 @@ void NodeBase::finalize_locked(Ticks end) {
   if (!telemetry_) return;
   state_ticks_[state_] += end - state_since_;
   state_since_ = end;
+  account_queue_locked(end);
 }
 
 StageStats NodeBase::snapshot_locked(Ticks now) const {
@@ -260,7 +301,13 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
     s.busy_ns = ticks_to_ns(t[kBusy]);
     s.blocked_ns = ticks_to_ns(t[kBlocked]);
     s.work_ns = ticks_to_ns(work_ticks_);
+    const double area = queue_area_ + static_cast<double>(queued_total_locked()) *
+                                          static_cast<double>(std::max<Ticks>(now - queue_since_, 0));
+    const Ticks span = now - start_;
+    s.mean_queue = span > 0 ? area / static_cast<double>(span) : 0.0;
+    s.latency = latency_;
   }
+  for (const Edge& e : successors_) s.consumers.push_back(e.node->name());
   s.max_concurrency = max_executing_;
   s.max_queue = max_queue_;
   add_stats_locked(s);

@@ -1,4 +1,5 @@
 #include "run_state.hpp"
+#include "telemetry/tracer.hpp"
 #include "splitflow/detail/graph_core.hpp"
 #include "splitflow/error.hpp"
 #include "splitflow/run.hpp"
@@ -82,6 +83,8 @@ RunStats RunState::stats() const {
   return graph_->snapshot();
 }
 
+std::string RunState::trace_json() const { return tracer_ ? tracer_->json() : std::string(); }
+
 }  // namespace detail
 
 namespace {
@@ -96,5 +99,6 @@ bool Run::wait_for(std::chrono::nanoseconds timeout) const { return need(state_)
 void Run::cancel() const { need(state_).cancel(); }
 RunStatus Run::status() const { return need(state_).status(); }
 RunStats Run::stats() const { return need(state_).stats(); }
+std::string Run::trace_json() const { return need(state_).trace_json(); }
 
 }  // namespace splitflow

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <memory>
 #include <string>
 
 #include "splitflow/stats.hpp"
@@ -13,6 +14,7 @@
 namespace splitflow::detail {
 
 class GraphCore;
+class Tracer;
 
 class RunState {
  public:
@@ -31,6 +33,9 @@ class RunState {
   void cancel();
   RunStatus status() const;
   RunStats stats() const;
+  /// The run's trace (GraphOptions::trace), or "" without one.
+  void set_tracer(std::shared_ptr<Tracer> t) { tracer_ = std::move(t); }
+  std::string trace_json() const;
 
  private:
   [[noreturn]] void throw_error() const;
@@ -44,6 +49,7 @@ class RunState {
   std::exception_ptr error_;
   std::string error_graph_, error_stage_;
   std::uint64_t error_item_ = 0;
+  std::shared_ptr<Tracer> tracer_;  // set before the run starts
 };
 
 }  // namespace splitflow::detail

@@ -10,6 +10,8 @@ packages=(
   libtbb-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   # the TSan build of oneTBB is built from Debian's own source package (scripts/build-tsan-tbb.sh)
   dpkg-dev xz-utils
+  # telemetry checks (tests/check_telemetry.py) and scripts/plot_run.py, run with /usr/bin/python3
+  python3 python3-matplotlib
 )
 
 missing=()

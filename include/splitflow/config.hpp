@@ -3,8 +3,11 @@
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 
 namespace splitflow {
+
+class Observer;
 
 /// How many invocations of one stage may run at the same time.
 struct Concurrency {
@@ -33,6 +36,12 @@ struct GraphOptions {
   std::size_t max_in_flight = 256;
   /// Input queue capacity of stages that do not set their own.
   std::size_t default_capacity = 32;
+  /// Receives every invocation, lease and device op of the graph's runs (see telemetry.hpp).
+  std::shared_ptr<Observer> observer = nullptr;
+  /// Record a Chrome trace of each run (Run::trace_json()). Memory is bounded by
+  /// trace_max_events: past it, invocations are sampled (the trace states the rate).
+  bool trace = false;
+  std::size_t trace_max_events = std::size_t{1} << 18;
 };
 
 /// Which device backend GPU stages use.

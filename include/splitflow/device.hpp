@@ -120,6 +120,18 @@ struct DeviceStats {
   std::int64_t lease_ns = 0;         ///< summed lease durations
   std::size_t device_bytes_in_use = 0, device_bytes_cap = 0;
   std::size_t pinned_bytes_in_use = 0, pinned_bytes_cap = 0;
+  /// lease_time_ns[k]: time with exactly k streams leased (k = 0 .. streams).
+  std::vector<std::int64_t> lease_time_ns;
+  /// Streams leased, averaged over the time since the device was created.
+  double mean_leases() const noexcept {
+    std::int64_t total = 0;
+    double sum = 0;
+    for (std::size_t k = 0; k < lease_time_ns.size(); ++k) {
+      total += lease_time_ns[k];
+      sum += static_cast<double>(k) * static_cast<double>(lease_time_ns[k]);
+    }
+    return total > 0 ? sum / static_cast<double>(total) : 0.0;
+  }
   double busy_fraction() const noexcept {
     return wall_ns > 0 ? static_cast<double>(busy_ns) / static_cast<double>(wall_ns) : 0.0;
   }

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "splitflow/stats.hpp"
 
@@ -31,6 +32,9 @@ class Run {
   RunStatus status() const;
   /// A live snapshot while the run is in progress, the final figures after.
   RunStats stats() const;
+  /// The run's Chrome trace (chrome://tracing, ui.perfetto.dev) when GraphOptions::trace was
+  /// set, "" otherwise. Complete once the run ended.
+  std::string trace_json() const;
 
   bool valid() const noexcept { return state_ != nullptr; }
 

@@ -7,3 +7,4 @@
 #include "splitflow/run.hpp"
 #include "splitflow/runtime.hpp"
 #include "splitflow/stats.hpp"
+#include "splitflow/telemetry.hpp"

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "splitflow/device.hpp"
+#include "splitflow/telemetry.hpp"
 
 namespace splitflow {
 
@@ -42,11 +43,26 @@ struct StageStats {
   std::int64_t work_ns = 0;          ///< sum of body durations (exceeds busy with concurrency)
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
+  double mean_queue = 0;             ///< items queued at its input, averaged over wall time
+  /// Time an item spent in the stage: from its arrival in the input queue to the end of the
+  /// invocation that processed it (GPU stages: to its device work's completion; pull sinks: to
+  /// the consumer's next(); sources: the generator's time per item).
+  LatencyHistogram latency;
+  /// The stages this one feeds (the graph's edges, for the diagnosis and the reports).
+  std::vector<std::string> consumers;
+  /// Mean bodies executing while busy (work / busy): how much of its concurrency it used.
+  double mean_concurrency() const noexcept {
+    return busy_ns > 0 ? static_cast<double>(work_ns) / static_cast<double>(busy_ns) : 0.0;
+  }
   /// GPU stages: their pinned rings (input and output, together), in bytes; 0 without.
   std::size_t ring_capacity = 0;
   std::size_t ring_in_use = 0;       ///< bytes now (0 once every tensor from it is gone)
   std::size_t ring_budgets = 0;      ///< item budgets reserved by producers now
   std::uint64_t ring_wraps = 0;      ///< times the ring's head went past its end
+  std::size_t ring_max_in_use = 0;
+  double ring_mean_in_use = 0;       ///< bytes, averaged over the time since the ring was made
+  std::uint64_t ring_refusals = 0;   ///< reservations refused because the ring was full
+  std::int64_t ring_wait_ns = 0;     ///< time producers waited for ring space
 };
 
 struct RunStats {
@@ -56,6 +72,10 @@ struct RunStats {
   std::vector<StageStats> stages;  ///< in the order the stages were added to the graph
   /// GPU figures (all zero for a graph without GPU stages).
   GpuStats gpu;
+  /// Items consumed by the graph's sinks.
+  std::uint64_t items_delivered() const noexcept;
+  /// items_delivered per second of wall time.
+  double throughput() const noexcept;
 
   /// The stage called `name`, or nullptr.
   const StageStats* find(std::string_view name) const noexcept;

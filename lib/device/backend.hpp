@@ -24,8 +24,11 @@ class ExecutionSink {
   virtual void exec_end(std::int64_t t_ns) = 0;
   /// An execution interval reported after the fact (CUDA events), possibly out of order.
   virtual void exec_interval(std::int64_t t0_ns, std::int64_t t1_ns) = 0;
-  /// A copy ran: direction (true: host to device), bytes, its execution time.
+  /// A copy ran: direction (true: host to device), bytes, its execution time (0: unknown).
   virtual void copied(bool h2d, std::size_t bytes, std::int64_t ns) = 0;
+  /// An op ran from t0 to t1 (for traces): 0 kernel, 1 H2D copy, 2 D2H copy. The host backend
+  /// reports every op; CUDA reports each burst's event interval as one kernel.
+  virtual void op_done(int kind, std::size_t bytes, std::int64_t t0, std::int64_t t1) = 0;
 };
 
 struct Stream;  // a backend's stream

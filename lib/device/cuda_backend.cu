@@ -144,7 +144,10 @@ class CudaBackend final : public DeviceBackend {
         cudaEventElapsedTime(&b, origin_, ev->end) == cudaSuccess) {
       const std::int64_t t0 = origin_ns_ + static_cast<std::int64_t>(static_cast<double>(a) * 1e6);
       const std::int64_t t1 = origin_ns_ + static_cast<std::int64_t>(static_cast<double>(b) * 1e6);
-      if (sink) sink->exec_interval(t0, t1);
+      if (sink) {
+        sink->exec_interval(t0, t1);
+        sink->op_done(0, 0, t0, t1);
+      }
       record_busy(t0, t1);
     }
     cudaEventDestroy(ev->start);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "splitflow/detail/graph_core.hpp"
 #include "splitflow/error.hpp"
 
 namespace splitflow::detail {
@@ -59,9 +60,24 @@ namespace splitflow::detail {
 StreamPool::StreamPool(DeviceBackend& backend, std::size_t size) : backend_(backend) {
   if (size == 0) throw Error("splitflow: DeviceConfig::streams must be at least 1");
   for (std::size_t i = 0; i < size; ++i) {
-    leases_.push_back(std::make_unique<Lease>(Lease{backend_.create_stream()}));
+    leases_.push_back(
+        std::make_unique<Lease>(Lease{backend_.create_stream(), static_cast<int>(i)}));
     free_.push_back(leases_.back().get());
   }
+  lease_time_.assign(size + 1, 0);
+  changed_ns_ = steady_now_ns();
+}
+
+void StreamPool::count_time_locked(std::int64_t now) noexcept {
+  lease_time_[in_use_] += now - changed_ns_;
+  changed_ns_ = now;
+}
+
+std::vector<std::int64_t> StreamPool::lease_time() const {
+  std::lock_guard lk(mu_);
+  std::vector<std::int64_t> t = lease_time_;
+  t[in_use_] += steady_now_ns() - changed_ns_;
+  return t;
 }
 
 StreamPool::~StreamPool() {
@@ -75,6 +91,7 @@ Lease* StreamPool::acquire_or_wait(LeaseWaiter& w) {
     Lease* l = free_.back();
     free_.pop_back();
     l->since_ns = steady_now_ns();
+    count_time_locked(l->since_ns);
     if (in_use_++ == 0) held_since_ = l->since_ns;
     max_in_use_ = std::max(max_in_use_, in_use_);
     ++count_;
@@ -100,6 +117,7 @@ void StreamPool::release(Lease* lease) noexcept {
       ++count_;
       lease->since_ns = now;
     } else {
+      count_time_locked(now);
       if (--in_use_ == 0) held_ns_ += now - held_since_;
       free_.push_back(lease);
     }
@@ -256,6 +274,7 @@ DeviceStats DeviceRuntime::stats() const {
   s.wall_ns = steady_now_ns() - start_ns_;
   s.busy_ns = backend_->busy_ns();
   s.held_ns = pool_.held_ns();
+  s.lease_time_ns = pool_.lease_time();
   s.streams = pool_.size();
   s.leases_in_use = pool_.in_use();
   s.max_leases_in_use = pool_.max_in_use();
@@ -332,38 +351,50 @@ GpuStats GpuAccount::snapshot(std::int64_t now) const {
 
 class Burst::Sink final : public ExecutionSink {
  public:
-  explicit Sink(GpuAccount* a) : a_(a) {}
+  explicit Sink(Burst& b) : b_(b) {}
   void exec_begin(std::int64_t t) override {
-    if (a_) a_->exec_begin(t);
+    if (b_.account_) b_.account_->exec_begin(t);
   }
   void exec_end(std::int64_t t) override {
-    if (a_) a_->exec_end(t);
+    if (b_.account_) b_.account_->exec_end(t);
   }
   void exec_interval(std::int64_t t0, std::int64_t t1) override {
-    if (a_) a_->exec_interval(t0, t1);
+    if (b_.account_) b_.account_->exec_interval(t0, t1);
   }
   void copied(bool h2d, std::size_t bytes, std::int64_t ns) override {
-    if (a_) a_->copied(h2d, bytes, ns);
+    if (b_.account_) b_.account_->copied(h2d, bytes, ns);
+  }
+  void op_done(int kind, std::size_t bytes, std::int64_t t0, std::int64_t t1) override {
+    if (!b_.graph_ || !b_.graph_->observed()) return;
+    const DeviceOpEvent e{&b_.graph_->name(), b_.stage_, b_.item_, b_.lease_->index,
+                          static_cast<DeviceOpEvent::Kind>(kind), bytes, t0, t1};
+    b_.graph_->for_each_observer([&](Observer& o) { o.on_device_op(e); });
   }
 
  private:
-  GpuAccount* a_;
+  Burst& b_;
 };
 
-Burst::Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, const std::string& stage,
-             std::uint64_t item)
+Burst::Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, GraphCore* graph,
+             const std::string& stage, std::uint64_t item)
     : dev_(&dev),
       lease_(lease),
       account_(account),
+      graph_(graph),
       stage_(&stage),
       item_(item),
-      sink_(std::make_unique<Sink>(account)) {
+      sink_(std::make_unique<Sink>(*this)) {
   lease_->account = account;
+  // Held from when the body starts enqueuing (now), not from when the pool granted the
+  // stream: the hand-over to an arena thread in between is the runtime's, not the graph's.
+  const std::int64_t now = steady_now_ns();
   if (account_) {
-    // Held from when the body starts enqueuing (now), not from when the pool granted the
-    // stream: the hand-over to an arena thread in between is the runtime's, not the graph's.
-    account_->lease_begin(steady_now_ns());
+    account_->lease_begin(now);
     account_->burst();
+  }
+  if (graph_ && graph_->observed()) {
+    const LeaseEvent e{&graph_->name(), stage_, item_, lease_->index, now};
+    graph_->for_each_observer([&](Observer& o) { o.on_lease_acquire(e); });
   }
 }
 
@@ -375,13 +406,15 @@ ExecutionSink* Burst::exec_sink() const noexcept { return sink_.get(); }
 void Burst::begin() { timer_ = dev_->backend().burst_begin(lease_->stream); }
 
 void Burst::end(std::function<void()> done) {
-  DeviceRuntime* dev = dev_;
-  Lease* lease = lease_;
-  GpuAccount* account = account_;
-  dev_->backend().burst_end(lease_->stream, timer_, [dev, lease, account, done = std::move(done)] {
-    if (account) account->lease_end(steady_now_ns());
-    dev->pool().release(lease);
-    done();
+  dev_->backend().burst_end(lease_->stream, timer_, [this, done = std::move(done)] {
+    const std::int64_t now = steady_now_ns();
+    if (account_) account_->lease_end(now);
+    if (graph_ && graph_->observed()) {
+      const LeaseEvent e{&graph_->name(), stage_, item_, lease_->index, now};
+      graph_->for_each_observer([&](Observer& o) { o.on_lease_release(e); });
+    }
+    dev_->pool().release(lease_);
+    done();  // may free this burst: nothing of it is touched after
   });
 }
 
@@ -452,6 +485,21 @@ PinnedRing::PinnedRing(std::shared_ptr<DeviceRuntime> dev, std::string owner, st
     dev_->pinned_bytes().give(capacity_);
     throw;
   }
+  created_ns_ = used_since_ = steady_now_ns();
+}
+
+void PinnedRing::used_changed_locked() noexcept {
+  const std::int64_t now = steady_now_ns();
+  used_area_ += static_cast<double>(used_) * static_cast<double>(now - used_since_);
+  used_since_ = now;
+}
+
+PinnedRing::Figures PinnedRing::figures() const {
+  std::lock_guard lk(mu_);
+  const std::int64_t now = steady_now_ns();
+  const double area = used_area_ + static_cast<double>(used_) * static_cast<double>(now - used_since_);
+  return {max_used_, now > created_ns_ ? area / static_cast<double>(now - created_ns_) : 0.0,
+          refusals_, wait_ns_ + (waiting_ ? now - waiting_since_ : 0)};
 }
 
 PinnedRing::~PinnedRing() {
@@ -467,6 +515,7 @@ void PinnedRing::set_notifier(std::shared_ptr<SpaceNotifier> n) {
 void PinnedRing::notify_if_waiting_locked(std::shared_ptr<SpaceNotifier>& out) {
   if (!waiting_) return;
   waiting_ = false;
+  wait_ns_ += steady_now_ns() - waiting_since_;
   out = notifier_;
 }
 
@@ -477,7 +526,11 @@ std::size_t PinnedRing::try_reserve(std::size_t want) {
   const std::size_t room = committed < limit ? (limit - committed) / item_bytes_ : 0;
   const std::size_t got = std::min(want, room);
   budget_items_ += got;
-  if (got == 0) waiting_ = true;
+  if (got == 0) {
+    ++refusals_;
+    if (!waiting_) waiting_since_ = steady_now_ns();
+    waiting_ = true;
+  }
   return got;
 }
 
@@ -495,6 +548,7 @@ void PinnedRing::release(std::size_t n) {
 std::size_t PinnedRing::alloc_offset_locked(std::size_t size) {
   // The live region is [tail, head), or [tail, capacity) + [0, head) once wrapped. head is
   // kept below capacity: a block ending exactly at the end moves it back to 0.
+  used_changed_locked();
   const auto take = [&](std::size_t at) {
     head_ = at + size;
     if (head_ == capacity_) {  // ends exactly at the end: the head wraps with no waste
@@ -502,6 +556,7 @@ std::size_t PinnedRing::alloc_offset_locked(std::size_t size) {
       ++wraps_;
     }
     used_ += size;
+    max_used_ = std::max(max_used_, used_);
     return at;
   };
   const bool wrapped = used_ > 0 && head_ <= tail_;
@@ -582,6 +637,7 @@ void PinnedRing::free_block(Block* b) noexcept {
       counted_ += b->size;
     }
     // Reclaim freed blocks (and the wrap waste) from the tail, in allocation order.
+    used_changed_locked();
     while (!blocks_.empty() && blocks_.front()->freed) {
       Block* f = blocks_.front();
       blocks_.pop_front();

@@ -19,6 +19,7 @@ namespace splitflow::detail {
 
 struct Lease {
   Stream* stream;
+  int index;  // in the pool
   std::int64_t since_ns = 0;
   GpuAccount* account = nullptr;
 };
@@ -55,6 +56,12 @@ class StreamPool {
   std::uint64_t count_ = 0;
   std::int64_t lease_ns_ = 0;
   std::int64_t held_ns_ = 0, held_since_ = 0;
+  std::vector<std::int64_t> lease_time_;  // time with k leases out
+  std::int64_t changed_ns_ = 0;
+  void count_time_locked(std::int64_t now) noexcept;
+ public:
+  /// time_with[k]: time with exactly k leases out, up to now.
+  std::vector<std::int64_t> lease_time() const;
 };
 
 /// Bytes against a cap: device memory, pinned memory.

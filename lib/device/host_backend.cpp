@@ -252,6 +252,7 @@ class HostBackend final : public DeviceBackend {
         const std::int64_t t1 = steady_now_ns();
         if (op->sink) {
           if (op->kind == OpKind::copy) op->sink->copied(op->h2d, op->bytes, t1 - t0);
+          op->sink->op_done(op->kind == OpKind::copy ? (op->h2d ? 1 : 2) : 0, op->bytes, t0, t1);
           op->sink->exec_end(t1);
         }
         active_end(t1);

@@ -28,4 +28,8 @@ inline std::int64_t ticks_to_ns(Ticks t) noexcept {
   return g_tsc_clock ? static_cast<std::int64_t>(static_cast<double>(t) * ns_per_tick()) : t;
 }
 
+/// The steady_clock time (nanoseconds since its epoch) of a tick reading: one timeline for
+/// stage events and device events in traces.
+std::int64_t steady_ns_of(Ticks t) noexcept;
+
 }  // namespace splitflow::detail

@@ -44,8 +44,9 @@ class LeaseWaiter {
 /// a DeviceContext on it; end() hands the completion to `done`.
 class Burst {
  public:
-  Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, const std::string& stage,
-        std::uint64_t item);
+  /// `graph` (may be null) receives the lease and device-op events for its observers.
+  Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, GraphCore* graph,
+        const std::string& stage, std::uint64_t item);
   ~Burst();
   Burst(const Burst&) = delete;
   Burst& operator=(const Burst&) = delete;
@@ -80,6 +81,7 @@ class Burst {
   DeviceRuntime* dev_;
   Lease* lease_;
   GpuAccount* account_;
+  GraphCore* graph_;
   const std::string* stage_;
   std::uint64_t item_;
   void* timer_ = nullptr;
@@ -143,6 +145,15 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   std::size_t bytes_in_use() const;
   std::size_t budgets() const;
   std::uint64_t wraps() const;
+  /// Occupancy figures since the ring was made (time-weighted mean in bytes, maximum),
+  /// reservations refused for lack of space, and the time producers waited for space.
+  struct Figures {
+    std::size_t max_in_use;
+    double mean_in_use;
+    std::uint64_t refusals;
+    std::int64_t wait_ns;
+  };
+  Figures figures() const;
 
   struct Block;
   /// Called when the last tensor of a block is gone.
@@ -163,6 +174,11 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   std::size_t counted_ = 0;          // see the class comment
   std::size_t budget_items_ = 0;
   std::uint64_t wraps_ = 0;
+  std::size_t max_used_ = 0;
+  double used_area_ = 0;  // bytes x ns
+  std::int64_t created_ns_ = 0, used_since_ = 0, waiting_since_ = 0, wait_ns_ = 0;
+  std::uint64_t refusals_ = 0;
+  void used_changed_locked() noexcept;  // call before used_ changes
   std::deque<Block*> blocks_;                        // in allocation order
   std::unordered_map<const void*, Block*> unpushed_;  // allocated, not pushed yet
   bool waiting_ = false;

@@ -69,6 +69,11 @@ class GpuStageNode final : public Emitter<Out> {
       s.ring_in_use += ring->bytes_in_use();
       s.ring_budgets += ring->budgets();
       s.ring_wraps += ring->wraps();
+      const PinnedRing::Figures f = ring->figures();
+      s.ring_max_in_use += f.max_in_use;
+      s.ring_mean_in_use += f.mean_in_use;
+      s.ring_refusals += f.refusals;
+      s.ring_wait_ns += f.wait_ns;
     }
   }
 
@@ -80,6 +85,7 @@ class GpuStageNode final : public Emitter<Out> {
       if (!queue_.empty()) {
         inv->entry.emplace(std::move(queue_.front().entry));
         inv->seq = queue_.front().seq;
+        inv->arrived = queue_.front().arrived;
         const int port = queue_.front().port;
         queue_.pop_front();
         n = 1;
@@ -131,6 +137,7 @@ class GpuStageNode final : public Emitter<Out> {
     Entry entry;
     std::uint64_t seq;
     int port;
+    Ticks arrived;
   };
 
   struct Invocation final : LeaseWaiter {
@@ -150,6 +157,7 @@ class GpuStageNode final : public Emitter<Out> {
     std::optional<Entry> entry;
     std::uint64_t seq = 0;
     std::uint64_t ticket = 0;
+    Ticks arrived = 0;
     Ticks t0 = 0;
     bool began = false;
     std::optional<Burst> burst;
@@ -165,8 +173,9 @@ class GpuStageNode final : public Emitter<Out> {
         node_->rejected_locked(this->port_, items.size(), w);
         return;
       }
-      for (auto& e : items) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 0});
-      node_->arrived_locked(this->port_, items.size(), w);
+      const Ticks now = node_->telemetry() ? now_ticks() : 0;
+      for (auto& e : items) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 0, now});
+      node_->arrived_locked(this->port_, items.size(), w, now);
     }
 
    private:
@@ -201,8 +210,10 @@ class GpuStageNode final : public Emitter<Out> {
           node_->rejected_locked(1, in_ring.size(), w);
           return;  // the tensors (and their ring blocks) go after the lock is released
         }
-        for (auto& e : in_ring) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 1});
-        node_->arrived_locked(1, in_ring.size(), w);
+        const Ticks now = node_->telemetry() ? now_ticks() : 0;
+        for (auto& e : in_ring)
+          node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 1, now});
+        node_->arrived_locked(1, in_ring.size(), w, now);
       } else {
         (void)items;
         (void)w;
@@ -224,14 +235,18 @@ class GpuStageNode final : public Emitter<Out> {
   }
 
   void start(Invocation* inv, Lease* lease) {
+    std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
       --this->waiting_;
       inv->t0 = this->begin_invocation_locked();
+      queued = queue_.size();
     }
     inv->began = true;
+    this->notify_begin(inv->t0, inv->seq, 1, queued,
+                       ring_ ? static_cast<std::int64_t>(ring_->bytes_in_use()) : -1);
     account_waited(account_, steady_ns() - inv->since_ns);
-    inv->burst.emplace(*dev_, lease, account_, this->name(), inv->seq);
+    inv->burst.emplace(*dev_, lease, account_, &this->graph(), this->name(), inv->seq);
     Burst& burst = *inv->burst;
     burst.set_output_ring(out_ring_.get());
     set_current_stage(&this->name());
@@ -290,7 +305,7 @@ class GpuStageNode final : public Emitter<Out> {
     const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
     this->emit(inv->ticket, 1, *out, w);
     if (inv->began) {
-      this->end_invocation(inv->t0, 1, emitted, w);
+      this->end_invocation(inv->t0, 1, emitted, w, &inv->arrived, inv->seq);
     } else {
       std::lock_guard lk(this->mu_);
       --this->waiting_;

@@ -14,6 +14,7 @@
 #include "splitflow/config.hpp"
 #include "splitflow/detail/node.hpp"
 #include "splitflow/stats.hpp"
+#include "splitflow/telemetry.hpp"
 
 namespace splitflow::detail {
 
@@ -72,6 +73,12 @@ class GraphCore {
   /// post() for a caller that may not hold a unit: does nothing (returns false) if the run has
   /// ended, otherwise the posted task keeps the run, and so the graph, alive until it ran.
   bool post_if_running(std::function<void(WorkList&)> fn);
+  /// Whether the run has observers (GraphOptions::observer, the tracer); cheap.
+  bool observed() const noexcept { return !observers_.empty(); }
+  template <class F>
+  void for_each_observer(F&& f) const {
+    for (Observer* o : observers_) f(*o);
+  }
   /// The runtime's device (created on first use) and this graph's GPU accounting.
   std::shared_ptr<DeviceRuntime> device();
   GpuAccount* gpu_account();
@@ -117,6 +124,7 @@ class GraphCore {
   bool telemetry_ = true;
   Ticks start_ = 0;
   std::unique_ptr<GpuAccount> gpu_;  // with the first GPU stage's run
+  std::vector<Observer*> observers_;  // this run's: the user's, the tracer
 };
 
 }  // namespace splitflow::detail

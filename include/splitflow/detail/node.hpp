@@ -28,6 +28,7 @@
 #include "splitflow/detail/small_vector.hpp"
 #include "splitflow/detail/spin_lock.hpp"
 #include "splitflow/stats.hpp"
+#include "splitflow/telemetry.hpp"
 
 namespace splitflow::detail {
 
@@ -97,6 +98,7 @@ class NodeBase {
   std::size_t concurrency() const noexcept { return concurrency_; }
   Order order() const noexcept { return order_; }
   int ports() const noexcept { return nports_; }
+  bool telemetry() const noexcept { return telemetry_; }
   /// Input queue capacity of every port, in items.
   std::size_t capacity() const noexcept { return capacity_; }
 
@@ -120,8 +122,8 @@ class NodeBase {
   std::size_t try_reserve(int port, NodeBase& producer, std::size_t want);
   /// `n` reserved slots will not be filled. Called with no lock of this node held.
   void release_reservation(int port, std::size_t n, WorkList& w);
-  /// Called with mu_ held, after `n` items were stored in the port's queue.
-  void arrived_locked(int port, std::size_t n, WorkList& w);
+  /// Called with mu_ held, after `n` items were stored in the port's queue at time `now`.
+  void arrived_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
   /// Called with mu_ held when `n` items for reserved slots were dropped (the run is stopping).
   void rejected_locked(int port, std::size_t n, WorkList& w);
 
@@ -160,11 +162,20 @@ class NodeBase {
   Ticks begin_invocation_locked();
   /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it.
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
-  /// The claim processed `n` items and emitted `emitted`: release it and grant new claims.
-  void end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w);
+  /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
+  /// it, record the items' latencies (from `arrivals`, their arrival times, when given; else
+  /// the claim's time per item), notify observers, grant new claims.
+  void end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w,
+                      const Ticks* arrivals = nullptr, std::uint64_t first = 0);
+  /// Tells the graph's observers a claim began (call without mu_; cheap when none).
+  void notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,
+                    std::int64_t ring_bytes = -1);
+  std::size_t queued_total_locked() const noexcept;
   void release_successors(std::size_t n, WorkList& w);
   void take_waiters_locked(WorkList& w);
   void refresh_state_locked(Ticks now = 0);
+  /// Integrates queue occupancy up to `now` (before the queue changes).
+  void account_queue_locked(Ticks now) noexcept;
   bool sequenced() const noexcept { return sequenced_; }
   std::size_t queued_locked(int port) const noexcept { return ports_[port].queued; }
 
@@ -210,6 +221,10 @@ class NodeBase {
   std::uint64_t invocations_ = 0;
   std::size_t max_executing_ = 0;
   std::size_t max_queue_ = 0;
+  Ticks start_ = 0;        // the run's
+  double queue_area_ = 0;  // queued items x ticks
+  Ticks queue_since_ = 0;
+  LatencyHistogram latency_;
 };
 
 }  // namespace splitflow::detail

@@ -34,16 +34,19 @@ class InputPort final : public Receiver<T> {
       this->node_->rejected_locked(this->port_, items.size(), w);
       return;
     }
-    for (auto& e : items) queue_.push_back(std::move(e));
-    this->node_->arrived_locked(this->port_, items.size(), w);
+    const Ticks now = this->node_->telemetry() ? now_ticks() : 0;  // for the items' latency
+    for (auto& e : items) queue_.push_back({std::move(e), now});
+    this->node_->arrived_locked(this->port_, items.size(), w, now);
   }
   // Under the node's lock:
   std::size_t size() const noexcept { return queue_.size(); }
-  /// Moves up to k items from the front into `out`; returns how many.
-  std::size_t pop(std::vector<Envelope<T>>& out, std::size_t k) {
+  /// Moves up to k items from the front into `out` and their arrival times into `arrivals`;
+  /// returns how many.
+  std::size_t pop(std::vector<Envelope<T>>& out, std::vector<Ticks>& arrivals, std::size_t k) {
     const std::size_t n = std::min(k, queue_.size());
     for (std::size_t i = 0; i < n; ++i) {
-      out.push_back(std::move(queue_.front()));
+      out.push_back(std::move(queue_.front().item));
+      arrivals.push_back(queue_.front().arrived);
       queue_.pop_front();
     }
     return n;
@@ -55,7 +58,11 @@ class InputPort final : public Receiver<T> {
   }
 
  private:
-  std::deque<Envelope<T>> queue_;
+  struct Queued {
+    Envelope<T> item;
+    Ticks arrived;
+  };
+  std::deque<Queued> queue_;
 };
 
 /// Base of nodes with an output of type Out: fan-out to consumers and in-order emission.
@@ -207,6 +214,8 @@ class SourceNode final : public Emitter<T> {
       }
       t0 = this->begin_invocation_locked();
     }
+    const std::uint64_t first = next_seq_;
+    this->notify_begin(t0, first, k, 0);
     Scratch<Envelope<T>> out;
     bool done = false;
     for (std::size_t i = 0; i < k && !done; ++i) {
@@ -222,7 +231,7 @@ class SourceNode final : public Emitter<T> {
     const std::size_t emitted = this->graph().stopping() ? 0 : made;
     this->emit(0, k, *out, w);
     if (done) finish();
-    this->end_invocation(t0, std::max<std::size_t>(made, 1), emitted, w);
+    this->end_invocation(t0, made, emitted, w, nullptr, first);
   }
 
   void drop_queued(WorkList& w) override {
@@ -270,17 +279,22 @@ class StageNode final : public Emitter<Out> {
 
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> in;
+    Scratch<Ticks> arrivals;
     std::uint64_t ticket;
     Ticks t0;
+    std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
-      const std::size_t n = in_.pop(*in, k);
+      const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
       this->popped_locked(0, n, w);
       ticket = this->next_ticket_;
       this->next_ticket_ += n;
       t0 = this->begin_invocation_locked();
+      queued = in_.size();
     }
+    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
+    this->notify_begin(t0, first, in->size(), queued);
     Scratch<Envelope<Out>> out;
     PinnedRing* ring = nullptr;
     if constexpr (kAllocates) ring = this->output_ring();
@@ -302,7 +316,7 @@ class StageNode final : public Emitter<Out> {
     in->clear();
     const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
     this->emit(ticket, n, *out, w);
-    this->end_invocation(t0, n, emitted, w);
+    this->end_invocation(t0, n, emitted, w, arrivals->data(), first);
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
@@ -326,14 +340,19 @@ class SinkNode final : public NodeBase {
 
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> in;
+    Scratch<Ticks> arrivals;
     Ticks t0;
+    std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
-      const std::size_t n = in_.pop(*in, k);
+      const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
       this->popped_locked(0, n, w);
       t0 = this->begin_invocation_locked();
+      queued = in_.size();
     }
+    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
+    this->notify_begin(t0, first, in->size(), queued);
     std::size_t done = 0;
     for (auto& item : *in) {
       if (!guarded(*this, item.seq, [&] { std::invoke(f_, std::move(item.value)); })) break;
@@ -342,7 +361,7 @@ class SinkNode final : public NodeBase {
     const std::size_t n = in->size();
     in->clear();
     this->graph().retire_items(n, w);
-    this->end_invocation(t0, n, done, w);
+    this->end_invocation(t0, n, done, w, arrivals->data(), first);
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
@@ -373,15 +392,19 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<A>> as;
     Scratch<Envelope<B>> bs;
+    Scratch<Ticks> arrived_a, arrived_b;
     Ticks t0;
+    std::uint64_t first;
     {
       std::lock_guard lk(this->mu_);
-      const std::size_t n = std::min(a_.pop(*as, k), b_.pop(*bs, k));
+      const std::size_t n = std::min(a_.pop(*as, *arrived_a, k), b_.pop(*bs, *arrived_b, k));
       this->took_locked(k, n, w);
       this->popped_locked(0, as->size(), w);
       this->popped_locked(1, bs->size(), w);
       t0 = this->begin_invocation_locked();
+      first = pairs_;
     }
+    this->notify_begin(t0, first, std::min(as->size(), bs->size()), 0);
     // After a cancel one side may have had fewer items: those popped alone are dropped.
     const std::size_t n = std::min(as->size(), bs->size());
     const std::size_t unpaired = as->size() + bs->size() - 2 * n;
@@ -392,7 +415,9 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
     this->graph().retire_items(n + unpaired, w);  // two items became one
     const std::size_t emitted = this->graph().stopping() ? 0 : n;
     this->emit(0, n, *out, w);
-    this->end_invocation(t0, n, emitted, w);
+    // A pair's latency starts when its second half arrived.
+    for (std::size_t i = 0; i < n; ++i) (*arrived_a)[i] = std::max((*arrived_a)[i], (*arrived_b)[i]);
+    this->end_invocation(t0, n, emitted, w, arrived_a->data(), first);
   }
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
@@ -436,7 +461,10 @@ class PullSinkNode final : public NodeBase {
         this->graph().rethrow_if_failed();
         return std::nullopt;
       }
-      v.emplace(std::move(queue_.front()));
+      v.emplace(std::move(queue_.front().first));
+      if (this->telemetry())
+        this->latency_.record(
+            static_cast<std::uint64_t>(ticks_to_ns(now_ticks() - queue_.front().second)));
       queue_.pop_front();
       this->popped_locked(0, 1, w);
       ++this->items_out_;
@@ -475,8 +503,9 @@ class PullSinkNode final : public NodeBase {
           sink_->rejected_locked(0, n, w);
           return;
         }
-        for (auto& e : items) sink_->queue_.push_back(std::move(e.value));
-        sink_->arrived_locked(0, n, w);  // grants no claim (concurrency 0): next() pops instead
+        const Ticks now = sink_->telemetry() ? now_ticks() : 0;
+        for (auto& e : items) sink_->queue_.emplace_back(std::move(e.value), now);
+        sink_->arrived_locked(0, n, w, now);  // grants no claim (concurrency 0): next() pops
         sink_->cv_.notify_one();
       }
       sink_->graph().retire_items(n, w);
@@ -487,7 +516,7 @@ class PullSinkNode final : public NodeBase {
   };
 
   Port in_;
-  std::deque<T> queue_;
+  std::deque<std::pair<T, Ticks>> queue_;  // item, arrival
   std::condition_variable_any cv_;
   bool eos_ = true;
 };

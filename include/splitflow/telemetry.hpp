@@ -1,0 +1,111 @@
+// Telemetry: what a run did and why the GPU waited. Reports, JSON, Chrome traces, Prometheus
+// text, and an Observer for feeding your own monitoring.
+//
+//     auto run = g.run();
+//     run.wait();
+//     std::puts(splitflow::report(run.stats(), rt.device_stats()).c_str());  // with a diagnosis
+//     std::ofstream("run.json") << splitflow::to_json(run.stats(), rt.device_stats());
+//     std::ofstream("trace.json") << run.trace_json();   // GraphOptions::trace = true
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "splitflow/device.hpp"
+
+namespace splitflow {
+
+struct RunStats;
+
+/// Latencies in a fixed 4 KiB, whatever the run's length: log-linear buckets (8 per power of
+/// two, so a reported percentile is within 12.5% above the true value).
+class LatencyHistogram {
+ public:
+  static constexpr int kSubBits = 3;
+  static constexpr int kBuckets = 64 << kSubBits;
+
+  void record(std::uint64_t ns, std::uint64_t count = 1) noexcept;
+  void merge(const LatencyHistogram& other) noexcept;
+  std::uint64_t count() const noexcept { return count_; }
+  std::uint64_t max() const noexcept { return max_; }
+  /// Upper bound of the bucket holding the p-th percentile (p in [0, 100]); 0 when empty.
+  std::uint64_t percentile(double p) const noexcept;
+  double mean() const noexcept { return count_ ? static_cast<double>(sum_) / count_ : 0.0; }
+
+ private:
+  static int bucket(std::uint64_t v) noexcept;
+  static std::uint64_t upper(int bucket) noexcept;
+  std::array<std::uint64_t, kBuckets> buckets_{};
+  std::uint64_t count_ = 0, max_ = 0, sum_ = 0;
+};
+
+/// One invocation of a stage (a claim: its body ran on `items` items in a row).
+struct InvocationEvent {
+  const std::string* graph;
+  const std::string* stage;
+  std::uint64_t first_item;  ///< sequence number of its first item
+  std::size_t items;
+  std::int64_t begin_ns;     ///< steady_clock nanoseconds
+  std::int64_t end_ns;       ///< 0 in on_stage_begin
+  std::size_t queued;        ///< items left in the stage's input queue(s) at begin
+  std::int64_t ring_bytes = -1;  ///< GPU stages fed through a pinned ring: its bytes in use
+};
+
+/// A GPU stage invocation's stream lease.
+struct LeaseEvent {
+  const std::string* graph;
+  const std::string* stage;
+  std::uint64_t item;
+  int stream;                ///< index in the device's pool
+  std::int64_t t_ns;
+};
+
+/// A kernel or copy executing on the device, for a GPU stage invocation.
+struct DeviceOpEvent {
+  const std::string* graph;
+  const std::string* stage;
+  std::uint64_t item;
+  int stream;
+  enum Kind { kernel, h2d, d2h } kind;
+  std::size_t bytes;          ///< copies
+  std::int64_t begin_ns, end_ns;
+};
+
+/// Receives a graph's events as they happen (GraphOptions::observer). Called on arena threads
+/// and device threads, concurrently: implementations must be thread-safe, cheap, and must not
+/// block or throw.
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void on_stage_begin(const InvocationEvent&) {}
+  virtual void on_stage_end(const InvocationEvent&) {}
+  virtual void on_lease_acquire(const LeaseEvent&) {}
+  virtual void on_lease_release(const LeaseEvent&) {}
+  virtual void on_device_op(const DeviceOpEvent&) {}
+};
+
+/// What the figures say: where the GPU waited, who blocks whom, and what to change.
+struct Diagnosis {
+  /// The stage that limits the run's throughput ("" if none stands out).
+  std::string bottleneck;
+  /// Plain sentences: findings first, then suggestions computed from the figures.
+  std::vector<std::string> findings;
+  std::vector<std::string> suggestions;
+};
+
+Diagnosis diagnose(const RunStats& stats, const std::optional<DeviceStats>& device = {});
+
+/// A text report: the run, its stages (with latency percentiles), its GPU figures, the device,
+/// and the diagnosis.
+std::string report(const RunStats& stats, const std::optional<DeviceStats>& device = {});
+
+/// The same figures as JSON (keys documented in docs/telemetry.md; stable across versions).
+std::string to_json(const RunStats& stats, const std::optional<DeviceStats>& device = {});
+
+/// The counters in Prometheus text exposition format (serving it is the caller's choice).
+std::string prometheus_text(const RunStats& stats, const std::optional<DeviceStats>& device = {});
+
+}  // namespace splitflow

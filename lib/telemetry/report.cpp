@@ -1,0 +1,265 @@
+// The diagnosis and the text report.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "splitflow/config.hpp"
+#include "splitflow/stats.hpp"
+#include "splitflow/telemetry.hpp"
+
+namespace splitflow {
+
+namespace {
+
+double frac(std::int64_t part, std::int64_t whole) {
+  return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+std::string pct(double f) { return fmt::format("{:.0f}%", 100.0 * f); }
+std::string mib(double b) { return fmt::format("{:.1f} MiB", b / (1 << 20)); }
+std::string ms(std::int64_t ns) { return fmt::format("{:.1f} ms", static_cast<double>(ns) / 1e6); }
+bool limited(const StageStats& s) { return s.concurrency_limit != Concurrency::unlimited; }
+
+// Share of its capacity a stage used: work over wall x limit (for unlimited stages, its busy
+// fraction: it was never the limit itself).
+double saturation(const StageStats& s, std::int64_t wall) {
+  if (!limited(s) || s.concurrency_limit == 0) return frac(s.busy_ns, wall);
+  return frac(s.work_ns, wall) / static_cast<double>(s.concurrency_limit);
+}
+
+std::vector<const StageStats*> producers_of(const RunStats& st, const std::string& name) {
+  std::vector<const StageStats*> out;
+  for (const auto& s : st.stages)
+    if (std::find(s.consumers.begin(), s.consumers.end(), name) != s.consumers.end())
+      out.push_back(&s);
+  return out;
+}
+
+// The most saturated stage upstream of `name` (what it waits for), searching producers first.
+const StageStats* limiter_upstream(const RunStats& st, const std::string& name) {
+  const StageStats* best = nullptr;
+  double best_sat = -1;
+  std::vector<const StageStats*> frontier = producers_of(st, name);
+  std::vector<std::string> seen;
+  while (!frontier.empty()) {
+    const StageStats* s = frontier.back();
+    frontier.pop_back();
+    if (std::find(seen.begin(), seen.end(), s->name) != seen.end()) continue;
+    seen.push_back(s->name);
+    const double sat = saturation(*s, st.wall_ns);
+    if (sat > best_sat) {
+      best_sat = sat;
+      best = s;
+    }
+    for (const StageStats* p : producers_of(st, s->name)) frontier.push_back(p);
+  }
+  return best;
+}
+
+const StageStats* find_stage(const RunStats& st, const std::string& name) { return st.find(name); }
+
+// The largest blocked fraction among the stage's producers.
+double producers_blocked(const RunStats& st, const std::string& name) {
+  double most = 0;
+  for (const StageStats* p : producers_of(st, name)) most = std::max(most, frac(p->blocked_ns, st.wall_ns));
+  return most;
+}
+
+}  // namespace
+
+std::uint64_t RunStats::items_delivered() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& s : stages)
+    if (s.kind == StageKind::sink || s.kind == StageKind::pull_sink) n += s.items_in;
+  return n;
+}
+
+double RunStats::throughput() const noexcept {
+  return wall_ns > 0 ? static_cast<double>(items_delivered()) * 1e9 / static_cast<double>(wall_ns) : 0;
+}
+
+Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device) {
+  Diagnosis d;
+  const std::int64_t wall = st.wall_ns;
+  if (wall <= 0 || st.stages.empty()) return d;
+
+  // 1. What each GPU stage waited for, and what to change. "In flight" (the stage's busy
+  // state) is not the same as the device working: the graph's device time decides.
+  const double device_share = frac(st.gpu.busy_ns, wall);  // this graph's work on the device
+  for (const auto& g : st.stages) {
+    if (g.kind != StageKind::gpu_stage) continue;
+    const double starved = frac(g.starved_ns, wall);
+    const double in_flight = frac(g.busy_ns, wall);
+    const double used = g.mean_concurrency();
+    const double ring_wait = frac(g.ring_wait_ns, wall);
+    const bool device_full = device && device->busy_fraction() > 0.9 &&
+                             used >= 0.75 * static_cast<double>(g.concurrency_limit);
+    if (g.ring_capacity > 0 && g.ring_refusals > 0 && ring_wait > 0.1 && !device_full) {
+      // Producers wait for ring space while the device has room: the ring is the limit.
+      d.bottleneck = g.name;
+      d.findings.push_back(fmt::format(
+          "the pinned ring into GPU stage '{}' is full: producers waited {} ({} of the run, {} "
+          "refusals) for ring space while '{}' used {:.1f} of its {} concurrency",
+          g.name, ms(g.ring_wait_ns), pct(ring_wait), g.ring_refusals, g.name, used,
+          g.concurrency_limit));
+      d.suggestions.push_back(fmt::format(
+          "enlarge the ring of '{}': GpuStageOptions::ring_bytes from {} to {} (it held {} on "
+          "average, {} at most)",
+          g.name, mib(static_cast<double>(g.ring_capacity)),
+          mib(4.0 * static_cast<double>(g.ring_capacity)), mib(g.ring_mean_in_use),
+          mib(static_cast<double>(g.ring_max_in_use))));
+      continue;
+    }
+    const StageStats* p = limiter_upstream(st, g.name);
+    const bool upstream_saturated = p && saturation(*p, wall) > 0.8;
+    if (starved > 0.2 || (device_share < 0.5 && upstream_saturated)) {
+      if (!p) continue;
+      if (d.bottleneck.empty()) d.bottleneck = p->name;
+      d.findings.push_back(fmt::format(
+          "GPU stage '{}' waited for input {} of the run and the device worked for it {}: '{}' "
+          "is the bottleneck (busy {}, {:.1f} of its {} concurrency in use)",
+          g.name, pct(starved), pct(device_share), p->name, pct(frac(p->busy_ns, wall)),
+          p->mean_concurrency(),
+          limited(*p) ? std::to_string(p->concurrency_limit) : std::string("unlimited")));
+      // The concurrency that would let p keep up with the device's work for g.
+      const double p_item = p->items_out ? static_cast<double>(p->work_ns) / p->items_out : 0;
+      const double g_item = g.items_out ? static_cast<double>(st.gpu.busy_ns) / g.items_out : 0;
+      if (limited(*p) && p_item > 0 && g_item > 0) {
+        const auto need = static_cast<std::size_t>(std::ceil(p_item / g_item));
+        if (need > p->concurrency_limit)
+          d.suggestions.push_back(fmt::format(
+              "raise stage '{}''s concurrency from {} to {} ({:.2f} ms of work per item against "
+              "{:.2f} ms of device time per item); beyond the cores, move its work to the GPU",
+              p->name, p->concurrency_limit, need, p_item / 1e6, g_item / 1e6));
+      }
+    } else if (in_flight > 0.8 && (device_share >= 0.5 || producers_blocked(st, g.name) > 0.3)) {
+      if (d.bottleneck.empty()) d.bottleneck = g.name;
+      const double dev_busy = device ? device->busy_fraction() : device_share;
+      d.findings.push_back(fmt::format(
+          "GPU stage '{}' is the bottleneck: it had work in flight {} of the run, the device "
+          "worked for it {}{}",
+          g.name, pct(in_flight), pct(device_share),
+          device ? fmt::format(" (device busy {})", pct(dev_busy)) : std::string()));
+      if (dev_busy > 0.9) {
+        d.suggestions.push_back(fmt::format(
+            "the device is saturated ({} busy): a faster kernel for '{}' or another device",
+            pct(dev_busy), g.name));
+      } else if (device && device->mean_leases() > 0.8 * static_cast<double>(device->streams) &&
+                 st.gpu.lease_wait_ns > wall / 10) {
+        d.suggestions.push_back(fmt::format(
+            "the stream pool is the limit ({:.1f} of {} streams leased on average, invocations "
+            "waited {} for one): raise DeviceConfig::streams",
+            device->mean_leases(), device->streams, ms(st.gpu.lease_wait_ns)));
+      } else {
+        d.suggestions.push_back(fmt::format(
+            "raise GPU stage '{}''s concurrency from {} to {}: the device has room", g.name,
+            g.concurrency_limit, 2 * g.concurrency_limit));
+      }
+    } else if (in_flight > 0.8) {
+      d.findings.push_back(fmt::format(
+          "GPU stage '{}' had work in flight {} of the run but the device worked for it only "
+          "{}: its bursts wait between their ops or behind other graphs' work",
+          g.name, pct(in_flight), pct(device_share)));
+    }
+  }
+
+  // 2. CPU stages held back by full consumers.
+  for (const auto& s : st.stages) {
+    const double blocked = frac(s.blocked_ns, wall);
+    if (blocked < 0.3 || s.consumers.empty()) continue;
+    const StageStats* by = nullptr;
+    for (const auto& c : s.consumers) {
+      const StageStats* cs = find_stage(st, c);
+      if (cs && (!by || saturation(*cs, wall) > saturation(*by, wall))) by = cs;
+    }
+    if (!by) continue;
+    if (by->ring_capacity > 0 && by->ring_refusals > 0) {
+      d.findings.push_back(fmt::format("stage '{}' is blocked {} of the run by the pinned ring "
+                                       "into '{}'",
+                                       s.name, pct(blocked), by->name));
+    } else {
+      d.findings.push_back(fmt::format("stage '{}' is blocked {} of the run behind '{}' (busy {})",
+                                       s.name, pct(blocked), by->name,
+                                       pct(frac(by->busy_ns, wall))));
+    }
+    if (d.bottleneck.empty()) d.bottleneck = by->name;
+  }
+
+  // 3. A CPU-only graph: its most saturated stage.
+  if (d.bottleneck.empty()) {
+    const StageStats* top = nullptr;
+    for (const auto& s : st.stages)
+      if (s.kind != StageKind::pull_sink && (!top || saturation(s, wall) > saturation(*top, wall)))
+        top = &s;
+    if (top && saturation(*top, wall) > 0.8) {
+      d.bottleneck = top->name;
+      d.findings.push_back(fmt::format("stage '{}' is the bottleneck: {} of its capacity used",
+                                       top->name, pct(saturation(*top, wall))));
+      if (limited(*top))
+        d.suggestions.push_back(fmt::format("raise stage '{}''s concurrency from {} to {}",
+                                            top->name, top->concurrency_limit,
+                                            2 * top->concurrency_limit));
+    }
+  }
+
+  // 4. Holding the GPU without using it.
+  if (st.gpu.bursts > 0 && st.gpu.busy_ns > 0 && st.gpu.held_over_busy() > 1.5) {
+    d.findings.push_back(fmt::format(
+        "the graph held the GPU {} for {} of work (held/busy {:.2f}): its bursts waited on the "
+        "device behind other work, or between their copies and kernels",
+        ms(st.gpu.held_ns), ms(st.gpu.busy_ns), st.gpu.held_over_busy()));
+  }
+  return d;
+}
+
+std::string report(const RunStats& st, const std::optional<DeviceStats>& device) {
+  std::string out = format_table(st);
+  out += fmt::format("\n{:<18} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}\n", "latency", "p50",
+                     "p95", "p99", "max", "mean queue", "conc");
+  const auto lat = [](std::uint64_t ns) {
+    return ns >= 1'000'000 ? fmt::format("{:.2f}ms", ns / 1e6) : fmt::format("{:.1f}us", ns / 1e3);
+  };
+  for (const auto& s : st.stages)
+    out += fmt::format("{:<18} {:>9} {:>9} {:>9} {:>9} {:>10.1f} {:>8.2f}\n", s.name,
+                       lat(s.latency.percentile(50)), lat(s.latency.percentile(95)),
+                       lat(s.latency.percentile(99)), lat(s.latency.max()), s.mean_queue,
+                       s.mean_concurrency());
+  out += fmt::format("\nthroughput {:.1f} items/s ({} items delivered)\n", st.throughput(),
+                     st.items_delivered());
+  if (st.gpu.bursts > 0) {
+    const auto gbps = [](std::uint64_t b, std::int64_t ns) {
+      return ns > 0 ? fmt::format("{:.2f} GB/s", static_cast<double>(b) / static_cast<double>(ns))
+                    : std::string("-");
+    };
+    out += fmt::format(
+        "GPU: held {} busy {} (held/busy {:.2f}), {} bursts, stream waits {} (max {}), H2D {} "
+        "({}), D2H {} ({}), staging copies {}\n",
+        ms(st.gpu.held_ns), ms(st.gpu.busy_ns), st.gpu.held_over_busy(), st.gpu.bursts,
+        ms(st.gpu.lease_wait_ns), ms(st.gpu.max_lease_wait_ns),
+        mib(static_cast<double>(st.gpu.h2d_bytes)), gbps(st.gpu.h2d_bytes, st.gpu.h2d_ns),
+        mib(static_cast<double>(st.gpu.d2h_bytes)), gbps(st.gpu.d2h_bytes, st.gpu.d2h_ns),
+        st.gpu.staging_copies);
+    for (const auto& s : st.stages)
+      if (s.ring_capacity > 0)
+        out += fmt::format("ring into '{}': {} capacity, {} mean / {} max in use, {} wraps, {} "
+                           "refusals, producers waited {}\n",
+                           s.name, mib(static_cast<double>(s.ring_capacity)),
+                           mib(s.ring_mean_in_use), mib(static_cast<double>(s.ring_max_in_use)),
+                           s.ring_wraps, s.ring_refusals, ms(s.ring_wait_ns));
+  }
+  if (device)
+    out += fmt::format("device: {}: busy {} of {}, held/busy {:.2f}, streams {} ({:.1f} leased "
+                       "on average, {} at most)\n",
+                       device->name, pct(device->busy_fraction()), ms(device->wall_ns),
+                       device->held_over_busy(), device->streams, device->mean_leases(),
+                       device->max_leases_in_use);
+  const Diagnosis d = diagnose(st, device);
+  out += "\ndiagnosis:";
+  if (d.findings.empty()) out += " nothing stands out\n";
+  else out += fmt::format(" bottleneck '{}'\n", d.bottleneck);
+  for (const auto& f : d.findings) out += "  - " + f + "\n";
+  for (const auto& s : d.suggestions) out += "  > " + s + "\n";
+  return out;
+}
+
+}  // namespace splitflow

@@ -1,0 +1,307 @@
+// Telemetry: latency histograms, queue occupancy, the diagnosis of planted bottlenecks, the
+// observer interface, bounded traces, and the consistency of the figures. Each test names the
+// requirement of the "Telemetry" issue it checks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <splitflow/ops.hpp>
+#include <splitflow/splitflow.hpp>
+#include <thread>
+
+#include "helpers.hpp"
+
+using namespace splitflow;
+using namespace std::chrono_literals;
+using testing_helpers::counter;
+using testing_helpers::spin_us;
+
+namespace {
+
+RuntimeConfig host(int threads, std::size_t streams = 4, int slots = 1) {
+  RuntimeConfig c{.threads = threads};
+  c.device.backend = BackendKind::host;
+  c.device.streams = streams;
+  c.device.host_compute_slots = slots;
+  return c;
+}
+
+// "For every test graph: busy + starved + blocked accounts for each stage's wall time within a
+// tolerance; held >= busy per graph; device busy <= 1"
+void expect_consistent(const RunStats& st, const std::optional<DeviceStats>& dev = {}) {
+  for (const auto& s : st.stages) {
+    EXPECT_NEAR(static_cast<double>(s.busy_ns + s.starved_ns + s.blocked_ns),
+                static_cast<double>(st.wall_ns), 1e-3 * static_cast<double>(st.wall_ns) + 1000.0)
+        << s.name;
+    EXPECT_LE(s.latency.count(), s.items_in + s.items_out) << s.name;
+  }
+  EXPECT_GE(st.gpu.held_ns, st.gpu.busy_ns);
+  if (dev) {
+    EXPECT_LE(dev->busy_fraction(), 1.0);
+    EXPECT_GE(dev->busy_fraction(), 0.0);
+  }
+}
+
+bool contains(const std::vector<std::string>& lines, const std::string& text) {
+  for (const auto& l : lines)
+    if (l.find(text) != std::string::npos) return true;
+  return false;
+}
+
+std::string join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+}  // namespace
+
+// "per-item latency p50/p95/p99 (an HDR-style or log-bucket histogram, fixed memory)"
+TEST(Histogram, PercentilesAreWithinABucketOfTheTruthInFixedMemory) {
+  static_assert(sizeof(LatencyHistogram) < 5 * 1024, "fixed memory, whatever the run length");
+  LatencyHistogram h;
+  std::mt19937_64 rng(1);
+  std::vector<std::uint64_t> values;
+  for (int i = 0; i < 100000; ++i) {
+    const auto v = static_cast<std::uint64_t>(std::exp(std::uniform_real_distribution<double>(0, 20)(rng)));
+    values.push_back(v);
+    h.record(v);
+  }
+  std::sort(values.begin(), values.end());
+  for (double p : {50.0, 95.0, 99.0}) {
+    const double truth = static_cast<double>(values[static_cast<std::size_t>(p / 100 * (values.size() - 1))]);
+    const double got = static_cast<double>(h.percentile(p));
+    EXPECT_GE(got, truth * 0.999) << "p" << p;
+    EXPECT_LE(got, truth * 1.13 + 1) << "p" << p;  // 8 buckets per power of two: <= 12.5% above
+  }
+  EXPECT_EQ(h.count(), 100000u);
+  EXPECT_EQ(h.max(), values.back());
+  LatencyHistogram twice = h;
+  twice.merge(h);
+  EXPECT_EQ(twice.count(), 200000u);
+  EXPECT_EQ(twice.percentile(50), h.percentile(50));
+  EXPECT_EQ(LatencyHistogram{}.percentile(99), 0u);
+}
+
+// Per stage: latency of known work, and queue occupancy averaged over time.
+TEST(Figures, LatencyAndMeanQueueReflectTheWork) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "figures");
+  auto src = g.source("n", counter(200));
+  auto slow = g.stage("slow", [](long x) { spin_us(300); return x; }, {.capacity = 8});
+  auto sink = g.sink("s", [](long) {});
+  src >> slow >> sink;
+  auto run = g.run();
+  run.wait();
+  const RunStats st = run.stats();
+  const StageStats& s = *st.find("slow");
+  EXPECT_EQ(s.latency.count(), 200u);
+  EXPECT_GE(s.latency.percentile(50), 300'000u) << "an item spends at least its 300 us body";
+  // The fast source keeps the slow stage's queue near full: 8 slots, one taken per claim.
+  EXPECT_GT(s.mean_queue, 4.0);
+  EXPECT_LE(s.mean_queue, 8.0);
+  EXPECT_LT(st.find("s")->mean_queue, 1.0) << "the fast sink's queue stays near empty";
+  EXPECT_NEAR(s.mean_concurrency(), 1.0, 0.05);
+  EXPECT_GT(st.throughput(), 0.0);
+  EXPECT_EQ(st.items_delivered(), 200u);
+  expect_consistent(st);
+}
+
+// Planted bottleneck 1: a slow CPU stage starves the GPU. "the report names it"
+TEST(Diagnosis, ASlowCpuStageIsNamedAndItsConcurrencyRaised) {
+  Runtime rt(host(2));
+  Graph g(rt, "slow-cpu");
+  auto src = g.source("files", counter(60));
+  auto decode = g.stage("decode", [](long) {
+    spin_us(2000);
+    return HostTensor::empty(DType::u8, {1024});
+  });
+  GpuStageOptions o;
+  o.concurrency = 2;
+  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, 300us);
+    return t;
+  }, o);
+  auto sink = g.sink("step", [](DeviceTensor) {});
+  src >> decode >> model >> sink;
+  auto run = g.run();
+  run.wait();
+  const RunStats st = run.stats();
+  const Diagnosis d = diagnose(st, rt.device_stats());
+  EXPECT_EQ(d.bottleneck, "decode") << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "GPU stage 'model' waited for input")) << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "'decode' is the bottleneck")) << join(d.findings);
+  EXPECT_TRUE(contains(d.suggestions, "raise stage 'decode''s concurrency from 1 to"))
+      << join(d.suggestions);
+  const std::string text = report(st, rt.device_stats());
+  EXPECT_NE(text.find("diagnosis: bottleneck 'decode'"), std::string::npos) << text;
+  expect_consistent(st, rt.device_stats());
+}
+
+// Planted bottleneck 2: a slow GPU stage; its producer is blocked behind it.
+TEST(Diagnosis, ASlowGpuStageIsNamedAndItsProducerBlockedBehindIt) {
+  Runtime rt(host(2));
+  Graph g(rt, "slow-gpu");
+  auto src = g.source("files", counter(40));
+  auto prep = g.stage("prep", [](long) { return HostTensor::empty(DType::u8, {1024}); },
+                      {.capacity = 4});
+  GpuStageOptions o;
+  o.concurrency = 1;
+  o.capacity = 4;
+  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, 3ms);
+    return t;
+  }, o);
+  auto sink = g.sink("step", [](DeviceTensor) {});
+  src >> prep >> model >> sink;
+  auto run = g.run();
+  run.wait();
+  const RunStats st = run.stats();
+  const Diagnosis d = diagnose(st, rt.device_stats());
+  EXPECT_EQ(d.bottleneck, "model") << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "GPU stage 'model' is the bottleneck")) << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "stage 'prep' is blocked")) << join(d.findings);
+  EXPECT_FALSE(d.suggestions.empty());
+  expect_consistent(st, rt.device_stats());
+}
+
+// Planted bottleneck 3: a ring too small for the GPU stage's concurrency.
+TEST(Diagnosis, ATooSmallRingIsNamedAndEnlarged) {
+  // Four compute slots: the device could run the stage's four bursts at once, so the ring,
+  // which admits one item, is what limits it.
+  Runtime rt(host(2, 4, 4));
+  Graph g(rt, "small-ring");
+  auto src = g.source("files", counter(60));
+  auto load = g.stage("load", [](long, HostAllocator& a) {
+    spin_us(100);
+    return a.empty(DType::u8, {64 * 1024});
+  });
+  GpuStageOptions o;
+  o.concurrency = 4;
+  o.ring_bytes = 128 * 1024;  // budget for a single 64 KiB item
+  o.ring_item_bytes = 64 * 1024;
+  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, 1ms);
+    return t;
+  }, o);
+  auto sink = g.sink("step", [](DeviceTensor) {});
+  src >> load >> model >> sink;
+  auto run = g.run();
+  run.wait();
+  const RunStats st = run.stats();
+  EXPECT_GT(st.find("model")->ring_refusals, 0u);
+  EXPECT_GT(st.find("model")->ring_wait_ns, 0);
+  EXPECT_LE(st.find("model")->ring_max_in_use, 128u * 1024);
+  const Diagnosis d = diagnose(st, rt.device_stats());
+  EXPECT_EQ(d.bottleneck, "model") << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "the pinned ring into GPU stage 'model' is full"))
+      << join(d.findings);
+  EXPECT_TRUE(contains(d.suggestions, "enlarge the ring of 'model'")) << join(d.suggestions);
+  expect_consistent(st, rt.device_stats());
+}
+
+// "An observer interface (on stage begin/end, on lease acquire/release)"
+TEST(Observer, SeesEveryInvocationLeaseAndDeviceOp) {
+  struct Counting : Observer {
+    std::atomic<long> begins{0}, ends{0}, acquires{0}, releases{0}, ops{0}, items{0};
+    std::atomic<bool> ordered{true};
+    void on_stage_begin(const InvocationEvent& e) override {
+      ++begins;
+      ordered = ordered && e.end_ns == 0;
+    }
+    void on_stage_end(const InvocationEvent& e) override {
+      ++ends;
+      items += static_cast<long>(e.items);
+      ordered = ordered && e.end_ns >= e.begin_ns;
+    }
+    void on_lease_acquire(const LeaseEvent&) override { ++acquires; }
+    void on_lease_release(const LeaseEvent&) override { ++releases; }
+    void on_device_op(const DeviceOpEvent& e) override {
+      ++ops;
+      ordered = ordered && e.end_ns >= e.begin_ns;
+    }
+  };
+  auto obs = std::make_shared<Counting>();
+  Runtime rt(host(2));
+  Graph g(rt, "observed", {.observer = obs});
+  auto src = g.source("n", counter(30));
+  auto make = g.stage("make", [](long) { return HostTensor::empty(DType::u8, {256}); });
+  auto gpu = g.gpu_stage("copy", [](DeviceTensor t, DeviceContext& ctx) { return ctx.to_host(t); });
+  auto sink = g.sink("s", [](HostTensor) {});
+  src >> make >> gpu >> sink;
+  auto run = g.run();
+  run.wait();
+  const RunStats st = run.stats();
+  std::uint64_t invocations = 0;
+  for (const auto& s : st.stages) invocations += s.invocations;
+  EXPECT_EQ(obs->begins.load(), static_cast<long>(invocations));
+  EXPECT_EQ(obs->ends.load(), static_cast<long>(invocations));
+  EXPECT_EQ(obs->acquires.load(), 30);
+  EXPECT_EQ(obs->releases.load(), 30);
+  EXPECT_EQ(obs->ops.load(), 60) << "one H2D and one D2H copy per burst";
+  EXPECT_TRUE(obs->ordered.load());
+}
+
+// "Memory for telemetry is bounded regardless of run length": the trace samples past its cap.
+TEST(Trace, StaysWithinItsEventCapAndStatesTheSamplingRate) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "long", {.trace = true, .trace_max_events = 64});
+  auto src = g.source("n", counter(3000));
+  auto st = g.stage("work", [](long x) { spin_us(5); return x; });
+  auto sink = g.sink("s", [](long) {});
+  src >> st >> sink;
+  auto run = g.run();
+  run.wait();
+  const std::string trace = run.trace_json();
+  std::size_t events = 0;
+  for (std::size_t at = 0; (at = trace.find("\"ph\":\"X\"", at)) != std::string::npos; ++at) ++events;
+  EXPECT_LE(events, 64u);
+  EXPECT_GT(events, 8u);
+  EXPECT_EQ(trace.find("\"sample_every\":1,"), std::string::npos) << "it should have sampled";
+}
+
+TEST(Trace, IsEmptyWithoutTracing) {
+  Runtime rt({.threads = 1});
+  Graph g(rt, "untraced");
+  auto src = g.source("n", counter(3));
+  auto sink = g.sink("s", [](long) {});
+  src >> sink;
+  auto run = g.run();
+  run.wait();
+  EXPECT_EQ(run.trace_json(), "");
+}
+
+// "Readable while a run is in progress (a snapshot call that does not stop the run)"
+TEST(Figures, ALiveReportDoesNotStopTheRun) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "live-report");
+  auto src = g.source("n", counter(-1));
+  auto st = g.stage("st", [](long x) { spin_us(20); return x; });
+  auto out = g.pull_sink<long>("out", 4);
+  src >> st >> out;
+  auto run = g.run();
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(out.next());
+  const std::string live = report(run.stats());
+  EXPECT_NE(live.find("running"), std::string::npos);
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(out.next()) << "the run stopped after the report";
+  run.cancel();
+  run.wait();
+}
+
+// The Prometheus text is well-formed: every sample follows its TYPE line, labels are quoted.
+TEST(Prometheus, ExpositionTextIsWellFormed) {
+  Runtime rt({.threads = 1});
+  Graph g(rt, "prom \"q\"");
+  auto src = g.source("n", counter(10));
+  auto sink = g.sink("s", [](long) {});
+  src >> sink;
+  auto run = g.run();
+  run.wait();
+  const std::string text = prometheus_text(run.stats());
+  EXPECT_NE(text.find("# TYPE splitflow_stage_items_total counter"), std::string::npos);
+  EXPECT_NE(text.find(R"(splitflow_stage_items_total{graph="prom \"q\"",stage="s",direction="in"} 10)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("splitflow_stage_latency_seconds{"), std::string::npos);
+}
