@@ -3,6 +3,7 @@
 // threads, in one run:
 //   BM_ChainHop/splitflow                splitflow (telemetry on, the default)
 //   BM_ChainHop/splitflow_notelemetry    splitflow with telemetry off
+//   BM_ChainHop/splitflow_trace          splitflow recording a Chrome trace
 //   BM_ChainHop/tbb_parallel_pipeline    tbb::parallel_pipeline
 //   BM_ChainHop/tbb_flow_graph           tbb::flow graph (input, 2 function nodes, sequencer)
 // Counter ns_per_item_stage = wall time / (items * 4).
@@ -42,9 +43,9 @@ void report(benchmark::State& state, const Sink& sink) {
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
-void splitflow_chain(benchmark::State& state, bool telemetry) {
+void splitflow_chain(benchmark::State& state, bool telemetry, bool trace = false) {
   splitflow::Runtime rt({.threads = kThreads, .telemetry = telemetry});
-  splitflow::Graph g(rt, "chain", {.max_in_flight = kTokens});
+  splitflow::Graph g(rt, "chain", {.max_in_flight = kTokens, .trace = trace});
   Sink sink;
   auto src = g.source("src", [i = 0L]() mutable -> std::optional<std::pair<long, long>> {
     if (i == kItems) return std::nullopt;
@@ -67,6 +68,7 @@ void splitflow_chain(benchmark::State& state, bool telemetry) {
 
 void BM_splitflow(benchmark::State& state) { splitflow_chain(state, true); }
 void BM_splitflow_notelemetry(benchmark::State& state) { splitflow_chain(state, false); }
+void BM_splitflow_trace(benchmark::State& state) { splitflow_chain(state, true, true); }
 
 void BM_tbb_parallel_pipeline(benchmark::State& state) {
   tbb::task_arena arena(kThreads);
@@ -141,6 +143,7 @@ void BM_tbb_flow_graph(benchmark::State& state) {
 
 BENCHMARK(BM_splitflow)->Name("BM_ChainHop/splitflow")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_splitflow_notelemetry)->Name("BM_ChainHop/splitflow_notelemetry")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_splitflow_trace)->Name("BM_ChainHop/splitflow_trace")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_tbb_parallel_pipeline)->Name("BM_ChainHop/tbb_parallel_pipeline")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_tbb_flow_graph)->Name("BM_ChainHop/tbb_flow_graph")->UseRealTime()->Unit(benchmark::kMillisecond);
 

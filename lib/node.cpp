@@ -121,8 +121,8 @@ void NodeBase::rejected_locked(int port, std::size_t n, WorkList& w) {
   graph_->retire_items(n, w);
 }
 
-void NodeBase::popped_locked(int port, std::size_t n, WorkList& w) {
-  account_queue_locked(0);
+void NodeBase::popped_locked(int port, std::size_t n, WorkList& w, Ticks now) {
+  account_queue_locked(now);
   ports_[port].queued -= n;
   take_waiters_locked(w);
 }
@@ -143,7 +143,7 @@ void NodeBase::took_locked(std::size_t k, std::size_t n, WorkList& w) {
 }
 
 void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w,
-                              const Ticks* arrivals, std::uint64_t first) {
+                              const std::vector<Arrivals>* arrivals, std::uint64_t first) {
   const Ticks t1 = now_ticks();
   {
     std::lock_guard lk(mu_);
@@ -159,11 +159,12 @@ void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, Work
       const double fit = target_ticks_ / std::max(item_ticks_, 1.0);
       claim_ = static_cast<std::size_t>(std::clamp(fit, 1.0, static_cast<double>(max_claim_)));
       if (telemetry_) {
+        // In clock ticks (scaled to ns when read), one record per run of arrivals.
         if (arrivals) {
-          for (std::size_t i = 0; i < n; ++i)
-            latency_.record(static_cast<std::uint64_t>(ticks_to_ns(t1 - arrivals[i])));
+          for (const Arrivals& a : *arrivals)
+            latency_.record(static_cast<std::uint64_t>(t1 - a.ticks), a.count);
         } else {
-          latency_.record(static_cast<std::uint64_t>(ticks_to_ns((t1 - t0) / static_cast<Ticks>(n))), n);
+          latency_.record(static_cast<std::uint64_t>((t1 - t0) / static_cast<Ticks>(n)), n);
         }
       }
     }
@@ -306,6 +307,7 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
     const Ticks span = now - start_;
     s.mean_queue = span > 0 ? area / static_cast<double>(span) : 0.0;
     s.latency = latency_;
+    s.latency.set_unit(ticks_to_ns(1 << 20) / static_cast<double>(1 << 20));
   }
   for (const Edge& e : successors_) s.consumers.push_back(e.node->name());
   s.max_concurrency = max_executing_;

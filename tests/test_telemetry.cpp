@@ -166,23 +166,25 @@ TEST(Diagnosis, ASlowGpuStageIsNamedAndItsProducerBlockedBehindIt) {
   expect_consistent(st, rt.device_stats());
 }
 
-// Planted bottleneck 3: a ring too small for the GPU stage's concurrency.
+// Planted bottleneck 3: a ring too small to overlap production with the copies. Each 4 MiB
+// item holds the only ring budget until its H2D copy ran, so the producer cannot prepare the
+// next one meanwhile; the GPU stage (short kernels) waits for input.
 TEST(Diagnosis, ATooSmallRingIsNamedAndEnlarged) {
-  // Four compute slots: the device could run the stage's four bursts at once, so the ring,
-  // which admits one item, is what limits it.
   Runtime rt(host(2, 4, 4));
   Graph g(rt, "small-ring");
-  auto src = g.source("files", counter(60));
+  constexpr std::int64_t kItem = 4 << 20;
+  auto src = g.source("files", counter(30));
   auto load = g.stage("load", [](long, HostAllocator& a) {
-    spin_us(100);
-    return a.empty(DType::u8, {64 * 1024});
+    HostTensor t = a.empty(DType::u8, {kItem});
+    spin_us(500);  // producing it
+    return t;
   });
   GpuStageOptions o;
   o.concurrency = 4;
-  o.ring_bytes = 128 * 1024;  // budget for a single 64 KiB item
-  o.ring_item_bytes = 64 * 1024;
+  o.ring_bytes = 2 * kItem;  // budget for a single item
+  o.ring_item_bytes = kItem;
   auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
-    ops::busy_kernel(ctx, 1ms);
+    ops::busy_kernel(ctx, 100us);
     return t;
   }, o);
   auto sink = g.sink("step", [](DeviceTensor) {});
@@ -192,11 +194,11 @@ TEST(Diagnosis, ATooSmallRingIsNamedAndEnlarged) {
   const RunStats st = run.stats();
   EXPECT_GT(st.find("model")->ring_refusals, 0u);
   EXPECT_GT(st.find("model")->ring_wait_ns, 0);
-  EXPECT_LE(st.find("model")->ring_max_in_use, 128u * 1024);
+  EXPECT_LE(st.find("model")->ring_max_in_use, static_cast<std::size_t>(2 * kItem));
   const Diagnosis d = diagnose(st, rt.device_stats());
-  EXPECT_EQ(d.bottleneck, "model") << join(d.findings);
+  EXPECT_EQ(d.bottleneck, "model") << report(st, rt.device_stats());
   EXPECT_TRUE(contains(d.findings, "the pinned ring into GPU stage 'model' is full"))
-      << join(d.findings);
+      << report(st, rt.device_stats());
   EXPECT_TRUE(contains(d.suggestions, "enlarge the ring of 'model'")) << join(d.suggestions);
   expect_consistent(st, rt.device_stats());
 }

@@ -27,19 +27,29 @@ class LatencyHistogram {
   static constexpr int kSubBits = 3;
   static constexpr int kBuckets = 64 << kSubBits;
 
-  void record(std::uint64_t ns, std::uint64_t count = 1) noexcept;
+  /// Records `count` values of `v` units (nanoseconds unless set_unit() says otherwise).
+  void record(std::uint64_t v, std::uint64_t count = 1) noexcept;
   void merge(const LatencyHistogram& other) noexcept;
   std::uint64_t count() const noexcept { return count_; }
-  std::uint64_t max() const noexcept { return max_; }
+  /// Figures in nanoseconds.
+  std::uint64_t max() const noexcept { return to_ns(max_); }
   /// Upper bound of the bucket holding the p-th percentile (p in [0, 100]); 0 when empty.
   std::uint64_t percentile(double p) const noexcept;
-  double mean() const noexcept { return count_ ? static_cast<double>(sum_) / count_ : 0.0; }
+  double mean() const noexcept {
+    return count_ ? static_cast<double>(sum_) / static_cast<double>(count_) * unit_ns_ : 0.0;
+  }
+  /// Nanoseconds per recorded unit (the runtime records clock ticks and converts on reading).
+  void set_unit(double ns_per_unit) noexcept { unit_ns_ = ns_per_unit; }
 
  private:
   static int bucket(std::uint64_t v) noexcept;
   static std::uint64_t upper(int bucket) noexcept;
+  std::uint64_t to_ns(std::uint64_t v) const noexcept {
+    return static_cast<std::uint64_t>(static_cast<double>(v) * unit_ns_);
+  }
   std::array<std::uint64_t, kBuckets> buckets_{};
   std::uint64_t count_ = 0, max_ = 0, sum_ = 0;
+  double unit_ns_ = 1.0;
 };
 
 /// One invocation of a stage (a claim: its body ran on `items` items in a row).

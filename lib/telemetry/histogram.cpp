@@ -31,6 +31,7 @@ void LatencyHistogram::record(std::uint64_t ns, std::uint64_t count) noexcept {
 }
 
 void LatencyHistogram::merge(const LatencyHistogram& o) noexcept {
+  // (Both in the same unit: the runtime's histograms all count clock ticks.)
   for (std::size_t i = 0; i < buckets_.size(); ++i) buckets_[i] += o.buckets_[i];
   count_ += o.count_;
   sum_ += o.sum_;
@@ -44,9 +45,9 @@ std::uint64_t LatencyHistogram::percentile(double p) const noexcept {
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     seen += buckets_[i];
     if (static_cast<double>(seen) >= want && buckets_[i] > 0)
-      return std::min(upper(static_cast<int>(i)), max_);
+      return to_ns(std::min(upper(static_cast<int>(i)), max_));
   }
-  return max_;
+  return to_ns(max_);
 }
 
 }  // namespace splitflow

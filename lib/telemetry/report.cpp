@@ -92,15 +92,17 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
     const double in_flight = frac(g.busy_ns, wall);
     const double used = g.mean_concurrency();
     const double ring_wait = frac(g.ring_wait_ns, wall);
-    const bool device_full = device && device->busy_fraction() > 0.9 &&
-                             used >= 0.75 * static_cast<double>(g.concurrency_limit);
-    if (g.ring_capacity > 0 && g.ring_refusals > 0 && ring_wait > 0.1 && !device_full) {
-      // Producers wait for ring space while the device has room: the ring is the limit.
+    const bool ring_blocks = g.ring_capacity > 0 && g.ring_refusals > 0 && ring_wait > 0.1 &&
+                             producers_blocked(st, g.name) > 0.3;
+    if (ring_blocks && (starved > 0.2 || used < 0.5 * static_cast<double>(g.concurrency_limit))) {
+      // The GPU stage waits for input while its producers wait for ring space: the ring is in
+      // the way.
       d.bottleneck = g.name;
       d.findings.push_back(fmt::format(
           "the pinned ring into GPU stage '{}' is full: producers waited {} ({} of the run, {} "
-          "refusals) for ring space while '{}' used {:.1f} of its {} concurrency",
-          g.name, ms(g.ring_wait_ns), pct(ring_wait), g.ring_refusals, g.name, used,
+          "refusals) for ring space while '{}' waited for input {} and used {:.1f} of its {} "
+          "concurrency",
+          g.name, ms(g.ring_wait_ns), pct(ring_wait), g.ring_refusals, g.name, pct(starved), used,
           g.concurrency_limit));
       d.suggestions.push_back(fmt::format(
           "enlarge the ring of '{}': GpuStageOptions::ring_bytes from {} to {} (it held {} on "

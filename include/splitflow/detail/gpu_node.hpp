@@ -305,7 +305,8 @@ class GpuStageNode final : public Emitter<Out> {
     const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
     this->emit(inv->ticket, 1, *out, w);
     if (inv->began) {
-      this->end_invocation(inv->t0, 1, emitted, w, &inv->arrived, inv->seq);
+      const std::vector<Arrivals> arrived{{1, inv->arrived}};
+      this->end_invocation(inv->t0, 1, emitted, w, &arrived, inv->seq);
     } else {
       std::lock_guard lk(this->mu_);
       --this->waiting_;

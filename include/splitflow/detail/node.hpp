@@ -43,6 +43,13 @@ struct Envelope {
   std::uint64_t seq;
 };
 
+/// `count` items that arrived at `ticks` (items pushed together share their arrival time, so
+/// a claim's items are a few runs, not one record each).
+struct Arrivals {
+  std::size_t count;
+  Ticks ticks;
+};
+
 /// A granted claim: `items` queued items of `node` that one invocation will process.
 struct Claim {
   NodeBase* node;
@@ -156,17 +163,18 @@ class NodeBase {
   virtual void release_extra(int /*port*/, std::size_t /*n*/) {}
   void collect_claims_locked(WorkList& w);
   std::size_t claim_size_locked(std::size_t available) const;
-  /// Items left port's queue: account them and wake producers blocked on the space.
-  void popped_locked(int port, std::size_t n, WorkList& w);
+  /// Items left port's queue at `now` (0: read the clock): account them and wake producers
+  /// blocked on the space.
+  void popped_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
   /// A claim starts executing; returns its start time.
   Ticks begin_invocation_locked();
   /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it.
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
   /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
-  /// it, record the items' latencies (from `arrivals`, their arrival times, when given; else
+  /// it, record the items' latencies (from `arrivals`, runs of arrival times, when given; else
   /// the claim's time per item), notify observers, grant new claims.
   void end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w,
-                      const Ticks* arrivals = nullptr, std::uint64_t first = 0);
+                      const std::vector<Arrivals>* arrivals = nullptr, std::uint64_t first = 0);
   /// Tells the graph's observers a claim began (call without mu_; cheap when none).
   void notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,
                     std::int64_t ring_bytes = -1);

@@ -35,34 +35,43 @@ class InputPort final : public Receiver<T> {
       return;
     }
     const Ticks now = this->node_->telemetry() ? now_ticks() : 0;  // for the items' latency
-    for (auto& e : items) queue_.push_back({std::move(e), now});
+    for (auto& e : items) queue_.push_back(std::move(e));
+    if (!arrivals_.empty() && arrivals_.back().ticks == now) {
+      arrivals_.back().count += items.size();
+    } else {
+      arrivals_.push_back({items.size(), now});
+    }
     this->node_->arrived_locked(this->port_, items.size(), w, now);
   }
   // Under the node's lock:
   std::size_t size() const noexcept { return queue_.size(); }
-  /// Moves up to k items from the front into `out` and their arrival times into `arrivals`;
-  /// returns how many.
-  std::size_t pop(std::vector<Envelope<T>>& out, std::vector<Ticks>& arrivals, std::size_t k) {
+  /// Moves up to k items from the front into `out`, and the runs of their arrival times into
+  /// `arrivals`; returns how many.
+  std::size_t pop(std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals, std::size_t k) {
     const std::size_t n = std::min(k, queue_.size());
     for (std::size_t i = 0; i < n; ++i) {
-      out.push_back(std::move(queue_.front().item));
-      arrivals.push_back(queue_.front().arrived);
+      out.push_back(std::move(queue_.front()));
       queue_.pop_front();
+    }
+    for (std::size_t left = n; left > 0;) {
+      Arrivals& a = arrivals_.front();
+      const std::size_t take = std::min(left, a.count);
+      arrivals.push_back({take, a.ticks});
+      left -= take;
+      if ((a.count -= take) == 0) arrivals_.pop_front();
     }
     return n;
   }
   std::size_t clear() noexcept {
     const std::size_t n = queue_.size();
     queue_.clear();
+    arrivals_.clear();
     return n;
   }
 
  private:
-  struct Queued {
-    Envelope<T> item;
-    Ticks arrived;
-  };
-  std::deque<Queued> queue_;
+  std::deque<Envelope<T>> queue_;
+  std::deque<Arrivals> arrivals_;  // runs, covering queue_ in order
 };
 
 /// Base of nodes with an output of type Out: fan-out to consumers and in-order emission.
@@ -279,7 +288,7 @@ class StageNode final : public Emitter<Out> {
 
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> in;
-    Scratch<Ticks> arrivals;
+    Scratch<Arrivals> arrivals;
     std::uint64_t ticket;
     Ticks t0;
     std::size_t queued;
@@ -287,10 +296,10 @@ class StageNode final : public Emitter<Out> {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
-      this->popped_locked(0, n, w);
+      t0 = this->begin_invocation_locked();
+      this->popped_locked(0, n, w, t0);
       ticket = this->next_ticket_;
       this->next_ticket_ += n;
-      t0 = this->begin_invocation_locked();
       queued = in_.size();
     }
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
@@ -316,7 +325,7 @@ class StageNode final : public Emitter<Out> {
     in->clear();
     const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
     this->emit(ticket, n, *out, w);
-    this->end_invocation(t0, n, emitted, w, arrivals->data(), first);
+    this->end_invocation(t0, n, emitted, w, &*arrivals, first);
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
@@ -340,15 +349,15 @@ class SinkNode final : public NodeBase {
 
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> in;
-    Scratch<Ticks> arrivals;
+    Scratch<Arrivals> arrivals;
     Ticks t0;
     std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
-      this->popped_locked(0, n, w);
       t0 = this->begin_invocation_locked();
+      this->popped_locked(0, n, w, t0);
       queued = in_.size();
     }
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
@@ -361,7 +370,7 @@ class SinkNode final : public NodeBase {
     const std::size_t n = in->size();
     in->clear();
     this->graph().retire_items(n, w);
-    this->end_invocation(t0, n, done, w, arrivals->data(), first);
+    this->end_invocation(t0, n, done, w, &*arrivals, first);
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
@@ -392,16 +401,16 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<A>> as;
     Scratch<Envelope<B>> bs;
-    Scratch<Ticks> arrived_a, arrived_b;
+    Scratch<Arrivals> arrived_a, arrived_b;
     Ticks t0;
     std::uint64_t first;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = std::min(a_.pop(*as, *arrived_a, k), b_.pop(*bs, *arrived_b, k));
       this->took_locked(k, n, w);
-      this->popped_locked(0, as->size(), w);
-      this->popped_locked(1, bs->size(), w);
       t0 = this->begin_invocation_locked();
+      this->popped_locked(0, as->size(), w, t0);
+      this->popped_locked(1, bs->size(), w, t0);
       first = pairs_;
     }
     this->notify_begin(t0, first, std::min(as->size(), bs->size()), 0);
@@ -415,9 +424,18 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
     this->graph().retire_items(n + unpaired, w);  // two items became one
     const std::size_t emitted = this->graph().stopping() ? 0 : n;
     this->emit(0, n, *out, w);
-    // A pair's latency starts when its second half arrived.
-    for (std::size_t i = 0; i < n; ++i) (*arrived_a)[i] = std::max((*arrived_a)[i], (*arrived_b)[i]);
-    this->end_invocation(t0, n, emitted, w, arrived_a->data(), first);
+    // A pair's latency starts when its second half arrived: merge the two runs of arrivals.
+    Scratch<Arrivals> pairs;
+    for (std::size_t i = 0, j = 0, ia = 0, jb = 0, done = 0; done < n;) {
+      const Arrivals& a = (*arrived_a)[i];
+      const Arrivals& b = (*arrived_b)[j];
+      const std::size_t take = std::min({a.count - ia, b.count - jb, n - done});
+      pairs->push_back({take, std::max(a.ticks, b.ticks)});
+      done += take;
+      if ((ia += take) == a.count) ia = 0, ++i;
+      if ((jb += take) == b.count) jb = 0, ++j;
+    }
+    this->end_invocation(t0, n, emitted, w, &*pairs, first);
   }
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
@@ -463,8 +481,7 @@ class PullSinkNode final : public NodeBase {
       }
       v.emplace(std::move(queue_.front().first));
       if (this->telemetry())
-        this->latency_.record(
-            static_cast<std::uint64_t>(ticks_to_ns(now_ticks() - queue_.front().second)));
+        this->latency_.record(static_cast<std::uint64_t>(now_ticks() - queue_.front().second));
       queue_.pop_front();
       this->popped_locked(0, 1, w);
       ++this->items_out_;
