@@ -2,10 +2,14 @@
 
 #include <algorithm>
 
+#include <oneapi/tbb/task_arena.h>
+
 #include "splitflow/detail/graph_core.hpp"
 #include "splitflow/error.hpp"
 
 namespace splitflow::detail {
+
+int this_arena_slot() noexcept { return tbb::this_task_arena::current_thread_index(); }
 
 namespace {
 const char* what_of(StageKind k) {
@@ -94,6 +98,8 @@ void NodeBase::release_reservation(int port, std::size_t n, WorkList& w) {
 void NodeBase::account_queue_locked(Ticks now) noexcept {
   if (!telemetry_) return;
   if (now == 0) now = now_ticks();
+  // A time read before the lock may precede the last update by another thread.
+  now = std::max(now, queue_since_);
   queue_area_ += static_cast<double>(queued_total_locked()) * static_cast<double>(now - queue_since_);
   queue_since_ = now;
 }
@@ -127,12 +133,10 @@ void NodeBase::popped_locked(int port, std::size_t n, WorkList& w, Ticks now) {
   take_waiters_locked(w);
 }
 
-Ticks NodeBase::begin_invocation_locked() {
+void NodeBase::begin_invocation_locked(Ticks t0) {
   ++executing_;
   max_executing_ = std::max(max_executing_, executing_);
-  const Ticks t0 = now_ticks();
   refresh_state_locked(t0);
-  return t0;
 }
 
 void NodeBase::took_locked(std::size_t k, std::size_t n, WorkList& w) {
@@ -145,6 +149,15 @@ void NodeBase::took_locked(std::size_t k, std::size_t n, WorkList& w) {
 void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w,
                               const std::vector<Arrivals>* arrivals, std::uint64_t first) {
   const Ticks t1 = now_ticks();
+  if (telemetry_ && n > 0) {
+    // In clock ticks (scaled to ns when read), one record per run of arrivals; outside mu_.
+    if (arrivals) {
+      for (const Arrivals& a : *arrivals)
+        latency_.record(static_cast<std::uint64_t>(std::max<Ticks>(t1 - a.ticks, 0)), a.count);
+    } else {
+      latency_.record(static_cast<std::uint64_t>((t1 - t0) / static_cast<Ticks>(n)), n);
+    }
+  }
   {
     std::lock_guard lk(mu_);
     --executing_;
@@ -158,15 +171,6 @@ void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, Work
       item_ticks_ = item_ticks_ == 0 ? per_item : 0.75 * item_ticks_ + 0.25 * per_item;
       const double fit = target_ticks_ / std::max(item_ticks_, 1.0);
       claim_ = static_cast<std::size_t>(std::clamp(fit, 1.0, static_cast<double>(max_claim_)));
-      if (telemetry_) {
-        // In clock ticks (scaled to ns when read), one record per run of arrivals.
-        if (arrivals) {
-          for (const Arrivals& a : *arrivals)
-            latency_.record(static_cast<std::uint64_t>(t1 - a.ticks), a.count);
-        } else {
-          latency_.record(static_cast<std::uint64_t>((t1 - t0) / static_cast<Ticks>(n)), n);
-        }
-      }
     }
     collect_claims_locked(w);
     refresh_state_locked(t1);
@@ -236,6 +240,7 @@ void NodeBase::refresh_state_locked(Ticks now) {
   if (s == state_) return;
   if (telemetry_) {
     if (now == 0) now = now_ticks();
+    now = std::max(now, state_since_);  // (read before the lock, it may precede the last update)
     state_ticks_[state_] += now - state_since_;
     state_since_ = now;
   }
@@ -263,7 +268,7 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   max_executing_ = max_queue_ = 0;
   queue_area_ = 0;
   queue_since_ = start_ = start;
-  latency_ = LatencyHistogram{};
+  latency_.reset(parallelism_);
 }
 
 void NodeBase::drop_queued(WorkList& w) {
@@ -306,7 +311,7 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
                                           static_cast<double>(std::max<Ticks>(now - queue_since_, 0));
     const Ticks span = now - start_;
     s.mean_queue = span > 0 ? area / static_cast<double>(span) : 0.0;
-    s.latency = latency_;
+    s.latency = latency_.merged();
     s.latency.set_unit(ticks_to_ns(1 << 20) / static_cast<double>(1 << 20));
   }
   for (const Edge& e : successors_) s.consumers.push_back(e.node->name());

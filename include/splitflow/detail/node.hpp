@@ -25,6 +25,7 @@
 
 #include "splitflow/config.hpp"
 #include "splitflow/detail/clock.hpp"
+#include "splitflow/detail/sharded_histogram.hpp"
 #include "splitflow/detail/small_vector.hpp"
 #include "splitflow/detail/spin_lock.hpp"
 #include "splitflow/stats.hpp"
@@ -166,8 +167,8 @@ class NodeBase {
   /// Items left port's queue at `now` (0: read the clock): account them and wake producers
   /// blocked on the space.
   void popped_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
-  /// A claim starts executing; returns its start time.
-  Ticks begin_invocation_locked();
+  /// A claim starts executing at `t0` (read before taking the lock).
+  void begin_invocation_locked(Ticks t0);
   /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it.
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
   /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
@@ -232,7 +233,7 @@ class NodeBase {
   Ticks start_ = 0;        // the run's
   double queue_area_ = 0;  // queued items x ticks
   Ticks queue_since_ = 0;
-  LatencyHistogram latency_;
+  ShardedHistogram latency_;  // (its own locks: recorded outside mu_)
 };
 
 }  // namespace splitflow::detail

@@ -29,12 +29,13 @@ class InputPort final : public Receiver<T> {
   using Receiver<T>::Receiver;
 
   void push(std::vector<Envelope<T>>& items, WorkList& w) override {
+    // The items' arrival time, for their latency; read before locking to keep the lock short.
+    const Ticks now = this->node_->telemetry() ? now_ticks() : 0;
     std::lock_guard lk(this->node_->mutex());
     if (this->node_->graph().stopping()) {
       this->node_->rejected_locked(this->port_, items.size(), w);
       return;
     }
-    const Ticks now = this->node_->telemetry() ? now_ticks() : 0;  // for the items' latency
     for (auto& e : items) queue_.push_back(std::move(e));
     if (!arrivals_.empty() && arrivals_.back().ticks == now) {
       arrivals_.back().count += items.size();
@@ -211,7 +212,7 @@ class SourceNode final : public Emitter<T> {
   }
 
   void run_claim(WorkList& w, std::size_t k) override {
-    Ticks t0;
+    Ticks t0 = now_ticks();  // before locking, to keep the lock short
     {
       std::lock_guard lk(this->mu_);
       const bool live = !exhausted_ && !this->graph().stopping();
@@ -221,7 +222,7 @@ class SourceNode final : public Emitter<T> {
         this->refresh_state_locked();
         return;
       }
-      t0 = this->begin_invocation_locked();
+      this->begin_invocation_locked(t0);
     }
     const std::uint64_t first = next_seq_;
     this->notify_begin(t0, first, k, 0);
@@ -290,13 +291,13 @@ class StageNode final : public Emitter<Out> {
     Scratch<Envelope<In>> in;
     Scratch<Arrivals> arrivals;
     std::uint64_t ticket;
-    Ticks t0;
+    Ticks t0 = now_ticks();  // before locking, to keep the lock short
     std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
-      t0 = this->begin_invocation_locked();
+      this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
       ticket = this->next_ticket_;
       this->next_ticket_ += n;
@@ -350,13 +351,13 @@ class SinkNode final : public NodeBase {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> in;
     Scratch<Arrivals> arrivals;
-    Ticks t0;
+    Ticks t0 = now_ticks();  // before locking, to keep the lock short
     std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
-      t0 = this->begin_invocation_locked();
+      this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
       queued = in_.size();
     }
@@ -402,13 +403,13 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
     Scratch<Envelope<A>> as;
     Scratch<Envelope<B>> bs;
     Scratch<Arrivals> arrived_a, arrived_b;
-    Ticks t0;
+    Ticks t0 = now_ticks();  // before locking, to keep the lock short
     std::uint64_t first;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = std::min(a_.pop(*as, *arrived_a, k), b_.pop(*bs, *arrived_b, k));
       this->took_locked(k, n, w);
-      t0 = this->begin_invocation_locked();
+      this->begin_invocation_locked(t0);
       this->popped_locked(0, as->size(), w, t0);
       this->popped_locked(1, bs->size(), w, t0);
       first = pairs_;
@@ -481,7 +482,7 @@ class PullSinkNode final : public NodeBase {
       }
       v.emplace(std::move(queue_.front().first));
       if (this->telemetry())
-        this->latency_.record(static_cast<std::uint64_t>(now_ticks() - queue_.front().second));
+        this->latency_.record(static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0)));
       queue_.pop_front();
       this->popped_locked(0, 1, w);
       ++this->items_out_;
