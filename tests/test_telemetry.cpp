@@ -237,6 +237,35 @@ TEST(Diagnosis, ATooSmallRingIsNamedAndEnlarged) {
   expect_consistent(st, rt.device_stats());
 }
 
+// Planted bottleneck 4: the stream pool. The modelled device runs 4 kernels at once, but the
+// pool has one stream, so the GPU stage's 4 invocations queue for it.
+TEST(Diagnosis, ASmallStreamPoolIsNamedAsTheLimit) {
+  Runtime rt(host(2, /*streams=*/1, /*slots=*/4));
+  Graph g(rt, "small-pool");
+  auto src = g.source("files", counter(120));
+  auto prep = g.stage("prep", [](long) { return HostTensor::empty(DType::u8, {256}); });
+  GpuStageOptions o;
+  o.concurrency = 4;
+  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, 1ms);
+    return t;
+  }, o);
+  auto sink = g.sink("step", [](DeviceTensor) {});
+  src >> prep >> model >> sink;
+  auto run = g.run();
+  run.wait();
+  const RunStats st = run.stats();
+  const auto dev = rt.device_stats();
+  ASSERT_TRUE(dev);
+  EXPECT_EQ(dev->max_leases_in_use, 1u);
+  EXPECT_GT(st.gpu.lease_wait_ns, st.wall_ns / 10) << "4 invocations share one stream";
+  const Diagnosis d = diagnose(st, dev);
+  EXPECT_EQ(d.bottleneck, "model") << report(st, dev);
+  EXPECT_TRUE(contains(d.suggestions, "the stream pool is the limit")) << report(st, dev);
+  EXPECT_TRUE(contains(d.suggestions, "raise DeviceConfig::streams")) << join(d.suggestions);
+  expect_consistent(st, dev);
+}
+
 // "An observer interface (on stage begin/end, on lease acquire/release)"
 TEST(Observer, SeesEveryInvocationLeaseAndDeviceOp) {
   struct Counting : Observer {

@@ -142,16 +142,18 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
           "worked for it {}{}",
           g.name, pct(in_flight), pct(device_share),
           device ? fmt::format(" (device busy {})", pct(dev_busy)) : std::string()));
-      if (dev_busy > 0.9) {
-        d.suggestions.push_back(fmt::format(
-            "the device is saturated ({} busy): a faster kernel for '{}' or another device",
-            pct(dev_busy), g.name));
-      } else if (device && device->mean_leases() > 0.8 * static_cast<double>(device->streams) &&
-                 st.gpu.lease_wait_ns > wall / 10) {
+      // The pool first: the device's busy fraction counts any work executing, so one stream
+      // at a time already reads as 100% busy while the device could run more at once.
+      if (device && device->mean_leases() > 0.8 * static_cast<double>(device->streams) &&
+          st.gpu.lease_wait_ns > wall / 10) {
         d.suggestions.push_back(fmt::format(
             "the stream pool is the limit ({:.1f} of {} streams leased on average, invocations "
             "waited {} for one): raise DeviceConfig::streams",
             device->mean_leases(), device->streams, ms(st.gpu.lease_wait_ns)));
+      } else if (dev_busy > 0.9) {
+        d.suggestions.push_back(fmt::format(
+            "the device is saturated ({} busy): a faster kernel for '{}' or another device",
+            pct(dev_busy), g.name));
       } else {
         d.suggestions.push_back(fmt::format(
             "raise GPU stage '{}''s concurrency from {} to {}: the device has room", g.name,
