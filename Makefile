@@ -11,7 +11,8 @@ CTEST   ?= ctest --output-on-failure -j $(JOBS) --timeout 600
 # Sanitizer builds skip the CUDA backend: its device tests skip here anyway, and the release
 # build compiles and links it.
 SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPLITFLOW_WITH_CUDA=OFF \
-            -DSPLITFLOW_BUILD_BENCHMARKS=OFF -DSPLITFLOW_BUILD_EXAMPLES=OFF
+            -DSPLITFLOW_BUILD_BENCHMARKS=OFF -DSPLITFLOW_BUILD_EXAMPLES=OFF \
+            -DSPLITFLOW_BUILD_PYTHON=OFF
 
 all: release
 

@@ -11,6 +11,7 @@
 //     run.wait();
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <functional>
 #include <iterator>
@@ -97,6 +98,10 @@ class PullSink : public Node<T, void> {
   PullSink(detail::PullSinkNode<T>& n) : Node<T, void>(n, &n.input(), nullptr), sink_(&n) {}
 
   std::optional<T> next() const { return sink_->next(); }
+  /// Like next(), but returns nullopt with `timed_out` set after `timeout` without an item.
+  std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) const {
+    return sink_->next_for(timeout, timed_out);
+  }
 
   class iterator {
    public:

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cassert>
 #include <condition_variable>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -470,26 +471,13 @@ class PullSinkNode final : public NodeBase {
   /// Blocks until an item arrives or the run ends; nullopt at the end of the stream.
   /// Rethrows the run's StageError when it failed.
   std::optional<T> next() {
-    std::optional<T> v;
-    WorkList w;
-    {
-      std::unique_lock lk(this->mu_);
-      cv_.wait(lk, [&] { return !queue_.empty() || eos_; });
-      if (queue_.empty()) {
-        lk.unlock();
-        this->graph().rethrow_if_failed();
-        return std::nullopt;
-      }
-      v.emplace(std::move(queue_.front().first));
-      if (this->telemetry())
-        this->latency_.record(static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0)));
-      queue_.pop_front();
-      this->popped_locked(0, 1, w);
-      ++this->items_out_;
-      this->refresh_state_locked();
-    }
-    if (!w.pokes.empty()) this->graph().dispatch_external(w);
-    return v;
+    bool timed_out = false;
+    return take(std::nullopt, timed_out);
+  }
+  /// Like next(), but gives up after `timeout` (then nullopt with `timed_out` set), so that a
+  /// caller can check for interrupts (Python's Ctrl-C) while it waits.
+  std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) {
+    return take(timeout, timed_out);
   }
 
   void run_claim(WorkList&, std::size_t) override {}  // never granted: concurrency is 0
@@ -510,6 +498,36 @@ class PullSinkNode final : public NodeBase {
   }
 
  private:
+  std::optional<T> take(std::optional<std::chrono::nanoseconds> timeout, bool& timed_out) {
+    std::optional<T> v;
+    WorkList w;
+    timed_out = false;
+    {
+      std::unique_lock lk(this->mu_);
+      const auto ready = [&] { return !queue_.empty() || eos_; };
+      if (!timeout) {
+        cv_.wait(lk, ready);
+      } else if (!cv_.wait_for(lk, *timeout, ready)) {
+        timed_out = true;
+        return v;
+      }
+      if (queue_.empty()) {
+        lk.unlock();
+        this->graph().rethrow_if_failed();
+        return std::nullopt;
+      }
+      v.emplace(std::move(queue_.front().first));
+      if (this->telemetry())
+        this->latency_.record(static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0)));
+      queue_.pop_front();
+      this->popped_locked(0, 1, w);
+      ++this->items_out_;
+      this->refresh_state_locked();
+    }
+    if (!w.pokes.empty()) this->graph().dispatch_external(w);
+    return v;
+  }
+
   class Port final : public Receiver<T> {
    public:
     explicit Port(PullSinkNode& n) : Receiver<T>(n, 0), sink_(&n) {}

@@ -1,0 +1,632 @@
+// splitflow._core: graphs of Python callables and C++ ops, run by the C++ runtime.
+//
+// GIL discipline: C++ stages and ops run without the GIL; a Python stage takes it only around
+// its call. Every call that can wait (Run.wait, a pull sink's next, destroying a graph or a
+// runtime) releases the GIL first, so Python stages on arena threads can always proceed.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <splitflow/ops.hpp>
+#include <splitflow/splitflow.hpp>
+
+#include "values.hpp"
+
+namespace splitflow::python {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// ---- errors --------------------------------------------------------------------------------
+
+PyObject* g_stage_error = nullptr;  // splitflow.StageError (a RuntimeError)
+
+/// A Python exception raised in a Python stage, carried through the C++ run.
+class PythonStageError : public Error {
+ public:
+  PythonStageError(std::string what, PyObj exc) : Error(std::move(what)), exc_(std::move(exc)) {}
+  const PyObj& exception() const noexcept { return exc_; }
+
+ private:
+  PyObj exc_;
+};
+
+/// Runs a Python call (with the GIL held) and turns a Python exception into PythonStageError.
+template <class F>
+auto call_python(F&& f) {
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    std::string what = std::string(py::str(e.type().attr("__name__"))) + ": " + py::str(e.value()).cast<std::string>();
+    PyObj exc(py::reinterpret_borrow<py::object>(e.value()));
+    throw PythonStageError(std::move(what), std::move(exc));
+  }
+}
+
+/// Raises splitflow.StageError for `e`, its cause (`__cause__`) the original Python exception
+/// when a Python stage raised it.
+[[noreturn]] void raise_stage_error(const StageError& e) {
+  py::object exc = py::reinterpret_borrow<py::object>(g_stage_error)(e.what());
+  exc.attr("graph") = e.graph();
+  exc.attr("stage") = e.stage();
+  exc.attr("item") = e.item();
+  exc.attr("message") = e.message();
+  try {
+    std::rethrow_if_nested(e);
+  } catch (const PythonStageError& inner) {
+    py::object cause = inner.exception().get();
+    PyException_SetCause(exc.ptr(), cause.release().ptr());  // steals
+  } catch (...) {
+  }
+  PyErr_SetObject(g_stage_error, exc.ptr());
+  throw py::error_already_set();
+}
+
+// ---- runtime, graph, nodes ---------------------------------------------------------------------
+
+/// Deletes with the GIL released when the deleting thread holds it: destructors that wait for
+/// runs must let the runs' Python stages take the GIL.
+template <class T>
+std::shared_ptr<T> make_released(std::unique_ptr<T> p) {
+  return std::shared_ptr<T>(p.release(), [](T* x) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      delete x;
+    } else {
+      delete x;
+    }
+  });
+}
+
+struct PyRuntime {
+  explicit PyRuntime(RuntimeConfig c) : rt(c) {}
+  Runtime rt;
+};
+
+struct PyGraph;
+
+/// Runs started from Python, so that interpreter exit can cancel and drain them.
+struct RunRegistry {
+  std::mutex mu;
+  std::vector<Run> runs;
+  void add(const Run& r) {
+    std::lock_guard lk(mu);
+    std::erase_if(runs, [](const Run& x) { return x.status() != RunStatus::running; });
+    runs.push_back(r);
+  }
+  void cancel_all() {
+    std::vector<Run> copy;
+    {
+      std::lock_guard lk(mu);
+      copy.swap(runs);
+    }
+    for (auto& r : copy) r.cancel();
+    for (auto& r : copy) {
+      try {
+        r.wait();
+      } catch (...) {
+      }
+    }
+  }
+};
+RunRegistry& registry() {
+  static auto* r = new RunRegistry;  // never destroyed: used at interpreter exit
+  return *r;
+}
+
+struct PyGraph {
+  PyGraph(std::shared_ptr<PyRuntime> r, std::string name, GraphOptions o)
+      : runtime(std::move(r)), graph(runtime->rt, std::move(name), std::move(o)) {}
+  std::shared_ptr<PyRuntime> runtime;  // outlives the graph
+  Graph graph;
+};
+
+/// A node handle: its Value input and output ends (either may be null), and the graph.
+struct PyNode {
+  std::shared_ptr<PyGraph> graph;
+  std::string name;
+  detail::Receiver<Value>* in = nullptr;
+  detail::Emitter<Value>* out = nullptr;
+  std::optional<PullSink<Value>> pull;
+};
+
+void connect_nodes(const PyNode& a, const PyNode& b) {
+  if (!a.out) throw GraphError("splitflow.connect: '" + a.name + "' has no output (it is a sink)");
+  if (!b.in) throw GraphError("splitflow.connect: '" + b.name + "' has no input (it is a source)");
+  detail::link(*a.out, *b.in);
+}
+
+/// A C++ op for a CPU stage (runs without the GIL).
+struct CpuOp {
+  std::string name;
+  std::function<Value(Value)> fn;
+};
+/// A C++ op for a GPU stage: enqueues its work on the leased stream.
+struct GpuOp {
+  std::string name;
+  std::function<Value(Value, DeviceContext&)> fn;
+};
+
+StageOptions stage_options(std::size_t concurrency, bool ordered, std::size_t capacity) {
+  return StageOptions{concurrency == 0 ? Concurrency::unlimited : concurrency,
+                      ordered ? Order::in_order : Order::out_of_order, capacity};
+}
+
+// ---- the Python stage and source bodies ----------------------------------------------------------
+
+/// Calls a Python callable on each item, with the GIL held only around the call.
+struct PythonBody {
+  PyObj fn;
+  Value operator()(Value v) const {
+    py::gil_scoped_acquire gil;
+    return call_python([&] { return from_python(fn.get()(to_python(std::move(v)))); });
+  }
+};
+
+/// Iterates a Python iterable; each run calls iter() afresh (the generator is copied per run).
+struct PythonSource {
+  PyObj iterable;
+  PyObj iterator;
+  std::optional<Value> operator()() {
+    py::gil_scoped_acquire gil;
+    return call_python([&]() -> std::optional<Value> {
+      if (!iterator) iterator = PyObj(py::iter(iterable.get()));
+      PyObject* next = PyIter_Next(iterator.get().ptr());
+      if (!next) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        iterator.reset();
+        return std::nullopt;
+      }
+      return from_python(py::reinterpret_steal<py::object>(next));
+    });
+  }
+};
+
+// ---- runs and pull sinks --------------------------------------------------------------------------
+
+struct PyRun {
+  Run run;
+  std::shared_ptr<PyGraph> graph;  // keeps the graph (and its runtime) alive while referenced
+};
+
+RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done) {
+  // Wait in slices so that Ctrl-C reaches Python promptly; a KeyboardInterrupt cancels the run.
+  const auto deadline = timeout_s ? std::chrono::steady_clock::now() +
+                                        std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::duration<double>(*timeout_s))
+                                  : std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    auto slice = std::chrono::nanoseconds(50ms);
+    if (timeout_s) slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               deadline - std::chrono::steady_clock::now()));
+    {
+      py::gil_scoped_release nogil;
+      done = run.wait_for(std::max(slice, std::chrono::nanoseconds(0)));
+    }
+    if (done) {
+      try {
+        py::gil_scoped_release nogil;
+        return run.wait();
+      } catch (const StageError& e) {
+        raise_stage_error(e);
+      }
+    }
+    if (PyErr_CheckSignals() != 0) {
+      {
+        py::gil_scoped_release nogil;
+        run.cancel();
+        try {
+          run.wait();
+        } catch (...) {
+        }
+      }
+      throw py::error_already_set();
+    }
+    if (timeout_s && std::chrono::steady_clock::now() >= deadline) return RunStatus::running;
+  }
+}
+
+/// Iterates a pull sink for one run. Dropping it before the end cancels the run (a `break`
+/// out of a for loop).
+struct PullIterator {
+  std::shared_ptr<PyNode> node;
+  Run run;
+  bool finished = false;
+
+  py::object next() {
+    if (finished) throw py::stop_iteration();
+    for (;;) {
+      bool timed_out = false;
+      std::optional<Value> v;
+      try {
+        py::gil_scoped_release nogil;
+        v = node->pull->next_for(50ms, timed_out);
+      } catch (const StageError& e) {
+        finished = true;
+        raise_stage_error(e);
+      }
+      if (v) return to_python(std::move(*v));
+      if (!timed_out) {
+        finished = true;
+        throw py::stop_iteration();
+      }
+      if (PyErr_CheckSignals() != 0) {
+        finished = true;
+        cancel_and_wait();
+        throw py::error_already_set();
+      }
+    }
+  }
+  void cancel_and_wait() {
+    if (!run.valid()) return;
+    py::gil_scoped_release nogil;
+    run.cancel();
+    try {
+      run.wait();
+    } catch (...) {
+    }
+  }
+  ~PullIterator() {
+    if (finished || !run.valid() || !python_alive()) return;
+    if (run.status() == RunStatus::running) {
+      if (PyGILState_Check()) {
+        cancel_and_wait();
+      } else {
+        run.cancel();
+      }
+    }
+  }
+};
+
+// ---- stats as Python dicts --------------------------------------------------------------------------
+
+py::dict stats_dict(const RunStats& st) {
+  // The same keys as the JSON summary (docs/telemetry.md).
+  py::module_ json = py::module_::import("json");
+  return json.attr("loads")(to_json(st)).cast<py::dict>();
+}
+
+// ---- C++ ops exposed to Python --------------------------------------------------------------------
+
+HostTensor as_batch(const HostTensor& t, bool& single) {
+  single = t.ndim() == 3;
+  if (!single) return t;
+  std::vector<std::int64_t> shape{1};
+  shape.insert(shape.end(), t.shape().begin(), t.shape().end());
+  return HostTensor::wrap(t.raw(), t.dtype(), shape, t.owner(), t.memory());
+}
+
+template <class Tn>
+Tn unbatch(Tn t) {
+  std::vector<std::int64_t> shape(t.shape().begin() + 1, t.shape().end());
+  if constexpr (std::is_same_v<Tn, HostTensor>) {
+    return HostTensor::wrap(t.raw(), t.dtype(), shape, t.owner(), t.memory());
+  } else {
+    return DeviceTensor::wrap(t.raw(), t.dtype(), shape, t.device(), t.owner());
+  }
+}
+
+DeviceValue device_input(Value&& v, DeviceContext& ctx, const char* what) {
+  if (auto* d = std::get_if<DeviceValue>(&v)) return std::move(*d);
+  HostTensor h = as_host(v, what);
+  return DeviceValue{ctx.to_device(h), ctx.backend() == BackendKind::cuda};
+}
+
+void bind_ops(py::module_& m) {
+  py::module_ mops = m.def_submodule("ops", "C++ ops: they run without the GIL.");
+  py::class_<CpuOp>(mops, "CpuOp").def_readonly("name", &CpuOp::name).def("__repr__", [](const CpuOp& o) {
+    return "<splitflow.ops.CpuOp " + o.name + ">";
+  });
+  py::class_<GpuOp>(mops, "GpuOp").def_readonly("name", &GpuOp::name).def("__repr__", [](const GpuOp& o) {
+    return "<splitflow.ops.GpuOp " + o.name + ">";
+  });
+
+  mops.def("normalize", [](std::vector<float> mean, std::vector<float> stddev, float scale) {
+    return CpuOp{"normalize", [=](Value v) -> Value {
+      bool single = false;
+      HostTensor in = as_batch(as_host(v, "ops.normalize"), single);
+      HostTensor out = splitflow::ops::normalize_reference(in, mean, stddev, scale);
+      return single ? unbatch(std::move(out)) : out;
+    }};
+  }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
+  R"doc(CPU op: uint8 HWC image (or NHWC batch) -> float32 CHW (NCHW), (x*scale - mean) / std.)doc");
+
+  mops.def("gpu_normalize", [](std::vector<float> mean, std::vector<float> stddev, float scale) {
+    return GpuOp{"normalize", [=](Value v, DeviceContext& ctx) -> Value {
+      DeviceValue d = device_input(std::move(v), ctx, "ops.gpu_normalize");
+      const bool single = d.tensor.ndim() == 3;
+      DeviceTensor in = d.tensor;
+      if (single) {
+        std::vector<std::int64_t> shape{1};
+        shape.insert(shape.end(), in.shape().begin(), in.shape().end());
+        in = DeviceTensor::wrap(in.raw(), in.dtype(), shape, in.device(), in.owner());
+      }
+      DeviceTensor out = splitflow::ops::normalize(ctx, in, mean, stddev, scale);
+      return DeviceValue{single ? unbatch(std::move(out)) : out, d.cuda};
+    }};
+  }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
+  R"doc(GPU op: the same normalize on the leased stream (host input is copied H2D first).)doc");
+
+  mops.def("busy_kernel", [](double microseconds) {
+    const auto d = std::chrono::nanoseconds(static_cast<std::int64_t>(microseconds * 1000));
+    return GpuOp{"busy_kernel", [d](Value v, DeviceContext& ctx) -> Value {
+      splitflow::ops::busy_kernel(ctx, d);
+      return v;
+    }};
+  }, py::arg("microseconds"), "GPU op: occupies the device for a set time; passes its input on.");
+
+  mops.def("to_device", [] {
+    return GpuOp{"to_device", [](Value v, DeviceContext& ctx) -> Value {
+      return device_input(std::move(v), ctx, "ops.to_device");
+    }};
+  }, "GPU op: copies a host tensor or array to the device.");
+
+  mops.def("to_host", [] {
+    return GpuOp{"to_host", [](Value v, DeviceContext& ctx) -> Value {
+      DeviceValue d = device_input(std::move(v), ctx, "ops.to_host");
+      return ctx.to_host(d.tensor);
+    }};
+  }, "GPU op: copies a device tensor to pinned host memory.");
+
+  mops.def("as_tensor", [] {
+    return CpuOp{"as_tensor", [](Value v) -> Value { return as_host(v, "ops.as_tensor"); }};
+  }, "CPU op: an array (buffer protocol, C-contiguous) -> a splitflow tensor viewing it (no copy).");
+
+  mops.def("fill", [](std::vector<std::int64_t> shape, std::string dtype) {
+    const DType dt = dtype_from_name(dtype);
+    return CpuOp{"fill", [shape, dt](Value v) -> Value {
+      // A tensor of `shape` whose bytes all equal the item (an integer) mod 256: test data.
+      const auto* i = std::get_if<std::int64_t>(&v);
+      if (!i) throw Error("ops.fill: expected an integer item");
+      HostTensor t = HostTensor::empty(dt, shape);
+      std::memset(t.raw(), static_cast<int>(*i & 0xff), t.nbytes());
+      return t;
+    }};
+  }, py::arg("shape"), py::arg("dtype") = "uint8",
+  "CPU op: integer item -> a new tensor of `shape` with every byte equal to item % 256.");
+}
+
+}  // namespace
+
+void bind_graph(py::module_& m) {
+  g_stage_error = PyErr_NewExceptionWithDoc(
+      "splitflow.StageError",
+      "A stage (or a source) failed. Attributes: graph, stage, item, message; for a Python "
+      "stage the original exception is __cause__.",
+      PyExc_RuntimeError, nullptr);
+  m.attr("StageError") = py::handle(g_stage_error);
+  // pybind11 tries the last registered translator first: the derived class goes last.
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
+
+  py::class_<PyRuntime, std::shared_ptr<PyRuntime>>(m, "Runtime", R"doc(
+The shared executor: a oneTBB arena of `threads` threads (0: one per core) and, created lazily
+when a GPU stage first runs, one device with a pool of `streams` streams shared by every graph.)doc")
+      .def(py::init([](int threads, bool telemetry, std::string backend, std::size_t streams,
+                       int host_compute_slots) {
+             RuntimeConfig c;
+             c.threads = threads;
+             c.telemetry = telemetry;
+             if (backend == "auto") c.device.backend = BackendKind::automatic;
+             else if (backend == "host") c.device.backend = BackendKind::host;
+             else if (backend == "cuda") c.device.backend = BackendKind::cuda;
+             else throw Error("splitflow.Runtime: backend must be 'auto', 'host' or 'cuda', not '" + backend + "'");
+             c.device.streams = streams;
+             c.device.host_compute_slots = host_compute_slots;
+             return make_released(std::make_unique<PyRuntime>(c));
+           }),
+           py::arg("threads") = 0, py::arg("telemetry") = true, py::arg("backend") = "auto",
+           py::arg("streams") = 8, py::arg("host_compute_slots") = 1)
+      .def_property_readonly("threads", [](const PyRuntime& r) { return r.rt.threads(); })
+      .def("device_stats", [](const PyRuntime& r) -> py::object {
+        auto d = r.rt.device_stats();
+        if (!d) return py::none();
+        RunStats empty;
+        py::dict all = py::module_::import("json").attr("loads")(to_json(empty, d));
+        return all["device"];
+      }, "The device's figures as a dict (None until a GPU stage has run).");
+
+  py::class_<PyNode, std::shared_ptr<PyNode>>(m, "Node", "A stage of a graph; `a >> b` connects a to b.")
+      .def_readonly("name", &PyNode::name)
+      .def("__rshift__", [](std::shared_ptr<PyNode> a, std::shared_ptr<PyNode> b) {
+        connect_nodes(*a, *b);
+        return b;
+      })
+      .def("__iter__", [](std::shared_ptr<PyNode> n) {
+        if (!n->pull) throw GraphError("splitflow: only a pull sink can be iterated ('" + n->name + "')");
+        auto it = std::make_unique<PullIterator>();
+        it->node = n;
+        return make_released(std::move(it));
+      }, "Iterates the items of the graph's current run (pull sinks only).")
+      .def("__repr__", [](const PyNode& n) { return "<splitflow.Node " + n.name + ">"; });
+
+  py::class_<PullIterator, std::shared_ptr<PullIterator>>(m, "PullIterator")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", &PullIterator::next)
+      .def_property_readonly("run", [](const PullIterator& it) {
+        auto r = std::make_shared<PyRun>();
+        r->run = it.run;
+        r->graph = it.node->graph;
+        return r;
+      }, "The run this iterator reads.")
+      .def("close", [](PullIterator& it) {
+        if (!it.finished) {
+          it.finished = true;
+          it.cancel_and_wait();
+        }
+      }, "Cancels the run if it is still going.");
+
+  py::class_<PyRun, std::shared_ptr<PyRun>>(m, "Run", "A run of a graph: wait(), cancel(), stats().")
+      .def("wait", [](PyRun& r, std::optional<double> timeout) -> py::object {
+        bool done = false;
+        const RunStatus s = wait_run(r.run, timeout, done);
+        if (!done) return py::none();
+        return py::str(to_string(s));
+      }, py::arg("timeout") = py::none(),
+      "Waits for the end (or `timeout` seconds: None if still running); returns the status. "
+      "Raises StageError if a stage failed.")
+      .def("cancel", [](PyRun& r) {
+        py::gil_scoped_release nogil;
+        r.run.cancel();
+      })
+      .def_property_readonly("status", [](const PyRun& r) { return to_string(r.run.status()); })
+      .def("stats", [](const PyRun& r) {
+        RunStats st;
+        {
+          py::gil_scoped_release nogil;
+          st = r.run.stats();
+        }
+        return stats_dict(st);
+      }, "The run's figures as a dict (live while running): the keys of docs/telemetry.md.")
+      .def("report", [](const PyRun& r) {
+        std::string text;
+        {
+          py::gil_scoped_release nogil;
+          text = report(r.run.stats(), r.graph->runtime->rt.device_stats());
+        }
+        return text;
+      }, "The text report with its diagnosis.")
+      .def("json", [](const PyRun& r) {
+        py::gil_scoped_release nogil;
+        return to_json(r.run.stats(), r.graph->runtime->rt.device_stats());
+      })
+      .def("prometheus", [](const PyRun& r) {
+        py::gil_scoped_release nogil;
+        return prometheus_text(r.run.stats(), r.graph->runtime->rt.device_stats());
+      })
+      .def("trace_json", [](const PyRun& r) { return r.run.trace_json(); })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyRun& r, py::args) {
+        // Leaving a `with` block cancels a run still going (an exception, a break).
+        py::gil_scoped_release nogil;
+        if (r.run.status() == RunStatus::running) r.run.cancel();
+        try {
+          r.run.wait();
+        } catch (...) {
+        }
+        return false;
+      });
+
+  py::class_<PyGraph, std::shared_ptr<PyGraph>>(m, "Graph", R"doc(
+A job: stages joined by bounded queues. Python callables run with the GIL (they serialise on
+it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
+      .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, std::size_t max_in_flight,
+                       std::size_t capacity, bool trace) {
+             GraphOptions o;
+             o.max_in_flight = max_in_flight;
+             o.default_capacity = capacity;
+             o.trace = trace;
+             return make_released(std::make_unique<PyGraph>(std::move(rt), std::move(name), o));
+           }),
+           py::arg("runtime"), py::arg("name") = "graph", py::arg("max_in_flight") = 256,
+           py::arg("capacity") = 32, py::arg("trace") = false)
+      .def_property_readonly("name", [](const PyGraph& g) { return g.graph.name(); })
+      .def("source", [](std::shared_ptr<PyGraph> g, std::string name, py::object iterable) {
+        auto s = g->graph.source(name, PythonSource{PyObj(std::move(iterable)), {}});
+        return std::make_shared<PyNode>(PyNode{g, name, nullptr, &s.out_port(), std::nullopt});
+      }, py::arg("name"), py::arg("iterable"),
+      "A source from a Python iterable (iter() is called afresh for each run).")
+      .def("indices", [](std::shared_ptr<PyGraph> g, std::string name, std::vector<std::int64_t> values) {
+        // A C++ source: the graph keeps the list; no GIL per item.
+        auto kept = std::make_shared<std::vector<std::int64_t>>(std::move(values));
+        auto s = g->graph.source(name, [kept, i = std::size_t{0}]() mutable -> std::optional<Value> {
+          if (i == kept->size()) return std::nullopt;
+          return Value{(*kept)[i++]};
+        });
+        return std::make_shared<PyNode>(PyNode{g, name, nullptr, &s.out_port(), std::nullopt});
+      }, py::arg("name"), py::arg("values"),
+      "A C++ source of integers (indices into a dataset): no GIL per item.")
+      .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
+                       std::size_t concurrency, bool ordered, std::size_t capacity) {
+        const StageOptions o = stage_options(concurrency, ordered, capacity);
+        detail::Receiver<Value>* in;
+        detail::Emitter<Value>* out;
+        if (py::isinstance<CpuOp>(body)) {
+          auto fn = body.cast<CpuOp>().fn;
+          auto s = g->graph.stage<Value>(name, [fn](Value v) { return fn(std::move(v)); }, o);
+          in = &s.in_port();
+          out = &s.out_port();
+        } else {
+          if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
+          auto s = g->graph.stage<Value>(name, PythonBody{PyObj(std::move(body))}, o);
+          in = &s.in_port();
+          out = &s.out_port();
+        }
+        return std::make_shared<PyNode>(PyNode{g, name, in, out, std::nullopt});
+      }, py::arg("name"), py::arg("body"), py::arg("concurrency") = 1, py::arg("ordered") = true,
+      py::arg("capacity") = 0,
+      "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "
+      "splitflow.ops (no GIL). concurrency 0 means unlimited.")
+      .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, const GpuOp& op,
+                           std::size_t concurrency, bool ordered, std::size_t capacity) {
+        GpuStageOptions o;
+        o.concurrency = concurrency == 0 ? Concurrency::unlimited : concurrency;
+        o.order = ordered ? Order::in_order : Order::out_of_order;
+        o.capacity = capacity;
+        auto fn = op.fn;
+        auto s = g->graph.gpu_stage<Value>(name, [fn](Value v, DeviceContext& ctx) { return fn(std::move(v), ctx); }, o);
+        return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), &s.out_port(), std::nullopt});
+      }, py::arg("name"), py::arg("op"), py::arg("concurrency") = 2, py::arg("ordered") = true,
+      py::arg("capacity") = 0,
+      "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst.")
+      .def("sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object body) {
+        PythonBody b{PyObj(std::move(body))};
+        auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });
+        return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, std::nullopt});
+      }, py::arg("name"), py::arg("body"), "A sink calling a Python callable on each item.")
+      .def("pull_sink", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t capacity) {
+        auto s = g->graph.pull_sink<Value>(name, capacity);
+        return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, s});
+      }, py::arg("name"), py::arg("capacity") = 0,
+      "A sink that Python iterates: `for x in sink` reads the current run.")
+      .def("connect", [](PyGraph&, const PyNode& a, const PyNode& b) { connect_nodes(a, b); })
+      .def("run", [](std::shared_ptr<PyGraph> g) {
+        auto r = std::make_shared<PyRun>();
+        r->graph = g;
+        {
+          py::gil_scoped_release nogil;
+          r->run = g->graph.run();
+        }
+        registry().add(r->run);
+        return r;
+      }, "Starts a run and returns it.")
+      .def("iterate", [](std::shared_ptr<PyGraph> g, std::shared_ptr<PyNode> sink) {
+        // run() + an iterator over `sink` that owns the run: leaving the loop early cancels it.
+        if (!sink->pull) throw GraphError("splitflow.Graph.iterate: '" + sink->name + "' is not a pull sink");
+        auto it = std::make_unique<PullIterator>();
+        it->node = sink;
+        {
+          py::gil_scoped_release nogil;
+          it->run = g->graph.run();
+        }
+        registry().add(it->run);
+        return make_released(std::move(it));
+      }, py::arg("sink"));
+
+  m.def("_shutdown", [] {
+    py::gil_scoped_release nogil;
+    registry().cancel_all();
+  }, "Cancels and drains every run started from Python (registered with atexit).");
+  m.def("cuda_runtime_calls", [] { return cuda_runtime_calls(); },
+        "CUDA runtime calls made by this process so far (0 in a CPU-only process).");
+  m.def("built_with_cuda", [] { return built_with_cuda(); });
+
+  bind_ops(m);
+}
+
+}  // namespace splitflow::python
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "splitflow: CPU and GPU stages, with the GPU held only while kernels run.";
+  splitflow::python::bind_tensor(m);
+  splitflow::python::bind_graph(m);
+}

@@ -1,0 +1,294 @@
+#include "values.hpp"
+
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace splitflow::python {
+
+bool python_alive() noexcept { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+
+// ---- dtypes ------------------------------------------------------------------------------------
+
+const char* dtype_name(DType t) noexcept {
+  switch (t) {
+    case DType::u8: return "uint8";
+    case DType::i8: return "int8";
+    case DType::u16: return "uint16";
+    case DType::i16: return "int16";
+    case DType::u32: return "uint32";
+    case DType::i32: return "int32";
+    case DType::u64: return "uint64";
+    case DType::i64: return "int64";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::boolean: return "bool";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (int i = 0; i <= static_cast<int>(DType::boolean); ++i)
+    if (name == dtype_name(static_cast<DType>(i))) return static_cast<DType>(i);
+  throw Error("splitflow: unknown dtype '" + name + "'");
+}
+
+namespace {
+
+// Buffer-protocol format characters (struct module syntax, native sizes on LP64).
+const char* buffer_format(DType t) {
+  switch (t) {
+    case DType::u8: return "B";
+    case DType::i8: return "b";
+    case DType::u16: return "H";
+    case DType::i16: return "h";
+    case DType::u32: return "I";
+    case DType::i32: return "i";
+    case DType::u64: return "Q";
+    case DType::i64: return "q";
+    case DType::f16: return "e";
+    case DType::f32: return "f";
+    case DType::f64: return "d";
+    case DType::boolean: return "?";
+    case DType::bf16: break;
+  }
+  return nullptr;
+}
+
+bool dtype_of_format(const char* f, std::size_t itemsize, DType& out) {
+  while (*f == '<' || *f == '=' || *f == '@') ++f;
+  if (std::strlen(f) != 1) return false;
+  switch (*f) {
+    case 'B': out = DType::u8; return true;
+    case 'b': out = DType::i8; return true;
+    case 'H': out = DType::u16; return true;
+    case 'h': out = DType::i16; return true;
+    case 'I': out = DType::u32; return true;
+    case 'i': out = DType::i32; return true;
+    case 'L': case 'Q': out = itemsize == 8 ? DType::u64 : DType::u32; return true;
+    case 'l': case 'q': out = itemsize == 8 ? DType::i64 : DType::i32; return true;
+    case 'e': out = DType::f16; return true;
+    case 'f': out = DType::f32; return true;
+    case 'd': out = DType::f64; return true;
+    case '?': out = DType::boolean; return true;
+    default: return false;
+  }
+}
+
+// ---- DLPack (the C ABI of dlpack.h, v0.8: what torch 1.13 and numpy 1.24 read) -----------------
+
+struct DLDevice {
+  std::int32_t device_type;  // kDLCPU = 1, kDLCUDA = 2
+  std::int32_t device_id;
+};
+struct DLDataType {
+  std::uint8_t code;
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  std::int32_t ndim;
+  DLDataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;
+  std::uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+// Keeps the tensor's memory (its shared owner) and the shape arrays alive for the consumer.
+struct DLPackCtx {
+  Tensor keep;
+  std::vector<std::int64_t> shape, strides;
+  DLManagedTensor managed{};
+};
+
+void dlpack_delete(DLManagedTensor* m) { delete static_cast<DLPackCtx*>(m->manager_ctx); }
+
+void capsule_destructor(PyObject* capsule) {
+  // Still named "dltensor": no consumer took it, so it is ours to free.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (m && m->deleter) m->deleter(m);
+  } else {
+    PyErr_Clear();
+  }
+}
+
+std::pair<int, int> dlpack_device(const PyTensor& t) {
+  if (t.on_device && t.device.cuda) return {2, t.device.tensor.device()};
+  return {1, 0};
+}
+
+py::capsule to_dlpack(const PyTensor& t) {
+  auto ctx = std::make_unique<DLPackCtx>();
+  const Tensor& src = t.tensor();
+  ctx->keep = src;
+  ctx->shape = src.shape();
+  ctx->strides = src.strides();
+  const DLPackDType dt = dlpack_dtype(src.dtype());
+  const auto [type, id] = dlpack_device(t);
+  DLTensor& d = ctx->managed.dl_tensor;
+  d.data = src.raw();
+  d.device = {type, id};
+  d.ndim = static_cast<std::int32_t>(ctx->shape.size());
+  d.dtype = {dt.code, dt.bits, dt.lanes};
+  d.shape = ctx->shape.data();
+  d.strides = ctx->strides.data();
+  d.byte_offset = 0;
+  ctx->managed.manager_ctx = ctx.get();
+  ctx->managed.deleter = dlpack_delete;
+  DLManagedTensor* m = &ctx.release()->managed;
+  PyObject* cap = PyCapsule_New(m, "dltensor", capsule_destructor);
+  if (!cap) {
+    dlpack_delete(m);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(cap);
+}
+
+// A Py_buffer released with the GIL, whenever the last tensor viewing it goes.
+struct BufferOwner {
+  Py_buffer view{};
+  bool held = false;
+  ~BufferOwner() {
+    if (!held || !python_alive()) return;
+    py::gil_scoped_acquire gil;
+    PyBuffer_Release(&view);
+  }
+};
+
+HostTensor wrap_buffer(py::handle obj, const char* what) {
+  py::gil_scoped_acquire gil;
+  py::object src = py::reinterpret_borrow<py::object>(obj);
+  if (!PyObject_CheckBuffer(src.ptr())) {
+    // torch.Tensor and friends: numpy.asarray views them without a copy.
+    try {
+      src = py::module_::import("numpy").attr("asarray")(src);
+    } catch (py::error_already_set&) {
+      throw Error(std::string(what) + ": expected a tensor or an object with the buffer protocol, got " +
+                  std::string(py::str(obj.get_type().attr("__name__"))));
+    }
+  }
+  auto owner = std::make_shared<BufferOwner>();
+  if (PyObject_GetBuffer(src.ptr(), &owner->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    throw Error(std::string(what) + ": the array is not C-contiguous (make it so with "
+                "numpy.ascontiguousarray)");
+  }
+  owner->held = true;
+  DType dt;
+  const Py_buffer& v = owner->view;
+  if (!dtype_of_format(v.format ? v.format : "B", static_cast<std::size_t>(v.itemsize), dt))
+    throw Error(std::string(what) + ": unsupported element format '" + (v.format ? v.format : "") + "'");
+  std::vector<std::int64_t> shape(v.shape, v.shape + v.ndim);
+  if (v.ndim == 0) shape.clear();
+  return HostTensor::wrap(v.buf, dt, std::move(shape), owner);
+}
+
+}  // namespace
+
+// ---- Value <-> Python ----------------------------------------------------------------------------
+
+py::object to_python(Value&& v) {
+  switch (v.index()) {
+    case 0: return py::none();
+    case 1: return std::get<PyObj>(v).get();
+    case 2: return py::int_(std::get<std::int64_t>(v));
+    case 3: return py::cast(PyTensor{std::move(std::get<HostTensor>(v)), {}, false});
+    default: return py::cast(PyTensor{{}, std::move(std::get<DeviceValue>(v)), true});
+  }
+}
+
+Value from_python(py::handle h) {
+  if (py::isinstance<PyTensor>(h)) {
+    const auto& t = h.cast<const PyTensor&>();
+    if (t.on_device) return t.device;
+    return t.host;
+  }
+  return PyObj(py::reinterpret_borrow<py::object>(h));
+}
+
+HostTensor as_host(const Value& v, const char* what) {
+  switch (v.index()) {
+    case 3: return std::get<HostTensor>(v);
+    case 4: {
+      const DeviceValue& d = std::get<DeviceValue>(v);
+      if (d.cuda)
+        throw Error(std::string(what) + ": expected host memory, got a CUDA tensor " + d.tensor.describe());
+      const Tensor& t = d.tensor;
+      return HostTensor::wrap(t.raw(), t.dtype(), t.shape(), t.owner());
+    }
+    case 1: {
+      py::gil_scoped_acquire gil;
+      py::object o = std::get<PyObj>(v).get();
+      return wrap_buffer(o, what);
+    }
+    default:
+      throw Error(std::string(what) + ": expected a tensor or an array, got " +
+                  (v.index() == 0 ? "None" : "an integer"));
+  }
+}
+
+// ---- splitflow.Tensor ----------------------------------------------------------------------------
+
+void bind_tensor(py::module_& m) {
+  py::class_<PyTensor>(m, "Tensor", py::buffer_protocol(), R"doc(
+A splitflow tensor: host, pinned or device memory with a dtype and a shape, shared with the
+graph that made it. Zero-copy views: ``numpy.asarray(t)`` (host memory, through the buffer
+protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view does.)doc")
+      .def_property_readonly("shape", [](const PyTensor& t) { return py::tuple(py::cast(t.tensor().shape())); })
+      .def_property_readonly("dtype", [](const PyTensor& t) { return dtype_name(t.tensor().dtype()); })
+      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.tensor().nbytes(); })
+      .def_property_readonly("data_ptr", [](const PyTensor& t) { return reinterpret_cast<std::uintptr_t>(t.tensor().raw()); })
+      .def_property_readonly("memory", [](const PyTensor& t) {
+        switch (t.tensor().memory()) {
+          case Memory::host: return "host";
+          case Memory::pinned: return "pinned";
+          case Memory::device: return "device";
+        }
+        return "?";
+      })
+      .def_property_readonly("device", [](const PyTensor& t) {
+        return t.on_device && t.device.cuda ? "cuda:" + std::to_string(t.device.tensor.device())
+                                            : std::string("cpu");
+      })
+      .def_buffer([](PyTensor& t) -> py::buffer_info {
+        if (!t.host_addressable())
+          throw py::buffer_error("splitflow.Tensor: CUDA memory has no buffer protocol; use "
+                                 "torch.from_dlpack(t)");
+        const Tensor& x = t.tensor();
+        const char* fmt = buffer_format(x.dtype());
+        if (!fmt) throw py::buffer_error("splitflow.Tensor: bfloat16 has no buffer format; use DLPack");
+        std::vector<py::ssize_t> shape(x.shape().begin(), x.shape().end());
+        std::vector<py::ssize_t> strides;
+        const auto item = static_cast<py::ssize_t>(itemsize(x.dtype()));
+        for (std::int64_t s : x.strides()) strides.push_back(static_cast<py::ssize_t>(s) * item);
+        return py::buffer_info(x.raw(), item, fmt, static_cast<py::ssize_t>(shape.size()),
+                               shape, strides, /*readonly=*/false);
+      })
+      .def("__dlpack__", [](const PyTensor& t, py::object stream) {
+        // splitflow emits a device tensor only after the stream work that wrote it completed,
+        // so the consumer's stream needs no wait: any `stream` is honoured as is.
+        (void)stream;
+        return to_dlpack(t);
+      }, py::arg("stream") = py::none())
+      .def("__dlpack_device__", [](const PyTensor& t) { return py::make_tuple(dlpack_device(t).first, dlpack_device(t).second); })
+      .def("numpy", [](py::object self) { return py::module_::import("numpy").attr("asarray")(self); },
+           "A numpy array viewing the same memory (host memory only).")
+      .def("torch", [](py::object self) {
+        return py::module_::import("torch.utils.dlpack").attr("from_dlpack")(self);
+      }, "A torch tensor viewing the same memory (DLPack).")
+      .def("__repr__", [](const PyTensor& t) { return "<splitflow.Tensor " + t.tensor().describe() + ">"; });
+}
+
+}  // namespace splitflow::python

@@ -1,0 +1,328 @@
+"""splitflow._core from Python: graphs, zero-copy tensors, errors, cancel, stats.
+Each test names the requirement of the issue "Python binding" it checks."""
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import _thread
+
+import numpy as np
+import pytest
+import torch
+
+import splitflow as sf
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return sf.Runtime(threads=2, backend="host")
+
+
+def chain(rt, name, source_items, *stages, capacity=0):
+    g = sf.Graph(rt, name)
+    node = g.source("src", source_items)
+    for i, body in enumerate(stages):
+        node = node >> g.stage(f"s{i}", body)
+    out = g.pull_sink("out", capacity)
+    node >> out
+    return g, out
+
+
+# "Build and run graphs from Python: sources from any Python iterable ... Python callables as
+# CPU stages ... sinks that yield to a Python iterator"
+def test_python_source_stage_and_pull_sink_keep_order(rt):
+    g = sf.Graph(rt, "py")
+    src = g.source("items", (f"item{i}" for i in range(50)))
+    up = g.stage("upper", str.upper, concurrency=2)
+    out = g.pull_sink("out")
+    src >> up >> out
+    assert list(g.iterate(out)) == [f"ITEM{i}" for i in range(50)]
+
+
+def test_a_graph_runs_again_from_a_fresh_iterator(rt):
+    g, out = chain(rt, "again", [1, 2, 3], lambda x: x + 1)
+    assert list(g.iterate(out)) == [2, 3, 4]
+    assert list(g.iterate(out)) == [2, 3, 4]
+
+
+DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64,
+          np.float16, np.float32, np.float64, np.bool_]
+
+
+# "Round trips of every dtype; zero-copy checked by pointer equality"
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_dtype_round_trips_zero_copy(rt, dtype):
+    rng = np.random.default_rng(1)
+    arrays = [(rng.integers(0, 100, size=(3, 5)) % (2 if dtype == np.bool_ else 100)).astype(dtype)
+              for _ in range(4)]
+    g = sf.Graph(rt, "dtypes")
+    out = g.pull_sink("out")
+    g.source("arrays", arrays) >> g.stage("as_tensor", sf.ops.as_tensor(), concurrency=0) >> out
+    got = list(g.iterate(out))
+    assert len(got) == 4
+    for a, t in zip(arrays, got):
+        assert isinstance(t, sf.Tensor)
+        assert t.dtype == np.dtype(dtype).name
+        assert t.shape == a.shape
+        assert t.data_ptr == a.ctypes.data, "the tensor views the array's memory"
+        n = np.asarray(t)
+        assert n.dtype == a.dtype and np.array_equal(n, a)
+        assert n.ctypes.data == a.ctypes.data
+        if dtype in (np.uint16, np.uint32, np.uint64, np.bool_):
+            continue  # torch 1.13's DLPack import refuses these (no uint16+; bool is code 6)
+        tt = torch.from_dlpack(t)
+        assert tt.data_ptr() == a.ctypes.data
+        assert np.array_equal(tt.numpy(), a)
+
+
+# "zero-copy checked ... by mutation visibility"
+def test_numpy_and_torch_views_share_memory(rt):
+    g = sf.Graph(rt, "views")
+    out = g.pull_sink("out")
+    g.indices("idx", [7]) >> g.stage("fill", sf.ops.fill([4, 4], "uint8")) >> out
+    (t,) = list(g.iterate(out))
+    n = np.asarray(t)
+    tt = t.torch()
+    assert (n == 7).all() and bool((tt == 7).all())
+    n[1, 2] = 99
+    assert int(tt[1, 2]) == 99, "torch sees numpy's write"
+    tt[0, 0] = 42
+    assert n[0, 0] == 42, "numpy sees torch's write"
+    assert tt.data_ptr() == n.ctypes.data == t.data_ptr
+
+
+# "The memory stays valid while any Python object refers to it; a test holds views after the
+# graph is gone and checks their contents."
+def test_views_outlive_the_graph_and_the_runtime():
+    def make():
+        rt = sf.Runtime(threads=2, backend="host")
+        g = sf.Graph(rt, "short-lived")
+        out = g.pull_sink("out")
+        g.indices("idx", list(range(5))) >> g.stage("fill", sf.ops.fill([1000]), concurrency=0) >> out
+        tensors = list(g.iterate(out))
+        return [np.asarray(t) for t in tensors[:3]], [torch.from_dlpack(t) for t in tensors[3:]]
+    arrays, torch_views = make()
+    gc.collect()
+    # Allocate and fill other memory, so that freed memory would be overwritten.
+    junk = [np.full(1000, 255, np.uint8) for _ in range(100)]
+    for i, a in enumerate(arrays):
+        assert (a == i).all()
+    for i, t in enumerate(torch_views, start=3):
+        assert bool((t == i).all())
+    del junk
+
+
+# "the C++ stages and ops that exist (they run without the GIL) ... GPU stages from the
+# built-in ops"
+def test_cpp_ops_and_a_gpu_stage_match_the_reference(rt):
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, size=(8, 6, 3), dtype=np.uint8) for _ in range(6)]
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    g = sf.Graph(rt, "ops")
+    src = g.source("images", images)
+    cpu = g.stage("normalize", sf.ops.normalize(mean, std), concurrency=0)
+    out_cpu = g.pull_sink("cpu")
+    src >> cpu >> out_cpu
+    got_cpu = [np.asarray(t) for t in g.iterate(out_cpu)]
+    g2 = sf.Graph(rt, "gpu-ops")
+    gpu = g2.gpu_stage("normalize", sf.ops.gpu_normalize(mean, std))
+    out_gpu = g2.pull_sink("gpu")
+    g2.source("images", images) >> gpu >> out_gpu
+    got_gpu = [t.torch() for t in g2.iterate(out_gpu)]
+    for img, c, d in zip(images, got_cpu, got_gpu):
+        ref = (img.astype(np.float32) / 255.0 - np.array(mean, np.float32)) / np.array(std, np.float32)
+        ref = ref.transpose(2, 0, 1)
+        assert c.shape == (3, 8, 6) and c.dtype == np.float32
+        np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(d.numpy(), ref, rtol=1e-5, atol=1e-5)
+    assert len(got_cpu) == len(got_gpu) == 6
+
+
+# "Errors inside any stage raise a Python exception naming the stage and item, with the
+# original exception chained for Python stages."
+def test_python_stage_error_names_stage_and_item_and_chains_the_cause(rt):
+    def check(x):
+        if x == 3:
+            raise ValueError(f"bad value {x}")
+        return x
+    g, out = chain(rt, "errors", range(10), check)
+    got = []
+    with pytest.raises(sf.StageError) as info:
+        for x in g.iterate(out):
+            got.append(x)
+    e = info.value
+    assert e.stage == "s0" and e.item == 3 and e.graph == "errors"
+    assert "s0" in str(e) and "3" in str(e)
+    assert isinstance(e.__cause__, ValueError)
+    assert str(e.__cause__) == "bad value 3"
+    # Outputs queued when the run failed are dropped with it: a prefix came out.
+    assert got == list(range(len(got))) and len(got) <= 3
+
+
+def test_cpp_op_error_names_stage_and_item(rt):
+    g = sf.Graph(rt, "op-error")
+    out = g.pull_sink("out")
+    src = g.source("images", [np.zeros((4, 4, 3), np.uint8), np.zeros((4, 4, 3), np.float32)])
+    src >> g.stage("normalize", sf.ops.normalize([0.5] * 3, [0.5] * 3)) >> out
+    with pytest.raises(sf.StageError) as info:
+        list(g.iterate(out))
+    assert info.value.stage == "normalize" and info.value.item == 1
+    assert "normalize" in str(info.value)
+
+
+def test_source_error_is_raised_by_run_wait(rt):
+    def gen():
+        yield 1
+        raise KeyError("source broke")
+    g = sf.Graph(rt, "src-error")
+    g.source("gen", gen()) >> g.sink("drop", lambda x: None)
+    run = g.run()
+    with pytest.raises(sf.StageError) as info:
+        run.wait()
+    assert info.value.stage == "gen"
+    assert isinstance(info.value.__cause__, KeyError)
+    assert run.status == "failed"
+
+
+# "Breaking out of a loop early cancels cleanly."
+def test_early_break_cancels_the_run_and_the_runtime_goes_on(rt):
+    g, out = chain(rt, "early", range(1_000_000), lambda x: x)
+    it = g.iterate(out)
+    for i, x in enumerate(it):
+        if i == 5:
+            break
+    it.close()
+    assert it.run.wait(timeout=10) == "cancelled"
+    g2, out2 = chain(rt, "after", range(5), lambda x: -x)
+    assert list(g2.iterate(out2)) == [0, -1, -2, -3, -4]
+
+
+def test_dropping_an_unfinished_iterator_cancels_its_run(rt):
+    g, out = chain(rt, "dropped", range(1_000_000), lambda x: x)
+    it = g.iterate(out)
+    next(it)
+    run = it.run
+    del it
+    gc.collect()
+    assert run.wait(timeout=10) == "cancelled"
+
+
+# "Ctrl-C (KeyboardInterrupt) while iterating cancels the run and returns promptly."
+def test_keyboard_interrupt_cancels_promptly(rt):
+    g, out = chain(rt, "ctrl-c", range(1000), lambda x: time.sleep(0.01) or x)
+    it = g.iterate(out)
+    run = it.run
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in it:
+            pass
+    # The interrupt lands in next() (which cancels and waits) or in the loop's Python code;
+    # then dropping the iterator cancels.
+    del it
+    assert run.wait(timeout=5) == "cancelled"
+    elapsed = time.monotonic() - start
+    assert elapsed < 5.0, f"took {elapsed:.1f} s to return"
+
+
+# "Interpreter exit with a run in flight neither hangs nor crashes"
+def test_interpreter_exit_with_a_run_in_flight():
+    script = textwrap.dedent("""
+        import time, splitflow as sf
+        rt = sf.Runtime(threads=2, backend="host")
+        g = sf.Graph(rt, "exit")
+        src = g.source("n", range(10**9))
+        slow = g.stage("slow", lambda x: time.sleep(0.001) or x, concurrency=2)
+        out = g.pull_sink("out")
+        src >> slow >> out
+        it = g.iterate(out)
+        next(it)
+        run = g.run if False else None
+        print("started", flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "started" in p.stdout
+
+
+# "Stats and the telemetry outputs are reachable from Python (run.stats() as a dict, the
+# report as text)."
+def test_stats_dict_and_report(rt):
+    g = sf.Graph(rt, "stats", trace=True)
+    out = g.pull_sink("out")
+    g.indices("idx", list(range(40))) >> g.stage("fill", sf.ops.fill([64]), concurrency=0) \
+        >> g.gpu_stage("model", sf.ops.busy_kernel(200)) >> out
+    it = g.iterate(out)
+    assert sum(1 for _ in it) == 40
+    run = it.run
+    assert run.wait() == "succeeded"
+    st = run.stats()
+    stages = {s["name"]: s for s in st["stages"]}
+    assert stages["fill"]["items_in"] == 40 and stages["model"]["items_out"] == 40
+    assert st["gpu"]["bursts"] == 40
+    assert st["gpu"]["held_ns"] >= st["gpu"]["busy_ns"] > 0
+    assert st["status"] == "succeeded"
+    text = run.report()
+    assert "graph 'stats' succeeded" in text and "model" in text and "diagnosis" in text
+    assert "splitflow_stage_items_total" in run.prometheus()
+    trace = run.trace_json()
+    assert '"traceEvents"' in trace
+    dev = rt.device_stats()
+    assert dev["backend"] == "host" and 0.0 <= dev["busy_fraction"] <= 1.0
+
+
+# GIL discipline: while the main thread iterates, other Python threads run (the wait
+# releases the GIL), and C++ op stages need no GIL at all.
+def test_waiting_releases_the_gil(rt):
+    g = sf.Graph(rt, "gil")
+    out = g.pull_sink("out")
+    g.indices("idx", list(range(20))) >> g.gpu_stage("model", sf.ops.busy_kernel(5000)) >> out
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        assert sum(1 for _ in g.iterate(out)) == 20
+    finally:
+        stop.set()
+        t.join()
+    assert len(ticks) > 10, "the other thread ran while the graph was iterated"
+
+
+# "no CUDA call in a CPU-only graph (so forked workers are safe)"
+def test_a_cpu_only_process_never_calls_cuda():
+    script = textwrap.dedent("""
+        import splitflow as sf
+        rt = sf.Runtime(threads=2)
+        g = sf.Graph(rt, "cpu")
+        out = g.pull_sink("out")
+        g.indices("idx", list(range(100))) >> g.stage("fill", sf.ops.fill([16]), concurrency=0) >> out
+        assert sum(1 for _ in g.iterate(out)) == 100
+        assert rt.device_stats() is None
+        print("calls", sf.cuda_runtime_calls())
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "calls 0" in p.stdout
+
+
+def test_bad_graph_errors_are_clear(rt):
+    g = sf.Graph(rt, "bad")
+    src = g.source("src", [1])
+    with pytest.raises(sf.GraphError, match="not callable|must be callable"):
+        g.stage("x", 42)
+    out = g.pull_sink("out")
+    with pytest.raises(sf.GraphError, match="'out' has no output"):
+        out >> src
+    with pytest.raises(sf.GraphError, match="'src' has no input"):
+        g.connect(g.stage("s1", lambda x: x), src)
+    with pytest.raises(sf.GraphError, match="unconnected|not connected"):
+        g.run()
