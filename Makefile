@@ -2,7 +2,7 @@
 #   make demo    the main job: the demonstration and its report
 #   make test    every test: release, ASan+UBSan, TSan, the installed-package consumer
 #   make bench   the benchmark suite (Google Benchmark JSON under build/bench/)
-.PHONY: all deps release demo test test-release test-asan test-tsan test-consumer bench clean
+.PHONY: all deps release demo test test-release test-python test-asan test-tsan test-consumer bench clean
 
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
@@ -28,11 +28,15 @@ demo: release
 	$(BUILD)/release/examples/consolidation $(BUILD)/demo
 	/usr/bin/python3 scripts/plot_run.py --out $(BUILD)/demo/consolidation.png $(BUILD)/demo/job0.json $(BUILD)/demo/job1.json
 
-test: test-release test-asan test-tsan test-consumer
+test: test-release test-python test-asan test-tsan test-consumer
 	@echo "make test: all suites passed"
 
 test-release: release
-	cd $(BUILD)/release && $(CTEST)
+	cd $(BUILD)/release && $(CTEST) -E '^python\.'
+
+# The pytest suite (Debian's /usr/bin/python3, torch and numpy) against the release build tree.
+test-python: release
+	cd $(BUILD)/release && $(CTEST) -R '^python\.'
 
 test-asan: deps
 	$(CMAKE) -S . -B $(BUILD)/asan $(SAN_FLAGS) -DSPLITFLOW_SANITIZE=address,undefined
@@ -59,6 +63,8 @@ test-consumer: release
 	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer-subdir -DSPLITFLOW_SOURCE_DIR=$(abspath .)
 	$(CMAKE) --build $(BUILD)/consumer-subdir -j $(JOBS) --target consumer
 	$(BUILD)/consumer-subdir/consumer
+	PYTHONPATH=$(abspath $(BUILD)/install-test)/lib/python3.11/site-packages /usr/bin/python3 \
+	  tests/consumer/check_python_install.py $(abspath $(BUILD)/install-test)
 
 bench: release
 	mkdir -p $(BUILD)/bench

@@ -12,6 +12,8 @@ packages=(
   dpkg-dev xz-utils
   # telemetry checks (tests/check_telemetry.py) and scripts/plot_run.py, run with /usr/bin/python3
   python3 python3-matplotlib
+  # the Python module (python/): Debian's interpreter, pybind11, numpy, torch (CPU), pytest
+  python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
 )
 
 missing=()

@@ -19,9 +19,10 @@ without the GIL, in parallel); worker processes would each start another thread 
 stages serialise on the GIL, so keep the heavy per-item work in C++ ops.
 
 With ``num_workers > 0`` every worker builds its own runtime after the fork (a CPU-only graph
-never touches CUDA, so forking is safe) and takes its share of the items. Fork workers from a
-process that has not run splitflow graphs itself (oneTBB's threads do not survive a fork), or
-use ``multiprocessing_context="spawn"``.
+never touches CUDA, so forking is safe) and takes its share of the items. oneTBB's threads do
+not survive a fork: if this process already ran graphs, a forked worker raises
+``splitflow.Error`` (rather than hang); create the loader with
+``multiprocessing_context="spawn"`` (or ``"forkserver"``) then.
 
 Order and sharding: each epoch's order is ``torch.randperm(length)`` seeded with
 ``seed + epoch`` (or 0..length-1 without shuffle); rank r of w takes positions r, r+w, ...;
@@ -157,9 +158,11 @@ class GraphDataset(_data.IterableDataset):
         info = _data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         # DataLoader takes samples from its workers round-robin, so after `resume` samples
-        # worker k has yielded resume // n (+1 for the first resume % n workers).
-        skip = self._resume // workers + (1 if worker < self._resume % workers else 0)
-        return indices[worker::workers][skip:], info is None
+        # shard j has yielded resume // n (+1 for the first resume % n shards), and shard
+        # resume % n is next: the loader's worker k continues shard (k + resume) % n.
+        shard = (worker + self._resume) % workers
+        skip = self._resume // workers + (1 if shard < self._resume % workers else 0)
+        return indices[shard::workers][skip:], info is None
 
     def __iter__(self):
         indices, counting = self._my_indices()

@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -87,8 +89,19 @@ std::shared_ptr<T> make_released(std::unique_ptr<T> p) {
   });
 }
 
+/// oneTBB's worker threads do not survive fork(): a child of a process that already started
+/// them would hang in its first arena. Refuse, loudly, instead.
+void check_not_forked_after_tbb() {
+  static const pid_t first_pid = getpid();  // the process that first started the thread pool
+  if (getpid() != first_pid)
+    throw Error(
+        "splitflow.Runtime: this process was forked from one that had already started "
+        "splitflow's thread pool, which does not survive fork(); create the DataLoader with "
+        "multiprocessing_context='spawn' (or 'forkserver'), or fork before running graphs");
+}
+
 struct PyRuntime {
-  explicit PyRuntime(RuntimeConfig c) : rt(c) {}
+  explicit PyRuntime(RuntimeConfig c) : rt((check_not_forked_after_tbb(), c)) {}
   Runtime rt;
 };
 

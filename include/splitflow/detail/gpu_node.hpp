@@ -236,10 +236,10 @@ class GpuStageNode final : public Emitter<Out> {
 
   void start(Invocation* inv, Lease* lease) {
     std::size_t queued;
-    inv->t0 = now_ticks();
     {
       std::lock_guard lk(this->mu_);
       --this->waiting_;
+      inv->t0 = now_ticks();
       this->begin_invocation_locked(inv->t0);
       queued = queue_.size();
     }

@@ -167,7 +167,8 @@ class NodeBase {
   /// Items left port's queue at `now` (0: read the clock): account them and wake producers
   /// blocked on the space.
   void popped_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
-  /// A claim starts executing at `t0` (read before taking the lock).
+  /// A claim starts executing at `t0` (read under the lock, so that claim sizing does not
+  /// count a wait for the lock as the body's work).
   void begin_invocation_locked(Ticks t0);
   /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it.
   void took_locked(std::size_t k, std::size_t n, WorkList& w);

@@ -213,7 +213,7 @@ class SourceNode final : public Emitter<T> {
   }
 
   void run_claim(WorkList& w, std::size_t k) override {
-    Ticks t0 = now_ticks();  // before locking, to keep the lock short
+    Ticks t0;
     {
       std::lock_guard lk(this->mu_);
       const bool live = !exhausted_ && !this->graph().stopping();
@@ -223,6 +223,7 @@ class SourceNode final : public Emitter<T> {
         this->refresh_state_locked();
         return;
       }
+      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
       this->begin_invocation_locked(t0);
     }
     const std::uint64_t first = next_seq_;
@@ -292,12 +293,13 @@ class StageNode final : public Emitter<Out> {
     Scratch<Envelope<In>> in;
     Scratch<Arrivals> arrivals;
     std::uint64_t ticket;
-    Ticks t0 = now_ticks();  // before locking, to keep the lock short
+    Ticks t0;
     std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
+      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
       ticket = this->next_ticket_;
@@ -352,12 +354,13 @@ class SinkNode final : public NodeBase {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> in;
     Scratch<Arrivals> arrivals;
-    Ticks t0 = now_ticks();  // before locking, to keep the lock short
+    Ticks t0;
     std::size_t queued;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
       this->took_locked(k, n, w);
+      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
       queued = in_.size();
@@ -404,12 +407,13 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
     Scratch<Envelope<A>> as;
     Scratch<Envelope<B>> bs;
     Scratch<Arrivals> arrived_a, arrived_b;
-    Ticks t0 = now_ticks();  // before locking, to keep the lock short
+    Ticks t0;
     std::uint64_t first;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = std::min(a_.pop(*as, *arrived_a, k), b_.pop(*bs, *arrived_b, k));
       this->took_locked(k, n, w);
+      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
       this->begin_invocation_locked(t0);
       this->popped_locked(0, as->size(), w, t0);
       this->popped_locked(1, bs->size(), w, t0);

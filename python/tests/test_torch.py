@@ -1,0 +1,210 @@
+"""splitflow.torch: a graph as a DataLoader dataset (sharding, epochs, resume, training).
+Each test names the requirement of the issue "Python binding" it checks."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import splitflow as sf
+import splitflow.torch as sft
+
+N = 103  # not a multiple of any shard count below
+
+
+def build_identity(g, indices):
+    return indices
+
+
+def build_tensors(g, indices):
+    # C++ ops only: index -> uint8 [4] tensor filled with the index (mod 256).
+    return indices >> g.stage("fill", sf.ops.fill([4]), concurrency=0)
+
+
+def build_pairs(g, indices):
+    return indices >> g.stage("pair", lambda i: (i, np.full(3, i, np.float32)), concurrency=2)
+
+
+def collect(ds, **loader_args):
+    if loader_args.get("num_workers"):
+        # This process already runs splitflow threads, which a forked worker would not have.
+        loader_args.setdefault("multiprocessing_context", "spawn")
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, **loader_args)
+    return [int(x) for x in loader]
+
+
+# "With num_workers=0 splitflow does the parallelism in threads"; "__len__ where the length is
+# known"
+def test_num_workers_0_reads_every_item_in_order_as_torch_tensors():
+    ds = sft.GraphDataset(build_tensors, N, threads=2, backend="host")
+    assert len(ds) == N
+    loader = torch.utils.data.DataLoader(ds, batch_size=None)
+    got = list(loader)
+    assert len(got) == N
+    for i, t in enumerate(got):
+        assert isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.shape == (4,)
+        assert bool((t == i % 256).all())
+    st = ds.last_run.stats()
+    assert st["items_delivered"] == N
+
+
+# "sharding: the union over workers/ranks equals the dataset with no duplicates, for
+# num_workers in {0, 2}"
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("world", [1, 3])
+def test_shards_over_ranks_and_workers_cover_the_dataset_once(workers, world):
+    seen = []
+    for rank in range(world):
+        ds = sft.GraphDataset(build_identity, N, shuffle=True, seed=5, rank=rank,
+                              world_size=world, threads=2, backend="host")
+        got = collect(ds, num_workers=workers)
+        assert len(got) == len(ds), f"rank {rank}: __len__ is what it yields"
+        seen += got
+    assert sorted(seen) == list(range(N))
+
+
+# "set_epoch(n) reshuffles deterministically"
+def test_set_epoch_reshuffles_deterministically():
+    def order(epoch, seed=1):
+        ds = sft.GraphDataset(build_identity, N, shuffle=True, seed=seed, threads=2, backend="host")
+        ds.set_epoch(epoch)
+        return collect(ds)
+    e0, e0_again, e1 = order(0), order(0), order(1)
+    assert e0 == e0_again
+    assert e0 != e1
+    assert sorted(e0) == sorted(e1) == list(range(N))
+    assert e0 != list(range(N))
+    assert order(0, seed=2) != e0
+
+
+# "state_dict()/load_state_dict() resume mid-epoch without repeating or skipping items"
+def test_resume_mid_epoch_from_state_dict():
+    full = sft.GraphDataset(build_identity, N, shuffle=True, seed=3, threads=2, backend="host")
+    full.set_epoch(4)
+    expected = collect(full)
+
+    ds = sft.GraphDataset(build_identity, N, shuffle=True, seed=3, threads=2, backend="host")
+    ds.set_epoch(4)
+    first = []
+    for x in torch.utils.data.DataLoader(ds, batch_size=None):
+        first.append(int(x))
+        if len(first) == 37:
+            break
+    state = ds.state_dict()
+    assert state["items_seen"] == 37 and state["epoch"] == 4
+
+    resumed = sft.GraphDataset(build_identity, N, shuffle=True, seed=0, threads=2, backend="host")
+    resumed.load_state_dict(state)
+    rest = collect(resumed)
+    assert first + rest == expected
+
+
+def test_resume_with_workers_from_items_seen():
+    full = sft.GraphDataset(build_identity, N, shuffle=True, seed=9, threads=2, backend="host")
+    expected = collect(full, num_workers=2)
+    ds = sft.GraphDataset(build_identity, N, shuffle=True, seed=9, threads=2, backend="host")
+    ds.load_state_dict(ds.state_dict(items_seen=41))
+    rest = collect(ds, num_workers=2)
+    assert expected[:41] + rest == expected
+
+
+# Forked workers of a process whose splitflow threads already run get a clear error, not a
+# hang.
+def test_a_fork_after_the_thread_pool_started_is_refused_clearly():
+    ds = sft.GraphDataset(build_identity, 10, threads=2, backend="host")
+    collect(ds)  # this process runs splitflow threads now
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                         multiprocessing_context="fork")
+    with pytest.raises(Exception, match="forked from one that had already started"):
+        list(loader)
+
+
+# "Errors inside any stage raise a Python exception naming the stage and item"
+def test_stage_errors_reach_the_training_loop():
+    def build(g, indices):
+        def check(i):
+            if i == 10:
+                raise RuntimeError("corrupt sample 10")
+            return i
+        return indices >> g.stage("decode", check)
+    ds = sft.GraphDataset(build, N, threads=2, backend="host")
+    with pytest.raises(sf.StageError) as info:
+        collect(ds)
+    assert info.value.stage == "decode" and info.value.item == 10
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_samples_are_nested_structures_with_numpy_and_torch(tmp_path):
+    ds = sft.GraphDataset(build_pairs, 10, threads=2, backend="host")
+    got = list(torch.utils.data.DataLoader(ds, batch_size=None))
+    for i, (idx, arr) in enumerate(got):
+        assert idx == i
+        assert isinstance(arr, torch.Tensor) and arr.tolist() == [float(i)] * 3
+
+
+# "a DataLoader-driven training loop of a tiny torch.nn model for a few steps"
+def test_training_loop_on_a_tiny_model():
+    torch.manual_seed(0)
+    w_true = torch.tensor([[2.0], [-3.0]])
+
+    def build(g, indices):
+        def sample(i):
+            x = torch.randn(16, 2, generator=torch.Generator().manual_seed(int(i)))
+            return x.numpy(), (x @ w_true).numpy()
+        return indices >> g.stage("sample", sample, concurrency=2)
+    ds = sft.GraphDataset(build, 60, shuffle=True, threads=2, backend="host")
+    model = torch.nn.Linear(2, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        for x, y in torch.utils.data.DataLoader(ds, batch_size=None):
+            loss = torch.nn.functional.mse_loss(model(torch.as_tensor(x)), torch.as_tensor(y))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert len(losses) == 120
+    assert losses[-1] < 0.01 * losses[0]
+    assert torch.allclose(model.weight.detach().T, w_true, atol=0.05)
+
+
+# "for 2 ranks of a real torch.distributed gloo group on loopback"
+def test_two_gloo_ranks_shard_the_dataset(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, sys
+        import torch, torch.distributed as dist, torch.multiprocessing as mp
+        import splitflow.torch as sft
+
+        def build(g, indices):
+            return indices
+
+        def main(rank, world, init_file, out_dir):
+            dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                                    world_size=world)
+            ds = sft.GraphDataset(build, {N}, shuffle=True, seed=7, threads=2, backend="host")
+            assert ds.shard() == (rank, world)
+            got = [int(x) for x in torch.utils.data.DataLoader(ds, batch_size=None)]
+            gathered = [None] * world
+            dist.all_gather_object(gathered, got)
+            if rank == 0:
+                with open(os.path.join(out_dir, "result.txt"), "w") as f:
+                    f.write(repr(gathered))
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            mp.start_processes(main, args=(2, sys.argv[1], sys.argv[2]), nprocs=2,
+                               start_method="fork")
+    """)
+    path = tmp_path / "gloo_shards.py"
+    path.write_text(script)
+    p = subprocess.run([sys.executable, str(path), str(tmp_path / "init"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    gathered = eval((tmp_path / "result.txt").read_text())
+    assert len(gathered) == 2
+    assert len(gathered[0]) == (N + 1) // 2 and len(gathered[1]) == N // 2
+    assert sorted(gathered[0] + gathered[1]) == list(range(N))
