@@ -25,6 +25,11 @@ DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images, const std
 HostTensor normalize_reference(const HostTensor& images, const std::vector<float>& mean,
                                const std::vector<float>& stddev, float scale = 1.0f / 255.0f);
 
+/// The same result on the CPU, fast: per-channel coefficients computed once, one pass over the
+/// pixels. For CPU stages (the Python module's ops.normalize).
+HostTensor normalize_host(const HostTensor& images, const std::vector<float>& mean,
+                          const std::vector<float>& stddev, float scale = 1.0f / 255.0f);
+
 /// A synthetic kernel that occupies the device for `duration`: on CUDA a spin on the global
 /// timer across every SM, on the host backend a compute slot held by a timer wait (no CPU burnt).
 void busy_kernel(DeviceContext& ctx, std::chrono::nanoseconds duration);

@@ -347,7 +347,7 @@ void bind_ops(py::module_& m) {
     return CpuOp{"normalize", [=](Value v) -> Value {
       bool single = false;
       HostTensor in = as_batch(as_host(v, "ops.normalize"), single);
-      HostTensor out = splitflow::ops::normalize_reference(in, mean, stddev, scale);
+      HostTensor out = splitflow::ops::normalize_host(in, mean, stddev, scale);
       return single ? unbatch(std::move(out)) : out;
     }};
   }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
