@@ -73,6 +73,8 @@ bench: release
 	  $$b --benchmark_format=console --benchmark_out_format=json \
 	      --benchmark_out=$(BUILD)/bench/$$(basename $$b).json || exit 1; \
 	done
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_loader.py \
+	  --json $(BUILD)/bench/bench_loader.json
 
 clean:
 	rm -rf $(BUILD)
