@@ -25,8 +25,8 @@ DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images, const std
 HostTensor normalize_reference(const HostTensor& images, const std::vector<float>& mean,
                                const std::vector<float>& stddev, float scale = 1.0f / 255.0f);
 
-/// The same result on the CPU, fast: per-channel coefficients computed once, one pass over the
-/// pixels. For CPU stages (the Python module's ops.normalize).
+/// normalize on the calling CPU thread: the same Thrust code as the host backend's kernel
+/// (Thrust's CPP system), for CPU stages (the Python module's ops.normalize).
 HostTensor normalize_host(const HostTensor& images, const std::vector<float>& mean,
                           const std::vector<float>& stddev, float scale = 1.0f / 255.0f);
 

@@ -84,26 +84,10 @@ HostTensor normalize_host(const HostTensor& images, const std::vector<float>& me
                           const std::vector<float>& stddev, float scale) {
   check_images(images, "normalize_host", 0);
   const std::int64_t n = images.dim(0), h = images.dim(1), w = images.dim(2), c = images.dim(3);
-  params("normalize_host", 0, c, mean, stddev, scale);
-  // (x * scale - mean) / std == x * a + b: a multiply-add per element instead of a division.
-  std::vector<float> a(static_cast<std::size_t>(c)), b(static_cast<std::size_t>(c));
-  for (std::size_t ch = 0; ch < a.size(); ++ch) {
-    a[ch] = scale / stddev[ch];
-    b[ch] = -mean[ch] / stddev[ch];
-  }
+  const detail::NormalizeParams p = params("normalize_host", 0, c, mean, stddev, scale);
   HostTensor out = HostTensor::empty(DType::f32, {n, c, h, w});
-  const auto* in = images.data<std::uint8_t>();
-  float* dst = out.data<float>();
-  const std::int64_t plane = h * w;
-  for (std::int64_t img = 0; img < n; ++img) {
-    const std::uint8_t* src = in + img * plane * c;
-    float* o = dst + img * plane * c;
-    for (std::int64_t ch = 0; ch < c; ++ch) {
-      const float ac = a[static_cast<std::size_t>(ch)], bc = b[static_cast<std::size_t>(ch)];
-      float* oc = o + ch * plane;
-      for (std::int64_t p = 0; p < plane; ++p) oc[p] = static_cast<float>(src[p * c + ch]) * ac + bc;
-    }
-  }
+  // The host backend's build of the one Thrust normalize, run on the calling thread.
+  detail::normalize_host(images.data<std::uint8_t>(), out.data<float>(), n, h, w, c, p);
   return out;
 }
 
