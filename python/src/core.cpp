@@ -107,6 +107,16 @@ struct PyRuntime {
 
 struct PyGraph;
 
+/// Cancels `run` and waits for it to end; its error, if any, is not raised (the caller is
+/// abandoning the run). Call without the GIL: its Python stages may need it to finish.
+void drain(const Run& run) noexcept {
+  run.cancel();
+  try {
+    run.wait();
+  } catch (...) {
+  }
+}
+
 /// Runs started from Python, so that interpreter exit can cancel and drain them.
 struct RunRegistry {
   std::mutex mu;
@@ -122,13 +132,8 @@ struct RunRegistry {
       std::lock_guard lk(mu);
       copy.swap(runs);
     }
-    for (auto& r : copy) r.cancel();
-    for (auto& r : copy) {
-      try {
-        r.wait();
-      } catch (...) {
-      }
-    }
+    for (auto& r : copy) r.cancel();  // all first, so that they stop together
+    for (auto& r : copy) drain(r);
   }
 };
 RunRegistry& registry() {
@@ -236,11 +241,7 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done) 
     if (PyErr_CheckSignals() != 0) {
       {
         py::gil_scoped_release nogil;
-        run.cancel();
-        try {
-          run.wait();
-        } catch (...) {
-        }
+        drain(run);
       }
       throw py::error_already_set();
     }
@@ -282,11 +283,7 @@ struct PullIterator {
   void cancel_and_wait() {
     if (!run.valid()) return;
     py::gil_scoped_release nogil;
-    run.cancel();
-    try {
-      run.wait();
-    } catch (...) {
-    }
+    drain(run);
   }
   ~PullIterator() {
     if (finished || !run.valid() || !python_alive()) return;
@@ -310,22 +307,24 @@ py::dict stats_dict(const RunStats& st) {
 
 // ---- C++ ops exposed to Python --------------------------------------------------------------------
 
-HostTensor as_batch(const HostTensor& t, bool& single) {
-  single = t.ndim() == 3;
-  if (!single) return t;
+/// A single HWC image as a batch of one (NHWC), and back: the same memory, reshaped.
+template <class Tn>
+Tn reshaped(const Tn& t, std::vector<std::int64_t> shape) {
+  if constexpr (std::is_same_v<Tn, HostTensor>) {
+    return HostTensor::wrap(t.raw(), t.dtype(), std::move(shape), t.owner(), t.memory());
+  } else {
+    return DeviceTensor::wrap(t.raw(), t.dtype(), std::move(shape), t.device(), t.owner());
+  }
+}
+template <class Tn>
+Tn batched(const Tn& t) {
   std::vector<std::int64_t> shape{1};
   shape.insert(shape.end(), t.shape().begin(), t.shape().end());
-  return HostTensor::wrap(t.raw(), t.dtype(), shape, t.owner(), t.memory());
+  return reshaped(t, std::move(shape));
 }
-
 template <class Tn>
-Tn unbatch(Tn t) {
-  std::vector<std::int64_t> shape(t.shape().begin() + 1, t.shape().end());
-  if constexpr (std::is_same_v<Tn, HostTensor>) {
-    return HostTensor::wrap(t.raw(), t.dtype(), shape, t.owner(), t.memory());
-  } else {
-    return DeviceTensor::wrap(t.raw(), t.dtype(), shape, t.device(), t.owner());
-  }
+Tn unbatched(const Tn& t) {
+  return reshaped(t, std::vector<std::int64_t>(t.shape().begin() + 1, t.shape().end()));
 }
 
 DeviceValue device_input(Value&& v, DeviceContext& ctx, const char* what) {
@@ -345,10 +344,10 @@ void bind_ops(py::module_& m) {
 
   mops.def("normalize", [](std::vector<float> mean, std::vector<float> stddev, float scale) {
     return CpuOp{"normalize", [=](Value v) -> Value {
-      bool single = false;
-      HostTensor in = as_batch(as_host(v, "ops.normalize"), single);
-      HostTensor out = splitflow::ops::normalize_host(in, mean, stddev, scale);
-      return single ? unbatch(std::move(out)) : out;
+      const HostTensor in = as_host(v, "ops.normalize");
+      const bool single = in.ndim() == 3;
+      HostTensor out = splitflow::ops::normalize_host(single ? batched(in) : in, mean, stddev, scale);
+      return single ? unbatched(out) : out;
     }};
   }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
   R"doc(CPU op: uint8 HWC image (or NHWC batch) -> float32 CHW (NCHW), (x*scale - mean) / std.)doc");
@@ -357,14 +356,8 @@ void bind_ops(py::module_& m) {
     return GpuOp{"normalize", [=](Value v, DeviceContext& ctx) -> Value {
       DeviceValue d = device_input(std::move(v), ctx, "ops.gpu_normalize");
       const bool single = d.tensor.ndim() == 3;
-      DeviceTensor in = d.tensor;
-      if (single) {
-        std::vector<std::int64_t> shape{1};
-        shape.insert(shape.end(), in.shape().begin(), in.shape().end());
-        in = DeviceTensor::wrap(in.raw(), in.dtype(), shape, in.device(), in.owner());
-      }
-      DeviceTensor out = splitflow::ops::normalize(ctx, in, mean, stddev, scale);
-      return DeviceValue{single ? unbatch(std::move(out)) : out, d.cuda};
+      DeviceTensor out = splitflow::ops::normalize(ctx, single ? batched(d.tensor) : d.tensor, mean, stddev, scale);
+      return DeviceValue{single ? unbatched(out) : out, d.cuda};
     }};
   }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
   R"doc(GPU op: the same normalize on the leased stream (host input is copied H2D first).)doc");
@@ -521,11 +514,7 @@ when a GPU stage first runs, one device with a pool of `streams` streams shared 
       .def("__exit__", [](PyRun& r, py::args) {
         // Leaving a `with` block cancels a run still going (an exception, a break).
         py::gil_scoped_release nogil;
-        if (r.run.status() == RunStatus::running) r.run.cancel();
-        try {
-          r.run.wait();
-        } catch (...) {
-        }
+        drain(r.run);  // (cancelling a finished run does nothing)
         return false;
       });
 

@@ -240,7 +240,6 @@ def test_interpreter_exit_with_a_run_in_flight():
         src >> slow >> out
         it = g.iterate(out)
         next(it)
-        run = g.run if False else None
         print("started", flush=True)
     """)
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
