@@ -146,9 +146,10 @@ void NodeBase::took_locked(std::size_t k, std::size_t n, WorkList& w) {
   if (n < k) release_successors(k - n, w);
 }
 
-void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w,
+void NodeBase::end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size_t emitted, WorkList& w,
                               const std::vector<Arrivals>* arrivals, std::uint64_t first) {
   const Ticks t1 = now_ticks();
+  const Ticks work = (body_end != 0 ? body_end : t1) - t0;
   if (telemetry_ && n > 0) {
     // In clock ticks (scaled to ns when read), one record per run of arrivals; outside mu_.
     if (arrivals) {
@@ -164,10 +165,10 @@ void NodeBase::end_invocation(Ticks t0, std::size_t n, std::size_t emitted, Work
     --running_;
     ++invocations_;
     items_out_ += emitted;
-    work_ticks_ += t1 - t0;
+    work_ticks_ += work;
     if (n > 0) {
       // Smoothed time per item sets the next claims' size: about kClaimTargetNs of work each.
-      const double per_item = static_cast<double>(t1 - t0) / static_cast<double>(n);
+      const double per_item = static_cast<double>(work) / static_cast<double>(n);
       item_ticks_ = item_ticks_ == 0 ? per_item : 0.75 * item_ticks_ + 0.25 * per_item;
       const double fit = target_ticks_ / std::max(item_ticks_, 1.0);
       claim_ = static_cast<std::size_t>(std::clamp(fit, 1.0, static_cast<double>(max_claim_)));

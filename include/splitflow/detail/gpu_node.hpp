@@ -307,7 +307,7 @@ class GpuStageNode final : public Emitter<Out> {
     this->emit(inv->ticket, 1, *out, w);
     if (inv->began) {
       const std::vector<Arrivals> arrived{{1, inv->arrived}};
-      this->end_invocation(inv->t0, 1, emitted, w, &arrived, inv->seq);
+      this->end_invocation(inv->t0, 0, 1, emitted, w, &arrived, inv->seq);  // burst to now
     } else {
       std::lock_guard lk(this->mu_);
       --this->waiting_;

@@ -174,8 +174,10 @@ class NodeBase {
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
   /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
   /// it, record the items' latencies (from `arrivals`, runs of arrival times, when given; else
-  /// the claim's time per item), notify observers, grant new claims.
-  void end_invocation(Ticks t0, std::size_t n, std::size_t emitted, WorkList& w,
+  /// the claim's time per item), notify observers, grant new claims. Its work (what sizes the
+  /// next claims) is [t0, body_end): the bodies, not the emission into consumers, whose locks
+  /// may be contended (0: up to now).
+  void end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size_t emitted, WorkList& w,
                       const std::vector<Arrivals>* arrivals = nullptr, std::uint64_t first = 0);
   /// Tells the graph's observers a claim began (call without mu_; cheap when none).
   void notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,

@@ -238,12 +238,13 @@ class SourceNode final : public Emitter<T> {
         out->push_back(Envelope<T>{std::move(*v), next_seq_++});
       }
     }
+    const Ticks body_end = now_ticks();
     const std::size_t made = out->size();
     this->graph().add_items(made);
     const std::size_t emitted = this->graph().stopping() ? 0 : made;
     this->emit(0, k, *out, w);
     if (done) finish();
-    this->end_invocation(t0, made, emitted, w, nullptr, first);
+    this->end_invocation(t0, body_end, made, emitted, w, nullptr, first);
   }
 
   void drop_queued(WorkList& w) override {
@@ -325,11 +326,12 @@ class StageNode final : public Emitter<Out> {
         break;
       }
     }
+    const Ticks body_end = now_ticks();
     const std::size_t n = in->size();
     in->clear();
     const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
     this->emit(ticket, n, *out, w);
-    this->end_invocation(t0, n, emitted, w, &*arrivals, first);
+    this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
@@ -375,7 +377,7 @@ class SinkNode final : public NodeBase {
     const std::size_t n = in->size();
     in->clear();
     this->graph().retire_items(n, w);
-    this->end_invocation(t0, n, done, w, &*arrivals, first);
+    this->end_invocation(t0, 0, n, done, w, &*arrivals, first);  // (no emission: up to now)
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
@@ -427,6 +429,7 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
     for (std::size_t i = 0; i < n; ++i)
       out->push_back(
           Envelope<Out>{Out{std::move((*as)[i].value), std::move((*bs)[i].value)}, pairs_++});
+    const Ticks body_end = now_ticks();
     this->graph().retire_items(n + unpaired, w);  // two items became one
     const std::size_t emitted = this->graph().stopping() ? 0 : n;
     this->emit(0, n, *out, w);
@@ -441,7 +444,7 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
       if ((ia += take) == a.count) ia = 0, ++i;
       if ((jb += take) == b.count) jb = 0, ++j;
     }
-    this->end_invocation(t0, n, emitted, w, &*pairs, first);
+    this->end_invocation(t0, body_end, n, emitted, w, &*pairs, first);
   }
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
