@@ -33,6 +33,7 @@ NodeBase::NodeBase(GraphCore& graph, std::string name, StageKind kind, const Sta
       concurrency_(opts.concurrency),
       order_(opts.order),
       capacity_(opts.capacity ? opts.capacity : graph.options().default_capacity),
+      on_error_(opts.on_error),
       nports_(ports) {
   if (concurrency_ == 0 && kind_ != StageKind::pull_sink)
     throw GraphError(std::string("splitflow: ") + what_of(kind_) + " '" + name_ +
@@ -61,6 +62,10 @@ void NodeBase::validate() const {
                           kind_ == StageKind::zip || kind_ == StageKind::gpu_stage;
   if (has_output && successors_.empty())
     throw GraphError("splitflow: " + who + ": its output is not connected to any consumer");
+  if (on_error_ == OnError::substitute && kind_ != StageKind::stage)
+    throw GraphError("splitflow: " + who +
+                     ": OnError::substitute needs an output to substitute; a sink can only "
+                     "fail or skip");
   if (kind_ == StageKind::sink && concurrency_ > 1 && order_ == Order::in_order)
     throw GraphError("splitflow: " + who +
                      ": a sink with concurrency > 1 cannot run in order; give it "
@@ -93,6 +98,41 @@ void NodeBase::release_reservation(int port, std::size_t n, WorkList& w) {
     take_waiters_locked(w);
   }
   release_extra(port, n);
+}
+
+void NodeBase::producer_closed(WorkList& w) {
+  std::lock_guard lk(mu_);
+  if (open_inputs_ > 0) --open_inputs_;
+  collect_claims_locked(w);
+  maybe_close_locked(w);
+  refresh_state_locked();
+}
+
+void NodeBase::maybe_close_locked(WorkList& w) {
+  if (closed_ || running_ != 0 || !inputs_done_locked() || queued_total_locked() != 0 ||
+      graph_->stopping())
+    return;
+  closed_ = true;
+  for (const Edge& e : successors_) e.node->producer_closed(w);
+}
+
+bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool substituted) noexcept {
+  if (on_error_ == OnError::fail) {
+    graph_->fail(*this, seq, std::move(error));
+    return false;
+  }
+  std::string message;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown exception";
+  }
+  std::lock_guard lk(mu_);
+  ++(substituted ? substituted_ : skipped_);
+  if (errors_.size() < StageStats::kMaxItemErrors) errors_.push_back({seq, std::move(message)});
+  return true;
 }
 
 void NodeBase::account_queue_locked(Ticks now) noexcept {
@@ -174,6 +214,7 @@ void NodeBase::end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size
       claim_ = static_cast<std::size_t>(std::clamp(fit, 1.0, static_cast<double>(max_claim_)));
     }
     collect_claims_locked(w);
+    maybe_close_locked(w);
     refresh_state_locked(t1);
   }
   if (graph_->observed()) {
@@ -214,15 +255,19 @@ void NodeBase::collect_claims_locked(WorkList& w) {
       const std::size_t ready = ready_locked();
       if (ready <= unpopped_) break;
       std::size_t k = admit_locked(claim_size_locked(ready - unpopped_));
-      // Reserve k slots in every consumer, shrinking k to what the fullest one grants. Zero
-      // means a consumer is full: it registered us, and will poke us when slots free.
-      for (std::size_t i = 0; i < successors_.size() && k > 0; ++i) {
-        const std::size_t got = successors_[i].node->try_reserve(successors_[i].port, *this, k);
-        if (got < k)
+      // Reserve the claim's outputs in every consumer, shrinking them to what the fullest one
+      // grants. Zero means a consumer is full: it registered us, and will poke us when slots
+      // free.
+      const std::size_t want = k > 0 ? outputs_for_locked(k) : 0;
+      std::size_t outs = want;
+      for (std::size_t i = 0; i < successors_.size() && outs > 0; ++i) {
+        const std::size_t got = successors_[i].node->try_reserve(successors_[i].port, *this, outs);
+        if (got < outs)
           for (std::size_t j = 0; j < i; ++j)
-            successors_[j].node->release_reservation(successors_[j].port, k - got, w);
-        k = got;
+            successors_[j].node->release_reservation(successors_[j].port, outs - got, w);
+        outs = got;
       }
+      if (outs < want) k = outs;  // 1:1: the claim shrinks; a batch claim waits for its slot
       if (k == 0) {
         blocked = true;
         break;
@@ -257,6 +302,11 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   for (Port& p : ports_) p = Port{};
   running_ = unpopped_ = executing_ = waiting_ = 0;
   blocked_ = false;
+  open_inputs_ = 0;
+  for (int p = 0; p < nports_; ++p) open_inputs_ += npred_[p];
+  closed_ = false;
+  skipped_ = substituted_ = 0;
+  errors_.clear();
   telemetry_ = telemetry;
   sequenced_ = order_ == Order::in_order && concurrency_ > 1 && !successors_.empty();
   next_ticket_ = 0;
@@ -301,6 +351,9 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
   s.items_in = items_in_;
   s.items_out = items_out_;
   s.invocations = invocations_;
+  s.items_skipped = skipped_;
+  s.items_substituted = substituted_;
+  s.errors = errors_;
   if (telemetry_) {
     Ticks t[3] = {state_ticks_[0], state_ticks_[1], state_ticks_[2]};
     if (now > state_since_) t[state_] += now - state_since_;

@@ -21,11 +21,29 @@ enum class Order {
   out_of_order,  ///< outputs leave as invocations finish (no reorder buffer)
 };
 
+/// What a stage does when its body throws on an item.
+enum class OnError {
+  fail,        ///< fail the run with a StageError naming the stage and the item (default)
+  skip,        ///< drop the item, count it and keep its message in the stats; the run goes on
+  substitute,  ///< emit the stage's substitute value instead (Stage::substitute_on_error)
+};
+
 /// Per-stage policy. `capacity` bounds the stage's input queue in items, counting items queued
 /// and slots reserved by producers whose bodies are still running; 0 means the graph's default.
 struct StageOptions {
   std::size_t concurrency = Concurrency::serial;
   Order order = Order::in_order;
+  std::size_t capacity = 0;
+  OnError on_error = OnError::fail;
+};
+
+/// Per-batch-node policy (Graph::batch).
+struct BatchOptions {
+  /// A last batch smaller than the batch size (at the end of the input) is dropped rather than
+  /// emitted; its items count as consumed.
+  bool drop_last = false;
+  /// Input queue capacity in items; raised to the batch size if smaller. 0: the larger of the
+  /// graph's default and the batch size.
   std::size_t capacity = 0;
 };
 

@@ -9,6 +9,9 @@
 //     auto run = g.run();
 //     for (long v : out) use(v);         // in order: square is in_order by default
 //     run.wait();
+//
+// Stages may skip or replace items whose body throws (StageOptions::on_error); Graph::batch
+// gathers items into vectors.
 #pragma once
 
 #include <chrono>
@@ -63,6 +66,14 @@ class Node {
       : node_(&node), in_(in), out_(out) {}
 
   const std::string& name() const noexcept { return node_->name(); }
+  /// OnError::substitute: an item whose body throws becomes a copy of `value` (and is counted
+  /// in StageStats::items_substituted, with its error's message).
+  template <class U = Out>
+    requires(!std::is_void_v<U>)
+  const Node& substitute_on_error(U value) const {
+    out_->set_substitute(std::move(value));
+    return *this;
+  }
   detail::Receiver<In>& in_port() const noexcept
     requires(!std::is_void_v<In>)
   {
@@ -362,6 +373,15 @@ class Graph {
     static_assert(!std::is_void_v<Out>, "splitflow::Graph::gpu_stage: the body returns nothing");
     auto& n = add<detail::GpuStageNode<I, Out, F>>(std::move(name), std::move(body), options);
     return GpuStage<I, Out>(n, &n.input(), &n, &n.host_input());
+  }
+
+  /// Gathers `size` items of T into one std::vector<T>, in arrival order. At the end of the
+  /// input the last, shorter batch is emitted (or dropped: BatchOptions::drop_last). Like a
+  /// serial in-order stage otherwise; its queue holds at least one batch.
+  template <class T>
+  Stage<T, std::vector<T>> batch(std::string name, std::size_t size, BatchOptions options = {}) {
+    auto& n = add<detail::BatchNode<T>>(std::move(name), size, options);
+    return Stage<T, std::vector<T>>(n, &n.input(), &n);
   }
 
   /// A callback sink `void(In)`.

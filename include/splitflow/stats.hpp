@@ -26,6 +26,12 @@ const char* to_string(StageKind k) noexcept;
 ///             source, the graph's max_in_flight is reached);
 ///  - starved: otherwise (no input, or waiting for a thread). A pull sink counts as busy while
 ///             items wait for the consumer.
+/// An item a stage skipped or substituted (StageOptions::on_error), with its error's message.
+struct ItemError {
+  std::uint64_t item;   ///< the item's sequence number at its source
+  std::string message;  ///< what the body threw (ops name the file or value at fault)
+};
+
 struct StageStats {
   std::string name;
   StageKind kind = StageKind::stage;
@@ -37,6 +43,12 @@ struct StageStats {
   /// them from the measured body time, about 20 us of work each, so that cheap bodies do not
   /// pay the scheduling cost per item.
   std::uint64_t invocations = 0;
+  /// Items whose body threw and that were dropped (OnError::skip) or replaced
+  /// (OnError::substitute). The run goes on; `errors` keeps the first kMaxItemErrors of them.
+  std::uint64_t items_skipped = 0;
+  std::uint64_t items_substituted = 0;
+  static constexpr std::size_t kMaxItemErrors = 64;
+  std::vector<ItemError> errors;
   std::int64_t busy_ns = 0;
   std::int64_t starved_ns = 0;
   std::int64_t blocked_ns = 0;

@@ -85,6 +85,14 @@ std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device
           R"(,"ring":{{"capacity":{},"in_use":{},"max_in_use":{},"mean_in_use":{:.1f},"budgets":{},"wraps":{},"refusals":{},"wait_ns":{}}})",
           s.ring_capacity, s.ring_in_use, s.ring_max_in_use, s.ring_mean_in_use, s.ring_budgets,
           s.ring_wraps, s.ring_refusals, s.ring_wait_ns);
+    if (s.items_skipped + s.items_substituted > 0) {
+      out += fmt::format(R"(,"skipped":{},"substituted":{},"errors":[)", s.items_skipped,
+                         s.items_substituted);
+      for (std::size_t e = 0; e < s.errors.size(); ++e)
+        out += fmt::format(R"({}{{"item":{},"message":{}}})", e ? "," : "", s.errors[e].item,
+                           quoted(s.errors[e].message));
+      out += "]";
+    }
     out += "}";
   }
   out += "\n],";

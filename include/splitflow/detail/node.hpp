@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,12 @@ class NodeBase {
   bool telemetry() const noexcept { return telemetry_; }
   /// Input queue capacity of every port, in items.
   std::size_t capacity() const noexcept { return capacity_; }
+  OnError on_error() const noexcept { return on_error_; }
+
+  /// A body threw on item `seq`. Under OnError::fail this fails the run and returns false;
+  /// otherwise it counts the item (skipped or substituted), keeps its message and returns true:
+  /// the caller drops or replaces the item and goes on.
+  bool absorb_error(std::uint64_t seq, std::exception_ptr error, bool substituted) noexcept;
 
   // ---- executor ---------------------------------------------------------------------------
   /// Runs a claim granted by collect_claims_locked(): pop up to k items, run the body on each,
@@ -130,6 +137,9 @@ class NodeBase {
   std::size_t try_reserve(int port, NodeBase& producer, std::size_t want);
   /// `n` reserved slots will not be filled. Called with no lock of this node held.
   void release_reservation(int port, std::size_t n, WorkList& w);
+  /// One producer delivered everything it will deliver this run (end of input). Called by the
+  /// producer holding its own lock (we are downstream: in lock order).
+  void producer_closed(WorkList& w);
   /// Called with mu_ held, after `n` items were stored in the port's queue at time `now`.
   void arrived_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
   /// Called with mu_ held when `n` items for reserved slots were dropped (the run is stopping).
@@ -155,6 +165,17 @@ class NodeBase {
   // All *_locked members run with mu_ held.
   /// Items queued (on every port) that a claim can pop, owned by a granted claim or not.
   virtual std::size_t ready_locked() const;
+  /// How many of `available` items the next claim takes (default: the adaptive claim size).
+  virtual std::size_t claim_size_locked(std::size_t available) const;
+  /// Outputs a claim of k items produces: the slots it reserves in each consumer (1:1 nodes: k;
+  /// a batch node: one). A claim whose outputs cannot all be reserved does not start, unless
+  /// the node is 1:1, whose claim then shrinks to the slots granted.
+  virtual std::size_t outputs_for_locked(std::size_t k) const { return k; }
+  /// Whether this node will get no more input this run (sources: the generator ended).
+  virtual bool inputs_done_locked() const { return open_inputs_ == 0; }
+  /// Once the node has no input left to come, nothing queued and nothing running, it tells its
+  /// consumers their input from it ended (what lets a batch node emit its last, short batch).
+  void maybe_close_locked(WorkList& w);
   /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
   virtual std::size_t admit_locked(std::size_t want) { return want; }
   /// Extra capacity of an input port beyond its item slots (a pinned ring's byte budget): how
@@ -163,7 +184,6 @@ class NodeBase {
   /// Reserved slots given back: return their extra capacity too.
   virtual void release_extra(int /*port*/, std::size_t /*n*/) {}
   void collect_claims_locked(WorkList& w);
-  std::size_t claim_size_locked(std::size_t available) const;
   /// Items left port's queue at `now` (0: read the clock): account them and wake producers
   /// blocked on the space.
   void popped_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
@@ -197,6 +217,7 @@ class NodeBase {
   std::size_t concurrency_;
   Order order_;
   std::size_t capacity_;
+  OnError on_error_;
   std::size_t max_claim_ = 64;  // items per claim at most
   int nports_;
   std::vector<Edge> successors_;
@@ -221,6 +242,8 @@ class NodeBase {
   double item_ticks_ = 0;        // smoothed body time per item
   double target_ticks_ = 0;      // kClaimTargetNs in ticks
   std::vector<NodeBase*> waiters_;  // producers blocked on our capacity
+  std::size_t open_inputs_ = 0;     // producers that have not closed their output this run
+  bool closed_ = false;             // we told our consumers that our output ended
 
   // statistics (under mu_)
   enum State : int { kStarved = 0, kBusy = 1, kBlocked = 2 };
@@ -231,6 +254,9 @@ class NodeBase {
   std::uint64_t items_in_ = 0;
   std::uint64_t items_out_ = 0;
   std::uint64_t invocations_ = 0;
+  std::uint64_t skipped_ = 0;
+  std::uint64_t substituted_ = 0;
+  std::vector<ItemError> errors_;  // the first StageStats::kMaxItemErrors
   std::size_t max_executing_ = 0;
   std::size_t max_queue_ = 0;
   Ticks start_ = 0;        // the run's

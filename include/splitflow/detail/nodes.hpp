@@ -87,6 +87,22 @@ class Emitter : public NodeBase {
     targets_.push_back(&r);
   }
   std::size_t fan_out() const noexcept { return targets_.size(); }
+  /// OnError::substitute: the value emitted in place of an item whose body threw.
+  void set_substitute(Out value) {
+    static_assert(std::is_copy_constructible_v<Out>,
+                  "splitflow: substitute_on_error copies its value for each failing item, so the "
+                  "output type must be copyable");
+    this->graph().check_mutable();
+    substitute_ = std::make_shared<const Out>(std::move(value));
+    this->on_error_ = OnError::substitute;
+  }
+  void validate() const override {
+    NodeBase::validate();
+    if (this->on_error_ == OnError::substitute && !substitute_)
+      throw GraphError("splitflow: stage '" + this->name() +
+                       "': on_error is OnError::substitute but it has no substitute value; "
+                       "give one with substitute_on_error(value)");
+  }
   /// The pinned ring this node's outputs go into (its only consumer is a GPU stage fed
   /// through one), or nullptr.
   PinnedRing* output_ring() const noexcept {
@@ -176,6 +192,9 @@ class Emitter : public NodeBase {
   };
   std::vector<Receiver<Out>*> targets_;
   std::vector<Slot> reorder_;  // under mu_
+
+ protected:
+  std::shared_ptr<const Out> substitute_;  // set while building, read while running
   std::uint64_t next_emit_ = 0;
 };
 
@@ -220,6 +239,7 @@ class SourceNode final : public Emitter<T> {
       this->took_locked(k, live ? k : 0, w);
       if (!live) {
         --this->running_;
+        this->maybe_close_locked(w);
         this->refresh_state_locked();
         return;
       }
@@ -256,6 +276,7 @@ class SourceNode final : public Emitter<T> {
   std::size_t ready_locked() const override {
     return exhausted_ ? 0 : std::numeric_limits<std::size_t>::max() / 2;
   }
+  bool inputs_done_locked() const override { return exhausted_; }
   std::size_t admit_locked(std::size_t want) override {
     return this->graph().try_admit(*this, want);
   }
@@ -312,25 +333,44 @@ class StageNode final : public Emitter<Out> {
     Scratch<Envelope<Out>> out;
     PinnedRing* ring = nullptr;
     if constexpr (kAllocates) ring = this->output_ring();
-    for (auto& item : *in) {
+    const std::size_t n = in->size();
+    std::size_t emitted = 0;
+    std::uint64_t next = ticket;  // the first ticket not yet handed to emit()
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& item = (*in)[i];
       const std::uint64_t seq = item.seq;
-      if (!guarded(*this, seq, [&] {
-            if constexpr (kAllocates) {
-              HostAllocator alloc(ring, &this->name(), seq);
-              out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value), alloc), seq});
-            } else {
-              out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value)), seq});
-            }
-          })) {
-        this->graph().retire_items(in->size() - out->size(), w);  // this item and the rest
-        break;
+      try {
+        if constexpr (kAllocates) {
+          HostAllocator alloc(ring, &this->name(), seq);
+          out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value), alloc), seq});
+        } else {
+          out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value)), seq});
+        }
+        continue;
+      } catch (...) {
+        const bool substitute = this->on_error_ == OnError::substitute;
+        if (!this->absorb_error(seq, std::current_exception(), substitute)) {
+          this->graph().retire_items(n - i, w);  // this item and the rest
+          break;
+        }
+        if constexpr (std::is_copy_constructible_v<Out>) {
+          if (substitute) {
+            out->push_back(Envelope<Out>{Out(*this->substitute_), seq});
+            continue;
+          }
+        }
       }
+      // Skipped: what came before it goes out, then its slot, empty.
+      this->graph().retire_items(1, w);
+      const std::size_t made = out->size();
+      emitted += this->graph().stopping() ? 0 : made;
+      this->emit(next, made + 1, *out, w);
+      next += made + 1;
     }
     const Ticks body_end = now_ticks();
-    const std::size_t n = in->size();
     in->clear();
-    const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
-    this->emit(ticket, n, *out, w);
+    emitted += this->graph().stopping() ? 0 : out->size();
+    this->emit(next, ticket + n - next, *out, w);  // after a failure the rest are empty slots
     this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
   }
 
@@ -371,8 +411,12 @@ class SinkNode final : public NodeBase {
     this->notify_begin(t0, first, in->size(), queued);
     std::size_t done = 0;
     for (auto& item : *in) {
-      if (!guarded(*this, item.seq, [&] { std::invoke(f_, std::move(item.value)); })) break;
-      ++done;
+      try {
+        std::invoke(f_, std::move(item.value));
+        ++done;
+      } catch (...) {
+        if (!this->absorb_error(item.seq, std::current_exception(), false)) break;
+      }
     }
     const std::size_t n = in->size();
     in->clear();
@@ -461,6 +505,91 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
   InputPort<A> a_;
   InputPort<B> b_;
   std::uint64_t pairs_ = 0;  // only the (serial) running claim touches it
+};
+
+/// Gathers items into batches of `size`, in arrival order: one std::vector<T> per batch. The
+/// last batch of a run may be shorter (its producers ended), or dropped (drop_last).
+template <class T>
+class BatchNode final : public Emitter<std::vector<T>> {
+  using Out = std::vector<T>;
+
+ public:
+  BatchNode(GraphCore& g, std::string name, std::size_t size, const BatchOptions& o)
+      : Emitter<Out>(g, std::move(name), StageKind::stage,
+                     StageOptions{Concurrency::serial, Order::in_order,
+                                  std::max(size, o.capacity ? o.capacity : g.options().default_capacity)},
+                     1),
+        in_(*this, 0),
+        size_(size),
+        drop_last_(o.drop_last) {
+    if (size_ == 0) throw GraphError("splitflow: batch '" + this->name() + "': the batch size must be at least 1");
+  }
+
+  Receiver<T>& input() noexcept { return in_; }
+
+  void validate() const override {
+    Emitter<Out>::validate();
+    if (size_ > this->graph().options().max_in_flight)
+      throw GraphError("splitflow: batch '" + this->name() + "': its batch size " +
+                       std::to_string(size_) + " exceeds the graph's max_in_flight (" +
+                       std::to_string(this->graph().options().max_in_flight) +
+                       "), so no batch could ever fill; raise GraphOptions::max_in_flight");
+  }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<T>> in;
+    Scratch<Arrivals> arrivals;
+    Ticks t0;
+    std::size_t queued;
+    {
+      std::lock_guard lk(this->mu_);
+      const std::size_t n = in_.pop(*in, *arrivals, k);
+      this->unpopped_ -= k;
+      if (n == 0) this->release_successors(1, w);  // dropped by a cancel: the slot goes back
+      t0 = now_ticks();
+      this->begin_invocation_locked(t0);
+      this->popped_locked(0, n, w, t0);
+      queued = in_.size();
+    }
+    const std::size_t n = in->size();
+    const std::uint64_t first = n ? in->front().seq : 0;
+    this->notify_begin(t0, first, n, queued);
+    Scratch<Envelope<Out>> out;
+    const bool keep = n == size_ || (n > 0 && !drop_last_);
+    if (keep) {
+      Out batch;
+      batch.reserve(n);
+      for (auto& e : *in) batch.push_back(std::move(e.value));
+      out->push_back(Envelope<Out>{std::move(batch), first});
+      this->graph().retire_items(n - 1, w);  // n items became one
+    } else {
+      this->graph().retire_items(n, w);
+    }
+    const Ticks body_end = now_ticks();
+    in->clear();
+    const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
+    this->emit(0, n > 0 ? 1 : 0, *out, w);
+    this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
+  }
+
+  std::size_t clear_queues_locked() override { return in_.clear(); }
+
+ protected:
+  // Full batches; at the end of the input, what is left.
+  std::size_t ready_locked() const override {
+    const std::size_t q = in_.size();
+    if (q >= size_) return q - q % size_;
+    return this->inputs_done_locked() ? q : 0;
+  }
+  std::size_t claim_size_locked(std::size_t available) const override {
+    return std::min(available, size_);
+  }
+  std::size_t outputs_for_locked(std::size_t) const override { return 1; }
+
+ private:
+  InputPort<T> in_;
+  std::size_t size_;
+  bool drop_last_;
 };
 
 /// A sink whose items the caller's own thread takes with next(). Its queue is bounded like any

@@ -1,0 +1,317 @@
+// Graph::batch (end of input reaches it through every kind of node) and the per-stage error
+// policies (StageOptions::on_error: fail, skip, substitute). Each test names what it checks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+#include <splitflow/splitflow.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "helpers.hpp"
+
+using namespace splitflow;
+using testing_helpers::counter;
+using testing_helpers::spin_us;
+using testing_helpers::Tracked;
+
+namespace {
+
+auto tracked_source(long n) {
+  return [i = 0L, n]() mutable -> std::optional<Tracked> {
+    if (i >= n) return std::nullopt;
+    return Tracked(static_cast<int>(i++));
+  };
+}
+
+std::vector<long> flatten(const std::vector<std::vector<long>>& batches) {
+  std::vector<long> all;
+  for (const auto& b : batches) all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+
+std::vector<long> iota_vector(long n) {
+  std::vector<long> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 0L);
+  return v;
+}
+
+}  // namespace
+
+// "batches of `size`, in arrival order; the last batch of a run may be shorter"
+TEST(Batch, FullBatchesInOrderThenTheShortRest) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "batches");
+  auto src = g.source("n", counter(1000));
+  auto work = g.stage("work", [](long x) { return x; }, {.concurrency = 4});
+  auto batch = g.batch<long>("batch", 64);
+  auto out = g.pull_sink<std::vector<long>>("out");
+  src >> work >> batch >> out;
+  auto run = g.run();
+  std::vector<std::vector<long>> got;
+  for (auto& b : out) got.push_back(std::move(b));
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), 16u);  // 15 x 64 + 40
+  for (std::size_t i = 0; i + 1 < got.size(); ++i) EXPECT_EQ(got[i].size(), 64u) << "batch " << i;
+  EXPECT_EQ(got.back().size(), 1000u - 15 * 64);
+  EXPECT_EQ(flatten(got), iota_vector(1000));
+  const StageStats* s = run.stats().find("batch");
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->items_in, 1000u);
+  EXPECT_EQ(s->items_out, 16u);
+}
+
+// "drop_last: a last batch smaller than the batch size is dropped; its items count as consumed"
+TEST(Batch, DropLastDropsTheShortRestAndLeaksNothing) {
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "drop");
+    auto src = g.source("n", tracked_source(100));
+    auto batch = g.batch<Tracked>("batch", 30, {.drop_last = true});
+    std::vector<std::size_t> sizes;
+    std::vector<int> firsts;
+    auto sink = g.sink("sink", [&](std::vector<Tracked> b) {
+      sizes.push_back(b.size());
+      firsts.push_back(b.front().value);
+    });
+    src >> batch >> sink;
+    EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
+    EXPECT_EQ(sizes, (std::vector<std::size_t>{30, 30, 30}));
+    EXPECT_EQ(firsts, (std::vector<int>{0, 30, 60}));
+    // Runs again: the end of input is per run.
+    sizes.clear();
+    firsts.clear();
+    EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
+    EXPECT_EQ(sizes.size(), 3u);
+  }
+  EXPECT_EQ(Tracked::live.load(), 0);
+}
+
+// "the end of input reaches a batch through a zip, a fan-out and a GPU stage, and an empty
+// source makes no batch"
+TEST(Batch, EndOfInputPropagatesThroughEveryNodeKind) {
+  Runtime rt({.threads = 4, .device = {.backend = BackendKind::host}});
+  Graph g(rt, "shapes");
+  auto src = g.source("n", counter(203));
+  auto a = g.stage("a", [](long x) { return x; });
+  auto b = g.stage("b", [](long x) { return 2 * x; }, {.concurrency = 3});
+  auto z = g.zip<long, long>("zip");
+  fan_out(src, a, b);
+  a >> z.first();
+  b >> z.second();
+  auto gpu = g.gpu_stage(
+      "gpu", [](std::pair<long, long> p, DeviceContext&) { return p.first + p.second; });
+  auto batch = g.batch<long>("batch", 50);
+  auto out = g.pull_sink<std::vector<long>>("out");
+  z >> gpu >> batch >> out;
+  auto run = g.run();
+  std::vector<std::vector<long>> got;
+  for (auto& v : out) got.push_back(std::move(v));
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(got.back().size(), 3u);
+  std::vector<long> want;
+  for (long i = 0; i < 203; ++i) want.push_back(3 * i);
+  EXPECT_EQ(flatten(got), want);
+
+  Graph empty(rt, "empty");
+  auto none = empty.source("none", counter(0));
+  auto eb = empty.batch<long>("batch", 8);
+  long batches = 0;
+  auto count = empty.sink("count", [&](std::vector<long>) { ++batches; });
+  none >> eb >> count;
+  EXPECT_EQ(empty.run().wait(), RunStatus::succeeded);
+  EXPECT_EQ(batches, 0);
+}
+
+// "a batch larger than max_in_flight could never fill: the graph says so"; "batch size >= 1"
+TEST(Batch, ImpossibleBatchSizesAreRejectedWithTheFix) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "big", {.max_in_flight = 16});
+  auto src = g.source("n", counter(100));
+  auto batch = g.batch<long>("batch", 32);
+  auto sink = g.sink("sink", [](std::vector<long>) {});
+  src >> batch >> sink;
+  try {
+    g.run();
+    FAIL() << "expected GraphError";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch 'batch': its batch size 32 exceeds the graph's "
+                                         "max_in_flight (16)"),
+              std::string::npos)
+        << e.what();
+  }
+  Graph h(rt, "zero");
+  EXPECT_THROW(h.batch<long>("batch", 0), GraphError);
+}
+
+// "a slow consumer of batches holds the graph back: queues stay within their capacity"
+TEST(Batch, BackpressureBoundsWhatWaitsBehindASlowConsumer) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "slow", {.max_in_flight = 64, .default_capacity = 4});
+  auto src = g.source("n", counter(400));
+  auto batch = g.batch<long>("batch", 16);
+  auto sink = g.sink("slow", [](std::vector<long>) { spin_us(200); });
+  src >> batch >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  const RunStats st = run.stats();
+  const StageStats* b = st.find("batch");
+  EXPECT_LE(b->max_queue, 16u);  // capacity: the larger of the default (4) and one batch
+  EXPECT_LE(st.find("slow")->max_queue, 4u);
+  EXPECT_EQ(st.find("slow")->items_in, 25u);
+}
+
+// "a cancel during batching drops the partial batch; nothing leaks"
+TEST(Batch, CancelLeaksNothing) {
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "cancel");
+    auto src = g.source("endless", [i = 0]() mutable -> std::optional<Tracked> {
+      return Tracked(i++);
+    });
+    auto batch = g.batch<Tracked>("batch", 7);
+    auto out = g.pull_sink<std::vector<Tracked>>("out");
+    src >> batch >> out;
+    auto run = g.run();
+    for (int i = 0; i < 5; ++i) {
+      auto b = out.next();
+      ASSERT_TRUE(b);
+      EXPECT_EQ(b->size(), 7u);
+      EXPECT_EQ(b->front().value, 7 * i);
+    }
+    run.cancel();
+    EXPECT_EQ(run.wait(), RunStatus::cancelled);
+  }
+  EXPECT_EQ(Tracked::live.load(), 0);
+}
+
+// "skip: drop the item, count it and keep its message; the run goes on" (in order, 4 threads)
+TEST(ErrorPolicy, SkipDropsTheFailingItemsAndTheRunSucceeds) {
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 4});
+    Graph g(rt, "skippy");
+    auto src = g.source("n", tracked_source(1000));
+    auto check = g.stage(
+        "check",
+        [](Tracked t) {
+          if (t.value % 7 == 3) throw std::runtime_error("bad value " + std::to_string(t.value));
+          return t;
+        },
+        {.concurrency = 4, .on_error = OnError::skip});
+    auto out = g.pull_sink<Tracked>("out");
+    src >> check >> out;
+    auto run = g.run();
+    std::vector<int> got;
+    for (auto& t : out) got.push_back(t.value);
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    const RunStats st = run.stats();
+    std::vector<int> want;
+    for (int i = 0; i < 1000; ++i)
+      if (i % 7 != 3) want.push_back(i);
+    EXPECT_EQ(got, want);  // in order, holes closed
+    const StageStats* s = st.find("check");
+    EXPECT_EQ(s->items_skipped, 143u);
+    EXPECT_EQ(s->items_substituted, 0u);
+    EXPECT_EQ(s->items_out, 857u);
+    ASSERT_EQ(s->errors.size(), StageStats::kMaxItemErrors);
+    for (const ItemError& e : s->errors) {
+      EXPECT_EQ(e.item % 7, 3u);
+      EXPECT_EQ(e.message, "bad value " + std::to_string(e.item));
+    }
+  }
+  EXPECT_EQ(Tracked::live.load(), 0);
+}
+
+// "substitute: emit the stage's substitute value instead", counted; a skipping stage still
+// lets a batch downstream see the end of its input
+TEST(ErrorPolicy, SubstituteReplacesTheFailingItemsInPlace) {
+  Runtime rt({.threads = 3});
+  Graph g(rt, "subst");
+  auto src = g.source("n", counter(100));
+  auto parse = g.stage("parse",
+                       [](long x) {
+                         if (x % 10 == 0) throw std::invalid_argument("zero digit");
+                         return x;
+                       },
+                       {.concurrency = 3});
+  parse.substitute_on_error(-1L);
+  auto batch = g.batch<long>("batch", 40);
+  auto out = g.pull_sink<std::vector<long>>("out");
+  src >> parse >> batch >> out;
+  auto run = g.run();
+  std::vector<std::vector<long>> got;
+  for (auto& b : out) got.push_back(std::move(b));
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  const RunStats st = run.stats();
+  std::vector<long> want = iota_vector(100);
+  for (long& v : want)
+    if (v % 10 == 0) v = -1;
+  EXPECT_EQ(flatten(got), want);
+  EXPECT_EQ(got.size(), 3u);
+  EXPECT_EQ(st.find("parse")->items_substituted, 10u);
+  EXPECT_EQ(st.find("parse")->errors.front().message, "zero digit");
+  EXPECT_EQ(st.find("parse")->errors.front().item, 0u);
+}
+
+// "fail (default): the first error fails the run"; a skipping sink keeps consuming
+TEST(ErrorPolicy, FailIsTheDefaultAndSinksCanSkip) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "sinks");
+  auto src = g.source("n", counter(50));
+  long sum = 0;
+  auto sink = g.sink("sum",
+                     [&](long x) {
+                       if (x == 20) throw std::runtime_error("twenty");
+                       sum += x;
+                     },
+                     {.on_error = OnError::skip});
+  src >> sink;
+  auto run = g.run();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const RunStats st = run.stats();
+  EXPECT_EQ(sum, 50 * 49 / 2 - 20);
+  EXPECT_EQ(st.find("sum")->items_skipped, 1u);
+
+  Graph f(rt, "fails");
+  auto s2 = f.source("n", counter(50));
+  auto st2 = f.stage("boom", [](long x) {
+    if (x == 20) throw std::runtime_error("twenty");
+    return x;
+  });
+  auto drop = f.sink("drop", [](long) {});
+  s2 >> st2 >> drop;
+  try {
+    f.run().wait();
+    FAIL() << "expected StageError";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.stage(), "boom");
+    EXPECT_EQ(e.item(), 20u);
+  }
+}
+
+// "substitute needs a value, and an output"
+TEST(ErrorPolicy, SubstituteWithoutAValueOrOnASinkIsAGraphError) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "novalue");
+  auto src = g.source("n", counter(5));
+  auto st = g.stage("s", [](long x) { return x; }, {.on_error = OnError::substitute});
+  auto sink = g.sink("sink", [](long) {});
+  src >> st >> sink;
+  try {
+    g.run();
+    FAIL() << "expected GraphError";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("give one with substitute_on_error(value)"), std::string::npos)
+        << e.what();
+  }
+  Graph h(rt, "sink");
+  auto s2 = h.source("n", counter(5));
+  auto k = h.sink("sink", [](long) {}, {.on_error = OnError::substitute});
+  s2 >> k;
+  EXPECT_THROW(h.run(), GraphError);
+}
