@@ -8,12 +8,16 @@ packages=(
   cmake g++ make pkg-config
   # libraries
   libtbb-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # JPEG decode for the image ops (libjpeg-turbo's TurboJPEG API)
+  libturbojpeg0-dev
   # the TSan build of oneTBB is built from Debian's own source package (scripts/build-tsan-tbb.sh)
   dpkg-dev xz-utils
   # telemetry checks (tests/check_telemetry.py) and scripts/plot_run.py, run with /usr/bin/python3
   python3 python3-matplotlib
   # the Python module (python/): Debian's interpreter, pybind11, numpy, torch (CPU), pytest
   python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
+  # the end-to-end image benchmark's baseline: DataLoader with torchvision transforms, PIL decode
+  python3-torchvision python3-pil
 )
 
 missing=()

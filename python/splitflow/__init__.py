@@ -28,6 +28,7 @@ from ._core import (  # noqa: F401
     Tensor,
     built_with_cuda,
     cuda_runtime_calls,
+    image_files,
     ops,
 )
 from ._core import _shutdown
@@ -38,5 +39,6 @@ _atexit.register(_shutdown)
 
 __all__ = [
     "Error", "Graph", "GraphError", "Node", "PullIterator", "Run", "Runtime", "StageError",
+    "image_files",
     "Tensor", "built_with_cuda", "cuda_runtime_calls", "ops",
 ]

@@ -11,12 +11,14 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <splitflow/image.hpp>
 #include <splitflow/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
@@ -174,9 +176,14 @@ struct GpuOp {
   std::function<Value(Value, DeviceContext&)> fn;
 };
 
-StageOptions stage_options(std::size_t concurrency, bool ordered, std::size_t capacity) {
+StageOptions stage_options(std::size_t concurrency, bool ordered, std::size_t capacity,
+                           const std::string& on_error = "fail") {
+  OnError policy;
+  if (on_error == "fail") policy = OnError::fail;
+  else if (on_error == "skip") policy = OnError::skip;
+  else throw GraphError("splitflow: on_error must be 'fail' or 'skip' (or give substitute=), not '" + on_error + "'");
   return StageOptions{concurrency == 0 ? Concurrency::unlimited : concurrency,
-                      ordered ? Order::in_order : Order::out_of_order, capacity};
+                      ordered ? Order::in_order : Order::out_of_order, capacity, policy};
 }
 
 // ---- the Python stage and source bodies ----------------------------------------------------------
@@ -333,6 +340,76 @@ DeviceValue device_input(Value&& v, DeviceContext& ctx, const char* what) {
   return DeviceValue{ctx.to_device(h), ctx.backend() == BackendKind::cuda};
 }
 
+/// Stacks equal-shaped tensors (any dtype, contiguous) into one with a leading batch dimension.
+HostTensor stack(const std::vector<image::Image>& items) {
+  if (items.empty()) throw Error("Graph.batch: an empty batch");
+  const HostTensor& first = items[0].pixels;
+  if (first.dtype() == DType::u8 && first.ndim() == 3) return image::collate(items);
+  std::vector<std::int64_t> shape{static_cast<std::int64_t>(items.size())};
+  shape.insert(shape.end(), first.shape().begin(), first.shape().end());
+  HostTensor out = HostTensor::empty(first.dtype(), shape);
+  const std::size_t each = first.nbytes();
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const HostTensor& t = items[i].pixels;
+    if (t.dtype() != first.dtype() || t.shape() != first.shape() || !t.contiguous())
+      throw Error("Graph.batch: item " + std::to_string(i) + " of the batch is " + t.describe() +
+                  ", the first is " + first.describe() + "; a batch needs one shape and dtype");
+    std::memcpy(static_cast<std::uint8_t*>(out.raw()) + i * each, t.raw(), each);
+  }
+  return out;
+}
+
+image::Image image_input(Value&& v, const char* what) {
+  if (auto* im = std::get_if<image::Image>(&v)) return std::move(*im);
+  return image::Image{0, "", as_host(v, what)};
+}
+
+void bind_image_ops(py::module_& mops) {
+  mops.def("read_file", [](std::vector<std::string> paths) {
+    auto kept = std::make_shared<const std::vector<std::string>>(std::move(paths));
+    return CpuOp{"read_file", [kept](Value v) -> Value {
+      const auto* i = std::get_if<std::int64_t>(&v);
+      if (!i || *i < 0 || static_cast<std::size_t>(*i) >= kept->size())
+        throw Error("ops.read_file: expected an index into its " + std::to_string(kept->size()) + " paths");
+      image::Encoded e = image::read_file({static_cast<std::uint64_t>(*i), (*kept)[static_cast<std::size_t>(*i)]});
+      return image::Image{e.index, std::move(e.path), std::move(e.bytes)};
+    }};
+  }, py::arg("paths"),
+  "CPU op: index i -> the bytes of paths[i] (an error names the file). Keeps the index and path "
+  "for decode_jpeg's errors and random_resized_crop's per-item randomness.");
+
+  mops.def("decode_jpeg", [](bool gray) {
+    return CpuOp{"decode_jpeg", [gray](Value v) -> Value {
+      image::Image in = image_input(std::move(v), "ops.decode_jpeg");
+      return image::decode({in.index, std::move(in.path), std::move(in.pixels)},
+                           gray ? image::Color::gray : image::Color::rgb);
+    }};
+  }, py::arg("gray") = false,
+  "CPU op: JPEG bytes -> uint8 HWC pixels (libjpeg-turbo). Corrupt or truncated data raises, "
+  "naming the file; use the stage's on_error='skip' to drop such files.");
+
+  mops.def("random_resized_crop", [](int size, std::uint64_t seed, std::uint64_t epoch,
+                                     std::pair<double, double> scale, std::pair<double, double> ratio,
+                                     double flip) {
+    image::RandomResizedCrop op({size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch});
+    return CpuOp{"random_resized_crop", [op](Value v) -> Value {
+      return op(image_input(std::move(v), "ops.random_resized_crop"));
+    }};
+  }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
+  py::arg("scale") = std::pair<double, double>{0.08, 1.0},
+  py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
+  "CPU op: torchvision's RandomResizedCrop + RandomHorizontalFlip on uint8 HWC pixels, with "
+  "randomness drawn from (seed, epoch, the item's index): reproducible in any thread order.");
+
+  mops.def("resize", [](int height, int width) {
+    return CpuOp{"resize", [height, width](Value v) -> Value {
+      image::Image in = image_input(std::move(v), "ops.resize");
+      in.pixels = image::resize(in.pixels, height, width);
+      return in;
+    }};
+  }, py::arg("height"), py::arg("width"), "CPU op: bilinear resize of uint8 HWC pixels.");
+}
+
 void bind_ops(py::module_& m) {
   py::module_ mops = m.def_submodule("ops", "C++ ops: they run without the GIL.");
   py::class_<CpuOp>(mops, "CpuOp").def_readonly("name", &CpuOp::name).def("__repr__", [](const CpuOp& o) {
@@ -399,6 +476,7 @@ void bind_ops(py::module_& m) {
     }};
   }, py::arg("shape"), py::arg("dtype") = "uint8",
   "CPU op: integer item -> a new tensor of `shape` with every byte equal to item % 256.");
+  bind_image_ops(mops);
 }
 
 }  // namespace
@@ -548,26 +626,45 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       }, py::arg("name"), py::arg("values"),
       "A C++ source of integers (indices into a dataset): no GIL per item.")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
-                       std::size_t concurrency, bool ordered, std::size_t capacity) {
-        const StageOptions o = stage_options(concurrency, ordered, capacity);
-        detail::Receiver<Value>* in;
-        detail::Emitter<Value>* out;
+                       std::size_t concurrency, bool ordered, std::size_t capacity,
+                       std::string on_error, py::object substitute) {
+        const StageOptions o = stage_options(concurrency, ordered, capacity, on_error);
+        std::optional<Stage<Value, Value>> s;
         if (py::isinstance<CpuOp>(body)) {
           auto fn = body.cast<CpuOp>().fn;
-          auto s = g->graph.stage<Value>(name, [fn](Value v) { return fn(std::move(v)); }, o);
-          in = &s.in_port();
-          out = &s.out_port();
+          s = g->graph.stage<Value>(name, [fn](Value v) { return fn(std::move(v)); }, o);
         } else {
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
-          auto s = g->graph.stage<Value>(name, PythonBody{PyObj(std::move(body))}, o);
-          in = &s.in_port();
-          out = &s.out_port();
+          s = g->graph.stage<Value>(name, PythonBody{PyObj(std::move(body))}, o);
         }
-        return std::make_shared<PyNode>(PyNode{g, name, in, out, std::nullopt});
+        if (!substitute.is_none()) s->substitute_on_error(from_python(substitute));
+        return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
       }, py::arg("name"), py::arg("body"), py::arg("concurrency") = 1, py::arg("ordered") = true,
-      py::arg("capacity") = 0,
+      py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),
       "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "
-      "splitflow.ops (no GIL). concurrency 0 means unlimited.")
+      "splitflow.ops (no GIL). concurrency 0 means unlimited. on_error='skip' drops items whose "
+      "body raises (counted, with their messages, in the stats: 'skipped', 'errors'); "
+      "substitute=value emits value in their place instead.")
+      .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t size, bool drop_last) {
+        // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
+        auto b = g->graph.batch<Value>(name, size, {.drop_last = drop_last});
+        auto c = g->graph.stage(name + ".collate", [](std::vector<Value> items) -> Value {
+          std::vector<image::Image> imgs;
+          imgs.reserve(items.size());
+          for (auto& v : items) {
+            if (auto* im = std::get_if<image::Image>(&v)) {
+              imgs.push_back(std::move(*im));
+            } else {
+              imgs.push_back({0, "", as_host(v, "Graph.batch")});
+            }
+          }
+          return stack(imgs);
+        });
+        b >> c;
+        return std::make_shared<PyNode>(PyNode{g, name, &b.in_port(), &c.out_port(), std::nullopt});
+      }, py::arg("name"), py::arg("size"), py::arg("drop_last") = false,
+      "Gathers `size` items (tensors or arrays of one shape) into one tensor of shape (size, ...), "
+      "in C++. The last batch may be shorter unless drop_last.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, const GpuOp& op,
                            std::size_t concurrency, bool ordered, std::size_t capacity) {
         GpuStageOptions o;
@@ -621,6 +718,14 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
   m.def("cuda_runtime_calls", [] { return cuda_runtime_calls(); },
         "CUDA runtime calls made by this process so far (0 in a CPU-only process).");
   m.def("built_with_cuda", [] { return built_with_cuda(); });
+  m.def("image_files", [](const std::string& where) {
+    namespace fs = std::filesystem;
+    if (fs::is_directory(where)) return image::FileList::directory(where).paths();
+    if (fs::is_regular_file(where)) return image::FileList::list_file(where).paths();
+    return image::FileList::glob(where).paths();
+  }, py::arg("where"),
+  "JPEG files: every .jpg/.jpeg under a directory (sorted), the paths of a list file (one per "
+  "line, relative to it), or a glob pattern's matches (sorted).");
 
   bind_ops(m);
 }

@@ -205,7 +205,8 @@ py::object to_python(Value&& v) {
     case 1: return std::get<PyObj>(v).get();
     case 2: return py::int_(std::get<std::int64_t>(v));
     case 3: return py::cast(PyTensor{std::move(std::get<HostTensor>(v)), {}, false});
-    default: return py::cast(PyTensor{{}, std::move(std::get<DeviceValue>(v)), true});
+    case 4: return py::cast(PyTensor{{}, std::move(std::get<DeviceValue>(v)), true});
+    default: return py::cast(PyTensor{std::move(std::get<image::Image>(v).pixels), {}, false});
   }
 }
 
@@ -221,6 +222,7 @@ Value from_python(py::handle h) {
 HostTensor as_host(const Value& v, const char* what) {
   switch (v.index()) {
     case 3: return std::get<HostTensor>(v);
+    case 5: return std::get<image::Image>(v).pixels;
     case 4: {
       const DeviceValue& d = std::get<DeviceValue>(v);
       if (d.cuda)

@@ -9,6 +9,8 @@
 #include <utility>
 #include <variant>
 
+#include "splitflow/image.hpp"
+
 #include <splitflow/splitflow.hpp>
 
 namespace splitflow::python {
@@ -58,7 +60,9 @@ struct DeviceValue {
   bool cuda = false;
 };
 
-using Value = std::variant<std::monostate, PyObj, std::int64_t, HostTensor, DeviceValue>;
+/// Image ops' items (splitflow/image.hpp): a file's bytes or pixels with its index and path.
+/// Python sees the tensor.
+using Value = std::variant<std::monostate, PyObj, std::int64_t, HostTensor, DeviceValue, image::Image>;
 
 /// splitflow.Tensor: a Python view of a splitflow tensor. numpy reads it through the buffer
 /// protocol (host memory), torch through DLPack; both views keep the memory alive.

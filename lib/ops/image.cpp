@@ -1,0 +1,402 @@
+// Image input ops (splitflow/image.hpp).
+#include "splitflow/image.hpp"
+
+#include <fmt/format.h>
+#include <glob.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <system_error>
+
+#include "splitflow/error.hpp"
+
+namespace splitflow::image {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// SplitMix64: a tiny, fully specified generator, so shuffles and crops are the same everywhere
+// (std::shuffle and the std distributions are not specified exactly).
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() noexcept {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [0, 1).
+  double uniform() noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  double uniform(double lo, double hi) noexcept { return lo + (hi - lo) * uniform(); }
+  /// Uniform integer in [0, n) (n > 0), without modulo bias worth mentioning for n << 2^64.
+  std::uint64_t below(std::uint64_t n) noexcept {
+    return static_cast<std::uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b) noexcept {
+  Rng r(a ^ (b * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL));
+  return r.next();
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+void check_hwc(const HostTensor& t, const char* op) {
+  if (t.dtype() != DType::u8 || t.ndim() != 3 || !t.contiguous())
+    throw Error(fmt::format("splitflow::image::{}: takes a contiguous u8 HWC image, got {}", op,
+                            t.describe()));
+}
+
+struct TjHandle {
+  tjhandle h;
+  TjHandle() : h(tjInitDecompress()) {
+    if (!h) throw Error(std::string("splitflow::image: tjInitDecompress failed: ") + tjGetErrorStr());
+  }
+  ~TjHandle() { tjDestroy(h); }
+  TjHandle(const TjHandle&) = delete;
+  TjHandle& operator=(const TjHandle&) = delete;
+};
+
+// One decompressor per thread: creating one costs more than decoding a small image's header.
+tjhandle decompressor() {
+  thread_local TjHandle handle;
+  return handle.h;
+}
+
+}  // namespace
+
+// ---- file lists ------------------------------------------------------------------------------
+
+FileList FileList::directory(const std::string& dir, const std::vector<std::string>& extensions) {
+  std::vector<std::string> exts;
+  for (const auto& e : extensions) exts.push_back(lower(e));
+  std::vector<std::string> paths;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
+  if (ec)
+    throw Error(fmt::format("splitflow::image::FileList::directory: cannot read '{}': {}", dir,
+                            ec.message()));
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec)
+      throw Error(fmt::format("splitflow::image::FileList::directory: while reading '{}': {}", dir,
+                              ec.message()));
+    if (!it->is_regular_file(ec)) continue;
+    const std::string ext = lower(it->path().extension().string());
+    if (exts.empty() || std::find(exts.begin(), exts.end(), ext) != exts.end())
+      paths.push_back(it->path().string());
+  }
+  std::sort(paths.begin(), paths.end());
+  return FileList(std::move(paths));
+}
+
+FileList FileList::glob(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  std::unique_ptr<glob_t, void (*)(glob_t*)> free_g(&g, globfree);
+  if (rc == GLOB_NOMATCH)
+    throw Error(fmt::format("splitflow::image::FileList::glob: no file matches '{}'", pattern));
+  if (rc != 0)
+    throw Error(fmt::format("splitflow::image::FileList::glob: cannot expand '{}' (glob error {})",
+                            pattern, rc));
+  std::vector<std::string> paths(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  std::sort(paths.begin(), paths.end());
+  return FileList(std::move(paths));
+}
+
+FileList FileList::list_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error(fmt::format("splitflow::image::FileList::list_file: cannot open '{}': {}", path,
+                            std::strerror(errno)));
+  const fs::path base = fs::path(path).parent_path();
+  std::vector<std::string> paths;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    std::size_t start = 0;
+    while (start < line.size() && std::isspace(static_cast<unsigned char>(line[start]))) ++start;
+    line.erase(0, start);
+    if (line.empty() || line[0] == '#') continue;
+    const fs::path p(line);
+    paths.push_back(p.is_absolute() ? line : (base / p).string());
+  }
+  return FileList(std::move(paths));
+}
+
+std::vector<std::uint64_t> FileList::epoch(const ShardSpec& spec) const {
+  if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
+    throw Error(fmt::format("splitflow::image::FileList::epoch: rank {} is not in [0, world_size "
+                            "{})",
+                            spec.rank, spec.world_size));
+  if (spec.num_workers < 1 || spec.worker < 0 || spec.worker >= spec.num_workers)
+    throw Error(fmt::format("splitflow::image::FileList::epoch: worker {} is not in [0, "
+                            "num_workers {})",
+                            spec.worker, spec.num_workers));
+  std::vector<std::uint64_t> all(paths_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  if (spec.shuffle && all.size() > 1) {
+    Rng rng(mix(spec.seed, spec.epoch));
+    for (std::size_t i = all.size() - 1; i > 0; --i) std::swap(all[i], all[rng.below(i + 1)]);
+  }
+  std::vector<std::uint64_t> mine;
+  const std::size_t ranks = static_cast<std::size_t>(spec.world_size);
+  const std::size_t workers = static_cast<std::size_t>(spec.num_workers);
+  std::size_t k = 0;  // position within this rank's shard
+  for (std::size_t i = static_cast<std::size_t>(spec.rank); i < all.size(); i += ranks, ++k)
+    if (k % workers == static_cast<std::size_t>(spec.worker)) mine.push_back(all[i]);
+  return mine;
+}
+
+std::vector<FileRef> FileList::refs(const std::vector<std::uint64_t>& order) const {
+  std::vector<FileRef> out;
+  out.reserve(order.size());
+  for (std::uint64_t i : order) {
+    if (i >= paths_.size())
+      throw Error(fmt::format("splitflow::image::FileList::refs: index {} is past the list's {} "
+                              "files",
+                              i, paths_.size()));
+    out.push_back({i, paths_[i]});
+  }
+  return out;
+}
+
+// ---- reading and decoding ----------------------------------------------------------------------
+
+Encoded read_file(FileRef file) {
+  std::FILE* f = std::fopen(file.path.c_str(), "rb");
+  if (!f) throw Error(fmt::format("splitflow::image::read_file: '{}': {}", file.path, std::strerror(errno)));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> close(f, std::fclose);
+  if (std::fseek(f, 0, SEEK_END) != 0)
+    throw Error(fmt::format("splitflow::image::read_file: '{}': cannot seek: {}", file.path, std::strerror(errno)));
+  const long size = std::ftell(f);
+  if (size < 0)
+    throw Error(fmt::format("splitflow::image::read_file: '{}': cannot tell its size: {}", file.path, std::strerror(errno)));
+  std::rewind(f);
+  HostTensor bytes = HostTensor::empty(DType::u8, {size});
+  if (size > 0 && std::fread(bytes.raw(), 1, static_cast<std::size_t>(size), f) != static_cast<std::size_t>(size))
+    throw Error(fmt::format("splitflow::image::read_file: '{}': short read", file.path));
+  return Encoded{file.index, std::move(file.path), std::move(bytes)};
+}
+
+HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, const std::string& what) {
+  tjhandle tj = decompressor();
+  int width = 0, height = 0, subsamp = 0, colorspace = 0;
+  if (size == 0 || tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &width, &height,
+                                       &subsamp, &colorspace) != 0)
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
+                            size == 0 ? "empty" : tjGetErrorStr2(tj)));
+  // Data cut short before the frame header parses as "tables only": no image in it.
+  if (width <= 0 || height <= 0)
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': no image in the data (truncated "
+                            "before the frame header?)",
+                            what));
+  const int channels = color == Color::rgb ? 3 : 1;
+  HostTensor out = HostTensor::empty(DType::u8, {height, width, channels});
+  const int rc = tjDecompress2(tj, data, static_cast<unsigned long>(size),
+                               static_cast<unsigned char*>(out.raw()), width, 0, height,
+                               color == Color::rgb ? TJPF_RGB : TJPF_GRAY, 0);
+  // A truncated file decodes with a warning (the rest grey): an error here, not a quiet image.
+  if (rc != 0)
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
+                            tjGetErrorStr2(tj), width, height));
+  return out;
+}
+
+Image decode(Encoded file, Color color) {
+  HostTensor px = decode_jpeg(file.bytes.data<std::uint8_t>(), file.bytes.nbytes(), color, file.path);
+  return Image{file.index, std::move(file.path), std::move(px)};
+}
+
+// ---- geometry ----------------------------------------------------------------------------------
+
+namespace {
+
+// Source sample positions for bilinear resampling of [start, start + len) to n outputs
+// (half-pixel centres), as (index, weight of index + 1 in 1/2048).
+struct Tap {
+  int i0;
+  int i1;
+  int w1;  // of i1, in [0, 2048]
+};
+constexpr int kShift = 11;
+constexpr int kOne = 1 << kShift;
+
+std::vector<Tap> taps(int start, int len, int n, int limit) {
+  std::vector<Tap> t(static_cast<std::size_t>(n));
+  const double scale = static_cast<double>(len) / n;
+  for (int o = 0; o < n; ++o) {
+    double s = (o + 0.5) * scale - 0.5;
+    s = std::clamp(s, 0.0, static_cast<double>(len - 1));
+    const int i0 = static_cast<int>(s);
+    const int i1 = std::min(i0 + 1, len - 1);
+    const int w1 = static_cast<int>(std::lround((s - i0) * kOne));
+    t[static_cast<std::size_t>(o)] = {std::min(start + i0, limit - 1), std::min(start + i1, limit - 1), w1};
+  }
+  return t;
+}
+
+}  // namespace
+
+HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box) {
+  check_hwc(img, "resize");
+  const int H = static_cast<int>(img.dim(0)), W = static_cast<int>(img.dim(1));
+  const int C = static_cast<int>(img.dim(2));
+  if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
+  if (out_h < 1 || out_w < 1 || box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 ||
+      box.y + box.h > H || box.x + box.w > W)
+    throw Error(fmt::format("splitflow::image::resize: cannot resize box (y {}, x {}, h {}, w {}) "
+                            "of a {}x{} image to {}x{}",
+                            box.y, box.x, box.h, box.w, H, W, out_h, out_w));
+  HostTensor out = HostTensor::empty(DType::u8, {out_h, out_w, C});
+  const std::vector<Tap> xs = taps(box.x, box.w, out_w, W);
+  const std::vector<Tap> ys = taps(box.y, box.h, out_h, H);
+  const std::uint8_t* src = img.data<std::uint8_t>();
+  std::uint8_t* dst = out.data<std::uint8_t>();
+  const std::size_t row = static_cast<std::size_t>(W) * C;
+  // Horizontal pass of the two source rows an output row needs, kept for the next output row
+  // when it needs the same ones (upscaling).
+  std::vector<std::int32_t> r0(static_cast<std::size_t>(out_w) * C), r1(r0.size());
+  int have0 = -1, have1 = -1;
+  const auto horizontal = [&](int y, std::vector<std::int32_t>& buf) {
+    const std::uint8_t* s = src + static_cast<std::size_t>(y) * row;
+    std::int32_t* b = buf.data();
+    for (int o = 0; o < out_w; ++o) {
+      const Tap& t = xs[static_cast<std::size_t>(o)];
+      const std::uint8_t* a = s + static_cast<std::size_t>(t.i0) * C;
+      const std::uint8_t* c = s + static_cast<std::size_t>(t.i1) * C;
+      for (int ch = 0; ch < C; ++ch)
+        *b++ = a[ch] * (kOne - t.w1) + c[ch] * t.w1;  // value << kShift
+    }
+  };
+  for (int oy = 0; oy < out_h; ++oy) {
+    const Tap& t = ys[static_cast<std::size_t>(oy)];
+    if (have0 != t.i0) {
+      if (have1 == t.i0) {
+        std::swap(r0, r1);
+        std::swap(have0, have1);
+      } else {
+        horizontal(t.i0, r0);
+        have0 = t.i0;
+      }
+    }
+    if (have1 != t.i1) {
+      horizontal(t.i1, r1);
+      have1 = t.i1;
+    }
+    std::uint8_t* d = dst + static_cast<std::size_t>(oy) * out_w * C;
+    const std::int64_t w1 = t.w1, w0 = kOne - t.w1;
+    const std::int64_t half = std::int64_t{1} << (2 * kShift - 1);
+    for (std::size_t i = 0; i < r0.size(); ++i)
+      d[i] = static_cast<std::uint8_t>((r0[i] * w0 + r1[i] * w1 + half) >> (2 * kShift));
+  }
+  return out;
+}
+
+HostTensor hflip(const HostTensor& img) {
+  check_hwc(img, "hflip");
+  const std::int64_t H = img.dim(0), W = img.dim(1), C = img.dim(2);
+  HostTensor out = HostTensor::empty(DType::u8, {H, W, C});
+  const std::uint8_t* s = img.data<std::uint8_t>();
+  std::uint8_t* d = out.data<std::uint8_t>();
+  for (std::int64_t y = 0; y < H; ++y)
+    for (std::int64_t x = 0; x < W; ++x)
+      std::memcpy(d + (y * W + x) * C, s + (y * W + (W - 1 - x)) * C, static_cast<std::size_t>(C));
+  return out;
+}
+
+Augment draw_augment(int height, int width, std::uint64_t index, const AugmentSpec& spec) {
+  Rng rng(mix(mix(spec.seed, spec.epoch), index));
+  Augment a;
+  const double area = static_cast<double>(height) * width;
+  const double log_lo = std::log(spec.ratio_min), log_hi = std::log(spec.ratio_max);
+  bool found = false;
+  for (int attempt = 0; attempt < 10 && !found; ++attempt) {
+    const double target = area * rng.uniform(spec.scale_min, spec.scale_max);
+    const double aspect = std::exp(rng.uniform(log_lo, log_hi));
+    const int w = static_cast<int>(std::lround(std::sqrt(target * aspect)));
+    const int h = static_cast<int>(std::lround(std::sqrt(target / aspect)));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      a.box = {static_cast<int>(rng.below(static_cast<std::uint64_t>(height - h + 1))),
+               static_cast<int>(rng.below(static_cast<std::uint64_t>(width - w + 1))), h, w};
+      found = true;
+    }
+  }
+  if (!found) {  // a centre crop at the nearest allowed aspect ratio
+    const double ratio = static_cast<double>(width) / height;
+    int w = width, h = height;
+    if (ratio < spec.ratio_min) {
+      h = static_cast<int>(std::lround(w / spec.ratio_min));
+    } else if (ratio > spec.ratio_max) {
+      w = static_cast<int>(std::lround(h * spec.ratio_max));
+    }
+    a.box = {(height - h) / 2, (width - w) / 2, h, w};
+  }
+  a.flip = rng.uniform() < spec.flip_probability;
+  return a;
+}
+
+Image RandomResizedCrop::operator()(Image img) const {
+  check_hwc(img.pixels, "RandomResizedCrop");
+  const Augment a = draw_augment(static_cast<int>(img.pixels.dim(0)),
+                                 static_cast<int>(img.pixels.dim(1)), img.index, spec_);
+  HostTensor out = resize(img.pixels, spec_.size, spec_.size, a.box);
+  if (a.flip) out = hflip(out);
+  img.pixels = std::move(out);
+  return img;
+}
+
+// ---- batches -----------------------------------------------------------------------------------
+
+namespace {
+template <class Get, class Name>
+HostTensor collate_impl(std::size_t n, Get get, Name name, HostAllocator* alloc) {
+  if (n == 0) throw Error("splitflow::image::collate: the batch is empty");
+  const HostTensor& first = get(0);
+  check_hwc(first, "collate");
+  const std::vector<std::int64_t> shape = first.shape();
+  std::vector<std::int64_t> bshape{static_cast<std::int64_t>(n)};
+  bshape.insert(bshape.end(), shape.begin(), shape.end());
+  HostTensor out = alloc ? alloc->empty(DType::u8, bshape) : HostTensor::empty(DType::u8, bshape);
+  const std::size_t each = first.nbytes();
+  auto* d = static_cast<std::uint8_t*>(out.raw());
+  for (std::size_t i = 0; i < n; ++i) {
+    const HostTensor& t = get(i);
+    if (t.dtype() != DType::u8 || t.shape() != shape || !t.contiguous())
+      throw Error(fmt::format("splitflow::image::collate: image {}{} of the batch is {}, the "
+                              "first is {}; a batch needs equal shapes (resize or crop first)",
+                              i, name(i), t.describe(), first.describe()));
+    std::memcpy(d + i * each, t.raw(), each);
+  }
+  return out;
+}
+}  // namespace
+
+HostTensor collate(const std::vector<Image>& images, HostAllocator* alloc) {
+  return collate_impl(
+      images.size(), [&](std::size_t i) -> const HostTensor& { return images[i].pixels; },
+      [&](std::size_t i) { return fmt::format(" ('{}')", images[i].path); }, alloc);
+}
+
+HostTensor collate(const std::vector<HostTensor>& images, HostAllocator* alloc) {
+  return collate_impl(
+      images.size(), [&](std::size_t i) -> const HostTensor& { return images[i]; },
+      [](std::size_t) { return std::string(); }, alloc);
+}
+
+}  // namespace splitflow::image

@@ -1,0 +1,409 @@
+// Image input ops (splitflow/image.hpp). The data is made here, at test time: random images
+// encoded with libturbojpeg, plus truncated, garbage and empty files. Each test names what it
+// checks.
+#include <gtest/gtest.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <splitflow/image.hpp>
+#include <splitflow/splitflow.hpp>
+#include <string>
+#include <vector>
+
+using namespace splitflow;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A smooth random image (gradients plus noise): JPEG-friendly, and different per seed.
+std::vector<std::uint8_t> random_pixels(int h, int w, int c, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> noise(-20, 20), base(0, 255);
+  const int b0 = base(gen), b1 = base(gen);
+  std::vector<std::uint8_t> px(static_cast<std::size_t>(h) * w * c);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int k = 0; k < c; ++k) {
+        const int v = (b0 * x / std::max(w, 1) + b1 * y / std::max(h, 1) + 60 * k + noise(gen)) % 256;
+        px[(static_cast<std::size_t>(y) * w + x) * c + k] = static_cast<std::uint8_t>(std::abs(v));
+      }
+  return px;
+}
+
+std::vector<std::uint8_t> encode(const std::vector<std::uint8_t>& px, int h, int w, int c,
+                                 int quality = 90, int subsampling = TJSAMP_420) {
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(tj, px.data(), w, 0, h, c == 3 ? TJPF_RGB : TJPF_GRAY, &buf, &size,
+                             c == 3 ? subsampling : TJSAMP_GRAY, quality, 0);
+  EXPECT_EQ(rc, 0) << tjGetErrorStr2(tj);
+  std::vector<std::uint8_t> out(buf, buf + size);
+  tjFree(buf);
+  tjDestroy(tj);
+  return out;
+}
+
+// libturbojpeg's own decode, for comparison.
+std::vector<std::uint8_t> tj_decode(const std::vector<std::uint8_t>& jpeg, int pf, int& h, int& w) {
+  tjhandle tj = tjInitDecompress();
+  int ss = 0, cs = 0;
+  tjDecompressHeader3(tj, jpeg.data(), jpeg.size(), &w, &h, &ss, &cs);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(h) * w * tjPixelSize[pf]);
+  EXPECT_EQ(tjDecompress2(tj, jpeg.data(), jpeg.size(), out.data(), w, 0, h, pf, 0), 0);
+  tjDestroy(tj);
+  return out;
+}
+
+void write_file(const fs::path& p, const std::vector<std::uint8_t>& bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::vector<std::uint8_t> bytes_of(const HostTensor& t) {
+  const auto* p = static_cast<const std::uint8_t*>(t.raw());
+  return {p, p + t.nbytes()};
+}
+
+HostTensor tensor_of(const std::vector<std::uint8_t>& px, int h, int w, int c) {
+  HostTensor t = HostTensor::empty(DType::u8, {h, w, c});
+  std::memcpy(t.raw(), px.data(), px.size());
+  return t;
+}
+
+// A scratch directory removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() / ("splitflow-" + name + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// The straightforward bilinear reference: half-pixel centres, clamped, in doubles.
+std::vector<std::uint8_t> reference_resize(const std::vector<std::uint8_t>& px, int W, int C,
+                                           image::Box b, int oh, int ow) {
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(oh) * ow * C);
+  const auto at = [&](int y, int x, int k) { return px[(static_cast<std::size_t>(y) * W + x) * C + k]; };
+  for (int oy = 0; oy < oh; ++oy) {
+    const double sy = std::clamp((oy + 0.5) * b.h / oh - 0.5, 0.0, b.h - 1.0);
+    const int y0 = static_cast<int>(sy), y1 = std::min(y0 + 1, b.h - 1);
+    for (int ox = 0; ox < ow; ++ox) {
+      const double sx = std::clamp((ox + 0.5) * b.w / ow - 0.5, 0.0, b.w - 1.0);
+      const int x0 = static_cast<int>(sx), x1 = std::min(x0 + 1, b.w - 1);
+      for (int k = 0; k < C; ++k) {
+        const double top = at(b.y + y0, b.x + x0, k) * (1 - (sx - x0)) + at(b.y + y0, b.x + x1, k) * (sx - x0);
+        const double bot = at(b.y + y1, b.x + x0, k) * (1 - (sx - x0)) + at(b.y + y1, b.x + x1, k) * (sx - x0);
+        out[(static_cast<std::size_t>(oy) * ow + ox) * C + k] =
+            static_cast<std::uint8_t>(std::lround(top * (1 - (sy - y0)) + bot * (sy - y0)));
+      }
+    }
+  }
+  return out;
+}
+
+std::string fmt_name(int i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "img_%03d.jpg", i);
+  return buf;
+}
+
+}  // namespace
+
+// "decode matches libturbojpeg's own output exactly" (RGB, gray, RGB read as gray; odd sizes)
+TEST(ImageDecode, MatchesLibturbojpegExactly) {
+  const int sizes[][2] = {{375, 500}, {17, 33}, {1, 1}, {64, 48}};
+  unsigned seed = 1;
+  for (auto [h, w] : sizes) {
+    for (int c : {3, 1}) {
+      const auto jpeg = encode(random_pixels(h, w, c, seed++), h, w, c);
+      for (image::Color color : {image::Color::rgb, image::Color::gray}) {
+        const HostTensor got = image::decode_jpeg(jpeg.data(), jpeg.size(), color, "x.jpg");
+        int th = 0, tw = 0;
+        const auto want = tj_decode(jpeg, color == image::Color::rgb ? TJPF_RGB : TJPF_GRAY, th, tw);
+        ASSERT_EQ(got.shape(), (std::vector<std::int64_t>{th, tw, color == image::Color::rgb ? 3 : 1}));
+        EXPECT_EQ(bytes_of(got), want) << h << "x" << w << " c" << c;
+      }
+    }
+  }
+  // And it is an image of what was encoded: at quality 100, close to the original.
+  const auto px = random_pixels(40, 56, 3, 99);
+  const auto jpeg = encode(px, 40, 56, 3, 100, TJSAMP_444);
+  const auto got = bytes_of(image::decode_jpeg(jpeg.data(), jpeg.size()));
+  double err = 0;
+  for (std::size_t i = 0; i < px.size(); ++i) err += std::abs(int(got[i]) - int(px[i]));
+  EXPECT_LT(err / px.size(), 8.0);
+}
+
+// "reports truncated or corrupt files as errors" naming the file
+TEST(ImageDecode, TruncatedGarbageAndEmptyFilesAreErrorsNamingTheFile) {
+  const auto jpeg = encode(random_pixels(120, 160, 3, 5), 120, 160, 3);
+  const std::vector<std::uint8_t> truncated(jpeg.begin(), jpeg.begin() + jpeg.size() / 2);
+  std::vector<std::uint8_t> garbage(4000);
+  std::mt19937 gen(3);
+  for (auto& b : garbage) b = static_cast<std::uint8_t>(gen());
+  struct Case {
+    const char* name;
+    std::vector<std::uint8_t> bytes;
+  } cases[] = {{"half.jpg", truncated},
+               {"tables_only.jpg", std::vector<std::uint8_t>(jpeg.begin(), jpeg.begin() + 200)},
+               {"noise.jpg", garbage},
+               {"empty.jpg", {}}};
+  for (const auto& c : cases) {
+    try {
+      image::decode_jpeg(c.bytes.data(), c.bytes.size(), image::Color::rgb, c.name);
+      ADD_FAILURE() << c.name << " decoded without an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + c.name + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// "resize matches a straightforward reference": within 1 of the double-precision bilinear
+// (fixed-point rounding), for down, up, boxes and one channel; the identity is exact
+TEST(ImageOps, ResizeMatchesTheReference) {
+  struct Case {
+    int H, W, C;
+    image::Box box;
+    int oh, ow;
+  } cases[] = {{375, 500, 3, {}, 224, 224},        {50, 40, 3, {}, 97, 131},
+               {375, 500, 3, {30, 70, 200, 150}, 224, 224}, {20, 20, 1, {5, 3, 1, 7}, 9, 4},
+               {33, 47, 3, {}, 33, 47}};
+  unsigned seed = 11;
+  for (const auto& c : cases) {
+    const auto px = random_pixels(c.H, c.W, c.C, seed++);
+    const image::Box b = c.box.h ? c.box : image::Box{0, 0, c.H, c.W};
+    const auto want = reference_resize(px, c.W, c.C, b, c.oh, c.ow);
+    const auto got = bytes_of(image::resize(tensor_of(px, c.H, c.W, c.C), c.oh, c.ow, c.box));
+    ASSERT_EQ(got.size(), want.size());
+    int worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(int(got[i]) - int(want[i])));
+    EXPECT_LE(worst, 1) << c.H << "x" << c.W << " -> " << c.oh << "x" << c.ow;
+    if (c.oh == c.H && c.ow == c.W && !c.box.h) {
+      EXPECT_EQ(got, px);
+    }
+  }
+  EXPECT_THROW(image::resize(tensor_of(random_pixels(10, 10, 3, 1), 10, 10, 3), 5, 5, {5, 5, 6, 2}), Error);
+}
+
+// "flip matches the reference"; twice is the identity
+TEST(ImageOps, FlipMirrorsColumns) {
+  const auto px = random_pixels(7, 9, 3, 4);
+  const HostTensor t = tensor_of(px, 7, 9, 3);
+  const auto got = bytes_of(image::hflip(t));
+  for (int y = 0; y < 7; ++y)
+    for (int x = 0; x < 9; ++x)
+      for (int k = 0; k < 3; ++k)
+        ASSERT_EQ(got[(y * 9 + x) * 3 + k], px[(y * 9 + (8 - x)) * 3 + k]);
+  EXPECT_EQ(bytes_of(image::hflip(image::hflip(t))), px);
+}
+
+// "random-resized-crop and flip with per-item seeded randomness (reproducible given seed, epoch
+// and index)", within torchvision's scale and ratio bounds
+TEST(ImageOps, AugmentIsReproducibleAndWithinBounds) {
+  const image::AugmentSpec spec{.size = 224, .seed = 42, .epoch = 3};
+  int flips = 0, fallback = 0;
+  std::set<std::tuple<int, int, int, int>> boxes;
+  for (std::uint64_t i = 0; i < 2000; ++i) {
+    const image::Augment a = image::draw_augment(375, 500, i, spec);
+    const image::Augment again = image::draw_augment(375, 500, i, spec);
+    ASSERT_EQ(std::tie(a.box.y, a.box.x, a.box.h, a.box.w, a.flip),
+              std::tie(again.box.y, again.box.x, again.box.h, again.box.w, again.flip));
+    ASSERT_GE(a.box.y, 0);
+    ASSERT_GE(a.box.x, 0);
+    ASSERT_LE(a.box.y + a.box.h, 375);
+    ASSERT_LE(a.box.x + a.box.w, 500);
+    const double area = double(a.box.h) * a.box.w / (375.0 * 500.0);
+    const double ratio = double(a.box.w) / a.box.h;
+    if (a.box.h == 375 && a.box.w == 500) ++fallback;
+    // Rounding w and h to whole pixels moves area and ratio a little past the drawn values.
+    EXPECT_GE(area, 0.08 * 0.97);
+    EXPECT_LE(area, 1.0);
+    EXPECT_GE(ratio, 0.75 * 0.97);
+    EXPECT_LE(ratio, (4.0 / 3.0) * 1.03);
+    flips += a.flip;
+    boxes.insert({a.box.y, a.box.x, a.box.h, a.box.w});
+  }
+  EXPECT_GT(flips, 900);
+  EXPECT_LT(flips, 1100);
+  EXPECT_GT(boxes.size(), 1900u);  // per item, not one box for all
+  EXPECT_LT(fallback, 20);
+  // Another epoch or seed draws differently.
+  int same = 0;
+  for (std::uint64_t i = 0; i < 100; ++i) {
+    const auto a = image::draw_augment(375, 500, i, spec);
+    const auto b = image::draw_augment(375, 500, i, {.seed = 42, .epoch = 4});
+    same += a.box.y == b.box.y && a.box.x == b.box.x && a.box.h == b.box.h;
+  }
+  EXPECT_LT(same, 5);
+  // The stage body: the crop of its box, resized, flipped when drawn.
+  const auto px = random_pixels(375, 500, 3, 8);
+  for (std::uint64_t i = 0; i < 6; ++i) {
+    const image::Augment a = image::draw_augment(375, 500, i, spec);
+    HostTensor want = image::resize(tensor_of(px, 375, 500, 3), 224, 224, a.box);
+    if (a.flip) want = image::hflip(want);
+    const image::Image out = image::RandomResizedCrop(spec)({i, "p.jpg", tensor_of(px, 375, 500, 3)});
+    EXPECT_EQ(bytes_of(out.pixels), bytes_of(want));
+    EXPECT_EQ(out.index, i);
+  }
+}
+
+// "shuffling and sharding cover the data exactly once per epoch"
+TEST(ImageFiles, ShardsCoverTheDataExactlyOncePerEpoch) {
+  std::vector<std::string> paths;
+  for (int i = 0; i < 1003; ++i) paths.push_back("f" + std::to_string(i));
+  const image::FileList files(paths);
+  std::vector<std::uint64_t> epoch0_rank0;
+  for (std::uint64_t epoch : {0u, 1u}) {
+    std::vector<int> seen(1003, 0);
+    std::size_t smallest = 1003, largest = 0;
+    for (int r = 0; r < 3; ++r)
+      for (int wk = 0; wk < 2; ++wk) {
+        const auto mine = files.epoch({.seed = 9, .epoch = epoch, .rank = r, .world_size = 3,
+                                       .worker = wk, .num_workers = 2});
+        smallest = std::min(smallest, mine.size());
+        largest = std::max(largest, mine.size());
+        for (auto i : mine) ++seen[i];
+        if (epoch == 0 && r == 0 && wk == 0) epoch0_rank0 = mine;
+        if (epoch == 1 && r == 0 && wk == 0) {
+          EXPECT_NE(mine, epoch0_rank0);  // reshuffled
+        }
+      }
+    for (int i = 0; i < 1003; ++i) ASSERT_EQ(seen[i], 1) << "file " << i << " epoch " << epoch;
+    EXPECT_LE(largest - smallest, 1u);
+  }
+  EXPECT_EQ(files.epoch({.seed = 9, .epoch = 0, .rank = 0, .world_size = 3, .worker = 0, .num_workers = 2}),
+            epoch0_rank0);  // the same (seed, epoch): the same order
+  const auto plain = files.epoch({.shuffle = false, .rank = 1, .world_size = 4});
+  ASSERT_GE(plain.size(), 3u);
+  EXPECT_EQ((std::vector<std::uint64_t>(plain.begin(), plain.begin() + 3)), (std::vector<std::uint64_t>{1, 5, 9}));
+  EXPECT_THROW(files.epoch({.rank = 3, .world_size = 3}), Error);
+}
+
+// "a file list from a directory, a glob, or a list file"
+TEST(ImageFiles, DirectoryGlobAndListFile) {
+  TempDir dir("filelist");
+  fs::create_directories(dir.path / "b");
+  for (const char* name : {"a1.jpg", "a0.JPEG", "b/c.jpg", "notes.txt"}) write_file(dir.path / name, {1, 2});
+  const auto listed = image::FileList::directory(dir.path.string());
+  EXPECT_EQ(listed.paths(), (std::vector<std::string>{(dir.path / "a0.JPEG").string(), (dir.path / "a1.jpg").string(),
+                                                      (dir.path / "b/c.jpg").string()}));
+  const auto globbed = image::FileList::glob((dir.path / "a*").string());
+  EXPECT_EQ(globbed.size(), 2u);
+  {
+    std::ofstream list(dir.path / "list.txt");
+    list << "# training files\nb/c.jpg\n\n  a1.jpg  \n/abs/x.jpg\n";
+  }
+  const auto from_list = image::FileList::list_file((dir.path / "list.txt").string());
+  EXPECT_EQ(from_list.paths(), (std::vector<std::string>{(dir.path / "b/c.jpg").string(),
+                                                         (dir.path / "a1.jpg").string(), "/abs/x.jpg"}));
+  try {
+    image::FileList::directory((dir.path / "missing").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos);
+  }
+  EXPECT_THROW(image::FileList::glob((dir.path / "*.png").string()), Error);
+  try {
+    image::read_file({0, (dir.path / "nope.jpg").string()});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nope.jpg"), std::string::npos);
+  }
+}
+
+// "batching/collation of equal-shaped images into an NHWC uint8 host tensor"
+TEST(ImageOps, CollateStacksEqualShapesAndNamesTheOddOne) {
+  std::vector<image::Image> imgs;
+  for (int i = 0; i < 4; ++i) imgs.push_back({std::uint64_t(i), "i" + std::to_string(i), tensor_of(random_pixels(5, 6, 3, i), 5, 6, 3)});
+  const HostTensor b = image::collate(imgs);
+  EXPECT_EQ(b.shape(), (std::vector<std::int64_t>{4, 5, 6, 3}));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(0, std::memcmp(static_cast<std::uint8_t*>(b.raw()) + i * 90, imgs[i].pixels.raw(), 90));
+  imgs[2].pixels = tensor_of(random_pixels(6, 5, 3, 1), 6, 5, 3);
+  try {
+    image::collate(imgs);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("image 2 ('i2')"), std::string::npos) << e.what();
+  }
+}
+
+// The whole input pipeline as a graph: "a corrupt file under skip never stops the epoch, and
+// the skipped count and file names appear in the stats"; the batches hold every good image once
+// and equal the ops applied one by one, whatever the thread count.
+TEST(ImagePipeline, CorruptFilesAreSkippedAndNamedAndTheRestIsExact) {
+  TempDir dir("pipeline");
+  const int kGood = 45;
+  for (int i = 0; i < kGood; ++i) {
+    const int h = 40 + i % 7, w = 50 + (i * 3) % 11;
+    write_file(dir.path / fmt_name(i), encode(random_pixels(h, w, 3, 100 + i), h, w, 3));
+  }
+  const auto good = encode(random_pixels(30, 30, 3, 7), 30, 30, 3);
+  write_file(dir.path / "img_bad_truncated.jpg", std::vector<std::uint8_t>(good.begin(), good.begin() + 200));
+  write_file(dir.path / "img_bad_garbage.jpg", std::vector<std::uint8_t>(500, 0x5a));
+  const auto files = image::FileList::directory(dir.path.string());
+  ASSERT_EQ(files.size(), std::size_t(kGood + 2));
+  const image::AugmentSpec aug{.size = 32, .seed = 5, .epoch = 1};
+
+  std::vector<std::vector<std::uint8_t>> results[2];
+  for (int threads : {1, 4}) {
+    Runtime rt({.threads = threads});
+    Graph g(rt, "images");
+    const auto order = files.epoch({.seed = 5, .epoch = 1});
+    auto src = g.source("files", files.refs(order));
+    auto read = g.stage("read", image::read_file, {.concurrency = 2});
+    auto decode = g.stage("decode", [](image::Encoded f) { return image::decode(std::move(f)); },
+                          {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
+    auto crop = g.stage("augment", image::RandomResizedCrop(aug), {.concurrency = Concurrency::unlimited});
+    auto batch = g.batch<image::Image>("batch", 8);
+    auto pack = g.stage("collate", [](std::vector<image::Image> b) {
+      std::vector<std::uint64_t> idx;
+      for (auto& im : b) idx.push_back(im.index);
+      return std::make_pair(idx, image::collate(b));
+    });
+    auto out = g.pull_sink<std::pair<std::vector<std::uint64_t>, HostTensor>>("out");
+    src >> read >> decode >> crop >> batch >> pack >> out;
+    auto run = g.run();
+    std::set<std::uint64_t> seen;
+    std::size_t batches = 0;
+    for (auto& [idx, t] : out) {
+      ++batches;
+      ASSERT_EQ(t.shape(), (std::vector<std::int64_t>{std::int64_t(idx.size()), 32, 32, 3}));
+      for (std::size_t k = 0; k < idx.size(); ++k) {
+        EXPECT_TRUE(seen.insert(idx[k]).second);
+        // The same as the ops applied one at a time.
+        const image::Image one = image::RandomResizedCrop(aug)(image::decode(image::read_file({idx[k], files.paths()[idx[k]]})));
+        const auto* p = static_cast<const std::uint8_t*>(t.raw()) + k * 32 * 32 * 3;
+        ASSERT_EQ(0, std::memcmp(p, one.pixels.raw(), 32 * 32 * 3)) << files.paths()[idx[k]];
+      }
+      results[threads == 1 ? 0 : 1].push_back(bytes_of(t));
+    }
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(batches, 6u);  // 45 = 5 x 8 + 5
+    EXPECT_EQ(seen.size(), std::size_t(kGood));
+    const RunStats st = run.stats();
+    const StageStats* d = st.find("decode");
+    EXPECT_EQ(d->items_skipped, 2u);
+    ASSERT_EQ(d->errors.size(), 2u);
+    std::set<std::string> named;
+    for (const auto& e : d->errors) {
+      for (const char* f : {"img_bad_truncated.jpg", "img_bad_garbage.jpg"})
+        if (e.message.find(f) != std::string::npos) {
+          named.insert(f);
+        }
+      // The item is the source's sequence number: the position in this epoch's order.
+      EXPECT_NE(files.paths()[order.at(e.item)].find("img_bad"), std::string::npos);
+    }
+    EXPECT_EQ(named.size(), 2u);
+  }
+  EXPECT_EQ(results[0], results[1]);  // thread count changes nothing
+}
