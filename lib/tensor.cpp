@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <new>
 
 #include <fmt/format.h>
@@ -95,15 +97,95 @@ std::string Tensor::describe() const {
   return fmt::format("{}[{}] {}", to_string(dtype_), dims, where);
 }
 
+namespace {
+
+// Freed large blocks, kept by size for the next tensor of that size: a pipeline making batch
+// after batch then writes into warm, mapped pages instead of faulting in fresh ones (glibc
+// mmaps blocks over 32 MiB afresh every time; writing a new 38 MiB float batch cost more in
+// page faults than the normalize that filled it). Bounded by its limit.
+class HostBlockCache {
+ public:
+  static constexpr std::size_t kMinBytes = std::size_t{1} << 20;
+
+  void* take(std::size_t bytes) {
+    if (bytes >= kMinBytes) {
+      std::lock_guard lk(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_ -= bytes;
+        ++hits_;
+        return p;
+      }
+      ++misses_;
+    }
+    void* p = std::aligned_alloc(64, bytes);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void give(void* p, std::size_t bytes) noexcept {
+    if (bytes >= kMinBytes && kEnabled) {
+      std::lock_guard lk(mu_);
+      if (cached_ + bytes <= limit_) {
+        try {
+          free_.emplace(bytes, p);
+          cached_ += bytes;
+          return;
+        } catch (...) {  // no room to remember it: free it
+        }
+      }
+    }
+    std::free(p);
+  }
+  void set_limit(std::size_t bytes) {
+    std::lock_guard lk(mu_);
+    limit_ = kEnabled ? bytes : 0;
+    while (cached_ > limit_) {  // largest first
+      auto it = std::prev(free_.end());
+      cached_ -= it->first;
+      std::free(it->second);
+      free_.erase(it);
+    }
+  }
+  HostCacheStats stats() {
+    std::lock_guard lk(mu_);
+    return {cached_, limit_, hits_, misses_};
+  }
+
+ private:
+#if defined(__SANITIZE_ADDRESS__)
+  static constexpr bool kEnabled = false;  // reuse would hide use-after-free from ASan
+#else
+  static constexpr bool kEnabled = true;
+#endif
+  std::mutex mu_;
+  std::multimap<std::size_t, void*> free_;
+  std::size_t cached_ = 0;
+  std::size_t limit_ = kEnabled ? std::size_t{256} << 20 : 0;
+  std::uint64_t hits_ = 0, misses_ = 0;
+};
+
+// Never destroyed: tensors may be freed by static destructors after this would have been.
+HostBlockCache& block_cache() {
+  static HostBlockCache* cache = new HostBlockCache;
+  return *cache;
+}
+
+}  // namespace
+
+void set_host_cache_limit(std::size_t bytes) { block_cache().set_limit(bytes); }
+HostCacheStats host_cache_stats() { return block_cache().stats(); }
+
 HostTensor HostTensor::empty(DType dtype, std::vector<std::int64_t> shape) {
   std::size_t bytes = itemsize(dtype);
   for (auto d : shape) {
     if (d < 0) throw Error("splitflow: tensor dimensions must be >= 0");
     bytes *= static_cast<std::size_t>(d);
   }
-  void* p = std::aligned_alloc(64, std::max<std::size_t>((bytes + 63) / 64 * 64, 64));
-  if (!p) throw std::bad_alloc();
-  std::shared_ptr<void> owner(p, [](void* q) { std::free(q); });
+  const std::size_t size = std::max<std::size_t>((bytes + 63) / 64 * 64, 64);
+  void* p = block_cache().take(size);
+  std::shared_ptr<void> owner(p, [size](void* q) { block_cache().give(q, size); });
   return HostTensor(p, dtype, std::move(shape), Memory::host, -1, std::move(owner));
 }
 

@@ -164,6 +164,10 @@ TEST(ImageDecode, TruncatedGarbageAndEmptyFilesAreErrorsNamingTheFile) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("'") + c.name + "'"), std::string::npos) << e.what();
     }
+    // Bad data leaves this thread's decoder fit for the next file (a tables-only stream once
+    // made the next header read as 0x0).
+    const HostTensor next = image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "good.jpg");
+    EXPECT_EQ(next.shape(), (std::vector<std::int64_t>{120, 160, 3})) << "after " << c.name;
   }
 }
 
@@ -406,4 +410,39 @@ TEST(ImagePipeline, CorruptFilesAreSkippedAndNamedAndTheRestIsExact) {
     EXPECT_EQ(named.size(), 2u);
   }
   EXPECT_EQ(results[0], results[1]);  // thread count changes nothing
+}
+
+// "memory is bounded": large host tensors reuse freed blocks of their size, up to the cache's
+// limit, and setting the limit frees what is over it.
+TEST(HostCache, ReusesFreedBlocksWithinItsLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan builds never cache host blocks (use-after-free must stay visible)";
+#else
+  set_host_cache_limit(8u << 20);
+  const HostCacheStats before = host_cache_stats();
+  EXPECT_EQ(before.limit, 8u << 20);
+  void* first;
+  {
+    HostTensor a = HostTensor::empty(DType::f32, {1 << 20});  // 4 MiB
+    first = a.raw();
+  }
+  EXPECT_EQ(host_cache_stats().cached_bytes, before.cached_bytes + (4u << 20));
+  {
+    HostTensor b = HostTensor::empty(DType::u8, {4 << 20});  // the same size: the same block
+    EXPECT_EQ(b.raw(), first);
+    EXPECT_EQ(host_cache_stats().hits, before.hits + 1);
+  }
+  {
+    std::vector<HostTensor> many;
+    for (int i = 0; i < 5; ++i) many.push_back(HostTensor::empty(DType::u8, {3 << 20}));
+  }  // 15 MiB freed at once: only what fits under 8 MiB is kept
+  EXPECT_LE(host_cache_stats().cached_bytes, 8u << 20);
+  set_host_cache_limit(0);
+  EXPECT_EQ(host_cache_stats().cached_bytes, 0u);
+  {
+    HostTensor small = HostTensor::empty(DType::u8, {1000});  // small blocks never go through it
+  }
+  EXPECT_EQ(host_cache_stats().cached_bytes, 0u);
+  set_host_cache_limit(256u << 20);
+#endif
 }

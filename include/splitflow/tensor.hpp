@@ -112,6 +112,19 @@ class HostTensor : public Tensor {
   using Tensor::Tensor;
 };
 
+/// HostTensor::empty takes blocks of 1 MiB and more from a cache of freed blocks of the same
+/// size, so that batch after batch reuses warm, mapped memory rather than faulting in fresh
+/// pages. The cache keeps at most `bytes` (default 256 MiB; 0 frees everything and disables
+/// it; ASan builds never cache, so that use-after-free stays visible).
+void set_host_cache_limit(std::size_t bytes);
+struct HostCacheStats {
+  std::size_t cached_bytes = 0;  ///< freed bytes kept for reuse now
+  std::size_t limit = 0;
+  std::uint64_t hits = 0;        ///< large allocations served from the cache
+  std::uint64_t misses = 0;      ///< large allocations that had to allocate
+};
+HostCacheStats host_cache_stats();
+
 /// A tensor in device memory. Made by a GPU stage's DeviceContext; its contents are ready when
 /// the stage that produced it completed (splitflow emits it only then).
 class DeviceTensor : public Tensor {

@@ -74,9 +74,16 @@ struct TjHandle {
 };
 
 // One decompressor per thread: creating one costs more than decoding a small image's header.
+// A handle that saw bad data is replaced: after a tables-only stream, libjpeg-turbo 2.1's
+// handle reads the next file's header as empty.
+thread_local std::unique_ptr<TjHandle> t_decompressor;
 tjhandle decompressor() {
-  thread_local TjHandle handle;
-  return handle.h;
+  if (!t_decompressor) t_decompressor = std::make_unique<TjHandle>();
+  return t_decompressor->h;
+}
+[[noreturn]] void decode_failed(std::string message) {
+  t_decompressor.reset();
+  throw Error(std::move(message));
 }
 
 }  // namespace
@@ -199,11 +206,11 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (size == 0 || tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &width, &height,
                                        &subsamp, &colorspace) != 0)
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
+    decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
                             size == 0 ? "empty" : tjGetErrorStr2(tj)));
   // Data cut short before the frame header parses as "tables only": no image in it.
   if (width <= 0 || height <= 0)
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': no image in the data (truncated "
+    decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': no image in the data (truncated "
                             "before the frame header?)",
                             what));
   const int channels = color == Color::rgb ? 3 : 1;
@@ -213,7 +220,7 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
                                color == Color::rgb ? TJPF_RGB : TJPF_GRAY, 0);
   // A truncated file decodes with a warning (the rest grey): an error here, not a quiet image.
   if (rc != 0)
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
+    decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
                             tjGetErrorStr2(tj), width, height));
   return out;
 }
@@ -253,7 +260,9 @@ std::vector<Tap> taps(int start, int len, int n, int limit) {
 
 }  // namespace
 
-HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box) {
+namespace {
+// resize, optionally mirrored: a flip is the horizontal taps in reverse, so it costs nothing.
+HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, bool flip) {
   check_hwc(img, "resize");
   const int H = static_cast<int>(img.dim(0)), W = static_cast<int>(img.dim(1));
   const int C = static_cast<int>(img.dim(2));
@@ -264,48 +273,53 @@ HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box) {
                             "of a {}x{} image to {}x{}",
                             box.y, box.x, box.h, box.w, H, W, out_h, out_w));
   HostTensor out = HostTensor::empty(DType::u8, {out_h, out_w, C});
-  const std::vector<Tap> xs = taps(box.x, box.w, out_w, W);
+  std::vector<Tap> xs = taps(box.x, box.w, out_w, W);
+  if (flip) std::reverse(xs.begin(), xs.end());
   const std::vector<Tap> ys = taps(box.y, box.h, out_h, H);
   const std::uint8_t* src = img.data<std::uint8_t>();
   std::uint8_t* dst = out.data<std::uint8_t>();
   const std::size_t row = static_cast<std::size_t>(W) * C;
-  // Horizontal pass of the two source rows an output row needs, kept for the next output row
-  // when it needs the same ones (upscaling).
-  std::vector<std::int32_t> r0(static_cast<std::size_t>(out_w) * C), r1(r0.size());
-  int have0 = -1, have1 = -1;
-  const auto horizontal = [&](int y, std::vector<std::int32_t>& buf) {
-    const std::uint8_t* s = src + static_cast<std::size_t>(y) * row;
-    std::int32_t* b = buf.data();
-    for (int o = 0; o < out_w; ++o) {
-      const Tap& t = xs[static_cast<std::size_t>(o)];
-      const std::uint8_t* a = s + static_cast<std::size_t>(t.i0) * C;
-      const std::uint8_t* c = s + static_cast<std::size_t>(t.i1) * C;
-      for (int ch = 0; ch < C; ++ch)
-        *b++ = a[ch] * (kOne - t.w1) + c[ch] * t.w1;  // value << kShift
-    }
+  // Vertical first: blend the output row's two source rows over the box's columns (contiguous,
+  // so it vectorises), then take the horizontal taps from that one blended row.
+  const std::size_t span = static_cast<std::size_t>(box.w) * C;
+  std::vector<std::int32_t> mid(span);  // value << kShift
+  struct XTap {
+    std::int32_t off0, off1, w0, w1;  // element offsets into `mid`, weights
   };
+  std::vector<XTap> xt(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    xt[i] = {(xs[i].i0 - box.x) * C, (xs[i].i1 - box.x) * C, kOne - xs[i].w1, xs[i].w1};
+  // At most 255 << 22 (plus the half): int32 holds every sum.
+  constexpr std::int32_t half = std::int32_t{1} << (2 * kShift - 1);
   for (int oy = 0; oy < out_h; ++oy) {
     const Tap& t = ys[static_cast<std::size_t>(oy)];
-    if (have0 != t.i0) {
-      if (have1 == t.i0) {
-        std::swap(r0, r1);
-        std::swap(have0, have1);
-      } else {
-        horizontal(t.i0, r0);
-        have0 = t.i0;
-      }
-    }
-    if (have1 != t.i1) {
-      horizontal(t.i1, r1);
-      have1 = t.i1;
-    }
+    const std::uint8_t* a = src + static_cast<std::size_t>(t.i0) * row + static_cast<std::size_t>(box.x) * C;
+    const std::uint8_t* b = src + static_cast<std::size_t>(t.i1) * row + static_cast<std::size_t>(box.x) * C;
+    const std::int32_t w1 = t.w1, w0 = kOne - t.w1;
+    std::int32_t* m = mid.data();
+    for (std::size_t j = 0; j < span; ++j) m[j] = a[j] * w0 + b[j] * w1;
     std::uint8_t* d = dst + static_cast<std::size_t>(oy) * out_w * C;
-    const std::int64_t w1 = t.w1, w0 = kOne - t.w1;
-    const std::int64_t half = std::int64_t{1} << (2 * kShift - 1);
-    for (std::size_t i = 0; i < r0.size(); ++i)
-      d[i] = static_cast<std::uint8_t>((r0[i] * w0 + r1[i] * w1 + half) >> (2 * kShift));
+    if (C == 3) {
+      for (const XTap& x : xt) {
+        const std::int32_t* p = m + x.off0;
+        const std::int32_t* q = m + x.off1;
+        d[0] = static_cast<std::uint8_t>((p[0] * x.w0 + q[0] * x.w1 + half) >> (2 * kShift));
+        d[1] = static_cast<std::uint8_t>((p[1] * x.w0 + q[1] * x.w1 + half) >> (2 * kShift));
+        d[2] = static_cast<std::uint8_t>((p[2] * x.w0 + q[2] * x.w1 + half) >> (2 * kShift));
+        d += 3;
+      }
+    } else {
+      for (const XTap& x : xt)
+        for (int ch = 0; ch < C; ++ch)
+          *d++ = static_cast<std::uint8_t>((m[x.off0 + ch] * x.w0 + m[x.off1 + ch] * x.w1 + half) >> (2 * kShift));
+    }
   }
   return out;
+}
+}  // namespace
+
+HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box) {
+  return resize_impl(img, out_h, out_w, box, false);
 }
 
 HostTensor hflip(const HostTensor& img) {
@@ -355,9 +369,7 @@ Image RandomResizedCrop::operator()(Image img) const {
   check_hwc(img.pixels, "RandomResizedCrop");
   const Augment a = draw_augment(static_cast<int>(img.pixels.dim(0)),
                                  static_cast<int>(img.pixels.dim(1)), img.index, spec_);
-  HostTensor out = resize(img.pixels, spec_.size, spec_.size, a.box);
-  if (a.flip) out = hflip(out);
-  img.pixels = std::move(out);
+  img.pixels = resize_impl(img.pixels, spec_.size, spec_.size, a.box, a.flip);
   return img;
 }
 

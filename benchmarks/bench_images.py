@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""The end-to-end image input benchmark: splitflow against torch's DataLoader, same files, same run.
+
+    PYTHONPATH=build/release/python /usr/bin/python3 benchmarks/bench_images.py \
+        --bin build/release/benchmarks/image_pipeline [--images 2000] [--json out.json]
+
+Data: --images JPEGs of 500x375 at quality 90 (photo-like: smooth structure, edges and grain),
+written once by PIL and cached under build/bench-data/. Every contender does the same work per
+image: decode, random-resized-crop to 224, horizontal flip (p=0.5), batches of 64, normalize
+(float32 NCHW, ImageNet mean/std):
+
+  splitflow C++        benchmarks/image_pipeline.cpp, the calling thread consumes the batches
+  splitflow Python     splitflow.torch.GraphDataset (C++ ops) into DataLoader(batch_size=None)
+  DataLoader w0 / w2   torchvision transforms on PIL decode, num_workers 0 and 2, batch_size 64
+  decode-only ceiling  libjpeg-turbo full decode of the same files on all cores, nothing else
+
+Each timed figure is the best of --epochs epochs (after the first, which warms caches), in
+images/s. Prints each as a ratio to the best DataLoader setting (goal: >= 2x) and as a fraction
+of the ceiling (goal: >= 0.7).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.utils.data
+from PIL import Image
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+BATCH = 64
+SIZE = 224
+
+
+def make_dataset(root, n):
+    """n photo-like 500x375 JPEGs (q90), made once: a smooth field, shapes with edges, grain."""
+    marker = os.path.join(root, f".complete-{n}")
+    if os.path.exists(marker):
+        return
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(1234)
+    from PIL import ImageDraw, ImageFilter
+    for i in range(n):
+        small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+        img = Image.fromarray(small).resize((500, 375), Image.BICUBIC)
+        draw = ImageDraw.Draw(img)
+        for _ in range(12):
+            x0, y0 = int(rng.integers(0, 450)), int(rng.integers(0, 330))
+            x1, y1 = x0 + int(rng.integers(10, 200)), y0 + int(rng.integers(10, 150))
+            fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+            (draw.ellipse if rng.random() < 0.5 else draw.rectangle)([x0, y0, x1, y1], fill=fill)
+        img = img.filter(ImageFilter.GaussianBlur(1.2))
+        px = np.asarray(img).astype(np.int16) + rng.normal(0, 7, (375, 500, 3)).astype(np.int16)
+        Image.fromarray(px.clip(0, 255).astype(np.uint8)).save(
+            os.path.join(root, f"{i:05d}.jpg"), quality=90)
+    open(marker, "w").close()
+
+
+class TorchvisionFolder(torch.utils.data.Dataset):
+    def __init__(self, paths):
+        import torchvision.transforms as T
+        self.paths = paths
+        self.transform = T.Compose([
+            T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with Image.open(self.paths[i]) as im:
+            return self.transform(im.convert("RGB"))
+
+
+def timed_epochs(make_loader, epochs, n):
+    best = 0.0
+    for epoch in range(epochs):
+        loader = make_loader(epoch)
+        start = time.perf_counter()
+        count = 0
+        for batch in loader:
+            count += batch.shape[0]
+            assert batch.shape[1:] == (3, SIZE, SIZE), batch.shape
+        elapsed = time.perf_counter() - start
+        assert count == n, (count, n)
+        best = max(best, count / elapsed)
+    return best
+
+
+def run_cpp(binary, mode, root, epochs):
+    out = subprocess.run([binary, mode, root, "--epochs", str(epochs)], check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"], out.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/release/benchmarks/image_pipeline")
+    ap.add_argument("--data", default="build/bench-data/images")
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    root = f"{args.data}-{args.images}"
+    t0 = time.perf_counter()
+    make_dataset(root, args.images)
+    import splitflow as sf
+    paths = sf.image_files(root)
+    n = len(paths)
+    mb = sum(os.path.getsize(p) for p in paths) / n / 1024
+    print(f"data: {n} JPEGs, 500x375 q90, mean {mb:.0f} KiB ({root}; ready in "
+          f"{time.perf_counter() - t0:.1f} s)", flush=True)
+
+    results = {}
+    # DataLoader first: its workers fork from a process that has not started splitflow.
+    for workers in (0, 2):
+        ds = TorchvisionFolder(paths)
+        results[f"dataloader_w{workers}"] = timed_epochs(
+            lambda e: torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers,
+                                                  persistent_workers=False),
+            args.epochs, n)
+        print(f"  dataloader_w{workers}: {results[f'dataloader_w{workers}']:.0f} images/s", flush=True)
+
+    results["splitflow_cpp"], table = run_cpp(args.bin, "pipeline", root, args.epochs)
+    print(f"  splitflow_cpp: {results['splitflow_cpp']:.0f} images/s", flush=True)
+
+    import splitflow.torch as sft
+    holder = {}
+
+    def build(g, indices):
+        epoch = holder["ds"].epoch
+        read = g.stage("read", sf.ops.read_file(paths), concurrency=2)
+        dec = g.stage("decode", sf.ops.decode_jpeg(), concurrency=0, on_error="skip")
+        crop = g.stage("augment", sf.ops.random_resized_crop(SIZE, seed=1, epoch=epoch), concurrency=0)
+        norm = g.stage("normalize", sf.ops.normalize(MEAN, STD), concurrency=0)
+        return indices >> read >> dec >> crop >> g.batch("batch", BATCH) >> norm
+
+    ds = sft.GraphDataset(build, n, shuffle=True, seed=1)
+    holder["ds"] = ds
+
+    def sf_loader(epoch):
+        ds.set_epoch(epoch)
+        return torch.utils.data.DataLoader(ds, batch_size=None)
+
+    results["splitflow_python"] = timed_epochs(sf_loader, args.epochs, n)
+    print(f"  splitflow_python: {results['splitflow_python']:.0f} images/s", flush=True)
+
+    results["decode_ceiling"], _ = run_cpp(args.bin, "ceiling", root, args.epochs)
+    print(f"  decode_ceiling: {results['decode_ceiling']:.0f} images/s", flush=True)
+
+    best_dl = max(results["dataloader_w0"], results["dataloader_w2"])
+    ceiling = results["decode_ceiling"]
+    print(f"\n{'':22s} {'images/s':>9s} {'vs best DataLoader':>19s} {'of ceiling':>11s}")
+    for k in ("dataloader_w0", "dataloader_w2", "splitflow_python", "splitflow_cpp", "decode_ceiling"):
+        v = results[k]
+        print(f"{k:22s} {v:9.0f} {v / best_dl:18.2f}x {v / ceiling:11.2f}")
+    print("goals: splitflow >= 2x the best DataLoader, >= 0.70 of the decode-only ceiling")
+    print(f"\nsplitflow C++ pipeline, last epoch:\n{table}")
+    summary = {
+        "machine": {"cores": os.cpu_count()},
+        "images": n, "results": results,
+        "ratio_cpp_vs_best_dataloader": results["splitflow_cpp"] / best_dl,
+        "ratio_python_vs_best_dataloader": results["splitflow_python"] / best_dl,
+        "cpp_of_ceiling": results["splitflow_cpp"] / ceiling,
+        "python_of_ceiling": results["splitflow_python"] / ceiling,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
