@@ -9,8 +9,10 @@ written once by PIL and cached under build/bench-data/. Every contender does the
 image: decode, random-resized-crop to 224, horizontal flip (p=0.5), batches of 64, normalize
 (float32 NCHW, ImageNet mean/std):
 
-  splitflow C++        benchmarks/image_pipeline.cpp, the calling thread consumes the batches
-  splitflow Python     splitflow.torch.GraphDataset (C++ ops) into DataLoader(batch_size=None)
+  splitflow C++        benchmarks/image_pipeline.cpp, the calling thread consumes the batches;
+                       decode and crop fused (only the crop's region of each JPEG is decoded)
+  splitflow C++, full  the same with a full decode, then the crop (two stages)
+  splitflow Python     splitflow.torch.GraphDataset (C++ ops, fused) into DataLoader(batch_size=None)
   DataLoader w0 / w2   torchvision transforms on PIL decode, num_workers 0 and 2, batch_size 64
   decode-only ceiling  libjpeg-turbo full decode of the same files on all cores, nothing else
 
@@ -90,8 +92,8 @@ def timed_epochs(make_loader, epochs, n):
     return best
 
 
-def run_cpp(binary, mode, root, epochs):
-    out = subprocess.run([binary, mode, root, "--epochs", str(epochs)], check=True,
+def run_cpp(binary, mode, root, epochs, *extra):
+    out = subprocess.run([binary, mode, root, "--epochs", str(epochs), *extra], check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"], out.stderr
 
@@ -126,6 +128,8 @@ def main():
 
     results["splitflow_cpp"], table = run_cpp(args.bin, "pipeline", root, args.epochs)
     print(f"  splitflow_cpp: {results['splitflow_cpp']:.0f} images/s", flush=True)
+    results["splitflow_cpp_full_decode"], _ = run_cpp(args.bin, "pipeline", root, args.epochs, "--fused", "0")
+    print(f"  splitflow_cpp_full_decode: {results['splitflow_cpp_full_decode']:.0f} images/s", flush=True)
 
     import splitflow.torch as sft
     holder = {}
@@ -133,10 +137,10 @@ def main():
     def build(g, indices):
         epoch = holder["ds"].epoch
         read = g.stage("read", sf.ops.read_file(paths), concurrency=2)
-        dec = g.stage("decode", sf.ops.decode_jpeg(), concurrency=0, on_error="skip")
-        crop = g.stage("augment", sf.ops.random_resized_crop(SIZE, seed=1, epoch=epoch), concurrency=0)
+        crop = g.stage("decode+augment", sf.ops.decode_random_resized_crop(SIZE, seed=1, epoch=epoch),
+                       concurrency=0, on_error="skip")
         norm = g.stage("normalize", sf.ops.normalize(MEAN, STD), concurrency=0)
-        return indices >> read >> dec >> crop >> g.batch("batch", BATCH) >> norm
+        return indices >> read >> crop >> g.batch("batch", BATCH) >> norm
 
     ds = sft.GraphDataset(build, n, shuffle=True, seed=1)
     holder["ds"] = ds
@@ -154,13 +158,15 @@ def main():
     best_dl = max(results["dataloader_w0"], results["dataloader_w2"])
     ceiling = results["decode_ceiling"]
     print(f"\n{'':22s} {'images/s':>9s} {'vs best DataLoader':>19s} {'of ceiling':>11s}")
-    for k in ("dataloader_w0", "dataloader_w2", "splitflow_python", "splitflow_cpp", "decode_ceiling"):
+    for k in ("dataloader_w0", "dataloader_w2", "splitflow_python", "splitflow_cpp",
+              "splitflow_cpp_full_decode", "decode_ceiling"):
         v = results[k]
         print(f"{k:22s} {v:9.0f} {v / best_dl:18.2f}x {v / ceiling:11.2f}")
     print("goals: splitflow >= 2x the best DataLoader, >= 0.70 of the decode-only ceiling")
     print(f"\nsplitflow C++ pipeline, last epoch:\n{table}")
     summary = {
         "machine": {"cores": os.cpu_count()},
+        "cpp_full_decode_of_ceiling": results["splitflow_cpp_full_decode"] / ceiling,
         "images": n, "results": results,
         "ratio_cpp_vs_best_dataloader": results["splitflow_cpp"] / best_dl,
         "ratio_python_vs_best_dataloader": results["splitflow_python"] / best_dl,

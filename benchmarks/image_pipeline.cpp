@@ -1,9 +1,11 @@
 // The image input pipeline from C++, timed: the C++ leg of benchmarks/bench_images.py.
 //
-//   image_pipeline pipeline DIR [--batch 64] [--size 224] [--threads 0] [--epochs 2] [--normalize cpu|gpu]
-//       files -> read -> decode -> random-resized-crop + flip -> batch -> collate -> normalize,
-//       consumed by the calling thread; prints {"images_per_s": ...} (the best epoch after a
-//       warm-up one).
+//   image_pipeline pipeline DIR [--batch 64] [--size 224] [--threads 0] [--epochs 2]
+//                               [--normalize cpu|gpu] [--fused 1|0]
+//       files -> read -> decode + random-resized-crop + flip -> batch -> collate -> normalize,
+//       consumed by the calling thread; prints {"images_per_s": ...} (the best epoch).
+//       --fused 1 (default): one op decodes only the crop's region
+//       (image::DecodeRandomResizedCrop); 0: full decode, then the crop (two stages).
 //   image_pipeline ceiling DIR [--threads 0] [--epochs 2]
 //       libjpeg-turbo full decode of the same files on all threads, nothing else (the bytes are
 //       read into memory first): the decode-only ceiling.
@@ -30,12 +32,13 @@ namespace {
 struct Args {
   std::string mode, dir, normalize = "cpu";
   int batch = 64, size = 224, threads = 0, epochs = 2;
+  bool fused = true;  // decode + crop in one op, decoding the crop's region only
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s pipeline|ceiling DIR [--batch N] [--size N] [--threads N] [--epochs N] [--normalize cpu|gpu]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s pipeline|ceiling DIR [--batch N] [--size N] [--threads N] [--epochs N] [--normalize cpu|gpu] [--fused 1|0]\n", argv[0]);
     std::exit(2);
   }
   a.mode = argv[1];
@@ -48,6 +51,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--threads") a.threads = std::atoi(v);
     else if (k == "--epochs") a.epochs = std::atoi(v);
     else if (k == "--normalize") a.normalize = v;
+    else if (k == "--fused") a.fused = std::atoi(v) != 0;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -68,11 +72,18 @@ double pipeline_epoch(Runtime& rt, const image::FileList& files, const Args& a, 
   Graph g(rt, "images");
   auto src = g.source("files", files.refs(files.epoch({.seed = 1, .epoch = epoch})));
   auto read = g.stage("read", image::read_file, {.concurrency = 2});
-  auto decode = g.stage("decode", [](image::Encoded f) { return image::decode(std::move(f)); },
-                        {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
-  auto crop = g.stage("augment", image::RandomResizedCrop({.size = a.size, .seed = 1, .epoch = epoch}),
-                      {.concurrency = Concurrency::unlimited});
+  const image::AugmentSpec aug{.size = a.size, .seed = 1, .epoch = epoch};
   auto batch = g.batch<image::Image>("batch", static_cast<std::size_t>(a.batch));
+  if (a.fused) {
+    auto decode_crop = g.stage("decode+augment", image::DecodeRandomResizedCrop(aug),
+                               {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
+    src >> read >> decode_crop >> batch;
+  } else {
+    auto decode = g.stage("decode", [](image::Encoded f) { return image::decode(std::move(f)); },
+                          {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
+    auto crop = g.stage("augment", image::RandomResizedCrop(aug), {.concurrency = Concurrency::unlimited});
+    src >> read >> decode >> crop >> batch;
+  }
   std::size_t images = 0, batches = 0;
   double checksum = 0;
   Run run;
@@ -87,7 +98,7 @@ double pipeline_epoch(Runtime& rt, const image::FileList& files, const Args& a, 
     }, {.ring_bytes = std::size_t(a.batch) * a.size * a.size * 3 * 4,
         .ring_item_bytes = std::size_t(a.batch) * a.size * a.size * 3});
     auto out = g.pull_sink<HostTensor>("out");
-    src >> read >> decode >> crop >> batch >> pack >> norm >> out;
+    batch >> pack >> norm >> out;
     run = g.run();
     for (auto& t : out) {
       images += static_cast<std::size_t>(t.dim(0));
@@ -99,7 +110,7 @@ double pipeline_epoch(Runtime& rt, const image::FileList& files, const Args& a, 
       return ops::normalize_host(image::collate(b), kMean, kStd);
     }, {.concurrency = Concurrency::unlimited});
     auto out = g.pull_sink<HostTensor>("out");
-    src >> read >> decode >> crop >> batch >> pack >> out;
+    batch >> pack >> out;
     run = g.run();
     for (auto& t : out) {
       images += static_cast<std::size_t>(t.dim(0));

@@ -8,8 +8,8 @@ packages=(
   cmake g++ make pkg-config
   # libraries
   libtbb-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-  # JPEG decode for the image ops (libjpeg-turbo's TurboJPEG API)
-  libturbojpeg0-dev
+  # JPEG decode for the image ops (libjpeg-turbo: the TurboJPEG API, and libjpeg's for regions)
+  libturbojpeg0-dev libjpeg62-turbo-dev
   # the TSan build of oneTBB is built from Debian's own source package (scripts/build-tsan-tbb.sh)
   dpkg-dev xz-utils
   # telemetry checks (tests/check_telemetry.py) and scripts/plot_run.py, run with /usr/bin/python3

@@ -143,6 +143,55 @@ TEST(ImageDecode, MatchesLibturbojpegExactly) {
   EXPECT_LT(err / px.size(), 8.0);
 }
 
+// Region decode: "the same pixels as that box of decode_jpeg's output", for boxes at edges and
+// odd offsets, 4:2:0, 4:4:4 and gray; and the fused decode + crop equals crop(decode()).
+TEST(ImageDecode, RegionsAndTheFusedCropEqualTheFullDecode) {
+  std::mt19937 gen(17);
+  for (int trial = 0; trial < 24; ++trial) {
+    const int h = 40 + static_cast<int>(gen() % 400), w = 40 + static_cast<int>(gen() % 500);
+    const int c = trial % 4 == 3 ? 1 : 3;
+    const int samp = trial % 2 ? TJSAMP_444 : TJSAMP_420;
+    const auto jpeg = encode(random_pixels(h, w, c, 200 + trial), h, w, c, 90, samp);
+    const image::Color color = c == 3 ? image::Color::rgb : image::Color::gray;
+    const HostTensor full = image::decode_jpeg(jpeg.data(), jpeg.size(), color, "f.jpg");
+    const int C = c == 3 ? 3 : 1;
+    std::vector<image::Box> boxes = {{0, 0, h, w}, {h - 1, w - 1, 1, 1}, {0, w / 2, h / 3, w - w / 2}};
+    for (int k = 0; k < 4; ++k) {
+      const int bh = 1 + static_cast<int>(gen() % h), bw = 1 + static_cast<int>(gen() % w);
+      boxes.push_back({static_cast<int>(gen() % (h - bh + 1)), static_cast<int>(gen() % (w - bw + 1)), bh, bw});
+    }
+    for (const image::Box& b : boxes) {
+      int H = 0, W = 0;
+      const HostTensor region = image::decode_jpeg_region(jpeg.data(), jpeg.size(), b, color, "f.jpg", &H, &W);
+      ASSERT_EQ(H, h);
+      ASSERT_EQ(W, w);
+      ASSERT_EQ(region.shape(), (std::vector<std::int64_t>{b.h, b.w, C}));
+      const auto* f = static_cast<const std::uint8_t*>(full.raw());
+      const auto* r = static_cast<const std::uint8_t*>(region.raw());
+      for (int y = 0; y < b.h; ++y)
+        ASSERT_EQ(0, std::memcmp(r + std::size_t(y) * b.w * C, f + (std::size_t(b.y + y) * w + b.x) * C, std::size_t(b.w) * C))
+            << "trial " << trial << " box y" << b.y << " x" << b.x << " h" << b.h << " w" << b.w << " row " << y;
+    }
+    const image::AugmentSpec spec{.size = 64, .seed = 3, .epoch = std::uint64_t(trial)};
+    for (std::uint64_t i = 0; i < 4; ++i) {
+      HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(jpeg.size())});
+      std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
+      const image::Image fused = image::decode_random_resized_crop({i, "f.jpg", bytes}, spec, color);
+      const image::Image two = image::RandomResizedCrop(spec)({i, "f.jpg", full});
+      ASSERT_EQ(bytes_of(fused.pixels), bytes_of(two.pixels)) << "trial " << trial << " item " << i;
+    }
+  }
+  const auto jpeg = encode(random_pixels(50, 60, 3, 1), 50, 60, 3);
+  EXPECT_THROW(image::decode_jpeg_region(jpeg.data(), jpeg.size(), {40, 0, 20, 10}), Error);
+  const std::vector<std::uint8_t> cut(jpeg.begin(), jpeg.begin() + jpeg.size() * 2 / 3);
+  try {
+    image::decode_jpeg_region(cut.data(), cut.size(), {45, 0, 5, 60}, image::Color::rgb, "cut.jpg");
+    FAIL() << "a truncated file decoded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'cut.jpg'"), std::string::npos) << e.what();
+  }
+}
+
 // "reports truncated or corrupt files as errors" naming the file
 TEST(ImageDecode, TruncatedGarbageAndEmptyFilesAreErrorsNamingTheFile) {
   const auto jpeg = encode(random_pixels(120, 160, 3, 5), 120, 160, 3);

@@ -115,6 +115,9 @@ HostTensor resize(const HostTensor& hwc, int out_h, int out_w, Box box = {});
 /// Mirror left-right.
 HostTensor hflip(const HostTensor& hwc);
 
+/// The whole image resized to out_h x out_w, mirrored when `flip` (the flip costs nothing).
+HostTensor resize_flipped(const HostTensor& hwc, int out_h, int out_w, bool flip);
+
 /// torchvision's RandomResizedCrop + RandomHorizontalFlip, with per-item randomness: the box
 /// and the flip depend only on (seed, epoch, item index), so a run is reproducible whatever the
 /// thread count or order.
@@ -143,6 +146,31 @@ class RandomResizedCrop {
 
  private:
   AugmentSpec spec_;
+};
+
+/// Decodes only `box` of a JPEG (libjpeg's row skipping and column cropping: rows past the box
+/// are never decoded, rows before it are skipped, columns outside it mostly so), the same
+/// pixels as that box of decode_jpeg's output. An empty box is the whole image. `height` and
+/// `width`, when given, receive the image's size.
+HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box,
+                              Color color = Color::rgb, const std::string& what = "JPEG data",
+                              int* height = nullptr, int* width = nullptr);
+
+/// decode + RandomResizedCrop fused, the way DALI's decoders.image_random_crop does it: the
+/// crop is drawn from the header's size, and only its region is decoded. The same pixels as
+/// RandomResizedCrop(spec)(decode(file)), for a fraction of the decode.
+Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color color = Color::rgb);
+
+/// A stage body for decode_random_resized_crop.
+class DecodeRandomResizedCrop {
+ public:
+  explicit DecodeRandomResizedCrop(AugmentSpec spec, Color color = Color::rgb)
+      : spec_(spec), color_(color) {}
+  Image operator()(Encoded file) const { return decode_random_resized_crop(std::move(file), spec_, color_); }
+
+ private:
+  AugmentSpec spec_;
+  Color color_;
 };
 
 /// Stacks equal-shaped HWC u8 images into one NHWC tensor, from `alloc` (a GPU stage's pinned

@@ -5,6 +5,10 @@
 #include <glob.h>
 #include <turbojpeg.h>
 
+#include <csetjmp>
+#include <cstdio>  // before jpeglib.h, which uses FILE
+#include <jpeglib.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -225,6 +229,140 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
   return out;
 }
 
+// ---- region decode (libjpeg API: skip rows, crop columns) -----------------------------------------
+
+namespace {
+
+// libjpeg reports errors by calling error_exit, which must not return: it longjmps back to the
+// frame that called setjmp. Those frames hold only trivially destructible locals.
+struct JpegErrors {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+extern "C" void splitflow_jpeg_error_exit(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<JpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  std::longjmp(e->jump, 1);
+}
+// Warnings (a truncated file decodes with one) are errors here, as in decode_jpeg.
+extern "C" void splitflow_jpeg_emit_message(j_common_ptr cinfo, int level) {
+  if (level < 0) splitflow_jpeg_error_exit(cinfo);
+}
+
+struct JpegDecoder {
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  bool created = false;
+  ~JpegDecoder() {
+    if (created) jpeg_destroy_decompress(&cinfo);
+  }
+};
+
+// Reads the header; false with d.errors.message set on an error.
+bool read_header(JpegDecoder& d, const std::uint8_t* data, std::size_t size, bool gray) {
+  d.cinfo.err = jpeg_std_error(&d.errors.mgr);
+  d.errors.mgr.error_exit = splitflow_jpeg_error_exit;
+  d.errors.mgr.emit_message = splitflow_jpeg_emit_message;
+  if (setjmp(d.errors.jump)) return false;
+  jpeg_create_decompress(&d.cinfo);
+  d.created = true;
+  jpeg_mem_src(&d.cinfo, data, static_cast<unsigned long>(size));
+  if (jpeg_read_header(&d.cinfo, TRUE) != JPEG_HEADER_OK) {
+    std::snprintf(d.errors.message, sizeof d.errors.message, "no image in the data");
+    return false;
+  }
+  d.cinfo.out_color_space = gray ? JCS_GRAYSCALE : JCS_RGB;
+  return true;
+}
+
+// Decodes rows [y, y + h) of columns [*x, *x + *w) (widened by libjpeg to whole iMCUs: *x and
+// *w are updated) into `out`, whose rows are `pitch` bytes. Rows after the region are never
+// decoded.
+bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::uint8_t* out,
+                 std::size_t pitch, unsigned* out_x, unsigned* out_w) {
+  if (setjmp(d.errors.jump)) return false;
+  jpeg_start_decompress(&d.cinfo);
+  // Columns too: upsampling the region's edge columns needs their neighbours, so ask for one
+  // iMCU more on each side (libjpeg then aligns the start down to an iMCU).
+  const unsigned imcu_w = static_cast<unsigned>(d.cinfo.max_h_samp_factor * DCTSIZE);
+  const unsigned width = d.cinfo.output_width;
+  const unsigned lo = *x > imcu_w ? *x - imcu_w : 0;
+  const unsigned hi = std::min(width, *x + *w + imcu_w);
+  *out_x = lo;
+  *out_w = hi - lo;
+  if (lo > 0 || hi < width) jpeg_crop_scanline(&d.cinfo, out_x, out_w);
+  // Fancy upsampling of a row needs its neighbours: after a skip to the middle of an iMCU row
+  // the first rows would lack them. Skip only to the start of the iMCU row before, and read
+  // (into the first output row, overwritten) the rows up to y.
+  const int imcu = d.cinfo.max_v_samp_factor * DCTSIZE;
+  int start = y / imcu * imcu - imcu;
+  if (start < 0) start = 0;
+  if (start > 0) jpeg_skip_scanlines(&d.cinfo, static_cast<JDIMENSION>(start));
+  for (int r = start; r < y; ++r) {
+    JSAMPROW row = out;
+    jpeg_read_scanlines(&d.cinfo, &row, 1);
+  }
+  for (int r = 0; r < h; ++r) {
+    JSAMPROW row = out + static_cast<std::size_t>(r) * pitch;
+    jpeg_read_scanlines(&d.cinfo, &row, 1);
+  }
+  jpeg_abort_decompress(&d.cinfo);
+  return true;
+}
+
+}  // namespace
+
+HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box, Color color,
+                              const std::string& what, int* height, int* width) {
+  JpegDecoder d;
+  if (size == 0 || !read_header(d, data, size, color == Color::gray))
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
+                            size == 0 ? "empty" : d.errors.message));
+  const int H = static_cast<int>(d.cinfo.image_height), W = static_cast<int>(d.cinfo.image_width);
+  if (height) *height = H;
+  if (width) *width = W;
+  if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
+  if (box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 || box.y + box.h > H || box.x + box.w > W)
+    throw Error(fmt::format("splitflow::image::decode_jpeg_region: '{}': box (y {}, x {}, h {}, w "
+                            "{}) is outside the {}x{} image",
+                            what, box.y, box.x, box.h, box.w, H, W));
+  const int C = color == Color::rgb ? 3 : 1;
+  // Rows are decoded at the iMCU-aligned width libjpeg picks, into a buffer that wide; then the
+  // box's columns are the result (a view: no copy).
+  const unsigned max_w = static_cast<unsigned>(W);
+  HostTensor rows = HostTensor::empty(DType::u8, {box.h, static_cast<std::int64_t>(max_w), C});
+  unsigned x = static_cast<unsigned>(box.x), w = static_cast<unsigned>(box.w), out_x = 0, out_w = 0;
+  if (!decode_rows(d, box.y, box.h, &x, &w, static_cast<std::uint8_t*>(rows.raw()),
+                   static_cast<std::size_t>(max_w) * C, &out_x, &out_w))
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
+                            d.errors.message, W, H));
+  // Compact the box's columns to the front of each row (memmove: rows overlap in place).
+  auto* base = static_cast<std::uint8_t*>(rows.raw());
+  const std::size_t skip = static_cast<std::size_t>(static_cast<unsigned>(box.x) - out_x) * C;
+  const std::size_t keep = static_cast<std::size_t>(box.w) * C;
+  for (int r = 0; r < box.h; ++r)
+    std::memmove(base + static_cast<std::size_t>(r) * keep,
+                 base + static_cast<std::size_t>(r) * max_w * C + skip, keep);
+  return HostTensor::wrap(base, DType::u8, {box.h, box.w, C}, rows.owner());
+}
+
+Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color color) {
+  // The header gives the size the crop is drawn for; only the crop's rows and (iMCU-widened)
+  // columns are decoded.
+  const std::uint8_t* data = file.bytes.data<std::uint8_t>();
+  const std::size_t size = file.bytes.nbytes();
+  JpegDecoder probe;
+  if (size == 0 || !read_header(probe, data, size, color == Color::gray))
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})",
+                            file.path, size == 0 ? "empty" : probe.errors.message));
+  const int H = static_cast<int>(probe.cinfo.image_height), W = static_cast<int>(probe.cinfo.image_width);
+  const Augment a = draw_augment(H, W, file.index, spec);
+  HostTensor region = decode_jpeg_region(data, size, a.box, color, file.path);
+  return Image{file.index, std::move(file.path), resize_flipped(region, spec.size, spec.size, a.flip)};
+}
+
 Image decode(Encoded file, Color color) {
   HostTensor px = decode_jpeg(file.bytes.data<std::uint8_t>(), file.bytes.nbytes(), color, file.path);
   return Image{file.index, std::move(file.path), std::move(px)};
@@ -320,6 +458,10 @@ HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, boo
 
 HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box) {
   return resize_impl(img, out_h, out_w, box, false);
+}
+
+HostTensor resize_flipped(const HostTensor& img, int out_h, int out_w, bool flip) {
+  return resize_impl(img, out_h, out_w, {}, flip);
 }
 
 HostTensor hflip(const HostTensor& img) {

@@ -401,6 +401,22 @@ void bind_image_ops(py::module_& mops) {
   "CPU op: torchvision's RandomResizedCrop + RandomHorizontalFlip on uint8 HWC pixels, with "
   "randomness drawn from (seed, epoch, the item's index): reproducible in any thread order.");
 
+  mops.def("decode_random_resized_crop", [](int size, std::uint64_t seed, std::uint64_t epoch,
+                                            std::pair<double, double> scale,
+                                            std::pair<double, double> ratio, double flip, bool gray) {
+    image::DecodeRandomResizedCrop op({size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch},
+                                      gray ? image::Color::gray : image::Color::rgb);
+    return CpuOp{"decode_random_resized_crop", [op](Value v) -> Value {
+      image::Image in = image_input(std::move(v), "ops.decode_random_resized_crop");
+      return op({in.index, std::move(in.path), std::move(in.pixels)});
+    }};
+  }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
+  py::arg("scale") = std::pair<double, double>{0.08, 1.0},
+  py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
+  py::arg("gray") = false,
+  "CPU op: decode_jpeg + random_resized_crop fused: the crop is drawn from the header's size "
+  "and only its region is decoded. The same pixels as the two ops, for less decoding.");
+
   mops.def("resize", [](int height, int width) {
     return CpuOp{"resize", [height, width](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.resize");

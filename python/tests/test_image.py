@@ -122,3 +122,24 @@ def test_augmented_batches_are_reproducible_through_graph_dataset(tmp_path):
     assert [t.shape for t in a] == [torch.Size([8, 3, 24, 24])] * 3 + [torch.Size([6, 3, 24, 24])]
     assert all(torch.equal(x, y) for x, y in zip(a, b))      # same seed and epoch: same batches
     assert not all(torch.equal(x, y) for x, y in zip(a, c))  # another epoch: other crops/order
+
+
+def test_fused_decode_crop_equals_decode_then_crop(tmp_path):
+    paths = write_jpegs(str(tmp_path), 12, size=(200, 150))
+    rt = sf.Runtime(threads=2)
+
+    def run(stages):
+        g = sf.Graph(rt, "g")
+        node = g.indices("i", list(range(len(paths)))) >> g.stage("read", sf.ops.read_file(paths))
+        for k, op in enumerate(stages):
+            node = node >> g.stage(f"s{k}", op, concurrency=0)
+        out = g.pull_sink("out")
+        node >> out
+        return [np.asarray(t).copy() for t in g.iterate(out)]
+
+    fused = run([sf.ops.decode_random_resized_crop(48, seed=9, epoch=2)])
+    split = run([sf.ops.decode_jpeg(), sf.ops.random_resized_crop(48, seed=9, epoch=2)])
+    assert len(fused) == len(split) == 12
+    for a, b in zip(fused, split):
+        assert a.shape == (48, 48, 3)
+        assert np.array_equal(a, b)
