@@ -23,9 +23,12 @@ release: deps
 	$(CMAKE) -S . -B $(BUILD)/release -DCMAKE_BUILD_TYPE=Release
 	$(CMAKE) --build $(BUILD)/release -j $(JOBS)
 
+# The consolidation demonstration on image pipelines; its JPEGs are made once (PIL, cached).
 demo: release
 	rm -rf $(BUILD)/demo
-	$(BUILD)/release/examples/consolidation $(BUILD)/demo
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images.py --only-data \
+	  --images 480 --data $(BUILD)/demo-data/images
+	$(BUILD)/release/examples/consolidation $(BUILD)/demo-data/images-480 $(BUILD)/demo
 	/usr/bin/python3 scripts/plot_run.py --out $(BUILD)/demo/consolidation.png $(BUILD)/demo/job0.json $(BUILD)/demo/job1.json
 
 test: test-release test-python test-asan test-tsan test-consumer
@@ -66,15 +69,24 @@ test-consumer: release
 	PYTHONPATH=$(abspath $(BUILD)/install-test)/lib/python3.11/site-packages /usr/bin/python3 \
 	  tests/consumer/check_python_install.py $(abspath $(BUILD)/install-test)
 
+# Every benchmark binary (Google Benchmark JSON under build/bench/; ChainHop interleaved and
+# repeated, as these machines are noisy), the loader and end-to-end image benchmarks, then one
+# table of every goal ratio (benchmarks/summary.py).
 bench: release
 	mkdir -p $(BUILD)/bench
 	@for b in $(BUILD)/release/benchmarks/bench_*; do \
+	  extra=""; \
+	  case $$b in *chain_hop) extra="--benchmark_repetitions=7 --benchmark_enable_random_interleaving=true";; esac; \
 	  echo "== $$b"; \
-	  $$b --benchmark_format=console --benchmark_out_format=json \
+	  $$b --benchmark_format=console --benchmark_out_format=json $$extra \
 	      --benchmark_out=$(BUILD)/bench/$$(basename $$b).json || exit 1; \
 	done
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_loader.py \
 	  --json $(BUILD)/bench/bench_loader.json
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images.py \
+	  --bin $(BUILD)/release/benchmarks/image_pipeline --data $(BUILD)/bench-data/images \
+	  --json $(BUILD)/bench/bench_images.json
+	/usr/bin/python3 benchmarks/summary.py $(BUILD)/bench
 
 clean:
 	rm -rf $(BUILD)

@@ -105,10 +105,14 @@ def main():
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--only-data", action="store_true", help="make (or find) the data set, print its directory")
     args = ap.parse_args()
     root = f"{args.data}-{args.images}"
     t0 = time.perf_counter()
     make_dataset(root, args.images)
+    if args.only_data:
+        print(root)
+        return 0
     import splitflow as sf
     paths = sf.image_files(root)
     n = len(paths)

@@ -1,16 +1,20 @@
-// The consolidation demonstration: several training-style jobs, each `load (CPU) -> model step
-// (GPU) -> step`, run twice:
-//   bundled  each job owns a device for its whole run and loads then computes in sequence,
-//            the way a training script without a separate loader does;
-//   split    all jobs share one device; each job's GPU stage leases a stream per kernel burst.
-// It prints devices used, device busy, GPU held / busy and each job's throughput, then the
-// report of one split job, with its diagnosis. Given a directory, it also writes each split
+// The consolidation demonstration on real image pipelines: several training jobs, each
+//     files -> read -> decode + random-resized-crop + flip (CPU) -> batch -> collate (into the
+//     model's pinned ring) -> model step: normalize + a busy_kernel "forward/backward" (GPU)
+//     -> step
+// run twice:
+//   bundled  each job owns a device for its whole run (its own runtime, one CPU thread, one
+//            stream), the way a training process holds its GPU;
+//   split    all jobs share one runtime and one device; each GPU stage leases a stream per
+//            kernel burst.
+// It prints devices used, device busy, GPU held / busy and each job's images/s, then the report
+// of one split job, with its diagnosis. Given an output directory, it also writes each split
 // job's JSON summary and Chrome trace there (scripts/plot_run.py plots them).
 //
-//     consolidation [OUTPUT_DIR]
+//     consolidation DATA_DIR [OUTPUT_DIR]      DATA_DIR: JPEGs (make demo makes them)
+#include <splitflow/image.hpp>
+#include <splitflow/ops.hpp>
 #include <splitflow/splitflow.hpp>
-
-#include "consolidation_workload.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -25,7 +29,56 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kJobs = 2;
-const consolidation::Job kJob{150, 2000us, 1500us};
+
+struct ImageJob {
+  long images = 960;       // per job (each job its own seed: its own order and crops)
+  int batch = 16;
+  int size = 224;
+  // Device time of a model step, per batch. With the normalize, a job's device demand is about
+  // a third of its time, so two jobs fit one device (and a job alone leaves it mostly idle).
+  std::chrono::microseconds model = 3000us;
+};
+const ImageJob kJob;
+splitflow::image::FileList g_files;
+
+// One training job. `bundled`: one batch in flight and one stream, as a process owning its GPU.
+void build(splitflow::Graph& g, int seed, bool bundled) {
+  using namespace splitflow;
+  image::FileList files = g_files;
+  std::vector<std::uint64_t> order;
+  for (std::uint64_t e = 0; order.size() < static_cast<std::size_t>(kJob.images); ++e) {
+    auto more = files.epoch({.seed = static_cast<std::uint64_t>(seed), .epoch = e});
+    order.insert(order.end(), more.begin(), more.end());
+  }
+  order.resize(static_cast<std::size_t>(kJob.images));
+  auto src = g.source("files", files.refs(order));
+  auto read = g.stage("read", image::read_file);
+  auto decode = g.stage("decode+augment",
+                        image::DecodeRandomResizedCrop({.size = kJob.size, .seed = static_cast<std::uint64_t>(seed)}),
+                        {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
+  auto batch = g.batch<image::Image>("batch", static_cast<std::size_t>(kJob.batch));
+  auto collate = g.stage("collate", [](std::vector<image::Image> b, HostAllocator& ring) {
+    return image::collate(b, &ring);  // written straight into the GPU stage's pinned ring
+  });
+  const std::size_t batch_bytes = static_cast<std::size_t>(kJob.batch) * kJob.size * kJob.size * 3;
+  GpuStageOptions o;
+  o.concurrency = bundled ? 1 : 2;
+  o.ring_bytes = 4 * batch_bytes;
+  o.ring_item_bytes = batch_bytes;
+  auto model = g.gpu_stage("model", [](DeviceTensor images, DeviceContext& ctx) {
+    DeviceTensor x = ops::normalize(ctx, images, {0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f});
+    ops::busy_kernel(ctx, kJob.model);  // the forward and backward pass
+    return x;
+  }, o);
+  auto step = g.sink("step", [](DeviceTensor) {});
+  src >> read >> decode >> batch >> collate >> model >> step;
+}
+
+splitflow::RuntimeConfig config(int threads) {
+  splitflow::RuntimeConfig c{.threads = threads};
+  c.device.backend = splitflow::BackendKind::automatic;
+  return c;
+}
 
 struct Row {
   int devices = 0;
@@ -41,15 +94,18 @@ struct Row {
 // Waits for the runs, updating one progress line.
 void wait_all(std::vector<splitflow::Run>& runs, const char* what) {
   for (;;) {
-    std::uint64_t done = 0;
+    std::uint64_t decoded = 0, trained = 0;
     splitflow::Run* pending = nullptr;
     for (auto& r : runs) {
       const auto st = r.stats();
-      done += st.find("step")->items_out;
+      decoded += st.find("decode+augment")->items_out;
+      trained += st.find("step")->items_out * static_cast<std::uint64_t>(kJob.batch);
       if (st.status == splitflow::RunStatus::running) pending = &r;
     }
-    std::printf("\r  %-8s %5llu / %ld items", what, static_cast<unsigned long long>(done),
-                kJob.items * static_cast<long>(runs.size()));
+    const long total = kJob.images * static_cast<long>(runs.size());
+    std::printf("\r  %-8s decoded %5llu / %ld images, trained on %5llu", what,
+                static_cast<unsigned long long>(decoded), total,
+                static_cast<unsigned long long>(std::min<std::uint64_t>(trained, total)));
     std::fflush(stdout);
     if (!pending) break;
     pending->wait_for(100ms);
@@ -64,10 +120,13 @@ Row bundled() {
   std::vector<std::unique_ptr<splitflow::Graph>> jobs;
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < kJobs; ++k) {
-    devices.push_back(std::make_unique<splitflow::Runtime>(consolidation::config(1)));
-    jobs.push_back(std::make_unique<splitflow::Graph>(*devices.back(), "job" + std::to_string(k),
-                                                      splitflow::GraphOptions{.max_in_flight = 1}));
-    consolidation::build(*jobs.back(), kJob, true);
+    auto cfg = config(1);
+    cfg.device.streams = 1;
+    devices.push_back(std::make_unique<splitflow::Runtime>(cfg));
+    jobs.push_back(std::make_unique<splitflow::Graph>(
+        *devices.back(), "job" + std::to_string(k),
+        splitflow::GraphOptions{.max_in_flight = static_cast<std::size_t>(kJob.batch)}));
+    build(*jobs.back(), k, true);
   }
   for (auto& j : jobs) runs.push_back(j->run());
   wait_all(runs, "bundled");
@@ -76,7 +135,7 @@ Row bundled() {
     row.held += st.wall_ns;  // the job owns its device for its whole run
     row.busy += st.gpu.busy_ns;
     row.device_busy += static_cast<double>(st.gpu.busy_ns) / st.wall_ns / kJobs;
-    row.throughput.push_back(kJob.items / (st.wall_ns / 1e9));
+    row.throughput.push_back(kJob.images / (st.wall_ns / 1e9));
   }
   row.devices = kJobs;
   return row;
@@ -84,13 +143,13 @@ Row bundled() {
 
 Row split(std::string& backend) {
   Row row;
-  splitflow::Runtime rt(consolidation::config(kJobs));
+  splitflow::Runtime rt(config(kJobs));
   std::vector<std::unique_ptr<splitflow::Graph>> jobs;
   std::vector<splitflow::Run> runs;
   for (int k = 0; k < kJobs; ++k) {
     jobs.push_back(std::make_unique<splitflow::Graph>(rt, std::string("job").append(std::to_string(k)),
                                                       splitflow::GraphOptions{.trace = true}));
-    consolidation::build(*jobs.back(), kJob, false);
+    build(*jobs.back(), k, false);
   }
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& j : jobs) runs.push_back(j->run());
@@ -100,7 +159,7 @@ Row split(std::string& backend) {
     const auto st = r.stats();
     row.job_held += st.gpu.held_ns;
     row.job_busy += st.gpu.busy_ns;
-    row.throughput.push_back(kJob.items / (st.wall_ns / 1e9));
+    row.throughput.push_back(kJob.images / (st.wall_ns / 1e9));
     row.stats.push_back(st);
     row.traces.push_back(r.trace_json());
   }
@@ -114,9 +173,11 @@ Row split(std::string& backend) {
   return row;
 }
 
-void print(const char* mode, const Row& r, double dedicated) {
+void print(const char* mode, const Row& r, const Row& base) {
   std::string tput, ratio;
-  for (double t : r.throughput) {
+  for (std::size_t k = 0; k < r.throughput.size(); ++k) {
+    const double t = r.throughput[k];
+    const double dedicated = base.throughput[k];
     tput += (tput.empty() ? "" : ", ") + std::to_string(static_cast<int>(t));
     char buf[16];
     std::snprintf(buf, sizeof buf, "%.2fx", t / dedicated);
@@ -129,9 +190,19 @@ void print(const char* mode, const Row& r, double dedicated) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::printf("splitflow consolidation demo: %d jobs, each per item: load %.1f ms CPU -> model "
-              "step %.1f ms on the device; %ld items each\n",
-              kJobs, kJob.load.count() / 1e3, kJob.model.count() / 1e3, kJob.items);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s DATA_DIR [OUTPUT_DIR]   (DATA_DIR: JPEG files)\n", argv[0]);
+    return 2;
+  }
+  g_files = splitflow::image::FileList::directory(argv[1]);
+  if (g_files.size() == 0) {
+    std::fprintf(stderr, "no JPEG files under %s\n", argv[1]);
+    return 1;
+  }
+  std::printf("splitflow consolidation demo: %d training jobs on %zu JPEGs (%s), %ld images each:\n"
+              "  read -> decode + random-resized-crop %d + flip (CPU) -> batches of %d -> model step "
+              "on the device:\n  normalize + %.1f ms of kernels per batch\n",
+              kJobs, g_files.size(), argv[1], kJob.images, kJob.size, kJob.batch, kJob.model.count() / 1e3);
   std::printf("backend: %s\n\n",
               splitflow::cuda_device_count() > 0
                   ? "CUDA (a device is present)"
@@ -140,20 +211,20 @@ int main(int argc, char** argv) {
   const Row b = bundled();
   std::string device;
   const Row s = split(device);
-  const double dedicated = b.throughput.front();
+  // Each job against its own bundled run (the same job, owning a device and one CPU thread).
   std::printf("\ndevice: %s\n", device.c_str());
   std::printf("%-8s %7s %13s %10s   %-20s %s\n", "mode", "devices", "device busy", "held/busy",
-              "items/s per job", "vs dedicated");
-  print("bundled", b, dedicated);
-  print("split", s, dedicated);
+              "images/s per job", "vs bundled");
+  print("bundled", b, b);
+  print("split", s, b);
   std::printf("\nbundled holds %d devices, each idle %.0f%% of the time; split does the same work "
               "on 1 device.\nheld/busy is the device's: time some job held it against time it "
               "worked. A split job's own\nheld/busy is %.2f: its bursts also wait, leased, behind "
               "the other job's kernels.\n\n",
               b.devices, 100 * (1 - b.device_busy), s.job_held / s.job_busy);
   std::printf("one split job:\n%s", splitflow::report(s.stats.front(), s.device).c_str());
-  if (argc > 1) {
-    const std::filesystem::path dir = argv[1];
+  if (argc > 2) {
+    const std::filesystem::path dir = argv[2];
     std::filesystem::create_directories(dir);
     for (std::size_t k = 0; k < s.stats.size(); ++k) {
       const auto base = dir / s.stats[k].graph;

@@ -51,18 +51,16 @@ bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
 
 void GraphCore::post(std::function<void(WorkList&)> fn) {
   pending_.fetch_add(1, std::memory_order_relaxed);
-  runtime_->spawn(
-      [this, fn = std::move(fn)] {
-        try {
-          WorkList w;
-          fn(w);
-          execute(w);
-        } catch (...) {
-          fail(*nodes_.front(), 0, std::current_exception());
-        }
-        release_unit();
-      },
-      /*fair=*/true);
+  runtime_->spawn_urgent([this, fn = std::move(fn)] {
+    try {
+      WorkList w;
+      fn(w);
+      execute(w);
+    } catch (...) {
+      fail(*nodes_.front(), 0, std::current_exception());
+    }
+    release_unit();
+  });
 }
 
 NodeBase& GraphCore::adopt(std::unique_ptr<NodeBase> node) {
@@ -172,6 +170,12 @@ void GraphCore::execute(WorkList& w) {
     if (w.claims.empty()) return;
     // Continue with the first claim (the items just produced, downstream: cache-warm) and
     // hand the rest to other threads.
+    runtime_->run_urgent();  // device completions first: they unblock the GPU
+    if (runtime_->slice_expired()) {  // this thread's turn is over: the rest waits in line
+      for (std::size_t i = 0; i < w.claims.size(); ++i) spawn(w.claims[i]);
+      w.claims.clear();
+      return;
+    }
     const Claim next = w.claims[0];
     for (std::size_t i = 1; i < w.claims.size(); ++i) spawn(w.claims[i]);
     w.claims.clear();

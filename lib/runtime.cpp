@@ -37,12 +37,45 @@ int resolve_threads(const RuntimeConfig& c) {
 }  // namespace
 
 thread_local RuntimeCore* RuntimeCore::t_current = nullptr;
+thread_local bool RuntimeCore::t_draining = false;
+thread_local Ticks RuntimeCore::t_slice_start = 0;
+
+void RuntimeCore::spawn_urgent(std::function<void()> f) {
+  {
+    std::lock_guard lk(urgent_mu_);
+    urgent_.push_back(std::move(f));
+    urgent_pending_.fetch_add(1, std::memory_order_release);
+  }
+  // For when no thread is between claims: one drain per item (a drain that finds the lane
+  // empty, because a thread took the work first, costs one lock).
+  spawn([this] { drain_urgent(); }, /*fair=*/true);
+}
+
+void RuntimeCore::drain_urgent() {
+  if (t_draining) return;
+  t_draining = true;
+  RuntimeCore* const outer = std::exchange(t_current, this);
+  for (;;) {
+    std::function<void()> f;
+    {
+      std::lock_guard lk(urgent_mu_);
+      if (urgent_.empty()) break;
+      f = std::move(urgent_.front());
+      urgent_.pop_front();
+      urgent_pending_.fetch_sub(1, std::memory_order_release);
+    }
+    f();
+  }
+  t_current = outer;
+  t_draining = false;
+}
 
 RuntimeCore::RuntimeCore(RuntimeConfig config)
     : config_(config),
       threads_(resolve_threads(config)),
       // No slot reserved for outside threads: callers never join the arena, they only enqueue.
-      arena_((ensure_parallelism(threads_), threads_), 0) {
+      arena_((ensure_parallelism(threads_), threads_), 0),
+      slice_ticks_(static_cast<Ticks>(static_cast<double>(kSliceNs) / ns_per_tick())) {
   arena_.initialize();
 }
 

@@ -423,6 +423,49 @@ TEST(Scheduling, NoArenaThreadWaitsForTheDevice) {
   EXPECT_EQ(gpu_run.wait(), RunStatus::succeeded);
 }
 
+// Device completions run ahead of CPU claims: a GPU graph finishes while a CPU graph keeps one
+// runtime thread saturated with an endless stream of claims (completions queued behind those
+// claims once never ran until the CPU work ran out).
+TEST(Scheduling, DeviceCompletionsAreNotStarvedBySaturatedCpuStages) {
+  Runtime rt(host_device(1, 2));
+  Graph busy(rt, "endless-cpu"), gpu_graph(rt, "gpu");
+  {
+    auto src = busy.source("n", counter(-1));
+    auto work = busy.stage("work", [](long x) {
+      spin_us(20);
+      return x;
+    }, {.concurrency = Concurrency::unlimited});
+    auto sink = busy.sink("s", [](long) {});
+    src >> work >> sink;
+  }
+  std::atomic<long> done{0};
+  {
+    auto src = gpu_graph.source("n", counter(50));
+    auto make = gpu_graph.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
+    auto gpu = gpu_graph.gpu_stage("kernel", [](DeviceTensor t, DeviceContext& ctx) {
+      ops::busy_kernel(ctx, 200us);
+      return t;
+    });
+    auto sink = gpu_graph.sink("s", [&](DeviceTensor) { ++done; });
+    src >> make >> gpu >> sink;
+  }
+  auto busy_run = busy.run();
+  auto gpu_run = gpu_graph.run();
+  // A generous bound: the GPU graph needs about 10 ms of kernels.
+  const bool finished = gpu_run.wait_for(60s);
+  EXPECT_TRUE(finished) << "the GPU graph's completions starved: " << done.load() << " of 50 done";
+  EXPECT_EQ(busy_run.status(), RunStatus::running);
+  busy_run.cancel();
+  EXPECT_EQ(busy_run.wait(), RunStatus::cancelled);
+  if (finished) {
+    EXPECT_EQ(gpu_run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(done.load(), 50);
+  } else {
+    gpu_run.cancel();
+    gpu_run.wait();
+  }
+}
+
 // "every lease, ring byte and pool byte returns to its total ... after a stage error"
 TEST(Failures, ErrorInAGpuStageNamesItAndReturnsEverything) {
   Runtime rt(host_device(3, 2));

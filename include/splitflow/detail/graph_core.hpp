@@ -68,7 +68,8 @@ class GraphCore {
   /// the caller itself holds one.
   void add_unit() noexcept { pending_.fetch_add(1, std::memory_order_relaxed); }
   /// Runs fn on an arena thread (from any thread, e.g. a device callback), then the work it
-  /// found. Holds a unit meanwhile. The caller must hold a unit (the run is live).
+  /// found, ahead of queued claims (RuntimeCore::spawn_urgent). Holds a unit meanwhile. The
+  /// caller must hold a unit (the run is live).
   void post(std::function<void(WorkList&)> fn);
   /// post() for a caller that may not hold a unit: does nothing (returns false) if the run has
   /// ended, otherwise the posted task keeps the run, and so the graph, alive until it ran.

@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""One table of every goal ratio the issues name, from the JSON `make bench` wrote.
+
+    /usr/bin/python3 benchmarks/summary.py build/bench
+
+Reads the Google Benchmark JSON of each bench_* binary (medians when the run has repetitions)
+and the JSON of bench_loader.py and bench_images.py. Each row: the figure, its goal, and
+whether this run met it. Every figure is a ratio of two things measured in the same run.
+"""
+import json
+import os
+import statistics
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def runs_of(gbench, name):
+    """The iterations of benchmark `name` (its run name, before suffixes like /real_time)."""
+    if not gbench:
+        return []
+    return [b for b in gbench["benchmarks"]
+            if b.get("run_type", "iteration") == "iteration"
+            and (b.get("run_name", b["name"]) + "/").startswith(name + "/")]
+
+
+def times(gbench, name):
+    """real_time of benchmark `name`: the median of its repetitions (or its one run)."""
+    runs = runs_of(gbench, name)
+    return statistics.median(b["real_time"] for b in runs) if runs else None
+
+
+def counter(gbench, name, key):
+    vals = [b[key] for b in runs_of(gbench, name) if key in b]
+    return statistics.median(vals) if vals else None
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else "build/bench"
+    hop = load(os.path.join(d, "bench_chain_hop.json"))
+    ring = load(os.path.join(d, "bench_ring_handoff.json"))
+    cons = load(os.path.join(d, "bench_consolidation.json"))
+    loader = load(os.path.join(d, "bench_loader.json"))
+    images = load(os.path.join(d, "bench_images.json"))
+
+    sf = times(hop, "BM_ChainHop/splitflow")
+    rows = [
+        # (issue, what, value, goal text, met?)
+        ("2", "ChainHop: splitflow / oneTBB parallel_pipeline (time)",
+         ratio(sf, times(hop, "BM_ChainHop/tbb_parallel_pipeline")), "<= 1.0", lambda v: v <= 1.0),
+        ("4", "ChainHop: telemetry on / off (time)",
+         ratio(sf, times(hop, "BM_ChainHop/splitflow_notelemetry")), "<= 1.05", lambda v: v <= 1.05),
+        ("4", "ChainHop: tracing on / off (time)",
+         ratio(times(hop, "BM_ChainHop/splitflow_trace"), times(hop, "BM_ChainHop/splitflow_notelemetry")),
+         "(stated)", None),
+        ("3", "Ring hand-off 1 MiB: memcpy time / ring time",
+         ratio(times(ring, "BM_RingHandoff/memcpy/1048576"), times(ring, "BM_RingHandoff/splitflow/1048576")),
+         ">= 0.8", lambda v: v >= 0.8),
+        ("3", "Consolidation split: devices used",
+         counter(cons, "BM_Consolidation/split/2", "devices_used"), "1 (bundled: 2)", lambda v: v == 1),
+        ("3", "Consolidation split: device busy / summed demand",
+         counter(cons, "BM_Consolidation/split/2", "busy_vs_demand"), ">= 0.9", lambda v: v >= 0.9),
+        ("3", "Consolidation split: slowest job / dedicated",
+         counter(cons, "BM_Consolidation/split/2", "min_throughput_ratio"), ">= 0.9", lambda v: v >= 0.9),
+        ("3", "Consolidation split: device held / busy",
+         counter(cons, "BM_Consolidation/split/2", "held_over_busy"), "<= 1.1", lambda v: v <= 1.1),
+        ("5", "Loader (synthetic): splitflow / best DataLoader",
+         loader and loader.get("ratio_vs_best_dataloader"), ">= 2", lambda v: v >= 2),
+        ("6", "Images, C++: splitflow / best DataLoader",
+         images and images.get("ratio_cpp_vs_best_dataloader"), ">= 2", lambda v: v >= 2),
+        ("6", "Images, Python: splitflow / best DataLoader",
+         images and images.get("ratio_python_vs_best_dataloader"), ">= 2", lambda v: v >= 2),
+        ("6", "Images, C++: of the decode-only ceiling",
+         images and images.get("cpp_of_ceiling"), ">= 0.7", lambda v: v >= 0.7),
+        ("6", "Images, Python: of the decode-only ceiling",
+         images and images.get("python_of_ceiling"), ">= 0.7", lambda v: v >= 0.7),
+        ("6", "Images, C++ with full decode: of the ceiling",
+         images and images.get("cpp_full_decode_of_ceiling"), "(stated)", None),
+    ]
+    print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
+    missed = 0
+    for issue, what, value, goal, ok in rows:
+        if value is None:
+            print(f"{issue:5s} {what:52s} {'-':>8s} {goal:>15s}  (not run)")
+            continue
+        verdict = "" if ok is None else ("yes" if ok(value) else "NO")
+        missed += verdict == "NO"
+        print(f"{issue:5s} {what:52s} {value:8.2f} {goal:>15s}  {verdict}")
+    print(f"\n{missed} goal(s) missed in this run. Noisy machines: see docs/benchmarks.md for "
+          "repeated runs.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
