@@ -121,6 +121,13 @@ def main():
           f"{time.perf_counter() - t0:.1f} s)", flush=True)
 
     results = {}
+    # PIL's full decode on one core, for reference (what a DataLoader worker's decode costs).
+    start = time.perf_counter()
+    for p in paths[:500]:
+        with Image.open(p) as im:
+            im.convert("RGB").load()
+    results["pil_decode_1core"] = min(500, n) / (time.perf_counter() - start)
+    print(f"  pil_decode_1core: {results['pil_decode_1core']:.0f} images/s", flush=True)
     # DataLoader first: its workers fork from a process that has not started splitflow.
     for workers in (0, 2):
         ds = TorchvisionFolder(paths)
@@ -166,6 +173,7 @@ def main():
               "splitflow_cpp_full_decode", "decode_ceiling"):
         v = results[k]
         print(f"{k:22s} {v:9.0f} {v / best_dl:18.2f}x {v / ceiling:11.2f}")
+    print(f"(PIL full decode on one core: {results['pil_decode_1core']:.0f} images/s)")
     print("goals: splitflow >= 2x the best DataLoader, >= 0.70 of the decode-only ceiling")
     print(f"\nsplitflow C++ pipeline, last epoch:\n{table}")
     summary = {

@@ -144,7 +144,11 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
           device ? fmt::format(" (device busy {})", pct(dev_busy)) : std::string()));
       // The pool first: the device's busy fraction counts any work executing, so one stream
       // at a time already reads as 100% busy while the device could run more at once.
-      if (device && device->mean_leases() > 0.8 * static_cast<double>(device->streams) &&
+      // Every stream leased at times, most of them on average, and invocations waiting for
+      // one: the gaps between bursts (a completion handed to the next waiter) keep the mean
+      // below the pool size even when the pool is all the limit there is.
+      if (device && device->max_leases_in_use >= device->streams &&
+          device->mean_leases() > 0.6 * static_cast<double>(device->streams) &&
           st.gpu.lease_wait_ns > wall / 10) {
         d.suggestions.push_back(fmt::format(
             "the stream pool is the limit ({:.1f} of {} streams leased on average, invocations "
