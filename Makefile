@@ -84,7 +84,7 @@ bench: release
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_loader.py \
 	  --json $(BUILD)/bench/bench_loader.json
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images.py \
-	  --bin $(BUILD)/release/benchmarks/image_pipeline --data $(BUILD)/bench-data/images \
+	  --bin $(BUILD)/release/benchmarks/image_pipeline_bench --data $(BUILD)/bench-data/images \
 	  --json $(BUILD)/bench/bench_images.json
 	/usr/bin/python3 benchmarks/summary.py $(BUILD)/bench
 

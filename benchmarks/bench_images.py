@@ -2,14 +2,14 @@
 """The end-to-end image input benchmark: splitflow against torch's DataLoader, same files, same run.
 
     PYTHONPATH=build/release/python /usr/bin/python3 benchmarks/bench_images.py \
-        --bin build/release/benchmarks/image_pipeline [--images 2000] [--json out.json]
+        --bin build/release/benchmarks/image_pipeline_bench [--images 2000] [--json out.json]
 
 Data: --images JPEGs of 500x375 at quality 90 (photo-like: smooth structure, edges and grain),
 written once by PIL and cached under build/bench-data/. Every contender does the same work per
 image: decode, random-resized-crop to 224, horizontal flip (p=0.5), batches of 64, normalize
 (float32 NCHW, ImageNet mean/std):
 
-  splitflow C++        benchmarks/image_pipeline.cpp, the calling thread consumes the batches;
+  splitflow C++        benchmarks/image_pipeline_bench.cpp, the calling thread consumes the batches;
                        decode and crop fused (only the crop's region of each JPEG is decoded)
   splitflow C++, full  the same with a full decode, then the crop (two stages)
   splitflow Python     splitflow.torch.GraphDataset (C++ ops, fused) into DataLoader(batch_size=None)
@@ -102,7 +102,7 @@ def run_cpp(binary, mode, root, epochs, *extra):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default="build/release/benchmarks/image_pipeline")
+    ap.add_argument("--bin", default="build/release/benchmarks/image_pipeline_bench")
     ap.add_argument("--data", default="build/bench-data/images")
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--epochs", type=int, default=3)

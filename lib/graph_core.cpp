@@ -82,6 +82,9 @@ void GraphCore::check_mutable() const {
 
 void GraphCore::validate() {
   if (sources_.empty()) throw GraphError("splitflow::Graph '" + name_ + "': it has no source");
+  if (tracker_ && sources_.size() > 1)
+    throw GraphError("splitflow::Graph '" + name_ +
+                     "': a graph with a service has no other source (its items are requests)");
   for (const auto& n : nodes_) n->validate();
   // Kahn's algorithm: the per-node lock order relies on the graph being acyclic.
   std::unordered_map<const NodeBase*, std::size_t> indegree;

@@ -129,6 +129,7 @@ bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool su
   } catch (...) {
     message = "unknown exception";
   }
+  if (ItemTracker* t = graph_->tracker()) t->item_failed(seq, error);
   std::lock_guard lk(mu_);
   ++(substituted ? substituted_ : skipped_);
   if (errors_.size() < StageStats::kMaxItemErrors) errors_.push_back({seq, std::move(message)});
@@ -305,7 +306,7 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   open_inputs_ = 0;
   for (int p = 0; p < nports_; ++p) open_inputs_ += npred_[p];
   closed_ = false;
-  skipped_ = substituted_ = 0;
+  skipped_ = substituted_ = expired_ = 0;
   errors_.clear();
   telemetry_ = telemetry;
   sequenced_ = order_ == Order::in_order && concurrency_ > 1 && !successors_.empty();
@@ -353,6 +354,7 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
   s.invocations = invocations_;
   s.items_skipped = skipped_;
   s.items_substituted = substituted_;
+  s.items_expired = expired_;
   s.errors = errors_;
   if (telemetry_) {
     Ticks t[3] = {state_ticks_[0], state_ticks_[1], state_ticks_[2]};

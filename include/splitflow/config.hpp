@@ -62,6 +62,19 @@ struct GraphOptions {
   std::size_t trace_max_events = std::size_t{1} << 18;
 };
 
+/// What submit() does when max_pending requests are already waiting for answers.
+enum class Admission {
+  wait,       ///< block until one is answered
+  fail_fast,  ///< throw OverloadedError at once
+};
+
+struct ServiceOptions {
+  /// Requests admitted and not yet answered, at most (the service's bound on memory and
+  /// queueing delay).
+  std::size_t max_pending = 64;
+  Admission admission = Admission::wait;
+};
+
 /// Which device backend GPU stages use.
 enum class BackendKind {
   automatic,  ///< CUDA when built with it and a device is present, otherwise host

@@ -36,6 +36,9 @@
 
 namespace splitflow {
 
+template <class In, class Out>
+class Service;
+
 /// The typed input end of an edge (a stage's input, a zip's first or second input).
 template <class T>
 struct InPort {
@@ -383,6 +386,11 @@ class Graph {
     auto& n = add<detail::BatchNode<T>>(std::move(name), size, options);
     return Stage<T, std::vector<T>>(n, &n.input(), &n);
   }
+
+  /// A service: the graph answers requests that any thread submits, one future each (see
+  /// splitflow/service.hpp, which defines it). At most one per graph, and no other source.
+  template <class In, class Out>
+  Service<In, Out> service(std::string name, ServiceOptions options = {});
 
   /// A callback sink `void(In)`.
   template <class In = detail::Deduce, class F>

@@ -47,6 +47,8 @@ struct StageStats {
   /// (OnError::substitute). The run goes on; `errors` keeps the first kMaxItemErrors of them.
   std::uint64_t items_skipped = 0;
   std::uint64_t items_substituted = 0;
+  /// GPU stages: requests dropped before their GPU work because their deadline had passed.
+  std::uint64_t items_expired = 0;
   static constexpr std::size_t kMaxItemErrors = 64;
   std::vector<ItemError> errors;
   std::int64_t busy_ns = 0;

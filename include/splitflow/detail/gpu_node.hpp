@@ -107,6 +107,17 @@ class GpuStageNode final : public Emitter<Out> {
     this->graph().add_unit();  // the invocation keeps the run open until it finishes
     inv->owner = this;
     inv->since_ns = steady_ns();
+    // A request whose deadline passed is answered now, before it takes a stream.
+    if (ItemTracker* t = this->graph().tracker(); t && t->expired(inv->seq)) {
+      {
+        std::lock_guard lk(this->mu_);
+        ++this->expired_;
+      }
+      t->item_expired(inv->seq, this->name());
+      inv->entry.reset();
+      finish(inv, w);  // not begun: an empty slot, its resources returned
+      return;
+    }
     if (Lease* lease = lease_or_wait(*dev_, *inv)) start(inv, lease);
   }
 

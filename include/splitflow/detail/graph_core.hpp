@@ -23,6 +23,19 @@ class RunState;
 class DeviceRuntime;
 class GpuAccount;
 
+/// Follows items by sequence number for a graph that answers requests (Graph::service): told
+/// when a stage drops an item on error, asked whether an item's deadline passed.
+class ItemTracker {
+ public:
+  virtual ~ItemTracker() = default;
+  /// A stage's body threw on item `seq` and the item was dropped or replaced (OnError).
+  virtual void item_failed(std::uint64_t seq, std::exception_ptr error) noexcept = 0;
+  /// Whether item `seq`'s deadline has passed (a GPU stage then drops it before its work).
+  virtual bool expired(std::uint64_t seq) noexcept = 0;
+  /// A GPU stage dropped item `seq` because its deadline passed.
+  virtual void item_expired(std::uint64_t seq, const std::string& stage) noexcept = 0;
+};
+
 class GraphCore {
  public:
   GraphCore(std::shared_ptr<RuntimeCore> runtime, std::string name, GraphOptions opts);
@@ -83,6 +96,9 @@ class GraphCore {
   /// The runtime's device (created on first use) and this graph's GPU accounting.
   std::shared_ptr<DeviceRuntime> device();
   GpuAccount* gpu_account();
+  /// The graph's request tracker (a service's), or null. Set while building.
+  ItemTracker* tracker() const noexcept { return tracker_; }
+  void set_tracker(ItemTracker* t) { check_mutable(); tracker_ = t; }
   /// Records the first error of the run and stops it.
   void fail(const NodeBase& node, std::uint64_t seq, std::exception_ptr error) noexcept;
   /// Runs pokes and spawns claims found by a thread that is not a runtime task.
@@ -126,6 +142,7 @@ class GraphCore {
   Ticks start_ = 0;
   std::unique_ptr<GpuAccount> gpu_;  // with the first GPU stage's run
   std::vector<Observer*> observers_;  // this run's: the user's, the tracer
+  ItemTracker* tracker_ = nullptr;
 };
 
 }  // namespace splitflow::detail

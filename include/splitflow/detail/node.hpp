@@ -256,6 +256,7 @@ class NodeBase {
   std::uint64_t invocations_ = 0;
   std::uint64_t skipped_ = 0;
   std::uint64_t substituted_ = 0;
+  std::uint64_t expired_ = 0;  // dropped before their GPU work: their deadline passed
   std::vector<ItemError> errors_;  // the first StageStats::kMaxItemErrors
   std::size_t max_executing_ = 0;
   std::size_t max_queue_ = 0;

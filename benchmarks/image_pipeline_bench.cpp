@@ -1,12 +1,12 @@
 // The image input pipeline from C++, timed: the C++ leg of benchmarks/bench_images.py.
 //
-//   image_pipeline pipeline DIR [--batch 64] [--size 224] [--threads 0] [--epochs 2]
+//   image_pipeline_bench pipeline DIR [--batch 64] [--size 224] [--threads 0] [--epochs 2]
 //                               [--normalize cpu|gpu] [--fused 1|0]
 //       files -> read -> decode + random-resized-crop + flip -> batch -> collate -> normalize,
 //       consumed by the calling thread; prints {"images_per_s": ...} (the best epoch).
 //       --fused 1 (default): one op decodes only the crop's region
 //       (image::DecodeRandomResizedCrop); 0: full decode, then the crop (two stages).
-//   image_pipeline ceiling DIR [--threads 0] [--epochs 2]
+//   image_pipeline_bench ceiling DIR [--threads 0] [--epochs 2]
 //       libjpeg-turbo full decode of the same files on all threads, nothing else (the bytes are
 //       read into memory first): the decode-only ceiling.
 #include <oneapi/tbb/global_control.h>

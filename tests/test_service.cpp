@@ -1,0 +1,284 @@
+// Services (splitflow/service.hpp): push sources with a future per request, bounded admission,
+// deadlines. Each test names the requirement it checks; every one also checks that each future
+// completes exactly once (a second completion would throw std::future_error).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <splitflow/ops.hpp>
+#include <splitflow/service.hpp>
+#include <splitflow/splitflow.hpp>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "helpers.hpp"
+
+using namespace splitflow;
+using namespace std::chrono_literals;
+using testing_helpers::Tracked;
+
+namespace {
+
+// Holds bodies until opened (a condition variable, no polling).
+class Gate {
+ public:
+  void pass() {
+    std::unique_lock lk(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return open_; });
+  }
+  void open() {
+    std::lock_guard lk(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait_for_waiters(int n) {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return waiting_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int waiting_ = 0;
+};
+
+RuntimeConfig host(int threads) {
+  RuntimeConfig c{.threads = threads};
+  c.device.backend = BackendKind::host;
+  return c;
+}
+
+}  // namespace
+
+// "Many threads submit at once"; "results return to the right requests under concurrency"
+TEST(Service, EveryRequestGetsItsOwnAnswerUnderConcurrency) {
+  Runtime rt(host(4));
+  Graph g(rt, "squares");
+  auto svc = g.service<long, long>("requests", {.max_pending = 32});
+  auto sq = g.stage("square", [](long x) { return x * x; },
+                    {.concurrency = 4, .order = Order::out_of_order});
+  svc.source() >> sq >> svc.sink();
+  auto run = g.run();
+  constexpr int kThreads = 8, kEach = 300;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < kThreads; ++t)
+    clients.emplace_back([&, t] {
+      for (long i = 0; i < kEach; ++i) {
+        const long x = t * 100000 + i;
+        if (svc.submit(x).get() != x * x) ++wrong;
+      }
+    });
+  for (auto& c : clients) c.join();
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(wrong.load(), 0);
+  const ServiceStats s = svc.stats();
+  EXPECT_EQ(s.submitted, std::uint64_t(kThreads * kEach));
+  EXPECT_EQ(s.answered, std::uint64_t(kThreads * kEach));
+  EXPECT_EQ(s.pending, 0u);
+  EXPECT_EQ(s.latency.count(), std::uint64_t(kThreads * kEach));
+}
+
+// "Admission is bounded: ... fails fast with a clear 'overloaded' error"
+TEST(Service, FailFastAdmissionRejectsWhenFull) {
+  Runtime rt(host(2));
+  Graph g(rt, "ff");
+  auto svc = g.service<int, int>("requests", {.max_pending = 3, .admission = Admission::fail_fast});
+  Gate gate;
+  auto slow = g.stage("slow", [&](int x) {
+    gate.pass();
+    return x + 1;
+  }, {.concurrency = Concurrency::unlimited});
+  svc.source() >> slow >> svc.sink();
+  auto run = g.run();
+  std::vector<std::future<int>> fs;
+  for (int i = 0; i < 3; ++i) fs.push_back(svc.submit(i));
+  try {
+    svc.submit(99);
+    FAIL() << "a 4th request was admitted";
+  } catch (const OverloadedError& e) {
+    EXPECT_NE(std::string(e.what()).find("overloaded: 3 requests pending"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(svc.stats().rejected, 1u);
+  gate.open();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fs[i].get(), i + 1);
+  EXPECT_EQ(svc.submit(7).get(), 8);  // room again
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+}
+
+// "when the graph is full, submit either waits ..."
+TEST(Service, WaitAdmissionBlocksUntilAnAnswer) {
+  Runtime rt(host(2));
+  Graph g(rt, "wait");
+  auto svc = g.service<int, int>("requests", {.max_pending = 1, .admission = Admission::wait});
+  Gate gate;
+  auto slow = g.stage("slow", [&](int x) {
+    if (x == 0) gate.pass();
+    return x;
+  });
+  svc.source() >> slow >> svc.sink();
+  auto run = g.run();
+  auto first = svc.submit(0);
+  gate.wait_for_waiters(1);
+  std::uint64_t answered_when_admitted = 99;
+  std::thread second([&] {
+    auto f = svc.submit(1);  // blocks: request 0 is pending
+    answered_when_admitted = svc.stats().answered;
+    EXPECT_EQ(f.get(), 1);
+  });
+  gate.open();
+  EXPECT_EQ(first.get(), 0);
+  second.join();
+  EXPECT_GE(answered_when_admitted, 1u) << "admitted before the pending request was answered";
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+}
+
+// "an expired request is dropped before its GPU work with a 'deadline exceeded' error on its
+// future, and counted"
+TEST(Service, ExpiredRequestsAreDroppedBeforeTheirGpuWork) {
+  Runtime rt(host(2));
+  Graph g(rt, "deadlines");
+  auto svc = g.service<long, long>("requests");
+  std::atomic<int> gpu_calls{0};
+  auto model = g.gpu_stage("model", [&](long x, DeviceContext& ctx) {
+    ++gpu_calls;
+    ops::busy_kernel(ctx, 50us);
+    return -x;
+  });
+  svc.source() >> model >> svc.sink();
+  auto run = g.run();
+  const auto past = std::chrono::steady_clock::now() - 1s;
+  const auto future = std::chrono::steady_clock::now() + 1h;
+  std::vector<std::future<long>> late, ok;
+  for (long i = 0; i < 10; ++i) {
+    late.push_back(svc.submit(i, past));
+    ok.push_back(svc.submit(100 + i, future));
+  }
+  for (long i = 0; i < 10; ++i) {
+    EXPECT_EQ(ok[i].get(), -(100 + i));
+    try {
+      late[i].get();
+      ADD_FAILURE() << "expired request " << i << " was answered";
+    } catch (const DeadlineExceeded& e) {
+      EXPECT_NE(std::string(e.what()).find("exceeded its deadline before GPU stage 'model'"), std::string::npos);
+    }
+  }
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(gpu_calls.load(), 10);
+  EXPECT_EQ(svc.stats().expired, 10u);
+  EXPECT_EQ(svc.stats().answered, 10u);
+  EXPECT_EQ(run.stats().find("model")->items_expired, 10u);
+}
+
+// "one bad request can be rejected without failing its batch-mates where the stage says so"
+TEST(Service, ABadRequestFailsAloneUnderSkip) {
+  Runtime rt(host(3));
+  Graph g(rt, "skip");
+  auto svc = g.service<int, int>("requests");
+  auto parse = g.stage("parse", [](int x) {
+    if (x == 13) throw std::invalid_argument("unlucky request");
+    return 2 * x;
+  }, {.concurrency = 3, .on_error = OnError::skip});
+  svc.source() >> parse >> svc.sink();
+  auto run = g.run();
+  std::vector<std::future<int>> fs;
+  for (int i = 0; i < 20; ++i) fs.push_back(svc.submit(i));
+  for (int i = 0; i < 20; ++i) {
+    if (i == 13) {
+      EXPECT_THROW(
+          {
+            try {
+              fs[i].get();
+            } catch (const std::invalid_argument& e) {
+              EXPECT_STREQ(e.what(), "unlucky request");
+              throw;
+            }
+          },
+          std::invalid_argument);
+    } else {
+      EXPECT_EQ(fs[i].get(), 2 * i);
+    }
+  }
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(svc.stats().failed, 1u);
+}
+
+// "shutdown with requests in flight fails them cleanly": every future completes, nothing leaks
+TEST(Service, CancelFailsEveryPendingRequestAndLeaksNothing) {
+  Tracked::reset_counts();
+  {
+    Runtime rt(host(2));
+    Graph g(rt, "cancel");
+    auto svc = g.service<Tracked, int>("requests", {.max_pending = 16});
+    Gate gate;
+    auto slow = g.stage("slow", [&](Tracked t) {
+      gate.pass();
+      return t.value;
+    });
+    svc.source() >> slow >> svc.sink();
+    auto run = g.run();
+    std::vector<std::future<int>> fs;
+    for (int i = 0; i < 8; ++i) fs.push_back(svc.submit(Tracked(i)));
+    gate.wait_for_waiters(1);
+    run.cancel();
+    gate.open();
+    EXPECT_EQ(run.wait(), RunStatus::cancelled);
+    int answered = 0, failed = 0;
+    for (auto& f : fs) {
+      try {
+        f.get();
+        ++answered;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("was cancelled or failed before request"), std::string::npos);
+        ++failed;
+      }
+    }
+    EXPECT_EQ(answered + failed, 8);
+    EXPECT_GE(failed, 7);  // the one in the body may finish before the cancel lands
+    EXPECT_EQ(svc.stats().pending, 0u);
+    EXPECT_THROW(svc.submit(Tracked(9)), GraphError);  // the run is over
+  }
+  EXPECT_EQ(Tracked::live.load(), 0);
+}
+
+// submit() outside a run is a clear error; close() ends the run once all is answered; a graph
+// with a service has no other source; the same graph serves again after a run
+TEST(Service, LifecycleErrorsAndReruns) {
+  Runtime rt(host(2));
+  Graph g(rt, "life");
+  auto svc = g.service<int, int>("requests");
+  auto inc = g.stage("inc", [](int x) { return x + 1; });
+  svc.source() >> inc >> svc.sink();
+  try {
+    svc.submit(1);
+    FAIL();
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("not running (call run() first)"), std::string::npos) << e.what();
+  }
+  for (int round = 0; round < 2; ++round) {
+    auto run = g.run();
+    auto f = svc.submit(round);
+    svc.close();
+    EXPECT_EQ(f.get(), round + 1);
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_THROW(svc.submit(5), GraphError);  // closed
+  }
+  EXPECT_THROW((g.service<int, int>("again")), GraphError);
+  Graph h(rt, "two-sources");
+  auto s2 = h.service<int, int>("requests");
+  auto other = h.source("other", std::vector<int>{1});
+  auto merge = h.stage("id", [](int x) { return x; });
+  s2.source() >> merge >> s2.sink();
+  other >> merge;
+  EXPECT_THROW(h.run(), GraphError);
+}
