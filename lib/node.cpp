@@ -78,11 +78,12 @@ void NodeBase::poke(WorkList& w) {
   refresh_state_locked();
 }
 
-std::size_t NodeBase::try_reserve(int port, NodeBase& producer, std::size_t want) {
+std::size_t NodeBase::try_reserve(int port, NodeBase& producer, std::size_t want, bool all_or_none) {
   std::lock_guard lk(mu_);
   Port& p = ports_[port];
   const std::size_t used = p.queued + p.reserved;
   std::size_t got = used < capacity_ ? std::min(want, capacity_ - used) : 0;
+  if (all_or_none && got < want) got = 0;
   if (got > 0) got = reserve_extra_locked(port, got);
   p.reserved += got;
   if (got == 0 && std::find(waiters_.begin(), waiters_.end(), &producer) == waiters_.end())
@@ -260,9 +261,10 @@ void NodeBase::collect_claims_locked(WorkList& w) {
       // grants. Zero means a consumer is full: it registered us, and will poke us when slots
       // free.
       const std::size_t want = k > 0 ? outputs_for_locked(k) : 0;
+      const bool whole = want != k;  // a claim of several outputs per item gets all or none
       std::size_t outs = want;
       for (std::size_t i = 0; i < successors_.size() && outs > 0; ++i) {
-        const std::size_t got = successors_[i].node->try_reserve(successors_[i].port, *this, outs);
+        const std::size_t got = successors_[i].node->try_reserve(successors_[i].port, *this, outs, whole);
         if (got < outs)
           for (std::size_t j = 0; j < i; ++j)
             successors_[j].node->release_reservation(successors_[j].port, outs - got, w);

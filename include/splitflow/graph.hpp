@@ -38,6 +38,9 @@ namespace splitflow {
 
 template <class In, class Out>
 class Service;
+template <class T>
+struct Batch;
+struct DynamicBatchOptions;
 
 /// The typed input end of an edge (a stage's input, a zip's first or second input).
 template <class T>
@@ -391,6 +394,13 @@ class Graph {
   /// splitflow/service.hpp, which defines it). At most one per graph, and no other source.
   template <class In, class Out>
   Service<In, Out> service(std::string name, ServiceOptions options = {});
+
+  /// Dynamic batching (splitflow/batching.hpp defines these): batches of at most max_batch
+  /// items, each gone once full or once its oldest item waited max_delay; and back to items.
+  template <class T>
+  Stage<T, Batch<T>> dynamic_batch(std::string name, DynamicBatchOptions options);
+  template <class T>
+  Stage<Batch<T>, T> unbatch(std::string name, std::size_t max_batch);
 
   /// A callback sink `void(In)`.
   template <class In = detail::Deduce, class F>

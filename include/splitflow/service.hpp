@@ -43,7 +43,8 @@ class OverloadedError : public Error {
   using Error::Error;
 };
 
-/// A request's deadline passed before a GPU stage took it; it was dropped unprocessed.
+/// A request's deadline passed before a GPU stage (or a dynamic batch) took it; it was dropped
+/// unprocessed.
 class DeadlineExceeded : public Error {
  public:
   using Error::Error;
@@ -160,7 +161,8 @@ class RequestBook final : public ItemTracker {
     fail(seq,
          std::make_exception_ptr(DeadlineExceeded(
              "splitflow: service '" + name_ + "' of graph '" + graph_ + "': request " +
-             std::to_string(seq) + " exceeded its deadline before GPU stage '" + stage + "'")),
+             std::to_string(seq) + " exceeded its deadline before stage '" + stage +
+             "' (dropped unprocessed)")),
          true);
   }
 

@@ -132,9 +132,9 @@ class NodeBase {
   virtual void validate() const;
 
   // ---- consumer side of the slot protocol ----------------------------------------------------
-  /// Called by a producer holding its own lock: reserve up to `want` slots on `port`; returns
-  /// how many. Zero registers the producer as a waiter.
-  std::size_t try_reserve(int port, NodeBase& producer, std::size_t want);
+  /// Called by a producer holding its own lock: reserve up to `want` slots on `port` (with
+  /// all_or_none, `want` or nothing); returns how many. Zero registers the producer as a waiter.
+  std::size_t try_reserve(int port, NodeBase& producer, std::size_t want, bool all_or_none = false);
   /// `n` reserved slots will not be filled. Called with no lock of this node held.
   void release_reservation(int port, std::size_t n, WorkList& w);
   /// One producer delivered everything it will deliver this run (end of input). Called by the

@@ -198,6 +198,12 @@ class Emitter : public NodeBase {
   std::uint64_t next_emit_ = 0;
 };
 
+/// Items that carry the ids of several items (Batch<T>): an error on one reaches all of them.
+template <class T>
+concept CarriesIds = requires(const T& t) {
+  { t.ids } -> std::convertible_to<const std::vector<std::uint64_t>&>;
+};
+
 /// Runs `f` and, if it throws, fails the run naming the node and the item.
 template <class F>
 bool guarded(NodeBase& node, std::uint64_t seq, F&& f) noexcept {
@@ -339,6 +345,10 @@ class StageNode final : public Emitter<Out> {
     for (std::size_t i = 0; i < n; ++i) {
       auto& item = (*in)[i];
       const std::uint64_t seq = item.seq;
+      [[maybe_unused]] std::vector<std::uint64_t> ids;  // a batch's, for its error
+      if constexpr (CarriesIds<In>) {
+        if (this->on_error_ != OnError::fail && this->graph().tracker()) ids = item.value.ids;
+      }
       try {
         if constexpr (kAllocates) {
           HostAllocator alloc(ring, &this->name(), seq);
@@ -349,6 +359,11 @@ class StageNode final : public Emitter<Out> {
         continue;
       } catch (...) {
         const bool substitute = this->on_error_ == OnError::substitute;
+        if constexpr (CarriesIds<In>) {
+          if (ItemTracker* t = this->graph().tracker(); t && !substitute)
+            for (std::uint64_t id : ids)
+              if (id != seq) t->item_failed(id, std::current_exception());
+        }
         if (!this->absorb_error(seq, std::current_exception(), substitute)) {
           this->graph().retire_items(n - i, w);  // this item and the rest
           break;

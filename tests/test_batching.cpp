@@ -1,0 +1,207 @@
+// Dynamic batching (splitflow/batching.hpp) inside a service: batch bounds, the max_delay timer
+// on an injected clock (no sleeps), results back to the right requests, errors per batch and
+// per item, deadlines. Each test names the requirement it checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <numeric>
+#include <splitflow/batching.hpp>
+#include <splitflow/service.hpp>
+#include <splitflow/splitflow.hpp>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+using namespace splitflow;
+using namespace std::chrono_literals;
+
+namespace {
+
+// svc -> gather -> model (x -> 10x, recording batch sizes) -> split -> svc
+struct Pipeline {
+  Runtime rt{RuntimeConfig{.threads = 3}};
+  Graph g{rt, "infer"};
+  Service<long, long> svc;
+  std::mutex mu;
+  std::vector<std::size_t> sizes;
+  std::vector<BatchClock::time_point> formed;
+
+  Pipeline(DynamicBatchOptions o, std::function<void(Batch<long>&)> check = nullptr,
+           OnError on_error = OnError::fail)
+      : svc(g.service<long, long>("requests", {.max_pending = 256})) {
+    auto clock = o.clock;
+    const std::size_t max_batch = o.max_batch;
+    auto gather = g.dynamic_batch<long>("gather", std::move(o));
+    auto model = g.stage("model", [this, check, clock](Batch<long> b) {
+      {
+        std::lock_guard lk(mu);
+        sizes.push_back(b.size());
+        if (clock) formed.push_back(clock->now());
+      }
+      if (check) check(b);
+      std::vector<long> out;
+      for (long x : b.items) out.push_back(10 * x);
+      return std::move(b).with(std::move(out));
+    }, {.on_error = on_error});
+    auto split = g.unbatch<long>("split", max_batch);
+    svc.source() >> gather >> model >> split >> svc.sink();
+  }
+};
+
+// Waits until the batcher has received n items in all (it reads the clock as they arrive, and
+// only then is the test's clock move meaningful). A wait on a condition, not a sleep.
+void wait_arrived(const Run& run, std::uint64_t n) {
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (run.stats().find("gather")->items_in < n) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "items never reached the batcher";
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
+// "gathers items into a batch until it reaches max_batch ... hands the batch to the next stage,
+// and splits the batch's results back to each request's future"
+TEST(DynamicBatch, ABatchGoesWhenFull) {
+  auto clock = std::make_shared<ManualClock>();  // never advanced: only full batches can go
+  Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock});
+  auto run = p.g.run();
+  std::vector<std::future<long>> fs;
+  for (long i = 0; i < 8; ++i) fs.push_back(p.svc.submit(i));
+  for (long i = 0; i < 8; ++i) EXPECT_EQ(fs[i].get(), 10 * i);
+  EXPECT_EQ(p.sizes, (std::vector<std::size_t>{4, 4}));
+  p.svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+}
+
+// "... or the oldest item has waited max_delay, whichever comes first"; "no item waits past
+// max_delay plus a bounded slack before its batch is formed (checked with an injectable clock)"
+TEST(DynamicBatch, APartialBatchGoesWhenItsOldestItemWaitedMaxDelay) {
+  auto clock = std::make_shared<ManualClock>();
+  Pipeline p({.max_batch = 8, .max_delay = 5ms, .clock = clock});
+  auto run = p.g.run();
+  const auto t0 = clock->now();  // now() call 1
+  std::vector<std::future<long>> fs;
+  for (long i = 0; i < 3; ++i) fs.push_back(p.svc.submit(i));
+  wait_arrived(run, 3);
+  clock->advance(5ms - 1ns);
+  for (auto& f : fs) EXPECT_EQ(f.wait_for(0s), std::future_status::timeout) << "a batch went early";
+  clock->advance(1ns);  // the oldest item has waited exactly max_delay: its timer fires
+  for (long i = 0; i < 3; ++i) EXPECT_EQ(fs[i].get(), 10 * i);
+  ASSERT_EQ(p.sizes, (std::vector<std::size_t>{3}));
+  EXPECT_EQ(p.formed.front() - t0, 5ms) << "formed when its oldest item had waited max_delay";
+  // The next batch's clock starts with its own oldest item.
+  auto late = p.svc.submit(7);
+  wait_arrived(run, 4);
+  clock->advance(4ms);
+  EXPECT_EQ(late.wait_for(0s), std::future_status::timeout);
+  clock->advance(1ms);
+  EXPECT_EQ(late.get(), 70);
+  p.svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+}
+
+// "batch sizes never exceed max_batch"; "results return to the right requests under
+// concurrency" (the real clock and its timer thread)
+TEST(DynamicBatch, BatchesNeverExceedMaxBatchUnderConcurrency) {
+  Pipeline p({.max_batch = 8, .max_delay = 1ms});
+  auto run = p.g.run();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t)
+    clients.emplace_back([&, t] {
+      std::vector<std::pair<long, std::future<long>>> mine;
+      for (long i = 0; i < 200; ++i) {
+        const long x = t * 1000 + i;
+        mine.emplace_back(x, p.svc.submit(x));
+        if (i % 16 == 15)
+          for (auto& [v, f] : mine)
+            if (f.valid() && f.get() != 10 * v) ++wrong;
+      }
+      for (auto& [v, f] : mine)
+        if (f.valid() && f.get() != 10 * v) ++wrong;
+    });
+  for (auto& c : clients) c.join();
+  p.svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_LE(*std::max_element(p.sizes.begin(), p.sizes.end()), 8u);
+  EXPECT_EQ(std::accumulate(p.sizes.begin(), p.sizes.end(), std::size_t{0}), 800u);
+  EXPECT_EQ(p.svc.stats().answered, 800u);
+}
+
+// "Errors in a batch reach every request in it; one bad request can be rejected without
+// failing its batch-mates where the stage says so"
+TEST(DynamicBatch, ABatchErrorReachesItsRequestsAndOneItemCanFailAlone) {
+  auto clock = std::make_shared<ManualClock>();
+  Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock},
+             [](Batch<long>& b) {
+               for (std::size_t i = 0; i < b.size(); ++i) {
+                 if (b.items[i] == 6) throw std::runtime_error("batch with 6 failed");
+                 if (b.items[i] == 1) b.fail(i, std::make_exception_ptr(std::invalid_argument("1 is invalid")));
+               }
+             },
+             OnError::skip);
+  auto run = p.g.run();
+  std::vector<std::future<long>> fs;
+  for (long i = 0; i < 8; ++i) fs.push_back(p.svc.submit(i));  // batches {0..3}, {4..7}
+  for (long i = 0; i < 8; ++i) {
+    if (i == 1) {
+      EXPECT_THROW(fs[i].get(), std::invalid_argument);
+    } else if (i >= 4) {
+      try {
+        fs[i].get();
+        ADD_FAILURE() << "request " << i << " was answered";
+      } catch (const std::runtime_error& e) {
+        EXPECT_STREQ(e.what(), "batch with 6 failed");
+      }
+    } else {
+      EXPECT_EQ(fs[i].get(), 10 * i);
+    }
+  }
+  p.svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const ServiceStats s = p.svc.stats();
+  EXPECT_EQ(s.answered, 3u);
+  EXPECT_EQ(s.failed, 5u);
+}
+
+// "an expired request is dropped before its GPU work": the batch forms without it
+TEST(DynamicBatch, ExpiredRequestsAreDroppedWhenTheBatchForms) {
+  auto clock = std::make_shared<ManualClock>();
+  Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock});
+  auto run = p.g.run();
+  const auto past = std::chrono::steady_clock::now() - 1s;
+  auto a = p.svc.submit(1);
+  auto b = p.svc.submit(2, past);
+  auto c = p.svc.submit(3);
+  auto d = p.svc.submit(4, past);
+  EXPECT_EQ(a.get(), 10);
+  EXPECT_EQ(c.get(), 30);
+  EXPECT_THROW(b.get(), DeadlineExceeded);
+  EXPECT_THROW(d.get(), DeadlineExceeded);
+  EXPECT_EQ(p.sizes, (std::vector<std::size_t>{2}));
+  p.svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(run.stats().find("gather")->items_expired, 2u);
+  EXPECT_EQ(p.svc.stats().expired, 2u);
+}
+
+// An unbatch whose consumer cannot hold a whole batch could never emit one: said at run().
+TEST(DynamicBatch, AnUnbatchIntoASmallerQueueIsAGraphError) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "small", {.default_capacity = 4});
+  auto svc = g.service<long, long>("requests");
+  auto gather = g.dynamic_batch<long>("gather", {.max_batch = 16});
+  auto model = g.stage("model", [](Batch<long> b) { return b; });
+  auto split = g.unbatch<long>("split", 16);
+  svc.source() >> gather >> model >> split >> svc.sink();
+  try {
+    g.run();
+    FAIL();
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 4 items, less than a batch of 16"), std::string::npos) << e.what();
+  }
+}
