@@ -335,6 +335,67 @@ TEST(StreamPool, ALightGraphsWaitIsBoundedWhileAGreedyGraphSaturatesThePool) {
   expect_returned(rt, {greedy_run.stats(), light_run.stats()});
 }
 
+// "a graph can be given a priority so a latency-critical model's leases are served before a
+// batch job's": with a greedy graph keeping the pool saturated and its invocations queued, a
+// priority graph's bursts wait for a stream to free, not behind the queue (compared with the
+// greedy graph's own waits in the same run).
+TEST(StreamPool, APriorityGraphsLeasesAreServedBeforeAGreedyGraphs) {
+  Runtime rt(host_device(4, 2, 1));
+  constexpr auto kGreedyKernel = 2ms;
+  Graph greedy(rt, "greedy"), urgent(rt, "urgent", {.priority = 1});
+  std::mutex mu;
+  std::condition_variable cv;
+  long greedy_done = 0;
+  {
+    auto src = greedy.source("n", counter(-1));
+    auto make = greedy.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
+    GpuStageOptions o;
+    o.concurrency = 8;
+    auto gpu = greedy.gpu_stage("hog", [&](DeviceTensor t, DeviceContext& ctx) {
+      ops::busy_kernel(ctx, kGreedyKernel);
+      return t;
+    }, o);
+    auto sink = greedy.sink("s", [&](DeviceTensor) {
+      std::lock_guard lk(mu);
+      ++greedy_done;
+      cv.notify_all();
+    });
+    src >> make >> gpu >> sink;
+  }
+  {
+    auto src = urgent.source("n", counter(15));
+    auto make = urgent.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
+    GpuStageOptions o;
+    o.concurrency = 1;
+    auto gpu = urgent.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+      ops::busy_kernel(ctx, 100us);
+      return t;
+    }, o);
+    auto sink = urgent.sink("s", [](DeviceTensor) {});
+    src >> make >> gpu >> sink;
+  }
+  auto greedy_run = greedy.run();
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 30s, [&] { return greedy_done >= 4; }));
+  }
+  EXPECT_GT(rt.device_stats()->lease_waiters, 0u) << "the greedy graph should queue for streams";
+  auto urgent_run = urgent.run();
+  ASSERT_TRUE(urgent_run.wait_for(30s));
+  const GpuStats us = urgent_run.stats().gpu;
+  greedy_run.cancel();
+  greedy_run.wait();
+  const GpuStats gs = greedy_run.stats().gpu;
+  ASSERT_EQ(us.bursts, 15u);
+  const double urgent_wait = static_cast<double>(us.lease_wait_ns) / us.bursts;
+  const double greedy_wait = static_cast<double>(gs.lease_wait_ns) / gs.bursts;
+  // FIFO would make the urgent bursts wait about as long as the greedy ones (6 queued ahead on
+  // 2 streams: ~3 kernels); served first, they wait for one stream to free (under a kernel).
+  EXPECT_LT(urgent_wait, greedy_wait / 2) << "urgent " << urgent_wait / 1e6 << " ms, greedy "
+                                          << greedy_wait / 1e6 << " ms per burst";
+  expect_returned(rt, {greedy_run.stats(), urgent_run.stats()});
+}
+
 // "held >= busy for every graph, and held/busy stays near 1 for a graph that is GPU-bound"
 TEST(Accounting, HeldCoversBusyAndIsCloseToItForAGpuBoundGraph) {
   Runtime rt(host_device(2, 4));

@@ -56,6 +56,10 @@ struct GraphOptions {
   std::size_t default_capacity = 32;
   /// Receives every invocation, lease and device op of the graph's runs (see telemetry.hpp).
   std::shared_ptr<Observer> observer = nullptr;
+  /// Stream-lease priority of the graph's GPU stages: waiting invocations of a higher priority
+  /// are granted a stream before lower ones (first come, first served within a priority), so a
+  /// latency-critical model's bursts do not queue behind a batch job's.
+  int priority = 0;
   /// Record a Chrome trace of each run (Run::trace_json()). Memory is bounded by
   /// trace_max_events: past it, invocations are sampled (the trace states the rate).
   bool trace = false;

@@ -36,7 +36,7 @@ class LeaseWaiter {
   virtual ~LeaseWaiter() = default;
   virtual void grant(Lease* lease) = 0;
   const void* owner = nullptr;  ///< for withdraw(): the node that waits
-  int priority = 0;             ///< reserved for priority classes (served highest first)
+  int priority = 0;             ///< its graph's GraphOptions::priority (served highest first)
   std::int64_t since_ns = 0;
 };
 

@@ -79,6 +79,7 @@ class GpuStageNode final : public Emitter<Out> {
 
   void run_claim(WorkList& w, std::size_t k) override {
     auto* inv = new Invocation(*this);
+    inv->priority = this->graph().options().priority;
     {
       std::lock_guard lk(this->mu_);
       std::size_t n = 0;
