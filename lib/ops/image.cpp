@@ -312,17 +312,16 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
   return true;
 }
 
-}  // namespace
-
-HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box, Color color,
-                              const std::string& what, int* height, int* width) {
+// Reads the header once, asks `choose(H, W)` for the box, decodes it.
+template <class Choose>
+HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color color,
+                              const std::string& what, Choose&& choose) {
   JpegDecoder d;
   if (size == 0 || !read_header(d, data, size, color == Color::gray))
     throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
                             size == 0 ? "empty" : d.errors.message));
   const int H = static_cast<int>(d.cinfo.image_height), W = static_cast<int>(d.cinfo.image_width);
-  if (height) *height = H;
-  if (width) *width = W;
+  Box box = choose(H, W);
   if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
   if (box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 || box.y + box.h > H || box.x + box.w > W)
     throw Error(fmt::format("splitflow::image::decode_jpeg_region: '{}': box (y {}, x {}, h {}, w "
@@ -348,18 +347,26 @@ HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box bo
   return HostTensor::wrap(base, DType::u8, {box.h, box.w, C}, rows.owner());
 }
 
+}  // namespace
+
+HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box, Color color,
+                              const std::string& what, int* height, int* width) {
+  return decode_region_with(data, size, color, what, [&](int H, int W) {
+    if (height) *height = H;
+    if (width) *width = W;
+    return box;
+  });
+}
+
 Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color color) {
   // The header gives the size the crop is drawn for; only the crop's rows and (iMCU-widened)
-  // columns are decoded.
-  const std::uint8_t* data = file.bytes.data<std::uint8_t>();
-  const std::size_t size = file.bytes.nbytes();
-  JpegDecoder probe;
-  if (size == 0 || !read_header(probe, data, size, color == Color::gray))
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})",
-                            file.path, size == 0 ? "empty" : probe.errors.message));
-  const int H = static_cast<int>(probe.cinfo.image_height), W = static_cast<int>(probe.cinfo.image_width);
-  const Augment a = draw_augment(H, W, file.index, spec);
-  HostTensor region = decode_jpeg_region(data, size, a.box, color, file.path);
+  // columns are decoded. One header read serves both.
+  Augment a;
+  HostTensor region = decode_region_with(
+      file.bytes.data<std::uint8_t>(), file.bytes.nbytes(), color, file.path, [&](int H, int W) {
+        a = draw_augment(H, W, file.index, spec);
+        return a.box;
+      });
   return Image{file.index, std::move(file.path), resize_flipped(region, spec.size, spec.size, a.flip)};
 }
 
