@@ -183,9 +183,9 @@ void NodeBase::begin_invocation_locked(Ticks t0) {
 
 void NodeBase::took_locked(std::size_t k, std::size_t n, WorkList& w) {
   unpopped_ -= k;
-  // Fewer items than granted: a cancel dropped the rest. Give their slots back (consumers are
-  // downstream: locking them under our lock is in order).
-  if (n < k) release_successors(k - n, w);
+  // Fewer items than granted: a cancel dropped the rest. Give back the slots their outputs
+  // reserved (consumers are downstream: locking them under our lock is in order).
+  if (n < k) release_successors(outputs_for_locked(k) - (n > 0 ? outputs_for_locked(n) : 0), w);
 }
 
 void NodeBase::end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size_t emitted, WorkList& w,

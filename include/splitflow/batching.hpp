@@ -200,8 +200,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
         queue_.pop_front();
       }
       this->expired_ += expired.size();
-      this->unpopped_ -= k;
-      if (n == 0) this->release_successors(1, w);
+      this->took_locked(k, n, w);
       t0 = now_ticks();
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
@@ -328,8 +327,7 @@ class UnbatchNode final : public Emitter<T> {
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
-      this->unpopped_ -= k;
-      if (n < k) this->release_successors((k - n) * max_batch_, w);
+      this->took_locked(k, n, w);
       t0 = now_ticks();
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);

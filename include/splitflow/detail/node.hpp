@@ -190,7 +190,8 @@ class NodeBase {
   /// A claim starts executing at `t0` (read under the lock, so that claim sizing does not
   /// count a wait for the lock as the body's work).
   void begin_invocation_locked(Ticks t0);
-  /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it.
+  /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it and
+  /// give back the output slots of the items it did not get (outputs_for_locked).
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
   /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
   /// it, record the items' latencies (from `arrivals`, runs of arrival times, when given; else

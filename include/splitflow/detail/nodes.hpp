@@ -559,8 +559,7 @@ class BatchNode final : public Emitter<std::vector<T>> {
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = in_.pop(*in, *arrivals, k);
-      this->unpopped_ -= k;
-      if (n == 0) this->release_successors(1, w);  // dropped by a cancel: the slot goes back
+      this->took_locked(k, n, w);
       t0 = now_ticks();
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
