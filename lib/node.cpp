@@ -311,6 +311,7 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   skipped_ = substituted_ = expired_ = 0;
   errors_.clear();
   telemetry_ = telemetry;
+  stamps_ = telemetry || graph_->tracker() != nullptr;
   sequenced_ = order_ == Order::in_order && concurrency_ > 1 && !successors_.empty();
   next_ticket_ = 0;
   waiters_.clear();

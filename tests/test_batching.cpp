@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <numeric>
 #include <splitflow/batching.hpp>
@@ -34,17 +35,19 @@ struct Pipeline {
     auto clock = o.clock;
     const std::size_t max_batch = o.max_batch;
     auto gather = g.dynamic_batch<long>("gather", std::move(o));
-    auto model = g.stage("model", [this, check, clock](Batch<long> b) {
-      {
-        std::lock_guard lk(mu);
-        sizes.push_back(b.size());
-        if (clock) formed.push_back(clock->now());
-      }
-      if (check) check(b);
-      std::vector<long> out;
-      for (long x : b.items) out.push_back(10 * x);
-      return std::move(b).with(std::move(out));
-    }, {.on_error = on_error});
+    auto model = g.stage("model",
+                         [this, check, clock](Batch<long> b) {
+                           {
+                             std::lock_guard lk(mu);
+                             sizes.push_back(b.size());
+                             if (clock) formed.push_back(clock->now());
+                           }
+                           if (check) check(b);
+                           std::vector<long> out;
+                           for (long x : b.items) out.push_back(10 * x);
+                           return std::move(b).with(std::move(out));
+                         },
+                         {.on_error = on_error});
     auto split = g.unbatch<long>("split", max_batch);
     svc.source() >> gather >> model >> split >> svc.sink();
   }
@@ -136,14 +139,16 @@ TEST(DynamicBatch, BatchesNeverExceedMaxBatchUnderConcurrency) {
 // failing its batch-mates where the stage says so"
 TEST(DynamicBatch, ABatchErrorReachesItsRequestsAndOneItemCanFailAlone) {
   auto clock = std::make_shared<ManualClock>();
-  Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock},
-             [](Batch<long>& b) {
-               for (std::size_t i = 0; i < b.size(); ++i) {
-                 if (b.items[i] == 6) throw std::runtime_error("batch with 6 failed");
-                 if (b.items[i] == 1) b.fail(i, std::make_exception_ptr(std::invalid_argument("1 is invalid")));
-               }
-             },
-             OnError::skip);
+  Pipeline p(
+      {.max_batch = 4, .max_delay = 1h, .clock = clock},
+      [](Batch<long>& b) {
+        for (std::size_t i = 0; i < b.size(); ++i) {
+          if (b.items[i] == 6) throw std::runtime_error("batch with 6 failed");
+          if (b.items[i] == 1)
+            b.fail(i, std::make_exception_ptr(std::invalid_argument("1 is invalid")));
+        }
+      },
+      OnError::skip);
   auto run = p.g.run();
   std::vector<std::future<long>> fs;
   for (long i = 0; i < 8; ++i) fs.push_back(p.svc.submit(i));  // batches {0..3}, {4..7}
@@ -202,6 +207,86 @@ TEST(DynamicBatch, AnUnbatchIntoASmallerQueueIsAGraphError) {
     g.run();
     FAIL();
   } catch (const GraphError& e) {
-    EXPECT_NE(std::string(e.what()).find("holds 4 items, less than a batch of 16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds 4 items, less than a batch of 16"),
+              std::string::npos)
+        << e.what();
   }
+}
+
+// "Per-request latency histograms (... batching wait ...)": each request in a batch counts
+// the time from its arrival in the batcher to the batch's forming, and only that, as batching.
+TEST(DynamicBatch, EachRequestCountsItsBatchingWait) {
+  auto clock = std::make_shared<ManualClock>();
+  Pipeline p({.max_batch = 8, .max_delay = 5ms, .clock = clock});
+  auto run = p.g.run();
+  std::vector<std::future<long>> fs;
+  for (long i = 0; i < 3; ++i) fs.push_back(p.svc.submit(i));
+  wait_arrived(run, 3);
+  const auto arrived = std::chrono::steady_clock::now();  // all three are in the batcher
+  for (auto& f : fs) ASSERT_EQ(f.wait_for(0s), std::future_status::timeout);
+  const std::int64_t in_batcher =  // each of the three waited at least this long in it
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                           arrived)
+          .count();
+  clock->advance(5ms);
+  for (long i = 0; i < 3; ++i) EXPECT_EQ(fs[i].get(), 10 * i);
+  p.svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const ServiceStats s = p.svc.stats();
+  ASSERT_EQ(s.batching.count(), 3u);
+  EXPECT_GE(s.batching.min(), static_cast<std::uint64_t>(in_batcher));
+  EXPECT_GT(s.batching.min(), 0u);
+  EXPECT_LE(s.batching.max(), s.latency.max());
+  EXPECT_EQ(s.gpu.max(), 0u) << "no GPU stage in this graph";
+  const double parts = s.queueing.mean() + s.batching.mean() + s.gpu.mean() + s.other.mean();
+  EXPECT_NEAR(parts, s.latency.mean(), 1000.0 + 0.001 * s.latency.mean());
+}
+
+// A formed batch carries its first request's number: that request's deadline passing later
+// must not drop the whole batch at a GPU stage (its deadline was checked as the batch formed).
+TEST(DynamicBatch, AFormedBatchIsNotDroppedForItsFirstRequestsDeadline) {
+  auto clock = std::make_shared<ManualClock>();
+  RuntimeConfig cfg{.threads = 3};
+  cfg.device.backend = BackendKind::host;
+  Runtime rt(cfg);
+  Graph g(rt, "late");
+  auto svc = g.service<long, long>("requests");
+  auto gather = g.dynamic_batch<long>("gather", {.max_batch = 3, .max_delay = 1h, .clock = clock});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_hold = false, open = false;
+  auto hold = g.stage("hold", [&](Batch<long> b) {
+    std::unique_lock lk(mu);
+    in_hold = true;
+    cv.notify_all();
+    cv.wait(lk, [&] { return open; });
+    return b;
+  });
+  auto model = g.gpu_stage("model", [](Batch<long> b, DeviceContext&) {
+    for (long& x : b.items) x = -x;
+    return b;
+  });
+  auto split = g.unbatch<long>("split", 3);
+  svc.source() >> gather >> hold >> model >> split >> svc.sink();
+  auto run = g.run();
+  const auto deadline = std::chrono::steady_clock::now() + 300ms;
+  auto a = svc.submit(1, deadline);  // the batch's first request
+  auto b = svc.submit(2);
+  auto c = svc.submit(3);
+  {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return in_hold; });  // the batch formed (all three were in time)
+  }
+  std::this_thread::sleep_until(deadline + 1ms);  // the subject: a deadline passing, not a sync
+  {
+    std::lock_guard lk(mu);
+    open = true;
+    cv.notify_all();
+  }
+  EXPECT_EQ(a.get(), -1);
+  EXPECT_EQ(b.get(), -2);
+  EXPECT_EQ(c.get(), -3);
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(svc.stats().expired, 0u);
 }

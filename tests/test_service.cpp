@@ -91,10 +91,12 @@ TEST(Service, FailFastAdmissionRejectsWhenFull) {
   Graph g(rt, "ff");
   auto svc = g.service<int, int>("requests", {.max_pending = 3, .admission = Admission::fail_fast});
   Gate gate;
-  auto slow = g.stage("slow", [&](int x) {
-    gate.pass();
-    return x + 1;
-  }, {.concurrency = Concurrency::unlimited});
+  auto slow = g.stage("slow",
+                      [&](int x) {
+                        gate.pass();
+                        return x + 1;
+                      },
+                      {.concurrency = Concurrency::unlimited});
   svc.source() >> slow >> svc.sink();
   auto run = g.run();
   std::vector<std::future<int>> fs;
@@ -103,7 +105,8 @@ TEST(Service, FailFastAdmissionRejectsWhenFull) {
     svc.submit(99);
     FAIL() << "a 4th request was admitted";
   } catch (const OverloadedError& e) {
-    EXPECT_NE(std::string(e.what()).find("overloaded: 3 requests pending"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("overloaded: 3 requests pending"), std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(svc.stats().rejected, 1u);
   gate.open();
@@ -168,7 +171,8 @@ TEST(Service, ExpiredRequestsAreDroppedBeforeTheirGpuWork) {
       late[i].get();
       ADD_FAILURE() << "expired request " << i << " was answered";
     } catch (const DeadlineExceeded& e) {
-      EXPECT_NE(std::string(e.what()).find("exceeded its deadline before stage 'model'"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("exceeded its deadline before stage 'model'"),
+                std::string::npos);
     }
   }
   svc.close();
@@ -184,10 +188,12 @@ TEST(Service, ABadRequestFailsAloneUnderSkip) {
   Runtime rt(host(3));
   Graph g(rt, "skip");
   auto svc = g.service<int, int>("requests");
-  auto parse = g.stage("parse", [](int x) {
-    if (x == 13) throw std::invalid_argument("unlucky request");
-    return 2 * x;
-  }, {.concurrency = 3, .on_error = OnError::skip});
+  auto parse = g.stage("parse",
+                       [](int x) {
+                         if (x == 13) throw std::invalid_argument("unlucky request");
+                         return 2 * x;
+                       },
+                       {.concurrency = 3, .on_error = OnError::skip});
   svc.source() >> parse >> svc.sink();
   auto run = g.run();
   std::vector<std::future<int>> fs;
@@ -239,7 +245,8 @@ TEST(Service, CancelFailsEveryPendingRequestAndLeaksNothing) {
         f.get();
         ++answered;
       } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("was cancelled or failed before request"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("was cancelled or failed before request"),
+                  std::string::npos);
         ++failed;
       }
     }
@@ -263,7 +270,8 @@ TEST(Service, LifecycleErrorsAndReruns) {
     svc.submit(1);
     FAIL();
   } catch (const GraphError& e) {
-    EXPECT_NE(std::string(e.what()).find("not running (call run() first)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not running (call run() first)"), std::string::npos)
+        << e.what();
   }
   for (int round = 0; round < 2; ++round) {
     auto run = g.run();
@@ -281,4 +289,71 @@ TEST(Service, LifecycleErrorsAndReruns) {
   s2.source() >> merge >> s2.sink();
   other >> merge;
   EXPECT_THROW(h.run(), GraphError);
+}
+
+namespace {
+
+// The split adds up: for every answered request queueing + batching + gpu + other == total
+// (the parts come from two clocks, so allow a microsecond per request).
+void expect_split_adds_up(const ServiceStats& s) {
+  for (const LatencyHistogram* h : {&s.queueing, &s.batching, &s.gpu, &s.other})
+    EXPECT_EQ(h->count(), s.answered);
+  const double parts = s.queueing.mean() + s.batching.mean() + s.gpu.mean() + s.other.mean();
+  EXPECT_NEAR(parts, s.latency.mean(), 1000.0 + 0.001 * s.latency.mean());
+}
+
+std::int64_t since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
+}  // namespace
+
+// "Per-request latency histograms (queueing, batching wait, GPU, total) in the telemetry":
+// requests held behind a busy stage count that time as queueing, the one in the body counts it
+// as other (CPU work), and each GPU part covers at least its kernel's time. Bounds are causal
+// (what the test saw happen), not timings.
+TEST(Service, LatencySplitCountsQueueingGpuAndCpuWork) {
+  Runtime rt(host(2));
+  Graph g(rt, "split");
+  auto svc = g.service<int, int>("requests");
+  Gate gate;
+  auto hold = g.stage("hold", [&](int x) {
+    if (x == 0) gate.pass();
+    return x;
+  });
+  constexpr auto kKernel = 2ms;
+  auto model = g.gpu_stage("model", [&](int x, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, kKernel);
+    return x + 1;
+  });
+  svc.source() >> hold >> model >> svc.sink();
+  auto run = g.run();
+  auto r0 = svc.submit(0);
+  gate.wait_for_waiters(1);
+  const auto entered = std::chrono::steady_clock::now();  // request 0 is in hold's body
+  auto r1 = svc.submit(1);
+  auto r2 = svc.submit(2);
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (run.stats().find("hold")->items_in < 3) {  // both queued behind request 0
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up);
+    std::this_thread::yield();
+  }
+  const auto queued = std::chrono::steady_clock::now();
+  const std::int64_t held = since(entered), waited = since(queued);
+  gate.open();
+  EXPECT_EQ(r0.get(), 1);
+  EXPECT_EQ(r1.get(), 2);
+  EXPECT_EQ(r2.get(), 3);
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const ServiceStats s = svc.stats();
+  ASSERT_EQ(s.answered, 3u);
+  expect_split_adds_up(s);
+  // Requests 1 and 2 sat in hold's queue from `queued` to the gate's opening at least.
+  EXPECT_GE(s.queueing.mean() * 3, 2.0 * static_cast<double>(waited));
+  EXPECT_GE(s.other.max(), static_cast<std::uint64_t>(held)) << "request 0's time in a body";
+  EXPECT_GE(s.gpu.min(), static_cast<std::uint64_t>(std::chrono::nanoseconds(kKernel).count()));
+  EXPECT_EQ(s.batching.max(), 0u) << "no dynamic batch in this graph";
+  EXPECT_GE(s.latency.min(), s.gpu.min());
 }

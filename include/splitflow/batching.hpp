@@ -47,8 +47,8 @@ struct Batch {
   template <class U>
   Batch<U> with(std::vector<U> results) && {
     if (results.size() != ids.size())
-      throw Error("splitflow::Batch::with: " + std::to_string(results.size()) + " results for a batch of " +
-                  std::to_string(ids.size()));
+      throw Error("splitflow::Batch::with: " + std::to_string(results.size()) +
+                  " results for a batch of " + std::to_string(ids.size()));
     return Batch<U>{std::move(results), std::move(ids), std::move(errors)};
   }
   /// Item i failed: unbatch answers its request with `error` and not with items[i].
@@ -144,13 +144,15 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
   DynamicBatchNode(GraphCore& g, std::string name, DynamicBatchOptions o)
       : Emitter<Out>(g, std::move(name), StageKind::stage,
                      StageOptions{Concurrency::serial, Order::in_order,
-                                  std::max(o.max_batch, o.capacity ? o.capacity : g.options().default_capacity)},
+                                  std::max(o.max_batch,
+                                           o.capacity ? o.capacity : g.options().default_capacity)},
                      1),
         in_(*this),
         opts_(std::move(o)),
         token_(std::make_shared<FlushToken>()) {
     if (opts_.max_batch == 0)
-      throw GraphError("splitflow: dynamic batch '" + this->name() + "': max_batch must be at least 1");
+      throw GraphError("splitflow: dynamic batch '" + this->name() +
+                       "': max_batch must be at least 1");
     if (!opts_.clock) opts_.clock = BatchClock::steady();
     token_->flush = [this](std::uint64_t gen) { on_timer(gen); };
   }
@@ -182,6 +184,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     Ticks t0;
     std::size_t popped = 0;
     std::vector<std::uint64_t> expired;
+    std::vector<std::int64_t> waits;  // each batched item's time in the queue (a service's)
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = std::min(k, queue_.size());
@@ -189,19 +192,21 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
       batch.items.reserve(n);
       batch.ids.reserve(n);
       ItemTracker* tracker = this->graph().tracker();
+      t0 = now_ticks();
       for (std::size_t i = 0; i < n; ++i) {
-        const std::uint64_t id = queue_.front().first.seq;
+        Queued& q = queue_.front();
+        const std::uint64_t id = q.item.seq;
         if (tracker && tracker->expired(id)) {  // dropped before its (GPU) work
           expired.push_back(id);
         } else {
-          batch.items.push_back(std::move(queue_.front().first.value));
+          batch.items.push_back(std::move(q.item.value));
           batch.ids.push_back(id);
+          if (tracker) waits.push_back(ticks_to_ns(t0 - q.ticks));
         }
         queue_.pop_front();
       }
       this->expired_ += expired.size();
       this->took_locked(k, n, w);
-      t0 = now_ticks();
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
       // The next batch's clock starts with its oldest item.
@@ -213,6 +218,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     for (std::uint64_t id : expired) this->graph().tracker()->item_expired(id, this->name());
     const std::size_t n = batch.items.size();
     const std::uint64_t first = n ? batch.ids.front() : 0;
+    if (ItemTracker* t = this->graph().tracker(); t && n > 0) t->batched(first, batch.ids, waits);
     this->notify_begin(t0, first, n, 0);
     Scratch<Envelope<Out>> out;
     if (n > 0) {
@@ -250,12 +256,13 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     explicit Port(DynamicBatchNode& n) : Receiver<T>(n, 0), node_(&n) {}
     void push(std::vector<Envelope<T>>& items, WorkList& w) override {
       const time_point now = node_->opts_.clock->now();
+      const Ticks ticks = node_->stamps() ? now_ticks() : 0;
       std::lock_guard lk(node_->mu_);
       if (node_->graph().stopping()) {
         node_->rejected_locked(0, items.size(), w);
         return;
       }
-      for (auto& e : items) node_->queue_.emplace_back(std::move(e), now);
+      for (auto& e : items) node_->queue_.push_back(Queued{std::move(e), now, ticks});
       if (!node_->armed_) node_->arm_locked();
       node_->arrived_locked(0, items.size(), w);
     }
@@ -269,7 +276,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     armed_ = true;
     const std::uint64_t gen = timer_gen_;
     std::weak_ptr<FlushToken> weak = token_;
-    opts_.clock->call_at(queue_.front().second + opts_.max_delay, [weak, gen] {
+    opts_.clock->call_at(queue_.front().at + opts_.max_delay, [weak, gen] {
       if (auto t = weak.lock()) {
         std::lock_guard lk(t->mu);
         if (t->flush) t->flush(gen);
@@ -291,7 +298,12 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
   Port in_;
   DynamicBatchOptions opts_;
   std::shared_ptr<FlushToken> token_;
-  std::deque<std::pair<Envelope<T>, time_point>> queue_;  // under mu_
+  struct Queued {
+    Envelope<T> item;
+    time_point at;  // on the batch clock (max_delay)
+    Ticks ticks;    // on the steady timeline (the latency split)
+  };
+  std::deque<Queued> queue_;  // under mu_
   bool flush_due_ = false;
   bool armed_ = false;
   std::uint64_t timer_gen_ = 0;
@@ -303,9 +315,11 @@ template <class T>
 class UnbatchNode final : public Emitter<T> {
  public:
   UnbatchNode(GraphCore& g, std::string name, std::size_t max_batch)
-      : Emitter<T>(g, std::move(name), StageKind::stage, StageOptions{}, 1), in_(*this, 0),
+      : Emitter<T>(g, std::move(name), StageKind::stage, StageOptions{}, 1),
+        in_(*this, 0),
         max_batch_(max_batch) {
-    if (max_batch_ == 0) throw GraphError("splitflow: unbatch '" + this->name() + "': max_batch must be at least 1");
+    if (max_batch_ == 0)
+      throw GraphError("splitflow: unbatch '" + this->name() + "': max_batch must be at least 1");
   }
 
   Receiver<Batch<T>>& input() noexcept { return in_; }
@@ -314,8 +328,8 @@ class UnbatchNode final : public Emitter<T> {
     Emitter<T>::validate();
     for (const Edge& e : this->successors_)
       if (e.node->capacity() < max_batch_)
-        throw GraphError("splitflow: unbatch '" + this->name() + "': its consumer '" + e.node->name() +
-                         "' holds " + std::to_string(e.node->capacity()) +
+        throw GraphError("splitflow: unbatch '" + this->name() + "': its consumer '" +
+                         e.node->name() + "' holds " + std::to_string(e.node->capacity()) +
                          " items, less than a batch of " + std::to_string(max_batch_) +
                          "; raise that stage's capacity");
   }
@@ -332,6 +346,10 @@ class UnbatchNode final : public Emitter<T> {
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
     }
+    // Queue waits are the batch's, so each of its requests'; then its requests go on alone.
+    report_waits(this->graph(), *in, *arrivals, t0);
+    if (ItemTracker* t = this->graph().tracker())
+      for (const auto& e : *in) t->unbatched(e.seq);
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
     this->notify_begin(t0, first, in->size(), 0);
     Scratch<Envelope<T>> out;
@@ -357,8 +375,10 @@ class UnbatchNode final : public Emitter<T> {
                                                        std::to_string(max_batch_))));
     // One batch became its items (failed ones left the graph).
     const std::size_t made = out->size();
-    if (made > in->size()) this->graph().add_items(made - in->size());
-    else if (made < in->size()) this->graph().retire_items(in->size() - made, w);
+    if (made > in->size())
+      this->graph().add_items(made - in->size());
+    else if (made < in->size())
+      this->graph().retire_items(in->size() - made, w);
     (void)failed;
     const std::size_t n = in->size();
     in->clear();
@@ -372,7 +392,9 @@ class UnbatchNode final : public Emitter<T> {
 
  protected:
   std::size_t ready_locked() const override { return in_.size(); }
-  std::size_t claim_size_locked(std::size_t available) const override { return std::min<std::size_t>(available, 1); }
+  std::size_t claim_size_locked(std::size_t available) const override {
+    return std::min<std::size_t>(available, 1);
+  }
   std::size_t outputs_for_locked(std::size_t k) const override { return k * max_batch_; }
 
  private:

@@ -50,7 +50,8 @@ class DeadlineExceeded : public Error {
   using Error::Error;
 };
 
-/// A service's request counters (since the graph was built) and end-to-end latency.
+/// A service's request counters (since the graph was built) and where its answered requests'
+/// time went. For each answered request, queueing + batching + gpu + other == latency.
 struct ServiceStats {
   std::uint64_t submitted = 0;  ///< admitted
   std::uint64_t answered = 0;   ///< completed with a result
@@ -60,6 +61,16 @@ struct ServiceStats {
   std::size_t pending = 0;      ///< admitted, not yet completed
   /// submit() to the answer, of answered requests, in nanoseconds.
   LatencyHistogram latency;
+  /// Waiting for something other than a batch: admitted but not yet taken into the graph, in
+  /// stage input queues, and for a stream lease.
+  LatencyHistogram queueing;
+  /// Waiting in a dynamic batch until its batch formed (0 for a graph without one).
+  LatencyHistogram batching;
+  /// GPU stages' bursts carrying it (its batch): from the stream lease to the completion of
+  /// the work, including the body's enqueueing and the copies.
+  LatencyHistogram gpu;
+  /// The rest: CPU stage bodies (its own and its claim-mates' before it) and the hand-offs.
+  LatencyHistogram other;
 };
 
 namespace detail {
@@ -106,8 +117,7 @@ class RequestBook final : public ItemTracker {
     Pending p = std::move(it->second);
     pending_.erase(it);
     ++stats_.answered;
-    stats_.latency.record(static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - p.submitted).count()));
+    record_split(p);
     cv_.notify_one();
     lk.unlock();
     p.promise.set_value(std::move(value));
@@ -115,6 +125,7 @@ class RequestBook final : public ItemTracker {
 
   void fail(std::uint64_t id, std::exception_ptr error, bool expired = false) noexcept {
     std::unique_lock lk(mu_);
+    batches_.erase(id);  // a batch failing whole fails its first request last
     auto it = pending_.find(id);
     if (it == pending_.end()) return;
     Pending p = std::move(it->second);
@@ -131,14 +142,15 @@ class RequestBook final : public ItemTracker {
     {
       std::lock_guard lk(mu_);
       left.swap(pending_);
+      batches_.clear();
       stats_.failed += left.size();
       cv_.notify_all();
     }
     for (auto& [id, p] : left)
-      p.promise.set_exception(std::make_exception_ptr(Error(
-          "splitflow: service '" + name_ + "' of graph '" + graph_ + "': the run " +
-          (stopped ? "was cancelled or failed" : "ended") + " before request " +
-          std::to_string(id) + " was answered")));
+      p.promise.set_exception(std::make_exception_ptr(
+          Error("splitflow: service '" + name_ + "' of graph '" + graph_ + "': the run " +
+                (stopped ? "was cancelled or failed" : "ended") + " before request " +
+                std::to_string(id) + " was answered")));
   }
 
   ServiceStats stats() const {
@@ -152,17 +164,40 @@ class RequestBook final : public ItemTracker {
   void item_failed(std::uint64_t seq, std::exception_ptr error) noexcept override {
     fail(seq, std::move(error));
   }
+  void waited(std::uint64_t seq, std::int64_t ns) noexcept override {
+    add(seq, &Pending::queue_ns, ns);
+  }
+  void on_device(std::uint64_t seq, std::int64_t ns) noexcept override {
+    add(seq, &Pending::gpu_ns, ns);
+  }
+  void batched(std::uint64_t seq, const std::vector<std::uint64_t>& ids,
+               const std::vector<std::int64_t>& waits) noexcept override {
+    std::lock_guard lk(mu_);
+    for (std::size_t i = 0; i < ids.size() && i < waits.size(); ++i)
+      if (auto it = pending_.find(ids[i]); it != pending_.end()) it->second.batch_ns += waits[i];
+    try {
+      batches_[seq] = ids;
+    } catch (...) {  // out of memory: the batch's later times go to its first request only
+    }
+  }
+  void unbatched(std::uint64_t seq) noexcept override {
+    std::lock_guard lk(mu_);
+    batches_.erase(seq);
+  }
   bool expired(std::uint64_t seq) noexcept override {
     std::lock_guard lk(mu_);
+    // A formed batch goes on whole: its requests' deadlines were checked as it formed, and
+    // its number is its first request's, whose deadline is not the batch's.
+    if (batches_.count(seq)) return false;
     auto it = pending_.find(seq);
     return it != pending_.end() && it->second.deadline && Clock::now() > *it->second.deadline;
   }
   void item_expired(std::uint64_t seq, const std::string& stage) noexcept override {
     fail(seq,
-         std::make_exception_ptr(DeadlineExceeded(
-             "splitflow: service '" + name_ + "' of graph '" + graph_ + "': request " +
-             std::to_string(seq) + " exceeded its deadline before stage '" + stage +
-             "' (dropped unprocessed)")),
+         std::make_exception_ptr(DeadlineExceeded("splitflow: service '" + name_ + "' of graph '" +
+                                                  graph_ + "': request " + std::to_string(seq) +
+                                                  " exceeded its deadline before stage '" + stage +
+                                                  "' (dropped unprocessed)")),
          true);
   }
 
@@ -171,12 +206,39 @@ class RequestBook final : public ItemTracker {
     std::promise<Out> promise;
     std::optional<Clock::time_point> deadline;
     Clock::time_point submitted;
+    std::int64_t queue_ns = 0, batch_ns = 0, gpu_ns = 0;
   };
+
+  // Adds ns to item seq's request, or to each request of the batch seq.
+  void add(std::uint64_t seq, std::int64_t Pending::*field, std::int64_t ns) noexcept {
+    std::lock_guard lk(mu_);
+    if (auto b = batches_.find(seq); b != batches_.end()) {
+      for (std::uint64_t id : b->second)
+        if (auto it = pending_.find(id); it != pending_.end()) it->second.*field += ns;
+    } else if (auto it = pending_.find(seq); it != pending_.end()) {
+      it->second.*field += ns;
+    }
+  }
+
+  // Under mu_. The parts come from two clocks (ticks, steady_clock): `other` absorbs the
+  // rounding, never below zero.
+  void record_split(const Pending& p) noexcept {
+    const auto clamp = [](std::int64_t v) { return static_cast<std::uint64_t>(v > 0 ? v : 0); };
+    const std::int64_t total =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - p.submitted).count();
+    stats_.latency.record(clamp(total));
+    stats_.queueing.record(clamp(p.queue_ns));
+    stats_.batching.record(clamp(p.batch_ns));
+    stats_.gpu.record(clamp(p.gpu_ns));
+    stats_.other.record(clamp(total - p.queue_ns - p.batch_ns - p.gpu_ns));
+  }
   std::string graph_, name_;
   ServiceOptions opts_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::uint64_t, Pending> pending_;
+  // Dynamic batches in flight: their item number -> their requests (batched .. unbatched).
+  std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> batches_;
   std::uint64_t next_ = 0;
   ServiceStats stats_;
 };
@@ -194,10 +256,11 @@ class PushSourceNode final : public Emitter<In> {
   /// False when the run is not accepting requests (not started, closed, stopping).
   bool push(In value, std::uint64_t id) {
     WorkList w;
+    const Ticks now = now_ticks();
     {
       std::lock_guard lk(this->mu_);
       if (!accepting_ || this->graph().stopping()) return false;
-      queue_.push_back(Envelope<In>{std::move(value), id});
+      queue_.push_back(Queued{Envelope<In>{std::move(value), id}, now});
       this->collect_claims_locked(w);
       this->refresh_state_locked();
     }
@@ -229,18 +292,21 @@ class PushSourceNode final : public Emitter<In> {
 
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> out;
+    Scratch<Arrivals> arrivals;
     Ticks t0;
     {
       std::lock_guard lk(this->mu_);
       const std::size_t n = std::min(k, queue_.size());
       for (std::size_t i = 0; i < n; ++i) {
-        out->push_back(std::move(queue_.front()));
+        out->push_back(std::move(queue_.front().item));
+        arrivals->push_back({1, queue_.front().pushed});
         queue_.pop_front();
       }
       this->took_locked(k, n, w);
       t0 = now_ticks();
       this->begin_invocation_locked(t0);
     }
+    report_waits(this->graph(), *out, *arrivals, t0);  // admitted, not yet taken
     const std::size_t n = out->size();
     const std::uint64_t first = n ? out->front().seq : 0;
     this->notify_begin(t0, first, n, 0);
@@ -279,7 +345,11 @@ class PushSourceNode final : public Emitter<In> {
   bool inputs_done_locked() const override { return !accepting_ && queue_.empty(); }
 
  private:
-  std::deque<Envelope<In>> queue_;  // under mu_; bounded by the book's max_pending
+  struct Queued {
+    Envelope<In> item;
+    Ticks pushed;
+  };
+  std::deque<Queued> queue_;  // under mu_; bounded by the book's max_pending
   bool accepting_ = false;
   bool holds_unit_ = false;
   std::function<void(bool)> on_end_;
@@ -309,6 +379,7 @@ class AnswerSinkNode final : public NodeBase {
       this->begin_invocation_locked(t0);
       this->popped_locked(0, n, w, t0);
     }
+    report_waits(this->graph(), *in, *arrivals, t0);
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
     this->notify_begin(t0, first, in->size(), 0);
     for (auto& item : *in) book_->answer(item.seq, std::move(item.value));
@@ -354,8 +425,7 @@ class Service {
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
     if (!src_->push(std::move(value), id)) {
-      GraphError e("splitflow: service '" + src_->name() + "' of graph '" +
-                   src_->graph().name() +
+      GraphError e("splitflow: service '" + src_->name() + "' of graph '" + src_->graph().name() +
                    "' is not accepting requests: its graph is not running (call run() first) "
                    "or the service was closed");
       book_->withdraw(id, std::make_exception_ptr(e));
@@ -378,7 +448,8 @@ class Service {
 template <class In, class Out>
 Service<In, Out> Graph::service(std::string name, ServiceOptions options) {
   if (core_->tracker())
-    throw GraphError("splitflow::Graph '" + this->name() + "': it already has a service (one per graph)");
+    throw GraphError("splitflow::Graph '" + this->name() +
+                     "': it already has a service (one per graph)");
   auto book = std::make_shared<detail::RequestBook<Out>>(this->name(), name, options);
   auto& src = add<detail::PushSourceNode<In>>(name);
   auto& sink = add<detail::AnswerSinkNode<Out>>(name + ".answer", book);

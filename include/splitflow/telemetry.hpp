@@ -31,8 +31,9 @@ class LatencyHistogram {
   void record(std::uint64_t v, std::uint64_t count = 1) noexcept;
   void merge(const LatencyHistogram& other) noexcept;
   std::uint64_t count() const noexcept { return count_; }
-  /// Figures in nanoseconds.
+  /// Figures in nanoseconds (exact, unlike the percentiles).
   std::uint64_t max() const noexcept { return to_ns(max_); }
+  std::uint64_t min() const noexcept { return count_ ? to_ns(min_) : 0; }
   /// Upper bound of the bucket holding the p-th percentile (p in [0, 100]); 0 when empty.
   std::uint64_t percentile(double p) const noexcept;
   double mean() const noexcept {
@@ -48,7 +49,7 @@ class LatencyHistogram {
     return static_cast<std::uint64_t>(static_cast<double>(v) * unit_ns_);
   }
   std::array<std::uint64_t, kBuckets> buckets_{};
-  std::uint64_t count_ = 0, max_ = 0, sum_ = 0;
+  std::uint64_t count_ = 0, max_ = 0, sum_ = 0, min_ = ~std::uint64_t{0};
   double unit_ns_ = 1.0;
 };
 

@@ -28,6 +28,7 @@ void LatencyHistogram::record(std::uint64_t ns, std::uint64_t count) noexcept {
   count_ += count;
   sum_ += ns * count;
   max_ = std::max(max_, ns);
+  min_ = std::min(min_, ns);
 }
 
 void LatencyHistogram::merge(const LatencyHistogram& o) noexcept {
@@ -36,6 +37,7 @@ void LatencyHistogram::merge(const LatencyHistogram& o) noexcept {
   count_ += o.count_;
   sum_ += o.sum_;
   max_ = std::max(max_, o.max_);
+  min_ = std::min(min_, o.min_);
 }
 
 std::uint64_t LatencyHistogram::percentile(double p) const noexcept {

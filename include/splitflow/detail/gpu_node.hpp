@@ -8,9 +8,9 @@
 #include <type_traits>
 #include <variant>
 
-#include "splitflow/device.hpp"
 #include "splitflow/detail/gpu.hpp"
 #include "splitflow/detail/nodes.hpp"
+#include "splitflow/device.hpp"
 
 namespace splitflow::detail {
 
@@ -171,6 +171,7 @@ class GpuStageNode final : public Emitter<Out> {
     std::uint64_t ticket = 0;
     Ticks arrived = 0;
     Ticks t0 = 0;
+    Ticks done = 0;  // its work completed (for a service's latency split)
     bool began = false;
     std::optional<Burst> burst;
     std::optional<Out> out;
@@ -185,7 +186,7 @@ class GpuStageNode final : public Emitter<Out> {
         node_->rejected_locked(this->port_, items.size(), w);
         return;
       }
-      const Ticks now = node_->telemetry() ? now_ticks() : 0;
+      const Ticks now = node_->stamps() ? now_ticks() : 0;
       for (auto& e : items) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 0, now});
       node_->arrived_locked(this->port_, items.size(), w, now);
     }
@@ -222,9 +223,8 @@ class GpuStageNode final : public Emitter<Out> {
           node_->rejected_locked(1, in_ring.size(), w);
           return;  // the tensors (and their ring blocks) go after the lock is released
         }
-        const Ticks now = node_->telemetry() ? now_ticks() : 0;
-        for (auto& e : in_ring)
-          node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 1, now});
+        const Ticks now = node_->stamps() ? now_ticks() : 0;
+        for (auto& e : in_ring) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 1, now});
         node_->arrived_locked(1, in_ring.size(), w, now);
       } else {
         (void)items;
@@ -259,6 +259,8 @@ class GpuStageNode final : public Emitter<Out> {
     this->notify_begin(inv->t0, inv->seq, 1, queued,
                        ring_ ? static_cast<std::int64_t>(ring_->bytes_in_use()) : -1);
     account_waited(account_, steady_ns() - inv->since_ns);
+    if (ItemTracker* t = this->graph().tracker(); t && inv->arrived != 0)
+      t->waited(inv->seq, ticks_to_ns(inv->t0 - inv->arrived));  // its queue and lease wait
     inv->burst.emplace(*dev_, lease, account_, &this->graph(), this->name(), inv->seq);
     Burst& burst = *inv->burst;
     burst.set_output_ring(out_ring_.get());
@@ -287,10 +289,15 @@ class GpuStageNode final : public Emitter<Out> {
     set_current_stage(nullptr);
     // Even after an error, the lease returns only once what was enqueued has run.
     GpuStageNode* n = this;
-    burst.end([n, inv] { n->graph().post([n, inv](WorkList& w) { n->finish(inv, w); }); });
+    burst.end([n, inv] {
+      inv->done = now_ticks();
+      n->graph().post([n, inv](WorkList& w) { n->finish(inv, w); });
+    });
   }
 
   void finish(Invocation* inv, WorkList& w) {
+    if (ItemTracker* t = this->graph().tracker(); t && inv->began && inv->done != 0)
+      t->on_device(inv->seq, ticks_to_ns(inv->done - inv->t0));
     if (inv->burst) {
       inv->burst->settle();
       if (auto e = inv->burst->device_error()) {

@@ -34,6 +34,17 @@ class ItemTracker {
   virtual bool expired(std::uint64_t seq) noexcept = 0;
   /// A GPU stage dropped item `seq` because its deadline passed.
   virtual void item_expired(std::uint64_t seq, const std::string& stage) noexcept = 0;
+
+  // Where an item's time went (a service's per-request latency split). Durations in ns.
+  /// Item `seq` waited `ns` in an input queue or for a stream lease.
+  virtual void waited(std::uint64_t /*seq*/, std::int64_t /*ns*/) noexcept {}
+  /// A dynamic batch formed as item `seq` from the items `ids`, which waited `waits` in it.
+  /// Until unbatched(seq), what is reported for `seq` applies to each of them.
+  virtual void batched(std::uint64_t /*seq*/, const std::vector<std::uint64_t>& /*ids*/,
+                       const std::vector<std::int64_t>& /*waits*/) noexcept {}
+  virtual void unbatched(std::uint64_t /*seq*/) noexcept {}
+  /// Item `seq`'s GPU burst held a stream for `ns`, from the lease to its work's completion.
+  virtual void on_device(std::uint64_t /*seq*/, std::int64_t /*ns*/) noexcept {}
 };
 
 class GraphCore {

@@ -108,6 +108,8 @@ class NodeBase {
   Order order() const noexcept { return order_; }
   int ports() const noexcept { return nports_; }
   bool telemetry() const noexcept { return telemetry_; }
+  /// Whether items get arrival times: for telemetry, or for a service's latency split.
+  bool stamps() const noexcept { return stamps_; }
   /// Input queue capacity of every port, in items.
   std::size_t capacity() const noexcept { return capacity_; }
   OnError on_error() const noexcept { return on_error_; }
@@ -236,6 +238,7 @@ class NodeBase {
   std::size_t waiting_ = 0;    // claims waiting for an outside resource (a stream)
   bool blocked_ = false;       // has input and free concurrency, but a consumer is full
   bool telemetry_ = true;
+  bool stamps_ = true;
   bool sequenced_ = false;     // in-order with concurrency > 1: outputs go through a reorder ring
   std::uint64_t next_ticket_ = 0;
   std::size_t parallelism_ = 1;  // runtime threads: how many claims a backlog is split into

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cassert>
-#include <condition_variable>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "splitflow/detail/graph_core.hpp"
-#include "splitflow/device.hpp"
 #include "splitflow/detail/node.hpp"
 #include "splitflow/detail/scratch.hpp"
+#include "splitflow/device.hpp"
 #include "splitflow/error.hpp"
 
 namespace splitflow::detail {
@@ -31,7 +31,7 @@ class InputPort final : public Receiver<T> {
 
   void push(std::vector<Envelope<T>>& items, WorkList& w) override {
     // The items' arrival time, for their latency; read before locking to keep the lock short.
-    const Ticks now = this->node_->telemetry() ? now_ticks() : 0;
+    const Ticks now = this->node_->stamps() ? now_ticks() : 0;
     std::lock_guard lk(this->node_->mutex());
     if (this->node_->graph().stopping()) {
       this->node_->rejected_locked(this->port_, items.size(), w);
@@ -75,6 +75,19 @@ class InputPort final : public Receiver<T> {
   std::deque<Envelope<T>> queue_;
   std::deque<Arrivals> arrivals_;  // runs, covering queue_ in order
 };
+
+/// Tells a service's tracker how long the popped `items` waited in their input queue, from
+/// their arrival (`arrivals`, runs in order) to `t0`. Call without the node's lock.
+template <class T>
+void report_waits(GraphCore& g, const std::vector<Envelope<T>>& items,
+                  const std::vector<Arrivals>& arrivals, Ticks t0) noexcept {
+  ItemTracker* t = g.tracker();
+  if (!t) return;
+  std::size_t i = 0;
+  for (const Arrivals& a : arrivals)
+    for (std::size_t j = 0; j < a.count && i < items.size(); ++j, ++i)
+      t->waited(items[i].seq, ticks_to_ns(t0 - a.ticks));
+}
 
 /// Base of nodes with an output of type Out: fan-out to consumers and in-order emission.
 template <class Out>
@@ -127,8 +140,7 @@ class Emitter : public NodeBase {
  protected:
   /// Emits the outputs of a claim that popped tickets [ticket, ticket + slots): `out` holds the
   /// outputs of the first out.size() of them (fewer than `slots` only when a body failed).
-  void emit(std::uint64_t ticket, std::size_t slots, std::vector<Envelope<Out>>& out,
-            WorkList& w) {
+  void emit(std::uint64_t ticket, std::size_t slots, std::vector<Envelope<Out>>& out, WorkList& w) {
     if (!sequenced()) {
       release_successors(slots - out.size(), w);
       deliver(out, w);
@@ -301,9 +313,9 @@ class SourceNode final : public Emitter<T> {
 
   Gen prototype_;
   std::optional<Gen> gen_;
-  bool exhausted_ = true;        // under mu_
-  bool holds_unit_ = false;      // under mu_
-  std::uint64_t next_seq_ = 0;   // only the (serial) running claim touches it
+  bool exhausted_ = true;       // under mu_
+  bool holds_unit_ = false;     // under mu_
+  std::uint64_t next_seq_ = 0;  // only the (serial) running claim touches it
 };
 
 /// A stage: `Out(In)` (or `Out(In, HostAllocator&)`), any concurrency, in or out of order.
@@ -334,6 +346,7 @@ class StageNode final : public Emitter<Out> {
       this->next_ticket_ += n;
       queued = in_.size();
     }
+    report_waits(this->graph(), *in, *arrivals, t0);
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
     this->notify_begin(t0, first, in->size(), queued);
     Scratch<Envelope<Out>> out;
@@ -422,6 +435,7 @@ class SinkNode final : public NodeBase {
       this->popped_locked(0, n, w, t0);
       queued = in_.size();
     }
+    report_waits(this->graph(), *in, *arrivals, t0);
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
     this->notify_begin(t0, first, in->size(), queued);
     std::size_t done = 0;
@@ -530,14 +544,17 @@ class BatchNode final : public Emitter<std::vector<T>> {
 
  public:
   BatchNode(GraphCore& g, std::string name, std::size_t size, const BatchOptions& o)
-      : Emitter<Out>(g, std::move(name), StageKind::stage,
-                     StageOptions{Concurrency::serial, Order::in_order,
-                                  std::max(size, o.capacity ? o.capacity : g.options().default_capacity)},
-                     1),
+      : Emitter<Out>(
+            g, std::move(name), StageKind::stage,
+            StageOptions{Concurrency::serial, Order::in_order,
+                         std::max(size, o.capacity ? o.capacity : g.options().default_capacity)},
+            1),
         in_(*this, 0),
         size_(size),
         drop_last_(o.drop_last) {
-    if (size_ == 0) throw GraphError("splitflow: batch '" + this->name() + "': the batch size must be at least 1");
+    if (size_ == 0)
+      throw GraphError("splitflow: batch '" + this->name() +
+                       "': the batch size must be at least 1");
   }
 
   Receiver<T>& input() noexcept { return in_; }
@@ -565,6 +582,7 @@ class BatchNode final : public Emitter<std::vector<T>> {
       this->popped_locked(0, n, w, t0);
       queued = in_.size();
     }
+    report_waits(this->graph(), *in, *arrivals, t0);
     const std::size_t n = in->size();
     const std::uint64_t first = n ? in->front().seq : 0;
     this->notify_begin(t0, first, n, queued);
@@ -668,7 +686,8 @@ class PullSinkNode final : public NodeBase {
       }
       v.emplace(std::move(queue_.front().first));
       if (this->telemetry())
-        this->latency_.record(static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0)));
+        this->latency_.record(
+            static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0)));
       queue_.pop_front();
       this->popped_locked(0, 1, w);
       ++this->items_out_;
