@@ -52,6 +52,7 @@ def main():
     cons = load(os.path.join(d, "bench_consolidation.json"))
     loader = load(os.path.join(d, "bench_loader.json"))
     images = load(os.path.join(d, "bench_images.json"))
+    inf = load(os.path.join(d, "bench_inference.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -86,6 +87,16 @@ def main():
          images and images.get("python_of_ceiling"), ">= 0.7", lambda v: v >= 0.7),
         ("6", "Images, C++ with full decode: of the ceiling",
          images and images.get("cpp_full_decode_of_ceiling"), "(stated)", None),
+        ("7", "Inference at a p99 target: dynamic / no batching",
+         ratio(counter(inf, "BM_InferenceAtTarget/dynamic", "rate_at_target"),
+               counter(inf, "BM_InferenceAtTarget/unbatched", "rate_at_target")), ">= 3", lambda v: v >= 3),
+        ("7", "Two models, one device: throughput / dedicated",
+         ratio(counter(inf, "BM_TwoModels/shared", "throughput"),
+               counter(inf, "BM_TwoModels/dedicated", "throughput")), ">= 0.9", lambda v: v >= 0.9),
+        ("7", "Two models, one device: p99 targets met",
+         counter(inf, "BM_TwoModels/shared", "targets_met"), "1 (both)", lambda v: v == 1),
+        ("7", "Two models, one device: devices used",
+         counter(inf, "BM_TwoModels/shared", "devices_used"), "1 (dedicated: 2)", lambda v: v == 1),
     ]
     print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
     missed = 0
