@@ -356,4 +356,21 @@ TEST(Service, LatencySplitCountsQueueingGpuAndCpuWork) {
   EXPECT_GE(s.gpu.min(), static_cast<std::uint64_t>(std::chrono::nanoseconds(kKernel).count()));
   EXPECT_EQ(s.batching.max(), 0u) << "no dynamic batch in this graph";
   EXPECT_GE(s.latency.min(), s.gpu.min());
+  // The same figures for monitoring.
+  const std::string json = to_json(s);
+  EXPECT_NE(json.find(R"("graph":"split","service":"requests","submitted":3,"answered":3,)"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find(R"("gpu":{"count":3,)"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("total":{"count":3,"mean":)"), std::string::npos) << json;
+  const std::string prom = prometheus_text(s);
+  EXPECT_NE(prom.find("splitflow_service_requests_total{graph=\"split\",service=\"requests\","
+                      "outcome=\"answered\"} 3\n"),
+            std::string::npos)
+      << prom;
+  EXPECT_NE(
+      prom.find("splitflow_service_latency_seconds_count{graph=\"split\",service=\"requests\","
+                "part=\"queueing\"} 3\n"),
+      std::string::npos)
+      << prom;
 }

@@ -53,6 +53,7 @@ class DeadlineExceeded : public Error {
 /// A service's request counters (since the graph was built) and where its answered requests'
 /// time went. For each answered request, queueing + batching + gpu + other == latency.
 struct ServiceStats {
+  std::string graph, service;   ///< names
   std::uint64_t submitted = 0;  ///< admitted
   std::uint64_t answered = 0;   ///< completed with a result
   std::uint64_t failed = 0;     ///< completed with a stage's error or the run's end
@@ -72,6 +73,13 @@ struct ServiceStats {
   /// The rest: CPU stage bodies (its own and its claim-mates' before it) and the hand-offs.
   LatencyHistogram other;
 };
+
+/// The figures as JSON, each histogram as {count, mean, p50, p95, p99, max} in nanoseconds
+/// (docs/telemetry.md).
+std::string to_json(const ServiceStats& stats);
+/// The figures in Prometheus text: request counters and the latency split as summaries, labelled
+/// with the graph and the service.
+std::string prometheus_text(const ServiceStats& stats);
 
 namespace detail {
 
@@ -156,6 +164,8 @@ class RequestBook final : public ItemTracker {
   ServiceStats stats() const {
     std::lock_guard lk(mu_);
     ServiceStats s = stats_;
+    s.graph = graph_;
+    s.service = name_;
     s.pending = pending_.size();
     return s;
   }

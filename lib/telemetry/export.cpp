@@ -1,6 +1,7 @@
 // JSON summary and Prometheus text. Keys and metric names are documented in docs/telemetry.md.
 #include <fmt/format.h>
 
+#include "splitflow/service.hpp"
 #include "splitflow/stats.hpp"
 #include "splitflow/telemetry.hpp"
 
@@ -12,9 +13,15 @@ std::string quoted(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
@@ -64,9 +71,9 @@ std::string label(const std::string& s) {
 
 std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device) {
   std::string out = "{";
-  out += fmt::format(R"("graph":{},"status":"{}","wall_ns":{},"items_delivered":{},"throughput":{:.3f},)",
-                     quoted(st.graph), to_string(st.status), st.wall_ns, st.items_delivered(),
-                     st.throughput());
+  out += fmt::format(
+      R"("graph":{},"status":"{}","wall_ns":{},"items_delivered":{},"throughput":{:.3f},)",
+      quoted(st.graph), to_string(st.status), st.wall_ns, st.items_delivered(), st.throughput());
   out += "\"stages\":[";
   for (std::size_t i = 0; i < st.stages.size(); ++i) {
     const StageStats& s = st.stages[i];
@@ -76,10 +83,10 @@ std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device
         R"("invocations":{},"busy_ns":{},"starved_ns":{},"blocked_ns":{},"work_ns":{},)"
         R"("mean_concurrency":{:.3f},"max_concurrency":{},"max_queue":{},"mean_queue":{:.3f},)"
         R"("latency_ns":{},"consumers":{})",
-        quoted(s.name), to_string(s.kind), concurrency(s.concurrency_limit), s.capacity,
-        s.items_in, s.items_out, s.invocations, s.busy_ns, s.starved_ns, s.blocked_ns, s.work_ns,
-        s.mean_concurrency(), s.max_concurrency, s.max_queue, s.mean_queue,
-        latency_json(s.latency), strings(s.consumers));
+        quoted(s.name), to_string(s.kind), concurrency(s.concurrency_limit), s.capacity, s.items_in,
+        s.items_out, s.invocations, s.busy_ns, s.starved_ns, s.blocked_ns, s.work_ns,
+        s.mean_concurrency(), s.max_concurrency, s.max_queue, s.mean_queue, latency_json(s.latency),
+        strings(s.consumers));
     if (s.ring_capacity > 0)
       out += fmt::format(
           R"(,"ring":{{"capacity":{},"in_use":{},"max_in_use":{},"mean_in_use":{:.1f},"budgets":{},"wraps":{},"refusals":{},"wait_ns":{}}})",
@@ -137,42 +144,117 @@ std::string prometheus_text(const RunStats& st, const std::optional<DeviceStats>
   };
   head("splitflow_stage_items_total", "counter", "Items into (in) or out of (out) a stage.");
   for (const auto& s : st.stages) {
-    out += fmt::format("splitflow_stage_items_total{{graph=\"{}\",stage=\"{}\",direction=\"in\"}} {}\n", g, label(s.name), s.items_in);
-    out += fmt::format("splitflow_stage_items_total{{graph=\"{}\",stage=\"{}\",direction=\"out\"}} {}\n", g, label(s.name), s.items_out);
+    out += fmt::format(
+        "splitflow_stage_items_total{{graph=\"{}\",stage=\"{}\",direction=\"in\"}} {}\n", g,
+        label(s.name), s.items_in);
+    out += fmt::format(
+        "splitflow_stage_items_total{{graph=\"{}\",stage=\"{}\",direction=\"out\"}} {}\n", g,
+        label(s.name), s.items_out);
   }
-  head("splitflow_stage_seconds_total", "counter", "Wall time a stage spent busy, starved or blocked.");
+  head("splitflow_stage_seconds_total", "counter",
+       "Wall time a stage spent busy, starved or blocked.");
   for (const auto& s : st.stages)
     for (auto [state, ns] : {std::pair{"busy", s.busy_ns}, std::pair{"starved", s.starved_ns},
                              std::pair{"blocked", s.blocked_ns}})
-      out += fmt::format("splitflow_stage_seconds_total{{graph=\"{}\",stage=\"{}\",state=\"{}\"}} {:.9f}\n",
-                         g, label(s.name), state, ns / 1e9);
+      out += fmt::format(
+          "splitflow_stage_seconds_total{{graph=\"{}\",stage=\"{}\",state=\"{}\"}} {:.9f}\n", g,
+          label(s.name), state, ns / 1e9);
   head("splitflow_stage_latency_seconds", "summary", "Time an item spent in a stage.");
   for (const auto& s : st.stages) {
     for (double q : {0.5, 0.95, 0.99})
-      out += fmt::format("splitflow_stage_latency_seconds{{graph=\"{}\",stage=\"{}\",quantile=\"{}\"}} {:.9f}\n",
-                         g, label(s.name), q, s.latency.percentile(q * 100) / 1e9);
-    out += fmt::format("splitflow_stage_latency_seconds_count{{graph=\"{}\",stage=\"{}\"}} {}\n", g, label(s.name), s.latency.count());
-    out += fmt::format("splitflow_stage_latency_seconds_sum{{graph=\"{}\",stage=\"{}\"}} {:.9f}\n", g,
-                       label(s.name), s.latency.mean() * s.latency.count() / 1e9);
+      out += fmt::format(
+          "splitflow_stage_latency_seconds{{graph=\"{}\",stage=\"{}\",quantile=\"{}\"}} {:.9f}\n",
+          g, label(s.name), q, s.latency.percentile(q * 100) / 1e9);
+    out += fmt::format("splitflow_stage_latency_seconds_count{{graph=\"{}\",stage=\"{}\"}} {}\n", g,
+                       label(s.name), s.latency.count());
+    out += fmt::format("splitflow_stage_latency_seconds_sum{{graph=\"{}\",stage=\"{}\"}} {:.9f}\n",
+                       g, label(s.name), s.latency.mean() * s.latency.count() / 1e9);
   }
-  head("splitflow_stage_queue_items", "gauge", "Items queued at a stage's input, mean over the run.");
+  head("splitflow_stage_queue_items", "gauge",
+       "Items queued at a stage's input, mean over the run.");
   for (const auto& s : st.stages)
-    out += fmt::format("splitflow_stage_queue_items{{graph=\"{}\",stage=\"{}\"}} {:.3f}\n", g, label(s.name), s.mean_queue);
+    out += fmt::format("splitflow_stage_queue_items{{graph=\"{}\",stage=\"{}\"}} {:.3f}\n", g,
+                       label(s.name), s.mean_queue);
   head("splitflow_gpu_seconds_total", "counter", "GPU time a graph held (leased) and used (busy).");
-  out += fmt::format("splitflow_gpu_seconds_total{{graph=\"{}\",kind=\"held\"}} {:.9f}\n", g, st.gpu.held_ns / 1e9);
-  out += fmt::format("splitflow_gpu_seconds_total{{graph=\"{}\",kind=\"busy\"}} {:.9f}\n", g, st.gpu.busy_ns / 1e9);
+  out += fmt::format("splitflow_gpu_seconds_total{{graph=\"{}\",kind=\"held\"}} {:.9f}\n", g,
+                     st.gpu.held_ns / 1e9);
+  out += fmt::format("splitflow_gpu_seconds_total{{graph=\"{}\",kind=\"busy\"}} {:.9f}\n", g,
+                     st.gpu.busy_ns / 1e9);
   head("splitflow_gpu_copy_bytes_total", "counter", "Bytes copied between host and device.");
-  out += fmt::format("splitflow_gpu_copy_bytes_total{{graph=\"{}\",direction=\"h2d\"}} {}\n", g, st.gpu.h2d_bytes);
-  out += fmt::format("splitflow_gpu_copy_bytes_total{{graph=\"{}\",direction=\"d2h\"}} {}\n", g, st.gpu.d2h_bytes);
+  out += fmt::format("splitflow_gpu_copy_bytes_total{{graph=\"{}\",direction=\"h2d\"}} {}\n", g,
+                     st.gpu.h2d_bytes);
+  out += fmt::format("splitflow_gpu_copy_bytes_total{{graph=\"{}\",direction=\"d2h\"}} {}\n", g,
+                     st.gpu.d2h_bytes);
   if (device) {
     const std::string dev = label(device->name);
     head("splitflow_device_busy_ratio", "gauge", "Fraction of wall time the device executed work.");
-    out += fmt::format("splitflow_device_busy_ratio{{device=\"{}\"}} {:.6f}\n", dev, device->busy_fraction());
+    out += fmt::format("splitflow_device_busy_ratio{{device=\"{}\"}} {:.6f}\n", dev,
+                       device->busy_fraction());
     head("splitflow_device_leases", "gauge", "Streams leased now.");
     out += fmt::format("splitflow_device_leases{{device=\"{}\"}} {}\n", dev, device->leases_in_use);
     head("splitflow_device_bytes", "gauge", "Bytes in use in the device and pinned pools.");
-    out += fmt::format("splitflow_device_bytes{{device=\"{}\",pool=\"device\"}} {}\n", dev, device->device_bytes_in_use);
-    out += fmt::format("splitflow_device_bytes{{device=\"{}\",pool=\"pinned\"}} {}\n", dev, device->pinned_bytes_in_use);
+    out += fmt::format("splitflow_device_bytes{{device=\"{}\",pool=\"device\"}} {}\n", dev,
+                       device->device_bytes_in_use);
+    out += fmt::format("splitflow_device_bytes{{device=\"{}\",pool=\"pinned\"}} {}\n", dev,
+                       device->pinned_bytes_in_use);
+  }
+  return out;
+}
+
+namespace {
+
+// A service's latency split, in the order its parts add up (the total last).
+std::vector<std::pair<const char*, const LatencyHistogram*>> latency_parts(const ServiceStats& s) {
+  return {{"queueing", &s.queueing},
+          {"batching", &s.batching},
+          {"gpu", &s.gpu},
+          {"other", &s.other},
+          {"total", &s.latency}};
+}
+
+}  // namespace
+
+std::string to_json(const ServiceStats& s) {
+  std::string out = fmt::format(
+      R"({{"graph":{},"service":{},"submitted":{},"answered":{},"failed":{},"expired":{},)"
+      R"("rejected":{},"pending":{},"latency_ns":{{)",
+      quoted(s.graph), quoted(s.service), s.submitted, s.answered, s.failed, s.expired, s.rejected,
+      s.pending);
+  const auto parts = latency_parts(s);
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    out +=
+        fmt::format(R"({}"{}":{})", i ? "," : "", parts[i].first, latency_json(*parts[i].second));
+  return out + "}}";
+}
+
+std::string prometheus_text(const ServiceStats& s) {
+  std::string out;
+  const std::string labels =
+      fmt::format("graph=\"{}\",service=\"{}\"", label(s.graph), label(s.service));
+  out +=
+      "# HELP splitflow_service_requests_total Requests by outcome.\n"
+      "# TYPE splitflow_service_requests_total counter\n";
+  for (auto [outcome, n] : {std::pair{"submitted", s.submitted}, std::pair{"answered", s.answered},
+                            std::pair{"failed", s.failed}, std::pair{"expired", s.expired},
+                            std::pair{"rejected", s.rejected}})
+    out += fmt::format("splitflow_service_requests_total{{{},outcome=\"{}\"}} {}\n", labels,
+                       outcome, n);
+  out +=
+      "# HELP splitflow_service_pending_requests Requests admitted and not yet answered.\n"
+      "# TYPE splitflow_service_pending_requests gauge\n";
+  out += fmt::format("splitflow_service_pending_requests{{{}}} {}\n", labels, s.pending);
+  out +=
+      "# HELP splitflow_service_latency_seconds Where answered requests' time went.\n"
+      "# TYPE splitflow_service_latency_seconds summary\n";
+  for (auto [part, h] : latency_parts(s)) {
+    for (double q : {0.5, 0.95, 0.99})
+      out += fmt::format(
+          "splitflow_service_latency_seconds{{{},part=\"{}\",quantile=\"{}\"}} {:.9f}\n", labels,
+          part, q, h->percentile(q * 100) / 1e9);
+    out += fmt::format("splitflow_service_latency_seconds_count{{{},part=\"{}\"}} {}\n", labels,
+                       part, h->count());
+    out += fmt::format("splitflow_service_latency_seconds_sum{{{},part=\"{}\"}} {:.9f}\n", labels,
+                       part, h->mean() * static_cast<double>(h->count()) / 1e9);
   }
   return out;
 }
