@@ -31,7 +31,7 @@ log "ctest rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 build/gpu/tests/test_cuda >"$OUT/test_cuda.log" 2>&1
 log "test_cuda rc=$? $(grep -cE '^\[       OK' "$OUT/test_cuda.log") ok, $(grep -cE '^\[  SKIPPED' "$OUT/test_cuda.log") skipped"
 
-for b in bench_consolidation bench_ring_handoff bench_chain_hop; do
+for b in bench_consolidation bench_ring_handoff bench_chain_hop bench_inference; do
   log "$b"
   SPLITFLOW_BENCH_BACKEND=cuda build/gpu/benchmarks/$b --benchmark_out="$OUT/$b.json" \
     --benchmark_out_format=json >"$OUT/$b.txt" 2>&1
@@ -39,4 +39,5 @@ for b in bench_consolidation bench_ring_handoff bench_chain_hop; do
 done
 build/gpu/examples/consolidation >"$OUT/demo.txt" 2>&1
 log "demo rc=$?"
+/usr/bin/python3 benchmarks/summary.py "$OUT" >"$OUT/goals.txt" 2>&1 && log "goals: $OUT/goals.txt"
 cat "$OUT/summary.txt"
