@@ -337,17 +337,8 @@ class UnbatchNode final : public Emitter<T> {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<Batch<T>>> in;
     Scratch<Arrivals> arrivals;
-    Ticks t0;
-    {
-      std::lock_guard lk(this->mu_);
-      const std::size_t n = in_.pop(*in, *arrivals, k);
-      this->took_locked(k, n, w);
-      t0 = now_ticks();
-      this->begin_invocation_locked(t0);
-      this->popped_locked(0, n, w, t0);
-    }
     // Queue waits are the batch's, so each of its requests'; then its requests go on alone.
-    report_waits(this->graph(), *in, *arrivals, t0);
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w);
     if (ItemTracker* t = this->graph().tracker())
       for (const auto& e : *in) t->unbatched(e.seq);
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;

@@ -380,16 +380,7 @@ class AnswerSinkNode final : public NodeBase {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<Out>> in;
     Scratch<Arrivals> arrivals;
-    Ticks t0;
-    {
-      std::lock_guard lk(this->mu_);
-      const std::size_t n = in_.pop(*in, *arrivals, k);
-      this->took_locked(k, n, w);
-      t0 = now_ticks();
-      this->begin_invocation_locked(t0);
-      this->popped_locked(0, n, w, t0);
-    }
-    report_waits(this->graph(), *in, *arrivals, t0);
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w);
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
     this->notify_begin(t0, first, in->size(), 0);
     for (auto& item : *in) book_->answer(item.seq, std::move(item.value));

@@ -94,8 +94,7 @@ class NodeBase {
   /// Work per claim the adaptive claim size aims at.
   static constexpr std::int64_t kClaimTargetNs = 20'000;
 
-  NodeBase(GraphCore& graph, std::string name, StageKind kind, const StageOptions& opts,
-           int ports);
+  NodeBase(GraphCore& graph, std::string name, StageKind kind, const StageOptions& opts, int ports);
   virtual ~NodeBase();
   NodeBase(const NodeBase&) = delete;
   NodeBase& operator=(const NodeBase&) = delete;
@@ -195,6 +194,19 @@ class NodeBase {
   /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it and
   /// give back the output slots of the items it did not get (outputs_for_locked).
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
+  /// The start of a claim of `k` items on an input port's queue (port 0): under mu_, pops them
+  /// into `out` (their arrival runs into `arrivals`), accounts them, reads the claim's start
+  /// time under the lock (a wait for the lock is not the body's work) and runs `locked()` for
+  /// the node's own bookkeeping; then, without the lock, tells a service's tracker how long
+  /// the items queued. Returns the start time. Defined in nodes.hpp.
+  template <class Queue, class T, class Locked>
+  Ticks begin_claim(Queue& in, std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals,
+                    std::size_t k, WorkList& w, Locked&& locked);
+  template <class Queue, class T>
+  Ticks begin_claim(Queue& in, std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals,
+                    std::size_t k, WorkList& w) {
+    return begin_claim(in, out, arrivals, k, w, [] {});
+  }
   /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
   /// it, record the items' latencies (from `arrivals`, runs of arrival times, when given; else
   /// the claim's time per item), notify observers, grant new claims. Its work (what sizes the
@@ -239,12 +251,12 @@ class NodeBase {
   bool blocked_ = false;       // has input and free concurrency, but a consumer is full
   bool telemetry_ = true;
   bool stamps_ = true;
-  bool sequenced_ = false;     // in-order with concurrency > 1: outputs go through a reorder ring
+  bool sequenced_ = false;  // in-order with concurrency > 1: outputs go through a reorder ring
   std::uint64_t next_ticket_ = 0;
-  std::size_t parallelism_ = 1;  // runtime threads: how many claims a backlog is split into
-  std::size_t claim_ = 1;        // adaptive items per claim
-  double item_ticks_ = 0;        // smoothed body time per item
-  double target_ticks_ = 0;      // kClaimTargetNs in ticks
+  std::size_t parallelism_ = 1;     // runtime threads: how many claims a backlog is split into
+  std::size_t claim_ = 1;           // adaptive items per claim
+  double item_ticks_ = 0;           // smoothed body time per item
+  double target_ticks_ = 0;         // kClaimTargetNs in ticks
   std::vector<NodeBase*> waiters_;  // producers blocked on our capacity
   std::size_t open_inputs_ = 0;     // producers that have not closed their output this run
   bool closed_ = false;             // we told our consumers that our output ended
@@ -260,7 +272,7 @@ class NodeBase {
   std::uint64_t invocations_ = 0;
   std::uint64_t skipped_ = 0;
   std::uint64_t substituted_ = 0;
-  std::uint64_t expired_ = 0;  // dropped before their GPU work: their deadline passed
+  std::uint64_t expired_ = 0;      // dropped before their GPU work: their deadline passed
   std::vector<ItemError> errors_;  // the first StageStats::kMaxItemErrors
   std::size_t max_executing_ = 0;
   std::size_t max_queue_ = 0;

@@ -89,6 +89,24 @@ void report_waits(GraphCore& g, const std::vector<Envelope<T>>& items,
       t->waited(items[i].seq, ticks_to_ns(t0 - a.ticks));
 }
 
+template <class Queue, class T, class Locked>
+Ticks NodeBase::begin_claim(Queue& in, std::vector<Envelope<T>>& out,
+                            std::vector<Arrivals>& arrivals, std::size_t k, WorkList& w,
+                            Locked&& locked) {
+  Ticks t0;
+  {
+    std::lock_guard lk(mu_);
+    const std::size_t n = in.pop(out, arrivals, k);
+    took_locked(k, n, w);
+    t0 = now_ticks();
+    begin_invocation_locked(t0);
+    popped_locked(0, n, w, t0);
+    locked();
+  }
+  report_waits(*graph_, out, arrivals, t0);
+  return t0;
+}
+
 /// Base of nodes with an output of type Out: fan-out to consumers and in-order emission.
 template <class Out>
 class Emitter : public NodeBase {
@@ -333,20 +351,12 @@ class StageNode final : public Emitter<Out> {
     Scratch<Envelope<In>> in;
     Scratch<Arrivals> arrivals;
     std::uint64_t ticket;
-    Ticks t0;
     std::size_t queued;
-    {
-      std::lock_guard lk(this->mu_);
-      const std::size_t n = in_.pop(*in, *arrivals, k);
-      this->took_locked(k, n, w);
-      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
-      this->begin_invocation_locked(t0);
-      this->popped_locked(0, n, w, t0);
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] {
       ticket = this->next_ticket_;
-      this->next_ticket_ += n;
+      this->next_ticket_ += in->size();
       queued = in_.size();
-    }
-    report_waits(this->graph(), *in, *arrivals, t0);
+    });
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
     this->notify_begin(t0, first, in->size(), queued);
     Scratch<Envelope<Out>> out;
@@ -424,18 +434,8 @@ class SinkNode final : public NodeBase {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> in;
     Scratch<Arrivals> arrivals;
-    Ticks t0;
     std::size_t queued;
-    {
-      std::lock_guard lk(this->mu_);
-      const std::size_t n = in_.pop(*in, *arrivals, k);
-      this->took_locked(k, n, w);
-      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
-      this->begin_invocation_locked(t0);
-      this->popped_locked(0, n, w, t0);
-      queued = in_.size();
-    }
-    report_waits(this->graph(), *in, *arrivals, t0);
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] { queued = in_.size(); });
     const std::uint64_t first = in->empty() ? 0 : in->front().seq;
     this->notify_begin(t0, first, in->size(), queued);
     std::size_t done = 0;
@@ -571,18 +571,8 @@ class BatchNode final : public Emitter<std::vector<T>> {
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<T>> in;
     Scratch<Arrivals> arrivals;
-    Ticks t0;
     std::size_t queued;
-    {
-      std::lock_guard lk(this->mu_);
-      const std::size_t n = in_.pop(*in, *arrivals, k);
-      this->took_locked(k, n, w);
-      t0 = now_ticks();
-      this->begin_invocation_locked(t0);
-      this->popped_locked(0, n, w, t0);
-      queued = in_.size();
-    }
-    report_waits(this->graph(), *in, *arrivals, t0);
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] { queued = in_.size(); });
     const std::size_t n = in->size();
     const std::uint64_t first = n ? in->front().seq : 0;
     this->notify_begin(t0, first, n, queued);
