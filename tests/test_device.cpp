@@ -7,6 +7,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -275,44 +276,47 @@ TEST(StreamPool, LeasesNeverExceedThePoolAndGraphsShareIt) {
   expect_returned(rt, {runs[0].stats(), runs[1].stats(), runs[2].stats()});
 }
 
-// "Waiters are served first-come-first-served across graphs, so no graph starves (a test with
-// one greedy graph and one light graph bounds the light one's wait)"
-TEST(StreamPool, ALightGraphsWaitIsBoundedWhileAGreedyGraphSaturatesThePool) {
-  Runtime rt(host_device(4, 2, 1));
-  constexpr auto kGreedyKernel = 2ms;
-  constexpr std::size_t kGreedyConcurrency = 6;
-  Graph greedy(rt, "greedy"), light(rt, "light");
-  std::mutex mu;
+namespace {
+
+// Both runs of a contention test: a greedy graph cancelled at the end, and the other graph.
+struct Contention {
+  RunStats greedy, other;
+};
+
+// A greedy graph (an endless source -> `greedy_concurrency` invocations of a `greedy_kernel`
+// burst) keeps the pool saturated; once its invocations queue for streams, a second graph,
+// `other`, runs 15 bursts of 100 us one at a time. Both are built on `rt`.
+void run_against_greedy(Runtime& rt, std::size_t greedy_concurrency,
+                        std::chrono::nanoseconds greedy_kernel, Graph& other, Contention& out) {
+  std::mutex mu;  // before the graph: an early return cancels its run, whose sink uses them
   std::condition_variable cv;
   long greedy_done = 0;
-  {
-    auto src = greedy.source("n", counter(-1));
-    auto make = greedy.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
+  Graph greedy(rt, "greedy");
+  const auto build = [](Graph& g, std::function<void()> done, std::size_t concurrency,
+                        std::chrono::nanoseconds kernel, long items) {
+    auto src = g.source("n", counter(items));
+    auto make = g.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
     GpuStageOptions o;
-    o.concurrency = kGreedyConcurrency;
-    auto gpu = greedy.gpu_stage("hog", [&](DeviceTensor t, DeviceContext& ctx) {
-      ops::busy_kernel(ctx, kGreedyKernel);
-      return t;
-    }, o);
-    auto sink = greedy.sink("s", [&](DeviceTensor) {
-      std::lock_guard lk(mu);
-      ++greedy_done;
-      cv.notify_all();
-    });
+    o.concurrency = concurrency;
+    auto gpu = g.gpu_stage(
+        "model",
+        [kernel](DeviceTensor t, DeviceContext& ctx) {
+          ops::busy_kernel(ctx, kernel);
+          return t;
+        },
+        o);
+    auto sink = g.sink("s", [done](DeviceTensor) { done(); });
     src >> make >> gpu >> sink;
-  }
-  {
-    auto src = light.source("n", counter(15));
-    auto make = light.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
-    GpuStageOptions o;
-    o.concurrency = 1;
-    auto gpu = light.gpu_stage("small", [](DeviceTensor t, DeviceContext& ctx) {
-      ops::busy_kernel(ctx, 100us);
-      return t;
-    }, o);
-    auto sink = light.sink("s", [](DeviceTensor) {});
-    src >> make >> gpu >> sink;
-  }
+  };
+  build(
+      greedy,
+      [&] {
+        std::lock_guard lk(mu);
+        ++greedy_done;
+        cv.notify_all();
+      },
+      greedy_concurrency, greedy_kernel, -1);
+  build(other, [] {}, 1, 100us, 15);
   auto greedy_run = greedy.run();
   {
     // Once a few greedy bursts completed, its other invocations hold the pool and wait in it.
@@ -320,19 +324,34 @@ TEST(StreamPool, ALightGraphsWaitIsBoundedWhileAGreedyGraphSaturatesThePool) {
     ASSERT_TRUE(cv.wait_for(lk, 30s, [&] { return greedy_done >= 4; }));
   }
   EXPECT_GT(rt.device_stats()->lease_waiters, 0u) << "the greedy graph should queue for streams";
-  auto light_run = light.run();
-  ASSERT_TRUE(light_run.wait_for(30s));
-  const GpuStats ls = light_run.stats().gpu;
+  auto other_run = other.run();
+  ASSERT_TRUE(other_run.wait_for(30s));
+  out.other = other_run.stats();
   greedy_run.cancel();
   greedy_run.wait();
+  out.greedy = greedy_run.stats();
+  expect_returned(rt, {out.greedy, out.other});
+}
+
+}  // namespace
+
+// "Waiters are served first-come-first-served across graphs, so no graph starves (a test with
+// one greedy graph and one light graph bounds the light one's wait)"
+TEST(StreamPool, ALightGraphsWaitIsBoundedWhileAGreedyGraphSaturatesThePool) {
+  Runtime rt(host_device(4, 2, 1));
+  constexpr auto kGreedyKernel = 2ms;
+  constexpr std::size_t kGreedyConcurrency = 6;
+  Graph light(rt, "light");
+  Contention c;
+  ASSERT_NO_FATAL_FAILURE(run_against_greedy(rt, kGreedyConcurrency, kGreedyKernel, light, c));
+  const GpuStats& ls = c.other.gpu;
   // First come, first served: a light invocation waits at most for the greedy bursts queued
   // ahead of it plus those running (one compute slot: they run one after another).
   const auto bound = (kGreedyConcurrency + 1) * kGreedyKernel * 3 + 20ms;
   EXPECT_EQ(ls.bursts, 15u);
   EXPECT_LE(ls.max_lease_wait_ns, std::chrono::nanoseconds(bound).count())
       << "the light graph waited " << ls.max_lease_wait_ns / 1e6 << " ms for a stream";
-  EXPECT_GT(greedy_run.stats().gpu.bursts, 10u);
-  expect_returned(rt, {greedy_run.stats(), light_run.stats()});
+  EXPECT_GT(c.greedy.gpu.bursts, 10u);
 }
 
 // "a graph can be given a priority so a latency-critical model's leases are served before a
@@ -341,59 +360,18 @@ TEST(StreamPool, ALightGraphsWaitIsBoundedWhileAGreedyGraphSaturatesThePool) {
 // greedy graph's own waits in the same run).
 TEST(StreamPool, APriorityGraphsLeasesAreServedBeforeAGreedyGraphs) {
   Runtime rt(host_device(4, 2, 1));
-  constexpr auto kGreedyKernel = 2ms;
-  Graph greedy(rt, "greedy"), urgent(rt, "urgent", {.priority = 1});
-  std::mutex mu;
-  std::condition_variable cv;
-  long greedy_done = 0;
-  {
-    auto src = greedy.source("n", counter(-1));
-    auto make = greedy.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
-    GpuStageOptions o;
-    o.concurrency = 8;
-    auto gpu = greedy.gpu_stage("hog", [&](DeviceTensor t, DeviceContext& ctx) {
-      ops::busy_kernel(ctx, kGreedyKernel);
-      return t;
-    }, o);
-    auto sink = greedy.sink("s", [&](DeviceTensor) {
-      std::lock_guard lk(mu);
-      ++greedy_done;
-      cv.notify_all();
-    });
-    src >> make >> gpu >> sink;
-  }
-  {
-    auto src = urgent.source("n", counter(15));
-    auto make = urgent.stage("make", [](long) { return HostTensor::empty(DType::u8, {64}); });
-    GpuStageOptions o;
-    o.concurrency = 1;
-    auto gpu = urgent.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
-      ops::busy_kernel(ctx, 100us);
-      return t;
-    }, o);
-    auto sink = urgent.sink("s", [](DeviceTensor) {});
-    src >> make >> gpu >> sink;
-  }
-  auto greedy_run = greedy.run();
-  {
-    std::unique_lock lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, 30s, [&] { return greedy_done >= 4; }));
-  }
-  EXPECT_GT(rt.device_stats()->lease_waiters, 0u) << "the greedy graph should queue for streams";
-  auto urgent_run = urgent.run();
-  ASSERT_TRUE(urgent_run.wait_for(30s));
-  const GpuStats us = urgent_run.stats().gpu;
-  greedy_run.cancel();
-  greedy_run.wait();
-  const GpuStats gs = greedy_run.stats().gpu;
+  Graph urgent(rt, "urgent", {.priority = 1});
+  Contention c;
+  ASSERT_NO_FATAL_FAILURE(run_against_greedy(rt, 8, 2ms, urgent, c));
+  const GpuStats& us = c.other.gpu;
+  const GpuStats& gs = c.greedy.gpu;
   ASSERT_EQ(us.bursts, 15u);
   const double urgent_wait = static_cast<double>(us.lease_wait_ns) / us.bursts;
   const double greedy_wait = static_cast<double>(gs.lease_wait_ns) / gs.bursts;
   // FIFO would make the urgent bursts wait about as long as the greedy ones (6 queued ahead on
   // 2 streams: ~3 kernels); served first, they wait for one stream to free (under a kernel).
-  EXPECT_LT(urgent_wait, greedy_wait / 2) << "urgent " << urgent_wait / 1e6 << " ms, greedy "
-                                          << greedy_wait / 1e6 << " ms per burst";
-  expect_returned(rt, {greedy_run.stats(), urgent_run.stats()});
+  EXPECT_LT(urgent_wait, greedy_wait / 2)
+      << "urgent " << urgent_wait / 1e6 << " ms, greedy " << greedy_wait / 1e6 << " ms per burst";
 }
 
 // "held >= busy for every graph, and held/busy stays near 1 for a graph that is GPU-bound"
