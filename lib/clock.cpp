@@ -29,12 +29,34 @@ std::int64_t steady_ns() noexcept {
   return std::chrono::steady_clock::now().time_since_epoch().count();
 }
 
-// Both clocks read when the library loads (after g_tsc_clock: same file, defined above).
+// Both clocks read at one instant: the tick reading between two steady_clock readings, the
+// pair taken from the tightest of a few tries. A thread preempted between two plain reads
+// would put the preemption (milliseconds on a loaded machine) into the calibration below,
+// skewing every tick-based duration by its share of the 20 ms window.
 struct Origin {
   Ticks ticks;
   std::int64_t ns;
 };
-const Origin g_origin{g_tsc_clock ? now_ticks() : 0, steady_ns()};
+
+Origin read_both() noexcept {
+  if (!g_tsc_clock) return {0, steady_ns()};
+  Origin best{0, 0};
+  std::int64_t best_width = -1;
+  for (int i = 0; i < 64; ++i) {
+    const std::int64_t before = steady_ns();
+    const Ticks t = now_ticks();
+    const std::int64_t after = steady_ns();
+    if (best_width < 0 || after - before < best_width) {
+      best_width = after - before;
+      best = {t, before + (after - before) / 2};
+    }
+    if (best_width < 2'000) break;  // within 2 us: good enough for a 20 ms window
+  }
+  return best;
+}
+
+// Read when the library loads (after g_tsc_clock: same file, defined above).
+const Origin g_origin = read_both();
 
 }  // namespace
 
@@ -44,13 +66,11 @@ double ns_per_tick() noexcept {
   if (v > 0) return v;
   if (!g_tsc_clock) return 1.0;
   // Measure over at least 20 ms since the library loaded (spinning only if asked sooner).
-  Ticks t;
-  std::int64_t ns;
+  Origin end;
   do {
-    t = now_ticks();
-    ns = steady_ns();
-  } while (ns - g_origin.ns < 20'000'000);
-  v = static_cast<double>(ns - g_origin.ns) / static_cast<double>(t - g_origin.ticks);
+    end = read_both();
+  } while (end.ns - g_origin.ns < 20'000'000);
+  v = static_cast<double>(end.ns - g_origin.ns) / static_cast<double>(end.ticks - g_origin.ticks);
   cached.store(v, std::memory_order_relaxed);
   return v;
 }
