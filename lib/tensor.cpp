@@ -199,4 +199,19 @@ DeviceTensor DeviceTensor::wrap(void* data, DType dtype, std::vector<std::int64_
   return DeviceTensor(data, dtype, std::move(shape), Memory::device, device, std::move(owner));
 }
 
+DeviceTensor DeviceTensor::reshaped(std::vector<std::int64_t> shape) const {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  if (!contiguous() || n != numel())
+    throw Error(fmt::format("splitflow: cannot view {} as {} elements{}", describe(), n,
+                            contiguous() ? "" : " (not contiguous)"));
+  DeviceTensor v(data_, dtype_, std::move(shape), Memory::device, device_, owner_);
+  v.ordered_ = ordered_;
+  return v;
+}
+
+void DeviceTensor::record_stream(void* native_stream) const {
+  if (ordered_) ordered_->record_stream(native_stream);
+}
+
 }  // namespace splitflow

@@ -673,6 +673,35 @@ TEST(Device, ChoosingCudaWithoutADeviceIsAClearError) {
   EXPECT_FALSE(rt.device_stats().has_value());
 }
 
+// DeviceTensor::reshaped views the same pool allocation (the memory returns to the pool only when
+// the view goes too); a wrong element count is refused; record_stream is a no-op on the host
+// backend (its work is all in splitflow's own order) and on wrapped memory.
+TEST(Device, AReshapedViewSharesThePoolAllocation) {
+  Runtime rt(host_device(1, 2));
+  Graph g(rt, "reshape");
+  DeviceTensor view;
+  auto src = g.source("n", counter(1));
+  auto make = g.stage("make", [](long) { return HostTensor::empty(DType::f32, {6}); });
+  auto gpu = g.gpu_stage("alloc", [](DeviceTensor, DeviceContext& ctx) {
+    return ctx.alloc(DType::f32, {2, 3, 4});
+  });
+  auto sink = g.sink("keep", [&](DeviceTensor t) {
+    EXPECT_THROW(t.reshaped({5, 5}), Error);
+    view = t.reshaped({4, 6});
+    view.record_stream(nullptr);
+  });
+  src >> make >> gpu >> sink;
+  g.run().wait();
+  ASSERT_EQ(view.shape(), (std::vector<std::int64_t>{4, 6}));
+  EXPECT_EQ(rt.device_stats()->device_bytes_in_use, 24 * sizeof(float));
+  view = DeviceTensor();
+  EXPECT_EQ(rt.device_stats()->device_bytes_in_use, 0u);
+  int mem[4] = {};
+  DeviceTensor wrapped = DeviceTensor::wrap(mem, DType::i32, {4}, 0, nullptr);
+  wrapped.record_stream(nullptr);
+  EXPECT_EQ(wrapped.reshaped({2, 2}).raw(), mem);
+}
+
 // "a Thrust execution policy for the current backend": a body's own Thrust call runs in stream
 // order on the host backend (thrust::cpp) and its result is ready when the stage emits.
 struct TimesThreePlusOne {

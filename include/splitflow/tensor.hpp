@@ -16,6 +16,10 @@
 
 namespace splitflow {
 
+namespace detail {
+class DeviceRuntime;
+}
+
 enum class DType : std::uint8_t { u8, i8, u16, i16, u32, i32, u64, i64, f16, bf16, f32, f64, boolean };
 
 /// Bytes per element.
@@ -125,16 +129,42 @@ struct HostCacheStats {
 };
 HostCacheStats host_cache_stats();
 
+namespace detail {
+/// Device memory whose free is stream-ordered (splitflow's device pool implements it).
+class StreamOrderedMemory {
+ public:
+  virtual void record_stream(void* native_stream) = 0;
+
+ protected:
+  ~StreamOrderedMemory() = default;
+};
+}  // namespace detail
+
 /// A tensor in device memory. Made by a GPU stage's DeviceContext; its contents are ready when
 /// the stage that produced it completed (splitflow emits it only then).
 class DeviceTensor : public Tensor {
  public:
   DeviceTensor() = default;
+  /// A view of device memory someone else owns; `owner` keeps it alive and frees it.
   static DeviceTensor wrap(void* data, DType dtype, std::vector<std::int64_t> shape, int device,
                            std::shared_ptr<void> owner);
 
+  /// The same memory with another shape of the same element count (C-contiguous only).
+  DeviceTensor reshaped(std::vector<std::int64_t> shape) const;
+
+  /// Like torch's Tensor.record_stream: work on another stream (a cudaStream_t, or
+  /// cudaStreamLegacy / cudaStreamPerThread) uses this memory, so splitflow's pool must not
+  /// reuse it before the work enqueued there up to the moment the last copy of the tensor goes
+  /// has completed. The free is then enqueued on that stream instead of splitflow's own. Call it
+  /// before handing the memory to another CUDA library (the Python module does, for the stream
+  /// DLPack's `__dlpack__(stream=...)` names). A no-op for memory splitflow did not allocate
+  /// (wrap) and on the host backend, whose work is all in splitflow's own stream order.
+  void record_stream(void* native_stream) const;
+
  private:
   using Tensor::Tensor;
+  friend class detail::DeviceRuntime;
+  detail::StreamOrderedMemory* ordered_ = nullptr;  // kept alive by owner_
 };
 
 }  // namespace splitflow

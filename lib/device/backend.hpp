@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "splitflow/config.hpp"
 
@@ -66,9 +67,11 @@ class DeviceBackend {
   /// (CUDA: from its events) and frees the timer.
   virtual void settle(void* timer, ExecutionSink* sink) noexcept = 0;
 
-  // Memory. Device allocations are stream-ordered; frees may be called from any thread.
+  // Memory. Device allocations are stream-ordered; frees may be called from any thread (but
+  // not from a device callback). `users`: native streams of other libraries that used the
+  // memory; the free is ordered after the work enqueued on them so far.
   virtual void* device_alloc(std::size_t bytes, Stream* s) = 0;
-  virtual void device_free(void* p, std::size_t bytes) noexcept = 0;
+  virtual void device_free(void* p, std::size_t bytes, const std::vector<void*>& users) noexcept = 0;
   virtual void* pinned_alloc(std::size_t bytes) = 0;
   virtual void pinned_free(void* p) noexcept = 0;
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -160,7 +161,34 @@ class CudaBackend final : public DeviceBackend {
     SF_CUDA(cudaMallocFromPoolAsync(&p, bytes, pool_, s->stream), ordinal_);
     return p;
   }
-  void device_free(void* p, std::size_t) noexcept override { cudaFreeAsync(p, free_stream_); }
+  void device_free(void* p, std::size_t, const std::vector<void*>& users) noexcept override {
+    note_cuda_call();
+    if (users.size() == 1) {
+      // Freed in the order of the one other stream that used it (after its work so far), like
+      // torch's record_stream; that stream's later work is not held up.
+      if (cudaFreeAsync(p, static_cast<cudaStream_t>(users.front())) == cudaSuccess) return;
+      cudaGetLastError();  // e.g. a stream already destroyed: fall back to a full device sync
+      cudaDeviceSynchronize();
+    } else {
+      // Several users (rare): our free stream waits for each one's work so far. Later frees
+      // queue behind it too, which only delays reuse.
+      for (void* u : users) {
+        cudaEvent_t ev = nullptr;
+        if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+          cudaGetLastError();
+          cudaDeviceSynchronize();
+          break;
+        }
+        if (cudaEventRecord(ev, static_cast<cudaStream_t>(u)) == cudaSuccess)
+          cudaStreamWaitEvent(free_stream_, ev, 0);
+        else
+          cudaDeviceSynchronize();
+        cudaGetLastError();
+        cudaEventDestroy(ev);
+      }
+    }
+    cudaFreeAsync(p, free_stream_);
+  }
   void* pinned_alloc(std::size_t bytes) override {
     void* p = nullptr;
     SF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), ordinal_);

@@ -190,11 +190,12 @@ DeviceRuntime::DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const Devic
 
 DeviceRuntime::~DeviceRuntime() { drain_deferred(); }
 
-void DeviceRuntime::free(void* p, std::size_t bytes, bool pinned) noexcept {
-  const Deferred d{p, bytes, pinned};
+void DeviceRuntime::free(void* p, std::size_t bytes, bool pinned,
+                         std::vector<void*> users) noexcept {
+  Deferred d{p, bytes, pinned, std::move(users)};
   if (in_device_callback()) {
     std::lock_guard lk(deferred_mu_);
-    deferred_.push_back(d);
+    deferred_.push_back(std::move(d));
     return;
   }
   free_now(d);
@@ -205,7 +206,7 @@ void DeviceRuntime::free_now(const Deferred& d) noexcept {
     backend_->pinned_free(d.p);
     pinned_bytes_.give(d.bytes);
   } else {
-    backend_->device_free(d.p, d.bytes);
+    backend_->device_free(d.p, d.bytes, d.users);
     device_bytes_.give(d.bytes);
   }
 }
@@ -222,16 +223,22 @@ void DeviceRuntime::drain_deferred() noexcept {
 namespace {
 // Owns one allocation; frees it when the last tensor referring to it goes. (Constructed in
 // place: a temporary's destructor would free the memory.)
-struct Allocation {
+struct Allocation final : StreamOrderedMemory {
   Allocation(std::shared_ptr<DeviceRuntime> d, void* ptr, std::size_t n, bool pin)
       : dev(std::move(d)), p(ptr), bytes(n), pinned(pin) {}
   Allocation(const Allocation&) = delete;
   Allocation& operator=(const Allocation&) = delete;
+  void record_stream(void* s) override {
+    std::lock_guard lk(mu);
+    if (std::find(users.begin(), users.end(), s) == users.end()) users.push_back(s);
+  }
   std::shared_ptr<DeviceRuntime> dev;
   void* p;
   std::size_t bytes;
   bool pinned;
-  ~Allocation() { dev->free(p, bytes, pinned); }
+  std::mutex mu;
+  std::vector<void*> users;  // other streams using the memory (record_stream)
+  ~Allocation() { dev->free(p, bytes, pinned, std::move(users)); }
 };
 }  // namespace
 
@@ -248,7 +255,10 @@ DeviceTensor DeviceRuntime::alloc(DType dtype, std::vector<std::int64_t> shape, 
     throw;
   }
   auto owner = std::make_shared<Allocation>(shared_from_this(), p, n, false);
-  return DeviceTensor::wrap(p, dtype, std::move(shape), backend_->ordinal(), std::move(owner));
+  Allocation* ordered = owner.get();
+  DeviceTensor t = DeviceTensor::wrap(p, dtype, std::move(shape), backend_->ordinal(), std::move(owner));
+  t.ordered_ = ordered;
+  return t;
 }
 
 HostTensor DeviceRuntime::alloc_pinned(DType dtype, std::vector<std::int64_t> shape,

@@ -100,8 +100,9 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
   DeviceStats stats() const;
 
   /// Frees device or pinned memory now, or later (on an arena thread) when called from a
-  /// device callback, which must not call the CUDA runtime.
-  void free(void* p, std::size_t bytes, bool pinned) noexcept;
+  /// device callback, which must not call the CUDA runtime. Device memory that other streams
+  /// used (`users`, DeviceTensor::record_stream) is freed in their order, not only ours.
+  void free(void* p, std::size_t bytes, bool pinned, std::vector<void*> users = {}) noexcept;
   void drain_deferred() noexcept;
 
  private:
@@ -109,6 +110,7 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
     void* p;
     std::size_t bytes;
     bool pinned;
+    std::vector<void*> users;
   };
   void free_now(const Deferred& d) noexcept;
   std::mutex deferred_mu_;

@@ -156,7 +156,8 @@ class HostBackend final : public DeviceBackend {
     }
     return aligned(64, size);
   }
-  void device_free(void* p, std::size_t bytes) noexcept override {
+  // `users`: no other library runs work on host-backend memory in another order.
+  void device_free(void* p, std::size_t bytes, const std::vector<void*>&) noexcept override {
     const std::size_t size = size_class(bytes);
     {
       std::lock_guard lk(cache_mu_);
