@@ -320,7 +320,7 @@ Tn reshaped(const Tn& t, std::vector<std::int64_t> shape) {
   if constexpr (std::is_same_v<Tn, HostTensor>) {
     return HostTensor::wrap(t.raw(), t.dtype(), std::move(shape), t.owner(), t.memory());
   } else {
-    return DeviceTensor::wrap(t.raw(), t.dtype(), std::move(shape), t.device(), t.owner());
+    return t.reshaped(std::move(shape));
   }
 }
 template <class Tn>

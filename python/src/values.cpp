@@ -243,8 +243,35 @@ HostTensor as_host(const Value& v, const char* what) {
 
 // ---- splitflow.Tensor ----------------------------------------------------------------------------
 
+/// Why a tensor has no buffer view (nullptr: it has one).
+const char* buffer_refusal(const PyTensor& t) {
+  if (!t.host_addressable())
+    return "splitflow.Tensor: CUDA memory has no buffer protocol; use torch.from_dlpack(t)";
+  if (!buffer_format(t.tensor().dtype()))
+    return "splitflow.Tensor: bfloat16 has no buffer format; use DLPack (torch.from_dlpack(t))";
+  return nullptr;
+}
+
+// pybind11's buffer slot cannot report an error: an exception thrown by a def_buffer function
+// escapes a C callback and aborts the process (seen with memoryview() of a CUDA tensor on a GPU
+// machine). This slot refuses those tensors with a BufferError first.
+getbufferproc pybind11_getbuffer_slot = nullptr;
+extern "C" int tensor_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
+  const char* why = "splitflow.Tensor: not a tensor";
+  try {
+    why = buffer_refusal(py::handle(obj).cast<const PyTensor&>());
+  } catch (...) {
+  }
+  if (why) {
+    if (view) view->obj = nullptr;
+    PyErr_SetString(PyExc_BufferError, why);
+    return -1;
+  }
+  return pybind11_getbuffer_slot(obj, view, flags);
+}
+
 void bind_tensor(py::module_& m) {
-  py::class_<PyTensor>(m, "Tensor", py::buffer_protocol(), R"doc(
+  auto cls = py::class_<PyTensor>(m, "Tensor", py::buffer_protocol(), R"doc(
 A splitflow tensor: host, pinned or device memory with a dtype and a shape, shared with the
 graph that made it. Zero-copy views: ``numpy.asarray(t)`` (host memory, through the buffer
 protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view does.)doc")
@@ -265,12 +292,9 @@ protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view
                                             : std::string("cpu");
       })
       .def_buffer([](PyTensor& t) -> py::buffer_info {
-        if (!t.host_addressable())
-          throw py::buffer_error("splitflow.Tensor: CUDA memory has no buffer protocol; use "
-                                 "torch.from_dlpack(t)");
+        // Only reached for tensors buffer_refusal() accepts (tensor_getbuffer checks first).
         const Tensor& x = t.tensor();
         const char* fmt = buffer_format(x.dtype());
-        if (!fmt) throw py::buffer_error("splitflow.Tensor: bfloat16 has no buffer format; use DLPack");
         std::vector<py::ssize_t> shape(x.shape().begin(), x.shape().end());
         std::vector<py::ssize_t> strides;
         const auto item = static_cast<py::ssize_t>(itemsize(x.dtype()));
@@ -279,9 +303,21 @@ protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view
                                shape, strides, /*readonly=*/false);
       })
       .def("__dlpack__", [](const PyTensor& t, py::object stream) {
-        // splitflow emits a device tensor only after the stream work that wrote it completed,
-        // so the consumer's stream needs no wait: any `stream` is honoured as is.
-        (void)stream;
+        // The data is ready: splitflow emits a device tensor only after the work that wrote it
+        // completed, so the consumer's stream needs no wait for it. What the consumer's stream
+        // needs is the memory to stay unused until its own work on it is done: the tensor
+        // records that stream, and its free is enqueued there (DeviceTensor::record_stream).
+        if (t.on_device && t.device.cuda) {
+          // DLPack's CUDA values: None = the legacy default stream, 1 = legacy default,
+          // 2 = per-thread default (both the cudaStream_t values CUDA gives them), -1 = the
+          // consumer synchronises itself, anything else a cudaStream_t.
+          std::intptr_t s = 1;
+          if (!stream.is_none()) s = stream.cast<std::intptr_t>();
+          if (s == 0)
+            throw py::value_error("splitflow.Tensor.__dlpack__: stream=0 is ambiguous for CUDA; pass 1 "
+                                  "(legacy default stream), 2 (per-thread default) or a cudaStream_t");
+          if (s != -1) t.device.tensor.record_stream(reinterpret_cast<void*>(s));
+        }
         return to_dlpack(t);
       }, py::arg("stream") = py::none())
       .def("__dlpack_device__", [](const PyTensor& t) { return py::make_tuple(dlpack_device(t).first, dlpack_device(t).second); })
@@ -291,6 +327,9 @@ protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view
         return py::module_::import("torch.utils.dlpack").attr("from_dlpack")(self);
       }, "A torch tensor viewing the same memory (DLPack).")
       .def("__repr__", [](const PyTensor& t) { return "<splitflow.Tensor " + t.tensor().describe() + ">"; });
+  auto* heap = reinterpret_cast<PyHeapTypeObject*>(cls.ptr());
+  pybind11_getbuffer_slot = heap->as_buffer.bf_getbuffer;
+  heap->as_buffer.bf_getbuffer = tensor_getbuffer;
 }
 
 }  // namespace splitflow::python
