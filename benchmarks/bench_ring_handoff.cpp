@@ -3,6 +3,7 @@
 //   BM_RingHandoff/splitflow/<bytes>  items written in ring space by a CPU stage, copied H2D on
 //                                     the GPU stage's leased stream, ring space returned when
 //                                     the copy ran (the whole splitflow path per item)
+//   BM_RingHandoff/splitflow_deep/<bytes>  the same with 16 bursts in flight and 4 arena threads
 //   BM_RingHandoff/memcpy/<bytes>     memcpy of the same bytes with the same access pattern,
 //                                     one thread: sources rotate through a buffer of the ring's
 //                                     size, destinations through 4 item buffers (the device pool
@@ -11,6 +12,7 @@
 // backend's copies are memcpys by an engine thread, so this measures the ring's overhead.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -26,13 +28,13 @@ long items_for(std::size_t bytes) {
   return static_cast<long>(std::max<std::size_t>(64, (std::size_t{256} << 20) / bytes));
 }
 
-void BM_splitflow(benchmark::State& state) {
+// `in_flight`: the GPU stage's concurrency (bursts in flight); `threads`: arena threads.
+void ring_handoff(benchmark::State& state, int in_flight, int threads) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const long items = items_for(bytes);
-  // One arena thread: on the host backend the copy engine is a host thread doing the memcpy,
-  // and on 2 cores it needs the other core (a GPU's copy engine takes no host core).
   splitflow::RuntimeConfig c;
-  c.threads = 1;
+  c.threads = threads;
+  c.device.streams = std::max<std::size_t>(c.device.streams, static_cast<std::size_t>(in_flight));
   // SPLITFLOW_BENCH_BACKEND=cuda (scripts/gpu-check.sh) measures real H2D copies.
   const char* want = std::getenv("SPLITFLOW_BENCH_BACKEND");
   c.device.backend = want && std::string(want) == "cuda" ? splitflow::BackendKind::cuda
@@ -51,7 +53,7 @@ void BM_splitflow(benchmark::State& state) {
     return t;
   });
   splitflow::GpuStageOptions o;
-  o.concurrency = 4;
+  o.concurrency = in_flight;
   o.ring_bytes = kRingBytes;
   o.ring_item_bytes = bytes;
   auto gpu = g.gpu_stage("h2d", [](splitflow::DeviceTensor t, splitflow::DeviceContext&) {
@@ -72,6 +74,13 @@ void BM_splitflow(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * items * static_cast<std::int64_t>(bytes));
 }
 
+// One arena thread: on the host backend the copy engine is a host thread doing the memcpy,
+// and on 2 cores it needs the other core (a GPU's copy engine takes no host core).
+void BM_splitflow(benchmark::State& state) { ring_handoff(state, 4, 1); }
+// Deeper: 16 bursts in flight, 4 arena threads. On a GPU, whether small items are bound by a
+// burst's round trip (this goes faster) or by per-item work (it does not).
+void BM_splitflow_deep(benchmark::State& state) { ring_handoff(state, 16, 4); }
+
 void BM_memcpy(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const long items = items_for(bytes);
@@ -91,6 +100,7 @@ void BM_memcpy(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_splitflow)->Name("BM_RingHandoff/splitflow")->RangeMultiplier(4)->Range(64 << 10, 4 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_splitflow_deep)->Name("BM_RingHandoff/splitflow_deep")->RangeMultiplier(4)->Range(64 << 10, 1 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_memcpy)->Name("BM_RingHandoff/memcpy")->RangeMultiplier(4)->Range(64 << 10, 4 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -72,6 +72,7 @@ class CudaBackend final : public DeviceBackend {
 
   ~CudaBackend() override {
     cudaSetDevice(ordinal_);
+    for (BurstEvents* ev : spare_events_) destroy(ev);
     cudaStreamSynchronize(free_stream_);
     cudaStreamDestroy(free_stream_);
     cudaEventDestroy(origin_);
@@ -126,10 +127,29 @@ class CudaBackend final : public DeviceBackend {
             ordinal_);
   }
   void* burst_begin(Stream* s) override {
-    auto* ev = new BurstEvents();
-    SF_CUDA(cudaEventCreate(&ev->start), ordinal_);
-    SF_CUDA(cudaEventCreate(&ev->end), ordinal_);
-    SF_CUDA(cudaEventRecord(ev->start, s->stream), ordinal_);
+    BurstEvents* ev = nullptr;
+    {
+      std::lock_guard lk(events_mu_);  // reused: two creates and two destroys less per burst
+      if (!spare_events_.empty()) {
+        ev = spare_events_.back();
+        spare_events_.pop_back();
+      }
+    }
+    if (!ev) {
+      auto fresh = std::make_unique<BurstEvents>();
+      SF_CUDA(cudaEventCreate(&fresh->start), ordinal_);
+      note_cuda_call();
+      if (cudaError_t e = cudaEventCreate(&fresh->end); e != cudaSuccess) {
+        cudaEventDestroy(fresh->start);
+        throw_cuda_error(e, "cudaEventCreate(&fresh->end)", ordinal_);
+      }
+      ev = fresh.release();
+    }
+    note_cuda_call();
+    if (cudaError_t e = cudaEventRecord(ev->start, s->stream); e != cudaSuccess) {
+      recycle(ev);
+      throw_cuda_error(e, "cudaEventRecord(ev->start, s->stream)", ordinal_);
+    }
     return ev;
   }
   void burst_end(Stream* s, void* timer, std::function<void()> done) override {
@@ -151,9 +171,7 @@ class CudaBackend final : public DeviceBackend {
       }
       record_busy(t0, t1);
     }
-    cudaEventDestroy(ev->start);
-    cudaEventDestroy(ev->end);
-    delete ev;
+    recycle(ev);
   }
 
   void* device_alloc(std::size_t bytes, Stream* s) override {
@@ -202,6 +220,27 @@ class CudaBackend final : public DeviceBackend {
   }
 
  private:
+  static void destroy(BurstEvents* ev) noexcept {
+    cudaEventDestroy(ev->start);
+    cudaEventDestroy(ev->end);
+    delete ev;
+  }
+  // Keeps up to kSpareEvents pairs for later bursts (about the bursts in flight at once).
+  void recycle(BurstEvents* ev) noexcept {
+    {
+      std::lock_guard lk(events_mu_);
+      if (spare_events_.size() < kSpareEvents) {
+        try {
+          spare_events_.push_back(ev);
+          return;
+        } catch (...) {
+        }
+      }
+    }
+    destroy(ev);
+  }
+  static constexpr std::size_t kSpareEvents = 256;
+
   // Union of burst intervals, arriving roughly in start order (exact when they do).
   void record_busy(std::int64_t t0, std::int64_t t1) {
     std::lock_guard lk(mu_);
@@ -218,6 +257,8 @@ class CudaBackend final : public DeviceBackend {
   cudaStream_t free_stream_ = nullptr;
   cudaEvent_t origin_ = nullptr;
   std::int64_t origin_ns_ = 0;
+  std::mutex events_mu_;
+  std::vector<BurstEvents*> spare_events_;
   mutable std::mutex mu_;
   std::int64_t watermark_ = 0;
   std::int64_t busy_ = 0;

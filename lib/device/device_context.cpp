@@ -71,8 +71,14 @@ void DeviceContext::copy(DeviceTensor& dst, const HostTensor& src) {
   auto& dev = burst_->device();
   dev.backend().copy(burst_->stream(), dst.raw(), src.raw(), src.nbytes(), true,
                      burst_->exec_sink());
-  // The source must live until the copy ran; drop it right after (a ring block returns then).
-  dev.backend().callback(burst_->stream(), [keep = src] {});
+  // The source must live until the copy ran. The host backend drops it right after the copy (a
+  // ring block returns then). On CUDA that would take a host function per copy, and CUDA runs
+  // host functions one at a time on one thread: on an H200, small ring hand-offs were bound by
+  // them (docs/benchmarks.md), so the burst keeps the source until it completes.
+  if (dev.backend().kind() == BackendKind::cuda)
+    burst_->keep_alive(src.owner());
+  else
+    dev.backend().callback(burst_->stream(), [keep = src] {});
   burst_->keep_alive(dst.owner());
 }
 
