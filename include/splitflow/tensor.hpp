@@ -157,8 +157,9 @@ class DeviceTensor : public Tensor {
   /// reuse it before the work enqueued there up to the moment the last copy of the tensor goes
   /// has completed. The free is then enqueued on that stream instead of splitflow's own. Call it
   /// before handing the memory to another CUDA library (the Python module does, for the stream
-  /// DLPack's `__dlpack__(stream=...)` names). A no-op for memory splitflow did not allocate
-  /// (wrap) and on the host backend, whose work is all in splitflow's own stream order.
+  /// DLPack's `__dlpack__(stream=...)` names). The stream must still exist when the last copy
+  /// goes (torch's streams always do: it pools them). A no-op for memory splitflow did not
+  /// allocate (wrap) and on the host backend, whose work is all in splitflow's own stream order.
   void record_stream(void* native_stream) const;
 
  private:
