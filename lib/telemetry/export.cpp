@@ -136,13 +136,31 @@ std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device
   return out;
 }
 
+namespace {
+
+// A metric's HELP and TYPE lines.
+void head(std::string& out, const char* name, const char* type, const char* help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+// A histogram as a Prometheus summary: p50/p95/p99, _count and _sum, in seconds. `labels`:
+// the series' labels, without braces.
+void summary(std::string& out, const char* name, const std::string& labels,
+             const LatencyHistogram& h) {
+  for (double q : {0.5, 0.95, 0.99})
+    out += fmt::format("{}{{{},quantile=\"{}\"}} {:.9f}\n", name, labels, q,
+                       h.percentile(q * 100) / 1e9);
+  out += fmt::format("{}_count{{{}}} {}\n", name, labels, h.count());
+  out += fmt::format("{}_sum{{{}}} {:.9f}\n", name, labels,
+                     h.mean() * static_cast<double>(h.count()) / 1e9);
+}
+
+}  // namespace
+
 std::string prometheus_text(const RunStats& st, const std::optional<DeviceStats>& device) {
   std::string out;
   const std::string g = label(st.graph);
-  const auto head = [&](const char* name, const char* type, const char* help) {
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
-  };
-  head("splitflow_stage_items_total", "counter", "Items into (in) or out of (out) a stage.");
+  head(out, "splitflow_stage_items_total", "counter", "Items into (in) or out of (out) a stage.");
   for (const auto& s : st.stages) {
     out += fmt::format(
         "splitflow_stage_items_total{{graph=\"{}\",stage=\"{}\",direction=\"in\"}} {}\n", g,
@@ -151,7 +169,7 @@ std::string prometheus_text(const RunStats& st, const std::optional<DeviceStats>
         "splitflow_stage_items_total{{graph=\"{}\",stage=\"{}\",direction=\"out\"}} {}\n", g,
         label(s.name), s.items_out);
   }
-  head("splitflow_stage_seconds_total", "counter",
+  head(out, "splitflow_stage_seconds_total", "counter",
        "Wall time a stage spent busy, starved or blocked.");
   for (const auto& s : st.stages)
     for (auto [state, ns] : {std::pair{"busy", s.busy_ns}, std::pair{"starved", s.starved_ns},
@@ -159,40 +177,35 @@ std::string prometheus_text(const RunStats& st, const std::optional<DeviceStats>
       out += fmt::format(
           "splitflow_stage_seconds_total{{graph=\"{}\",stage=\"{}\",state=\"{}\"}} {:.9f}\n", g,
           label(s.name), state, ns / 1e9);
-  head("splitflow_stage_latency_seconds", "summary", "Time an item spent in a stage.");
-  for (const auto& s : st.stages) {
-    for (double q : {0.5, 0.95, 0.99})
-      out += fmt::format(
-          "splitflow_stage_latency_seconds{{graph=\"{}\",stage=\"{}\",quantile=\"{}\"}} {:.9f}\n",
-          g, label(s.name), q, s.latency.percentile(q * 100) / 1e9);
-    out += fmt::format("splitflow_stage_latency_seconds_count{{graph=\"{}\",stage=\"{}\"}} {}\n", g,
-                       label(s.name), s.latency.count());
-    out += fmt::format("splitflow_stage_latency_seconds_sum{{graph=\"{}\",stage=\"{}\"}} {:.9f}\n",
-                       g, label(s.name), s.latency.mean() * s.latency.count() / 1e9);
-  }
-  head("splitflow_stage_queue_items", "gauge",
+  head(out, "splitflow_stage_latency_seconds", "summary", "Time an item spent in a stage.");
+  for (const auto& s : st.stages)
+    summary(out, "splitflow_stage_latency_seconds",
+            fmt::format("graph=\"{}\",stage=\"{}\"", g, label(s.name)), s.latency);
+  head(out, "splitflow_stage_queue_items", "gauge",
        "Items queued at a stage's input, mean over the run.");
   for (const auto& s : st.stages)
     out += fmt::format("splitflow_stage_queue_items{{graph=\"{}\",stage=\"{}\"}} {:.3f}\n", g,
                        label(s.name), s.mean_queue);
-  head("splitflow_gpu_seconds_total", "counter", "GPU time a graph held (leased) and used (busy).");
+  head(out, "splitflow_gpu_seconds_total", "counter",
+       "GPU time a graph held (leased) and used (busy).");
   out += fmt::format("splitflow_gpu_seconds_total{{graph=\"{}\",kind=\"held\"}} {:.9f}\n", g,
                      st.gpu.held_ns / 1e9);
   out += fmt::format("splitflow_gpu_seconds_total{{graph=\"{}\",kind=\"busy\"}} {:.9f}\n", g,
                      st.gpu.busy_ns / 1e9);
-  head("splitflow_gpu_copy_bytes_total", "counter", "Bytes copied between host and device.");
+  head(out, "splitflow_gpu_copy_bytes_total", "counter", "Bytes copied between host and device.");
   out += fmt::format("splitflow_gpu_copy_bytes_total{{graph=\"{}\",direction=\"h2d\"}} {}\n", g,
                      st.gpu.h2d_bytes);
   out += fmt::format("splitflow_gpu_copy_bytes_total{{graph=\"{}\",direction=\"d2h\"}} {}\n", g,
                      st.gpu.d2h_bytes);
   if (device) {
     const std::string dev = label(device->name);
-    head("splitflow_device_busy_ratio", "gauge", "Fraction of wall time the device executed work.");
+    head(out, "splitflow_device_busy_ratio", "gauge",
+         "Fraction of wall time the device executed work.");
     out += fmt::format("splitflow_device_busy_ratio{{device=\"{}\"}} {:.6f}\n", dev,
                        device->busy_fraction());
-    head("splitflow_device_leases", "gauge", "Streams leased now.");
+    head(out, "splitflow_device_leases", "gauge", "Streams leased now.");
     out += fmt::format("splitflow_device_leases{{device=\"{}\"}} {}\n", dev, device->leases_in_use);
-    head("splitflow_device_bytes", "gauge", "Bytes in use in the device and pinned pools.");
+    head(out, "splitflow_device_bytes", "gauge", "Bytes in use in the device and pinned pools.");
     out += fmt::format("splitflow_device_bytes{{device=\"{}\",pool=\"device\"}} {}\n", dev,
                        device->device_bytes_in_use);
     out += fmt::format("splitflow_device_bytes{{device=\"{}\",pool=\"pinned\"}} {}\n", dev,
@@ -231,31 +244,19 @@ std::string prometheus_text(const ServiceStats& s) {
   std::string out;
   const std::string labels =
       fmt::format("graph=\"{}\",service=\"{}\"", label(s.graph), label(s.service));
-  out +=
-      "# HELP splitflow_service_requests_total Requests by outcome.\n"
-      "# TYPE splitflow_service_requests_total counter\n";
+  head(out, "splitflow_service_requests_total", "counter", "Requests by outcome.");
   for (auto [outcome, n] : {std::pair{"submitted", s.submitted}, std::pair{"answered", s.answered},
                             std::pair{"failed", s.failed}, std::pair{"expired", s.expired},
                             std::pair{"rejected", s.rejected}})
     out += fmt::format("splitflow_service_requests_total{{{},outcome=\"{}\"}} {}\n", labels,
                        outcome, n);
-  out +=
-      "# HELP splitflow_service_pending_requests Requests admitted and not yet answered.\n"
-      "# TYPE splitflow_service_pending_requests gauge\n";
+  head(out, "splitflow_service_pending_requests", "gauge",
+       "Requests admitted and not yet answered.");
   out += fmt::format("splitflow_service_pending_requests{{{}}} {}\n", labels, s.pending);
-  out +=
-      "# HELP splitflow_service_latency_seconds Where answered requests' time went.\n"
-      "# TYPE splitflow_service_latency_seconds summary\n";
-  for (auto [part, h] : latency_parts(s)) {
-    for (double q : {0.5, 0.95, 0.99})
-      out += fmt::format(
-          "splitflow_service_latency_seconds{{{},part=\"{}\",quantile=\"{}\"}} {:.9f}\n", labels,
-          part, q, h->percentile(q * 100) / 1e9);
-    out += fmt::format("splitflow_service_latency_seconds_count{{{},part=\"{}\"}} {}\n", labels,
-                       part, h->count());
-    out += fmt::format("splitflow_service_latency_seconds_sum{{{},part=\"{}\"}} {:.9f}\n", labels,
-                       part, h->mean() * static_cast<double>(h->count()) / 1e9);
-  }
+  head(out, "splitflow_service_latency_seconds", "summary", "Where answered requests' time went.");
+  for (auto [part, h] : latency_parts(s))
+    summary(out, "splitflow_service_latency_seconds", fmt::format("{},part=\"{}\"", labels, part),
+            *h);
   return out;
 }
 
