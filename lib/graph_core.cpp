@@ -101,13 +101,169 @@ void GraphCore::validate() {
       if (--indegree[e.node] == 0) ready.push_back(e.node);
   }
   if (order.size() != nodes_.size()) {
-    std::string names;
+    // Kahn's leftovers are the cycles and what lies downstream of them: walk back along
+    // predecessors inside the leftovers until a node repeats, which closes a cycle.
+    std::unordered_map<const NodeBase*, const NodeBase*> pred;
     for (const auto& n : nodes_)
-      if (indegree[n.get()] > 0) names += (names.empty() ? "'" : ", '") + n->name() + "'";
-    throw GraphError("splitflow::Graph '" + name_ + "': it has a cycle through " + names +
+      if (indegree[n.get()] > 0)
+        for (const Edge& e : n->successors())
+          if (indegree[e.node] > 0) pred.emplace(e.node, n.get());
+    const NodeBase* at = nullptr;
+    for (const auto& n : nodes_)
+      if (indegree[n.get()] > 0) at = n.get();
+    std::vector<const NodeBase*> walk;
+    std::unordered_map<const NodeBase*, std::size_t> seen;
+    while (seen.emplace(at, walk.size()).second) {
+      walk.push_back(at);
+      at = pred.at(at);
+    }
+    // walk[seen[at]..] is the cycle, backwards: name it forwards, from its earliest-added node.
+    std::vector<const NodeBase*> cycle(walk.rbegin(), walk.rend() - static_cast<std::ptrdiff_t>(seen[at]));
+    std::unordered_map<const NodeBase*, std::size_t> added;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) added[nodes_[i].get()] = i;
+    std::rotate(cycle.begin(),
+                std::min_element(cycle.begin(), cycle.end(),
+                                 [&](auto* x, auto* y) { return added[x] < added[y]; }),
+                cycle.end());
+    std::string names;
+    for (const NodeBase* n : cycle) names += "'" + n->name() + "' -> ";
+    names += "'" + cycle.front()->name() + "'";
+    throw GraphError("splitflow::Graph '" + name_ + "': it has a cycle: " + names +
                      " (graphs must be acyclic)");
   }
+  check_batching(order);
+  check_zips(order);
   topo_ = std::move(order);
+}
+
+void GraphCore::check_batching(const std::vector<NodeBase*>& order) const {
+  // Batches wait to fill while holding items, each of which counts against max_in_flight
+  // (fan-out copies too). If every batch can hold size - 1 items at once and that reaches
+  // max_in_flight, no source can admit the item that would fill one: the run would hang.
+  std::size_t held = 0, batches = 0;
+  std::string names;
+  for (const auto& n : nodes_)
+    if (const std::size_t h = n->holds_while_filling()) {
+      held += h;
+      ++batches;
+      names += (names.empty() ? "'" : ", '") + n->name() + "' (" + std::to_string(h + 1) + ")";
+    }
+  if (batches > 1 && held + 1 > opts_.max_in_flight)
+    throw GraphError("splitflow::Graph '" + name_ + "': its batches " + names + " can hold " +
+                     std::to_string(held) + " items between them while they fill, and every "
+                     "item counts against max_in_flight (" + std::to_string(opts_.max_in_flight) +
+                     "), so the run could stall with each batch short; raise "
+                     "GraphOptions::max_in_flight to at least " + std::to_string(held + 1));
+  // A batch formed by a dynamic batch must fit every unbatch it reaches.
+  for (NodeBase* d : order) {
+    const std::size_t limit = d->forms_batches_of();
+    if (limit == 0) continue;
+    std::vector<const NodeBase*> stack{d};
+    std::unordered_set<const NodeBase*> seen{d};
+    while (!stack.empty()) {
+      const NodeBase* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->successors()) {
+        if (!seen.insert(e.node).second || e.node->forms_batches_of() != 0) continue;
+        if (const std::size_t u = e.node->splits_batches_of()) {
+          if (u < limit)
+            throw GraphError("splitflow::Graph '" + name_ + "': unbatch '" + e.node->name() +
+                             "' takes batches of at most " + std::to_string(u) +
+                             " items, but dynamic batch '" + d->name() + "' forms batches of up to " +
+                             std::to_string(limit) + "; give the unbatch a max_batch of at least " +
+                             std::to_string(limit));
+          continue;
+        }
+        stack.push_back(e.node);
+      }
+    }
+  }
+}
+
+void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
+  for (const auto& n : nodes_) n->clear_drop_listeners();
+  std::unordered_map<const NodeBase*, std::vector<std::pair<NodeBase*, int>>> preds;
+  for (NodeBase* n : order)
+    for (const Edge& e : n->successors()) preds[e.node].push_back({n, e.port});
+  for (NodeBase* z : order) {
+    DropListener* listener = z->drop_listener();
+    if (!listener) continue;
+    const std::string who = "splitflow::Graph '" + name_ + "': zip '" + z->name() + "'";
+    std::unordered_set<const NodeBase*> anc[2];
+    for (int p = 0; p < 2; ++p) {
+      const char* input = p == 0 ? "first" : "second";
+      // Every node upstream of this input (anc), and those that number its items (num): past
+      // another zip only its first input's side, as a pair carries its halves' one number.
+      std::unordered_set<const NodeBase*> num;
+      for (bool numbering : {false, true}) {
+        auto& into = numbering ? num : anc[p];
+        std::vector<const NodeBase*> stack;
+        for (const auto& [q, port] : preds[z])
+          if (port == p) stack.push_back(q);
+        while (!stack.empty()) {
+          const NodeBase* n = stack.back();
+          stack.pop_back();
+          if (!into.insert(n).second) continue;
+          for (const auto& [q, port] : preds[n])
+            if (!numbering || n->kind() != StageKind::zip || port == 0) stack.push_back(q);
+        }
+      }
+      // Paths from each numbering node to this input (capped at 2), consumers before producers.
+      std::unordered_map<const NodeBase*, int> paths;
+      std::vector<const NodeBase*> sources;
+      for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        if (!num.count(*it)) continue;
+        int c = 0;
+        for (const Edge& e : (*it)->successors()) {
+          if (e.node == z) {
+            c += e.port == p ? 1 : 0;
+          } else if (num.count(e.node) && (e.node->kind() != StageKind::zip || e.port == 0)) {
+            c += paths[e.node];
+          }
+        }
+        paths[*it] = std::min(c, 2);
+        if (preds[*it].empty()) sources.push_back(*it);
+      }
+      // Pairs are matched by item number, which only names one item on one path.
+      if (sources.size() != 1) {
+        std::string names;
+        for (const NodeBase* s : sources) names += (names.empty() ? "'" : ", '") + s->name() + "'";
+        throw GraphError(who + ": its " + input + " input merges items of " +
+                         std::to_string(sources.size()) + " sources (" + names +
+                         "), so it cannot tell which items belong together; zip branches that "
+                         "each come from one source");
+      }
+      if (paths[sources[0]] > 1)
+        throw GraphError(who + ": its " + input + " input gets each item of '" +
+                         sources[0]->name() +
+                         "' along more than one path (a fan-out merged again), so an item would "
+                         "pair twice; give each zip input one path");
+    }
+    for (int p = 0; p < 2; ++p) {
+      for (const NodeBase* c : anc[p]) {
+        if (anc[1 - p].count(c)) continue;  // upstream of both inputs: drops reach both
+        if (c->holds_while_filling() || c->forms_batches_of() || c->splits_batches_of())
+          throw GraphError(who + ": '" + c->name() + "' batches or unbatches items on its " +
+                           (p == 0 ? "first" : "second") +
+                           " input only, so the two inputs number their items differently; "
+                           "batch before the fan-out or after the zip");
+      }
+      // The nodes of this branch alone tell the zip of the items they drop; past another zip
+      // that one passes the drops on (it drops their partners, or they were both dropped).
+      std::vector<const NodeBase*> stack;
+      std::unordered_set<const NodeBase*> near;
+      for (const auto& [q, port] : preds[z])
+        if (port == p) stack.push_back(q);
+      while (!stack.empty()) {
+        const NodeBase* n = stack.back();
+        stack.pop_back();
+        if (anc[1 - p].count(n) || !near.insert(n).second) continue;
+        const_cast<NodeBase*>(n)->add_drop_listener(*listener, p);
+        if (n->kind() != StageKind::zip)
+          for (const auto& [q, port] : preds[n]) stack.push_back(q);
+      }
+    }
+  }
 }
 
 std::shared_ptr<RunState> GraphCore::start() {
@@ -124,6 +280,8 @@ std::shared_ptr<RunState> GraphCore::start() {
     telemetry_ = runtime_->config().telemetry;
     start_ = now_ticks();
     for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      if (auto late = nodes_[i]->late_takes()) run->track_late_takes(i, std::move(late));
     if (gpu_) gpu_->reset();
     observers_.clear();
     if (opts_.observer) observers_.push_back(opts_.observer.get());
@@ -209,18 +367,26 @@ void GraphCore::retire_items(std::uint64_t n, WorkList& w) noexcept {
 }
 
 std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want) {
-  const auto room = [this] {
-    const std::uint64_t items = pending_.load(std::memory_order_seq_cst) >> kItemShift;
-    return items < opts_.max_in_flight ? static_cast<std::size_t>(opts_.max_in_flight - items) : 0;
+  // Admitted items are counted at once (one atomic step), so that sources admitted at the same
+  // time cannot each see the whole room; a source gives back what it did not produce.
+  const auto take = [&]() -> std::size_t {
+    std::uint64_t v = pending_.load(std::memory_order_seq_cst);
+    for (;;) {
+      const std::uint64_t items = v >> kItemShift;
+      if (items >= opts_.max_in_flight) return 0;
+      const std::uint64_t n = std::min<std::uint64_t>(want, opts_.max_in_flight - items);
+      if (pending_.compare_exchange_weak(v, v + (n << kItemShift), std::memory_order_seq_cst))
+        return static_cast<std::size_t>(n);
+    }
   };
-  if (const std::size_t r = room()) return std::min(want, r);
+  if (const std::size_t n = take()) return n;
   {
     std::lock_guard lk(token_mu_);
     if (std::find(token_waiters_.begin(), token_waiters_.end(), &source) == token_waiters_.end())
       token_waiters_.push_back(&source);
     token_waiting_.store(true, std::memory_order_seq_cst);
   }
-  return std::min(want, room());
+  return take();
 }
 
 bool GraphCore::try_acquire_unit() noexcept {

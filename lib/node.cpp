@@ -62,7 +62,8 @@ void NodeBase::validate() const {
                           kind_ == StageKind::zip || kind_ == StageKind::gpu_stage;
   if (has_output && successors_.empty())
     throw GraphError("splitflow: " + who + ": its output is not connected to any consumer");
-  if (on_error_ == OnError::substitute && kind_ != StageKind::stage)
+  if (on_error_ == OnError::substitute && kind_ != StageKind::stage &&
+      kind_ != StageKind::gpu_stage)
     throw GraphError("splitflow: " + who +
                      ": OnError::substitute needs an output to substitute; a sink can only "
                      "fail or skip");
@@ -119,6 +120,8 @@ void NodeBase::maybe_close_locked(WorkList& w) {
 
 bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool substituted) noexcept {
   if (on_error_ == OnError::fail) {
+    // A service's request learns its own cause; the others fail with the run.
+    if (ItemTracker* t = graph_->tracker()) t->item_failed(seq, error);
     graph_->fail(*this, seq, std::move(error));
     return false;
   }
@@ -131,9 +134,12 @@ bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool su
     message = "unknown exception";
   }
   if (ItemTracker* t = graph_->tracker()) t->item_failed(seq, error);
-  std::lock_guard lk(mu_);
-  ++(substituted ? substituted_ : skipped_);
-  if (errors_.size() < StageStats::kMaxItemErrors) errors_.push_back({seq, std::move(message)});
+  {
+    std::lock_guard lk(mu_);
+    ++(substituted ? substituted_ : skipped_);
+    if (errors_.size() < StageStats::kMaxItemErrors) errors_.push_back({seq, std::move(message)});
+  }
+  if (!substituted) dropped(seq);
   return true;
 }
 
@@ -256,7 +262,8 @@ void NodeBase::collect_claims_locked(WorkList& w) {
     while (running_ < concurrency_) {
       const std::size_t ready = ready_locked();
       if (ready <= unpopped_) break;
-      std::size_t k = admit_locked(claim_size_locked(ready - unpopped_));
+      const std::size_t admitted = admit_locked(claim_size_locked(ready - unpopped_));
+      std::size_t k = admitted;
       // Reserve the claim's outputs in every consumer, shrinking them to what the fullest one
       // grants. Zero means a consumer is full: it registered us, and will poke us when slots
       // free.
@@ -271,6 +278,7 @@ void NodeBase::collect_claims_locked(WorkList& w) {
         outs = got;
       }
       if (outs < want) k = outs;  // 1:1: the claim shrinks; a batch claim waits for its slot
+      if (k < admitted) unadmit_locked(admitted - k, w);
       if (k == 0) {
         blocked = true;
         break;
@@ -340,6 +348,7 @@ void NodeBase::drop_queued(WorkList& w) {
 }
 
 void NodeBase::finalize_locked(Ticks end) {
+  finalized_locked();
   if (!telemetry_) return;
   state_ticks_[state_] += end - state_since_;
   state_since_ = end;

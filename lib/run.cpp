@@ -79,8 +79,15 @@ RunStatus RunState::status() const {
 
 RunStats RunState::stats() const {
   std::lock_guard lk(mu_);
-  if (done_) return final_;
-  return graph_->snapshot();
+  if (!done_) return graph_->snapshot();
+  RunStats s = final_;
+  for (const auto& [index, late] : late_) {  // pull sinks' readers go on after the run ended
+    if (index >= s.stages.size()) continue;
+    std::lock_guard lk(late->mu);
+    s.stages[index].items_out += late->items;
+    s.stages[index].latency.merge(late->latency);
+  }
+  return s;
 }
 
 std::string RunState::trace_json() const { return tracer_ ? tracer_->json() : std::string(); }

@@ -8,7 +8,10 @@
 #include <mutex>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "splitflow/detail/node.hpp"
 #include "splitflow/stats.hpp"
 
 namespace splitflow::detail {
@@ -35,6 +38,11 @@ class RunState {
   RunStats stats() const;
   /// The run's trace (GraphOptions::trace), or "" without one.
   void set_tracer(std::shared_ptr<Tracer> t) { tracer_ = std::move(t); }
+  /// Stage `index` is a pull sink whose reader may go on taking items after the run ended:
+  /// the final stats add what it took then. Set before the run starts.
+  void track_late_takes(std::size_t index, std::shared_ptr<const LateTakes> late) {
+    late_.emplace_back(index, std::move(late));
+  }
   std::string trace_json() const;
 
  private:
@@ -50,6 +58,7 @@ class RunState {
   std::string error_graph_, error_stage_;
   std::uint64_t error_item_ = 0;
   std::shared_ptr<Tracer> tracer_;  // set before the run starts
+  std::vector<std::pair<std::size_t, std::shared_ptr<const LateTakes>>> late_;
 };
 
 }  // namespace splitflow::detail

@@ -4,6 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
 #include <utility>
 
 namespace testing_helpers {
@@ -58,6 +61,18 @@ inline void raise_max(std::atomic<long>& max, long v) {
   long m = max.load();
   while (v > m && !max.compare_exchange_weak(m, v)) {
   }
+}
+
+/// The message of the GraphError that starting `g` throws ("no error" when it starts); a run
+/// that starts is waited for.
+template <class G>
+std::string refusal(G& g) {
+  try {
+    g.run().wait();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 /// A generator of 0, 1, ..., n-1 (n < 0: endless).

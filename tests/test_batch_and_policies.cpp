@@ -149,6 +149,42 @@ TEST(Batch, ImpossibleBatchSizesAreRejectedWithTheFix) {
   EXPECT_THROW(h.batch<long>("batch", 0), GraphError);
 }
 
+// "a fan-out copy counts as one more item in flight": two batches fed by one source fill only
+// if max_in_flight covers both; below that the graph is refused, at it the run completes.
+TEST(Batch, BatchesThatCouldStallEachOtherAreRefusedWithTheFix) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "two-batches", {.max_in_flight = 8});
+  auto src = g.source("n", counter(100));
+  auto left = g.batch<long>("left", 8);
+  auto right = g.batch<long>("right", 8);
+  auto ls = g.sink("ls", [](std::vector<long>) {});
+  auto rs = g.sink("rs", [](std::vector<long>) {});
+  fan_out(src, left, right);
+  left >> ls;
+  right >> rs;
+  const std::string m = testing_helpers::refusal(g);
+  EXPECT_NE(m.find("its batches 'left' (8), 'right' (8) can hold 14 items between them while "
+                   "they fill"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("raise GraphOptions::max_in_flight to at least 15"), std::string::npos) << m;
+
+  Graph h(rt, "two-batches-fit", {.max_in_flight = 15});
+  auto src2 = h.source("n", counter(100));
+  auto l2 = h.batch<long>("left", 8);
+  auto r2 = h.batch<long>("right", 8);
+  std::atomic<long> items{0};
+  auto ls2 = h.sink("ls", [&](std::vector<long> v) { items += static_cast<long>(v.size()); });
+  auto rs2 = h.sink("rs", [&](std::vector<long> v) { items += static_cast<long>(v.size()); });
+  fan_out(src2, l2, r2);
+  l2 >> ls2;
+  r2 >> rs2;
+  auto run = h.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "the batches stalled";
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(items.load(), 200);
+}
+
 // "a slow consumer of batches holds the graph back: queues stay within their capacity"
 TEST(Batch, BackpressureBoundsWhatWaitsBehindASlowConsumer) {
   Runtime rt({.threads = 4});

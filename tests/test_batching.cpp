@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "helpers.hpp"
+
 using namespace splitflow;
 using namespace std::chrono_literals;
 
@@ -216,6 +218,23 @@ TEST(DynamicBatch, AnUnbatchIntoASmallerQueueIsAGraphError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// "unbatch's max_batch must hold the largest batch its dynamic batch forms": said at run(),
+// not at the first large batch.
+TEST(DynamicBatch, AnUnbatchSmallerThanItsDynamicBatchIsAGraphError) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "mismatch");
+  auto svc = g.service<long, long>("requests");
+  auto gather = g.dynamic_batch<long>("gather", {.max_batch = 32});
+  auto model = g.stage("model", [](Batch<long> b) { return b; });
+  auto split = g.unbatch<long>("split", 16);
+  svc.source() >> gather >> model >> split >> svc.sink();
+  const std::string m = testing_helpers::refusal(g);
+  EXPECT_NE(m.find("unbatch 'split' takes batches of at most 16 items, but dynamic batch 'gather' "
+                   "forms batches of up to 32; give the unbatch a max_batch of at least 32"),
+            std::string::npos)
+      << m;
 }
 
 // "Per-request latency histograms (... batching wait ...)": each request in a batch counts

@@ -191,6 +191,46 @@ TEST(Cancel, FromAnotherThreadMidRunStopsPromptlyAndLeaksNothing) {
   EXPECT_EQ(Tracked::live.load(), 0) << "items leaked after cancel";
 }
 
+// "Run::cancel(): ... bodies already executing finish": and no body, sink callback or
+// generator starts on another item after the cancel, even within a claim of many items.
+TEST(Cancel, NoBodyStartsAfterTheCancel) {
+  Runtime rt({.threads = 2});
+  for (int where = 0; where < 3; ++where) {  // the generator, a stage, a sink cancels
+    Graph g(rt, "stop-between-items");
+    std::atomic<splitflow::Run*> handle{nullptr};
+    std::atomic<bool> cancelled{false};
+    std::atomic<long> after{0};
+    auto at = [&](int who, long x) {
+      if (cancelled) ++after;
+      if (who == where && x == 3000) {
+        splitflow::Run* r;
+        while ((r = handle.load()) == nullptr) std::this_thread::yield();
+        r->cancel();
+        cancelled = true;
+      }
+    };
+    auto src = g.source("n", [&, i = 0L]() mutable -> std::optional<long> {
+      at(0, i);
+      return i++;
+    });
+    auto st = g.stage("st", [&](long x) {
+      at(1, x);
+      return x;
+    });
+    auto sink = g.sink("sink", [&](long x) { at(2, x); });
+    src >> st >> sink;
+    splitflow::Run run = g.run();
+    handle = &run;
+    ASSERT_TRUE(run.wait_for(std::chrono::seconds(30)));
+    EXPECT_EQ(run.status(), RunStatus::cancelled);
+    EXPECT_TRUE(cancelled.load());
+    // Cheap bodies run in claims of up to 64 items: each node is serial, and the node that
+    // cancelled checks for the stop before its next item. Only the one call of each other node
+    // that was executing at that moment may still count.
+    EXPECT_LE(after.load(), 2) << "node " << where;
+  }
+}
+
 // Cancel while producers are blocked on a pull sink that nobody reads.
 TEST(Cancel, WhileBlockedOnAFullPullSink) {
   Tracked::reset_counts();

@@ -252,7 +252,24 @@ TEST(Validation, MalformedGraphsAreRejectedWithTheStageNamed) {
     auto sink = g.sink("s", [](long) {});
     src >> a >> b >> sink;
     connect(b, a);
-    EXPECT_NE(message_of(g).find("cycle through 'a', 'b'"), std::string::npos) << message_of(g);
+    // Only the nodes on the cycle, in its order ('s' lies downstream of it, not on it).
+    EXPECT_NE(message_of(g).find("it has a cycle: 'a' -> 'b' -> 'a' (graphs must be acyclic)"),
+              std::string::npos)
+        << message_of(g);
+  }
+  {
+    Graph g(rt, "longer-cycle");
+    auto src = g.source("n", counter(3));
+    auto a = g.stage("a", [](long x) { return x; });
+    auto b = g.stage("b", [](long x) { return x; });
+    auto c = g.stage("c", [](long x) { return x; });
+    auto d = g.stage("d", [](long x) { return x; });
+    auto sink = g.sink("s", [](long) {});
+    src >> a >> b >> c >> d >> sink;
+    connect(d, b);
+    EXPECT_NE(message_of(g).find("it has a cycle: 'b' -> 'c' -> 'd' -> 'b' (graphs"),
+              std::string::npos)
+        << message_of(g);
   }
   {
     Graph g(rt, "no-source");

@@ -228,6 +228,85 @@ TEST(Service, ABadRequestFailsAloneUnderSkip) {
   EXPECT_EQ(svc.stats().failed, 1u);
 }
 
+// "GPU stages take on_error like CPU stages": under skip a throwing GPU-stage body fails only
+// its own request, with its own error; the service goes on.
+TEST(Service, ABadRequestFailsAloneAtAGpuStageUnderSkip) {
+  Runtime rt(host(3));
+  Graph g(rt, "gpu-skip");
+  auto svc = g.service<int, int>("requests");
+  auto model = g.gpu_stage("model",
+                           [](int x, DeviceContext&) {
+                             if (x == 13) throw std::invalid_argument("unlucky request");
+                             return 2 * x;
+                           },
+                           {.concurrency = 2, .on_error = OnError::skip});
+  svc.source() >> model >> svc.sink();
+  auto run = g.run();
+  std::vector<std::future<int>> fs;
+  std::vector<std::exception_ptr> held;  // see "Held errors" above
+  for (int i = 0; i < 20; ++i) fs.push_back(svc.submit(i));
+  for (int i = 0; i < 20; ++i) {
+    if (i == 13) {
+      try {
+        fs[i].get();
+        ADD_FAILURE() << "request 13 was answered";
+      } catch (const std::invalid_argument& e) {
+        held.push_back(std::current_exception());
+        EXPECT_STREQ(e.what(), "unlucky request");
+      }
+    } else {
+      EXPECT_EQ(fs[i].get(), 2 * i);
+    }
+  }
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(svc.stats().failed, 1u);
+  EXPECT_EQ(run.stats().find("model")->items_skipped, 1u);
+}
+
+// "under OnError::fail the run fails, and the bad request's own future carries its cause"
+TEST(Service, TheFailingRequestGetsItsOwnCause) {
+  Runtime rt(host(2));
+  Graph g(rt, "gpu-fail");
+  auto svc = g.service<int, int>("requests");
+  auto model = g.gpu_stage("model", [](int x, DeviceContext&) {
+    if (x == 3) throw std::invalid_argument("request 3 is malformed");
+    return x;
+  });
+  svc.source() >> model >> svc.sink();
+  auto run = g.run();
+  std::vector<std::exception_ptr> held;  // see "Held errors" above
+  auto bad = svc.submit(3);
+  try {
+    bad.get();
+    ADD_FAILURE() << "answered";
+  } catch (const std::invalid_argument& e) {
+    held.push_back(std::current_exception());
+    EXPECT_STREQ(e.what(), "request 3 is malformed");
+  }
+  EXPECT_THROW(run.wait(), StageError);
+}
+
+// "GPU stages: on_error substitute emits the stage's substitute value"
+TEST(Service, AGpuStageSubstitutesOnError) {
+  Runtime rt(host(2));
+  Graph g(rt, "gpu-substitute");
+  auto src = g.source("n", testing_helpers::counter(50));
+  auto model = g.gpu_stage("model", [](long x, DeviceContext&) {
+    if (x % 10 == 0) throw std::runtime_error("tens");
+    return x;
+  });
+  model.substitute_on_error(-1L);
+  std::vector<long> got;
+  auto sink = g.sink("s", [&](long x) { got.push_back(x); });
+  src >> model >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), 50u);
+  for (long i = 0; i < 50; ++i) EXPECT_EQ(got[i], i % 10 == 0 ? -1 : i);
+  EXPECT_EQ(run.stats().find("model")->items_substituted, 5u);
+}
+
 // "shutdown with requests in flight fails them cleanly": every future completes, nothing leaks
 TEST(Service, CancelFailsEveryPendingRequestAndLeaksNothing) {
   Tracked::reset_counts();

@@ -111,9 +111,10 @@ TEST(Figures, LatencyCountsEveryItemOnceAcrossThreads) {
   for (const char* name : {"a", "b"})
     EXPECT_EQ(st.find(name)->latency.count(), static_cast<std::uint64_t>(kItems)) << name;
   // The run completed when the last item reached the pull sink's queue; its final figures
-  // count the items taken by then (the rest were taken after the run's end).
+  // also count the items taken after the run's end, latencies included.
   const StageStats& o = *st.find("out");
   EXPECT_EQ(o.items_in, static_cast<std::uint64_t>(kItems));
+  EXPECT_EQ(o.items_out, static_cast<std::uint64_t>(kItems));
   EXPECT_EQ(o.latency.count(), o.items_out);
   expect_consistent(st);
 }

@@ -171,6 +171,8 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
                        std::to_string(this->graph().options().max_in_flight) + ")");
   }
 
+  std::size_t forms_batches_of() const noexcept override { return opts_.max_batch; }
+
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     Emitter<Out>::reset(start, telemetry, parallelism);
     queue_.clear();
@@ -323,6 +325,8 @@ class UnbatchNode final : public Emitter<T> {
   }
 
   Receiver<Batch<T>>& input() noexcept { return in_; }
+
+  std::size_t splits_batches_of() const noexcept override { return max_batch_; }
 
   void validate() const override {
     Emitter<T>::validate();

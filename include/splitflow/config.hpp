@@ -113,6 +113,9 @@ struct GpuStageOptions {
   Order order = Order::in_order;
   /// Input queue capacity in items; 0 means the graph's default.
   std::size_t capacity = 0;
+  /// What the stage does when its body throws, or its burst's device work fails, on an item
+  /// (as for CPU stages; OnError::substitute needs GpuStage::substitute_on_error).
+  OnError on_error = OnError::fail;
   /// Pinned ring between a CPU producer of HostTensor and this stage (input DeviceTensor): total
   /// bytes, and the largest item. The H2D copy runs on this stage's leased stream.
   std::size_t ring_bytes = std::size_t{64} << 20;

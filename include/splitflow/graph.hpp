@@ -115,11 +115,17 @@ class PullSink : public Node<T, void> {
   PullSink(detail::PullSinkNode<T>& n) : Node<T, void>(n, &n.input(), nullptr), sink_(&n) {}
 
   std::optional<T> next() const { return sink_->next(); }
+  /// The reader is done: cancels the run if it is still going (does nothing after its end).
+  /// Leaving a range-for over the sink early does the same.
+  void close() const { sink_->close(); }
   /// Like next(), but returns nullopt with `timed_out` set after `timeout` without an item.
   std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) const {
     return sink_->next_for(timeout, timed_out);
   }
 
+  /// Leaving a loop over the sink early (the iterator is destroyed before the end of the
+  /// stream: a `break`, a `return`, an exception) cancels the run, as close() does, so that
+  /// `run.wait()` returns instead of waiting for producers that nobody reads. Move-only.
   class iterator {
    public:
     using iterator_category = std::input_iterator_tag;
@@ -127,8 +133,25 @@ class PullSink : public Node<T, void> {
     using difference_type = std::ptrdiff_t;
     iterator() = default;
     explicit iterator(detail::PullSinkNode<T>* s) : sink_(s) { ++*this; }
+    iterator(iterator&& o) noexcept
+        : sink_(std::exchange(o.sink_, nullptr)), item_(std::move(o.item_)) {
+      o.item_.reset();
+    }
+    iterator& operator=(iterator&& o) noexcept {
+      if (this != &o) {
+        leave();
+        sink_ = std::exchange(o.sink_, nullptr);
+        item_ = std::move(o.item_);
+        o.item_.reset();
+      }
+      return *this;
+    }
+    iterator(const iterator&) = delete;
+    iterator& operator=(const iterator&) = delete;
+    ~iterator() { leave(); }
     T& operator*() const { return *const_cast<std::optional<T>&>(item_); }
     iterator& operator++() {
+      item_.reset();  // (if next() throws, the loop ended with the run's error: nothing to cancel)
       item_ = sink_->next();
       return *this;
     }
@@ -136,6 +159,9 @@ class PullSink : public Node<T, void> {
     bool operator==(std::default_sentinel_t) const noexcept { return !item_.has_value(); }
 
    private:
+    void leave() noexcept {
+      if (sink_ && item_) sink_->close();  // left before the end of the stream
+    }
     detail::PullSinkNode<T>* sink_ = nullptr;
     std::optional<T> item_;
   };

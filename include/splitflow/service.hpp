@@ -320,7 +320,7 @@ class PushSourceNode final : public Emitter<In> {
     const std::size_t n = out->size();
     const std::uint64_t first = n ? out->front().seq : 0;
     this->notify_begin(t0, first, n, 0);
-    this->graph().add_items(n);
+    if (n < k) this->graph().retire_items(k - n, w);  // admitted, not taken (a cancel)
     const std::size_t emitted = this->graph().stopping() ? 0 : n;
     this->emit(0, n, *out, w);
     this->end_invocation(t0, 0, n, emitted, w, nullptr, first);
@@ -352,6 +352,7 @@ class PushSourceNode final : public Emitter<In> {
   std::size_t admit_locked(std::size_t want) override {
     return this->graph().try_admit(*this, want);
   }
+  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
   bool inputs_done_locked() const override { return !accepting_ && queue_.empty(); }
 
  private:

@@ -26,7 +26,7 @@ class GpuStageNode final : public Emitter<Out> {
  public:
   GpuStageNode(GraphCore& g, std::string name, F f, const GpuStageOptions& o)
       : Emitter<Out>(g, std::move(name), StageKind::gpu_stage,
-                     StageOptions{o.concurrency, o.order, o.capacity}, kRing ? 2 : 1),
+                     StageOptions{o.concurrency, o.order, o.capacity, o.on_error}, kRing ? 2 : 1),
         opts_(o),
         f_(std::move(f)),
         in_(*this, 0),
@@ -115,6 +115,7 @@ class GpuStageNode final : public Emitter<Out> {
         ++this->expired_;
       }
       t->item_expired(inv->seq, this->name());
+      this->dropped(inv->seq);
       inv->entry.reset();
       finish(inv, w);  // not begun: an empty slot, its resources returned
       return;
@@ -136,6 +137,9 @@ class GpuStageNode final : public Emitter<Out> {
   std::size_t ready_locked() const override { return queue_.size(); }
   std::size_t admit_locked(std::size_t want) override {
     return out_ring_ ? out_ring_->try_reserve(want) : want;
+  }
+  void unadmit_locked(std::size_t n, WorkList&) override {
+    if (out_ring_) out_ring_->release(n);
   }
   std::size_t reserve_extra_locked(int port, std::size_t want) override {
     return port == 1 && ring_ ? ring_->try_reserve(want) : want;
@@ -173,6 +177,8 @@ class GpuStageNode final : public Emitter<Out> {
     Ticks t0 = 0;
     Ticks done = 0;  // its work completed (for a service's latency split)
     bool began = false;
+    bool failed = false;  // its body threw (OnError applied once)
+    std::vector<std::uint64_t> ids;  // a batch's, for its error (ids_for_errors)
     std::optional<Burst> burst;
     std::optional<Out> out;
   };
@@ -265,7 +271,8 @@ class GpuStageNode final : public Emitter<Out> {
     Burst& burst = *inv->burst;
     burst.set_output_ring(out_ring_.get());
     set_current_stage(&this->name());
-    guarded(*this, inv->seq, [&] {
+    if constexpr (!kRing) inv->ids = ids_for_errors(*this, *inv->entry);
+    try {
       burst.begin();
       DeviceContext ctx(burst);
       if constexpr (kRing) {
@@ -285,7 +292,11 @@ class GpuStageNode final : public Emitter<Out> {
         inv->entry.reset();
         inv->out.emplace(std::invoke(f_, std::move(input), ctx));
       }
-    });
+    } catch (...) {
+      // By the stage's OnError (its enqueued work still runs before the lease returns).
+      inv->failed = true;
+      this->absorb_item_error(inv->seq, inv->ids, std::current_exception(), inv->out);
+    }
     set_current_stage(nullptr);
     // Even after an error, the lease returns only once what was enqueued has run.
     GpuStageNode* n = this;
@@ -300,10 +311,8 @@ class GpuStageNode final : public Emitter<Out> {
       t->on_device(inv->seq, ticks_to_ns(inv->done - inv->t0));
     if (inv->burst) {
       inv->burst->settle();
-      if (auto e = inv->burst->device_error()) {
-        this->graph().fail(*this, inv->seq, e);
-        inv->out.reset();
-      }
+      if (auto e = inv->burst->device_error(); e && !inv->failed)
+        this->absorb_item_error(inv->seq, inv->ids, e, inv->out);
     }
     Scratch<Envelope<Out>> out;
     if (inv->out) {

@@ -128,6 +128,8 @@ class GraphCore {
   void stop(StopReason why) noexcept;
   void complete() noexcept;
   void validate();
+  void check_batching(const std::vector<NodeBase*>& order) const;
+  void check_zips(const std::vector<NodeBase*>& order);
   RunStats collect_stats(bool final) const;
 
   std::shared_ptr<RuntimeCore> runtime_;

@@ -22,6 +22,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "splitflow/config.hpp"
@@ -52,6 +53,14 @@ struct Arrivals {
   Ticks ticks;
 };
 
+/// Items a pull sink's reader took after its run's final figures were collected: the run's
+/// stats add them to the sink's (the reader may go on after the run ended).
+struct LateTakes {
+  mutable SpinLock mu;
+  std::uint64_t items = 0;
+  LatencyHistogram latency;  // in clock ticks, as the node's
+};
+
 /// A granted claim: `items` queued items of `node` that one invocation will process.
 struct Claim {
   NodeBase* node;
@@ -68,6 +77,16 @@ struct WorkList {
 struct Edge {
   NodeBase* node;
   int port;
+};
+
+/// Hears of the items a node upstream dropped on its input `port` (a stage skipped it on error,
+/// its deadline passed): a zip then drops the other half of the pair.
+class DropListener {
+ public:
+  virtual void item_dropped(int port, std::uint64_t seq, const NodeBase& by) noexcept = 0;
+
+ protected:
+  ~DropListener() = default;
 };
 
 /// The typed entry of a node: fills slots the producer reserved, moving the items out of
@@ -131,6 +150,21 @@ class NodeBase {
   std::size_t predecessors(int port) const noexcept { return npred_[port]; }
   /// Throws GraphError when the node's own settings or edges are invalid.
   virtual void validate() const;
+  /// A node that pairs items from two branches hears of drops upstream through this (a zip).
+  virtual DropListener* drop_listener() noexcept { return nullptr; }
+  /// Registers `l` (input `port`) to hear of the items this node drops; set while validating.
+  void add_drop_listener(DropListener& l, int port) { drop_listeners_.push_back({&l, port}); }
+  void clear_drop_listeners() noexcept { drop_listeners_.clear(); }
+  /// This node dropped item `seq` (skipped, expired, unpaired): its listeners hear of it.
+  void dropped(std::uint64_t seq) noexcept {
+    for (const auto& [l, port] : drop_listeners_) l->item_dropped(port, seq, *this);
+  }
+  /// Items a batch node may hold while it waits to fill (a batch of n: n - 1); 0 for others.
+  virtual std::size_t holds_while_filling() const noexcept { return 0; }
+  /// A dynamic batch's max_batch (0: not one).
+  virtual std::size_t forms_batches_of() const noexcept { return 0; }
+  /// An unbatch's max_batch (0: not one).
+  virtual std::size_t splits_batches_of() const noexcept { return 0; }
 
   // ---- consumer side of the slot protocol ----------------------------------------------------
   /// Called by a producer holding its own lock: reserve up to `want` slots on `port` (with
@@ -156,8 +190,13 @@ class NodeBase {
   virtual std::size_t clear_queues_locked() { return 0; }
   /// The run is over: let consumers of a pull sink see the end of the stream.
   virtual void end_of_stream() {}
+  /// A pull sink's record of the items its reader took after the run's final figures were
+  /// collected (the run's stats add them); null for other nodes.
+  virtual std::shared_ptr<const LateTakes> late_takes() const { return nullptr; }
   // With mu_ held (GraphCore holds every node's lock for a consistent snapshot).
   void finalize_locked(Ticks end);
+  /// The run's final figures were read (under mu_); later changes are not in them.
+  virtual void finalized_locked() {}
   StageStats snapshot_locked(Ticks now) const;
   /// Adds figures of resources the node owns (a GPU stage's pinned ring).
   virtual void add_stats_locked(StageStats&) const {}
@@ -179,6 +218,8 @@ class NodeBase {
   void maybe_close_locked(WorkList& w);
   /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
   virtual std::size_t admit_locked(std::size_t want) { return want; }
+  /// `n` admitted items will not start after all (a consumer had fewer slots): give them back.
+  virtual void unadmit_locked(std::size_t /*n*/, WorkList& /*w*/) {}
   /// Extra capacity of an input port beyond its item slots (a pinned ring's byte budget): how
   /// many of `want` slots it can back. Called with mu_ held; 0 makes the producer wait.
   virtual std::size_t reserve_extra_locked(int /*port*/, std::size_t want) { return want; }
@@ -236,6 +277,7 @@ class NodeBase {
   std::size_t max_claim_ = 64;  // items per claim at most
   int nports_;
   std::vector<Edge> successors_;
+  std::vector<std::pair<DropListener*, int>> drop_listeners_;  // set by GraphCore::validate
   std::size_t npred_[kMaxPorts] = {0, 0};
 
   mutable SpinLock mu_;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,24 @@ Ticks NodeBase::begin_claim(Queue& in, std::vector<Envelope<T>>& out,
   return t0;
 }
 
+/// Items that carry the ids of several items (Batch<T>): an error on one reaches all of them.
+template <class T>
+concept CarriesIds = requires(const T& t) {
+  { t.ids } -> std::convertible_to<const std::vector<std::uint64_t>&>;
+};
+
+/// The ids an error on `item` must reach besides its own number: a batch's items, when the
+/// stage goes on after errors and a service follows the requests. Read before the body.
+template <class In>
+std::vector<std::uint64_t> ids_for_errors(const NodeBase& node, const In& item) {
+  if constexpr (CarriesIds<In>) {
+    if (node.on_error() != OnError::fail && node.graph().tracker()) return item.ids;
+  }
+  (void)node;
+  (void)item;
+  return {};
+}
+
 /// Base of nodes with an output of type Out: fan-out to consumers and in-order emission.
 template <class Out>
 class Emitter : public NodeBase {
@@ -134,6 +153,29 @@ class Emitter : public NodeBase {
                        "': on_error is OnError::substitute but it has no substitute value; "
                        "give one with substitute_on_error(value)");
   }
+  /// A body threw on item `seq` (a batch of `ids`, see ids_for_errors): applies the stage's
+  /// OnError. Returns false when the run fails; otherwise true, with `out` holding the
+  /// substitute (OnError::substitute) or empty (skip). A skipped batch's requests fail with the
+  /// error.
+  bool absorb_item_error(std::uint64_t seq, const std::vector<std::uint64_t>& ids,
+                         std::exception_ptr error, std::optional<Out>& out) noexcept {
+    const bool substitute = this->on_error_ == OnError::substitute;
+    if (ItemTracker* t = this->graph().tracker(); t && !substitute)
+      for (std::uint64_t id : ids)
+        if (id != seq) t->item_failed(id, error);
+    out.reset();
+    if (!this->absorb_error(seq, std::move(error), substitute)) return false;
+    if constexpr (std::is_copy_constructible_v<Out>) {
+      if (substitute) {
+        try {
+          out.emplace(*substitute_);
+        } catch (...) {  // the copy itself failed: the item is dropped
+        }
+      }
+    }
+    return true;
+  }
+
   /// The pinned ring this node's outputs go into (its only consumer is a GPU stage fed
   /// through one), or nullptr.
   PinnedRing* output_ring() const noexcept {
@@ -228,12 +270,6 @@ class Emitter : public NodeBase {
   std::uint64_t next_emit_ = 0;
 };
 
-/// Items that carry the ids of several items (Batch<T>): an error on one reaches all of them.
-template <class T>
-concept CarriesIds = requires(const T& t) {
-  { t.ids } -> std::convertible_to<const std::vector<std::uint64_t>&>;
-};
-
 /// Runs `f` and, if it throws, fails the run naming the node and the item.
 template <class F>
 bool guarded(NodeBase& node, std::uint64_t seq, F&& f) noexcept {
@@ -274,6 +310,7 @@ class SourceNode final : public Emitter<T> {
       const bool live = !exhausted_ && !this->graph().stopping();
       this->took_locked(k, live ? k : 0, w);
       if (!live) {
+        this->graph().retire_items(k, w);  // admitted, never made
         --this->running_;
         this->maybe_close_locked(w);
         this->refresh_state_locked();
@@ -287,6 +324,7 @@ class SourceNode final : public Emitter<T> {
     Scratch<Envelope<T>> out;
     bool done = false;
     for (std::size_t i = 0; i < k && !done; ++i) {
+      if (this->graph().stopping()) break;  // a cancel stops the claim between items
       std::optional<T> v;
       if (!guarded(*this, next_seq_, [&] { v = std::invoke(*gen_); }) || !v) {
         done = true;
@@ -296,7 +334,7 @@ class SourceNode final : public Emitter<T> {
     }
     const Ticks body_end = now_ticks();
     const std::size_t made = out->size();
-    this->graph().add_items(made);
+    if (made < k) this->graph().retire_items(k - made, w);  // admitted, not made
     const std::size_t emitted = this->graph().stopping() ? 0 : made;
     this->emit(0, k, *out, w);
     if (done) finish();
@@ -316,6 +354,7 @@ class SourceNode final : public Emitter<T> {
   std::size_t admit_locked(std::size_t want) override {
     return this->graph().try_admit(*this, want);
   }
+  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
 
  private:
   // The source's unit of pending work ends once, whoever sees the end first.
@@ -366,12 +405,13 @@ class StageNode final : public Emitter<Out> {
     std::size_t emitted = 0;
     std::uint64_t next = ticket;  // the first ticket not yet handed to emit()
     for (std::size_t i = 0; i < n; ++i) {
+      if (this->graph().stopping()) {  // a cancel stops the claim between items
+        this->graph().retire_items(n - i, w);
+        break;
+      }
       auto& item = (*in)[i];
       const std::uint64_t seq = item.seq;
-      [[maybe_unused]] std::vector<std::uint64_t> ids;  // a batch's, for its error
-      if constexpr (CarriesIds<In>) {
-        if (this->on_error_ != OnError::fail && this->graph().tracker()) ids = item.value.ids;
-      }
+      const std::vector<std::uint64_t> ids = ids_for_errors(*this, item.value);
       try {
         if constexpr (kAllocates) {
           HostAllocator alloc(ring, &this->name(), seq);
@@ -381,21 +421,14 @@ class StageNode final : public Emitter<Out> {
         }
         continue;
       } catch (...) {
-        const bool substitute = this->on_error_ == OnError::substitute;
-        if constexpr (CarriesIds<In>) {
-          if (ItemTracker* t = this->graph().tracker(); t && !substitute)
-            for (std::uint64_t id : ids)
-              if (id != seq) t->item_failed(id, std::current_exception());
-        }
-        if (!this->absorb_error(seq, std::current_exception(), substitute)) {
+        std::optional<Out> replacement;
+        if (!this->absorb_item_error(seq, ids, std::current_exception(), replacement)) {
           this->graph().retire_items(n - i, w);  // this item and the rest
           break;
         }
-        if constexpr (std::is_copy_constructible_v<Out>) {
-          if (substitute) {
-            out->push_back(Envelope<Out>{Out(*this->substitute_), seq});
-            continue;
-          }
+        if (replacement) {
+          out->push_back(Envelope<Out>{std::move(*replacement), seq});
+          continue;
         }
       }
       // Skipped: what came before it goes out, then its slot, empty.
@@ -440,6 +473,7 @@ class SinkNode final : public NodeBase {
     this->notify_begin(t0, first, in->size(), queued);
     std::size_t done = 0;
     for (auto& item : *in) {
+      if (this->graph().stopping()) break;  // a cancel stops the claim between items
       try {
         std::invoke(f_, std::move(item.value));
         ++done;
@@ -463,9 +497,13 @@ class SinkNode final : public NodeBase {
   F f_;
 };
 
-/// Pairs the i-th item of its first input with the i-th item of its second.
+/// Pairs the items of its two inputs that came from the same upstream item (the same
+/// sequence number: the same source item, or the i-th item of each of two sources), whatever
+/// order they arrive in. An item whose partner was dropped on the other branch (a stage
+/// skipped it, its deadline passed) is dropped too, and counted in items_skipped. The run
+/// checks that each input is fed by one path from one source (GraphCore::check_zips).
 template <class A, class B>
-class ZipNode final : public Emitter<std::pair<A, B>> {
+class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   using Out = std::pair<A, B>;
 
  public:
@@ -482,58 +520,170 @@ class ZipNode final : public Emitter<std::pair<A, B>> {
     Scratch<Envelope<A>> as;
     Scratch<Envelope<B>> bs;
     Scratch<Arrivals> arrived_a, arrived_b;
+    Scratch<Envelope<Out>> out;
+    Scratch<Arrivals> pairs;  // a pair's latency starts when its second half arrived
+    std::vector<std::uint64_t> lost;  // items whose partner was dropped upstream
+    std::size_t popped = 0;
     Ticks t0;
-    std::uint64_t first;
     {
       std::lock_guard lk(this->mu_);
-      const std::size_t n = std::min(a_.pop(*as, *arrived_a, k), b_.pop(*bs, *arrived_b, k));
-      this->took_locked(k, n, w);
+      // Each popped item completes at most one pair: k items fill at most the k slots reserved.
+      std::size_t na = std::min(a_.size(), (k + 1) / 2);
+      const std::size_t nb = std::min(b_.size(), k - na);
+      na = std::min(a_.size(), k - nb);
+      a_.pop(*as, *arrived_a, na);
+      b_.pop(*bs, *arrived_b, nb);
+      popped = as->size() + bs->size();
+      this->took_locked(k, std::min(k, popped), w);
       t0 = now_ticks();  // under the lock: a wait for it is not the body's work
       this->begin_invocation_locked(t0);
       this->popped_locked(0, as->size(), w, t0);
       this->popped_locked(1, bs->size(), w, t0);
-      first = pairs_;
+      match(*as, *arrived_a, wait_a_, dead_b_, "second", wait_b_, *out, *pairs, lost,
+            [](auto& mine, auto& other) { return Out{std::move(mine), std::move(other)}; });
+      match(*bs, *arrived_b, wait_b_, dead_a_, "first", wait_a_, *out, *pairs, lost,
+            [](auto& mine, auto& other) { return Out{std::move(other), std::move(mine)}; });
+      // The end of both inputs: an item still waiting has no partner to come.
+      if (this->inputs_done_locked() && a_.size() + b_.size() == 0) take_leftovers_locked(lost);
+      this->skipped_ += lost.size();
     }
-    this->notify_begin(t0, first, std::min(as->size(), bs->size()), 0);
-    // After a cancel one side may have had fewer items: those popped alone are dropped.
-    const std::size_t n = std::min(as->size(), bs->size());
-    const std::size_t unpaired = as->size() + bs->size() - 2 * n;
-    Scratch<Envelope<Out>> out;
-    for (std::size_t i = 0; i < n; ++i)
-      out->push_back(
-          Envelope<Out>{Out{std::move((*as)[i].value), std::move((*bs)[i].value)}, pairs_++});
+    const std::size_t n = out->size();
+    const std::uint64_t first = n ? out->front().seq : 0;
+    this->notify_begin(t0, first, popped, 0);
+    for (std::uint64_t seq : lost) this->dropped(seq);
     const Ticks body_end = now_ticks();
-    this->graph().retire_items(n + unpaired, w);  // two items became one
+    this->graph().retire_items(n + lost.size(), w);  // two items became one; lost ones left
     const std::size_t emitted = this->graph().stopping() ? 0 : n;
-    this->emit(0, n, *out, w);
-    // A pair's latency starts when its second half arrived: merge the two runs of arrivals.
-    Scratch<Arrivals> pairs;
-    for (std::size_t i = 0, j = 0, ia = 0, jb = 0, done = 0; done < n;) {
-      const Arrivals& a = (*arrived_a)[i];
-      const Arrivals& b = (*arrived_b)[j];
-      const std::size_t take = std::min({a.count - ia, b.count - jb, n - done});
-      pairs->push_back({take, std::max(a.ticks, b.ticks)});
-      done += take;
-      if ((ia += take) == a.count) ia = 0, ++i;
-      if ((jb += take) == b.count) jb = 0, ++j;
-    }
+    this->emit(0, k, *out, w);
     this->end_invocation(t0, body_end, n, emitted, w, &*pairs, first);
+  }
+
+  DropListener* drop_listener() noexcept override { return this; }
+
+  /// An upstream node of input `port` dropped item `seq`: its partner on the other input will
+  /// never be paired.
+  void item_dropped(int port, std::uint64_t seq, const NodeBase& by) noexcept override {
+    Lost what;
+    {
+      std::lock_guard lk(this->mu_);
+      what = port == 0 ? partner_lost(seq, by, wait_b_, dead_b_, dead_a_)
+                       : partner_lost(seq, by, wait_a_, dead_a_, dead_b_);
+      if (what == Lost::partner) {
+        ++this->skipped_;
+        note_locked(seq, "its partner on the " + std::string(port == 0 ? "first" : "second") +
+                             " input was dropped by '" + by.name() + "'");
+      }
+    }
+    // No pair for `seq` will leave: zips downstream drop their halves of it.
+    if (what != Lost::later) this->dropped(seq);
+    if (what != Lost::partner) return;
+    WorkList w;
+    this->graph().retire_items(1, w);
+    this->graph().dispatch_external(w);
   }
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     Emitter<Out>::reset(start, telemetry, parallelism);
-    pairs_ = 0;
+    wait_a_.clear();
+    wait_b_.clear();
+    dead_a_.clear();
+    dead_b_.clear();
   }
 
-  std::size_t clear_queues_locked() override { return a_.clear() + b_.clear(); }
+  std::size_t clear_queues_locked() override {
+    const std::size_t held = wait_a_.size() + wait_b_.size();
+    wait_a_.clear();
+    wait_b_.clear();
+    return a_.clear() + b_.clear() + held;
+  }
 
  protected:
-  std::size_t ready_locked() const override { return std::min(a_.size(), b_.size()); }
+  std::size_t ready_locked() const override {
+    const std::size_t q = a_.size() + b_.size();
+    // At the end of both inputs, items still waiting for a partner are dropped by a claim.
+    if (q == 0 && this->inputs_done_locked() && !(wait_a_.empty() && wait_b_.empty())) return 1;
+    return q;
+  }
 
  private:
+  template <class T>
+  struct Waiting {
+    T value;
+    Ticks arrived;
+  };
+  template <class T>
+  using WaitMap = std::unordered_map<std::uint64_t, Waiting<T>>;
+  using DeadMap = std::unordered_map<std::uint64_t, const NodeBase*>;
+
+  // Pairs each popped item with its waiting partner, or keeps it waiting for it, or drops it
+  // when its partner was dropped upstream (`other_dead`). Under mu_.
+  template <class Mine, class Other, class Make>
+  void match(std::vector<Envelope<Mine>>& items, const std::vector<Arrivals>& arrivals,
+             WaitMap<Mine>& mine, DeadMap& other_dead, const char* other_input,
+             WaitMap<Other>& other, std::vector<Envelope<Out>>& out,
+             std::vector<Arrivals>& pairs, std::vector<std::uint64_t>& lost, Make make) {
+    std::size_t i = 0;
+    for (const Arrivals& a : arrivals) {
+      for (std::size_t j = 0; j < a.count; ++j, ++i) {
+        Envelope<Mine>& e = items[i];
+        if (auto it = other.find(e.seq); it != other.end()) {
+          out.push_back(Envelope<Out>{make(e.value, it->second.value), e.seq});
+          pairs.push_back({1, std::max(a.ticks, it->second.arrived)});
+          other.erase(it);
+        } else if (auto d = other_dead.find(e.seq); d != other_dead.end()) {
+          lost.push_back(e.seq);
+          note_locked(e.seq, std::string("its partner on the ") + other_input +
+                                 " input was dropped by '" + d->second->name() + "'");
+          other_dead.erase(d);
+        } else {
+          mine.insert_or_assign(e.seq, Waiting<Mine>{std::move(e.value), a.ticks});
+        }
+      }
+    }
+    items.clear();
+  }
+
+  enum class Lost { later, partner, both };
+  // One half of item `seq` was dropped upstream. Its partner, if waiting, is dropped now
+  // (Lost::partner); if still to come, it is remembered in `mine_dead` and dropped on arrival
+  // (Lost::later), unless the partner was itself dropped (`partner_dead`): then nothing is left
+  // of the pair (Lost::both).
+  template <class T>
+  static Lost partner_lost(std::uint64_t seq, const NodeBase& by, WaitMap<T>& partner_wait,
+                           DeadMap& partner_dead, DeadMap& mine_dead) noexcept {
+    if (partner_wait.erase(seq)) return Lost::partner;
+    if (partner_dead.erase(seq)) return Lost::both;
+    try {
+      mine_dead.emplace(seq, &by);
+    } catch (...) {  // out of memory: the partner will wait until the end of the input
+    }
+    return Lost::later;
+  }
+
+  void take_leftovers_locked(std::vector<std::uint64_t>& lost) {
+    for (const auto& [seq, v] : wait_a_) lost.push_back(seq);
+    for (const auto& [seq, v] : wait_b_) lost.push_back(seq);
+    for (std::size_t i = lost.size() - wait_a_.size() - wait_b_.size(); i < lost.size(); ++i)
+      note_locked(lost[i], "no partner arrived on the other input");
+    wait_a_.clear();
+    wait_b_.clear();
+  }
+
+  void note_locked(std::uint64_t seq, std::string why) noexcept {
+    if (this->errors_.size() >= StageStats::kMaxItemErrors) return;
+    try {
+      this->errors_.push_back({seq, std::move(why)});
+    } catch (...) {
+    }
+  }
+
   InputPort<A> a_;
   InputPort<B> b_;
-  std::uint64_t pairs_ = 0;  // only the (serial) running claim touches it
+  // Under mu_: items waiting for their partner (bounded by max_in_flight), and items whose
+  // partner was dropped upstream before they arrived.
+  WaitMap<A> wait_a_;
+  WaitMap<B> wait_b_;
+  DeadMap dead_a_, dead_b_;  // item -> the node that dropped that half
 };
 
 /// Gathers items into batches of `size`, in arrival order: one std::vector<T> per batch. The
@@ -558,6 +708,8 @@ class BatchNode final : public Emitter<std::vector<T>> {
   }
 
   Receiver<T>& input() noexcept { return in_; }
+
+  std::size_t holds_while_filling() const noexcept override { return size_ - 1; }
 
   void validate() const override {
     Emitter<Out>::validate();
@@ -644,7 +796,14 @@ class PullSinkNode final : public NodeBase {
     NodeBase::reset(start, telemetry, parallelism);
     queue_.clear();  // leftovers of an earlier run
     eos_ = false;
+    late_ = std::make_shared<LateTakes>();  // the last run's stays with it
+    finalized_ = false;
   }
+  std::shared_ptr<const LateTakes> late_takes() const override { return late_; }
+  void finalized_locked() override { finalized_ = true; }
+  /// The reader is done with this run: cancel it if it is still going (its producers may be
+  /// waiting for queue space that nobody will free).
+  void close() { this->graph().cancel(); }
   std::size_t clear_queues_locked() override {
     queue_.clear();
     return 0;  // retired when they arrived
@@ -675,9 +834,15 @@ class PullSinkNode final : public NodeBase {
         return std::nullopt;
       }
       v.emplace(std::move(queue_.front().first));
-      if (this->telemetry())
-        this->latency_.record(
-            static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0)));
+      const auto waited =
+          static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0));
+      if (finalized_) {  // after the run's final figures: the run's stats add these
+        std::lock_guard late(late_->mu);
+        ++late_->items;
+        if (this->telemetry()) late_->latency.record(waited);
+      } else if (this->telemetry()) {
+        this->latency_.record(waited);
+      }
       queue_.pop_front();
       this->popped_locked(0, 1, w);
       ++this->items_out_;
@@ -714,6 +879,8 @@ class PullSinkNode final : public NodeBase {
   std::deque<std::pair<T, Ticks>> queue_;  // item, arrival
   std::condition_variable_any cv_;
   bool eos_ = true;
+  std::shared_ptr<LateTakes> late_ = std::make_shared<LateTakes>();  // under mu_
+  bool finalized_ = false;  // the run's final figures were read
 };
 
 }  // namespace splitflow::detail

@@ -1,0 +1,222 @@
+// The zip node: pairs by item, not by arrival (docs/architecture.md, "Zip"), drops the partner
+// of an item a branch dropped, and refuses graphs where items cannot be told apart.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <splitflow/splitflow.hpp>
+#include <string>
+#include <vector>
+
+#include "helpers.hpp"
+
+using namespace splitflow;
+using testing_helpers::counter;
+using testing_helpers::refusal;
+using testing_helpers::spin_us;
+
+// "a zip pairs the items that came from the same upstream item, whatever order they arrive in"
+TEST(Zip, PairsByItemWhenABranchRunsOutOfOrder) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "zip-order");
+  constexpr long kItems = 20'000;
+  auto src = g.source("n", counter(kItems));
+  // Uneven work out of order: later items often overtake earlier ones.
+  auto shuffled = g.stage("shuffled", [](long x) {
+    if (x % 7 == 0) spin_us(30);
+    return 10 * x;
+  }, {.concurrency = 4, .order = Order::out_of_order});
+  auto plain = g.stage("plain", [](long x) { return std::to_string(x); });
+  auto z = g.zip<long, std::string>("z");
+  long pairs = 0, mismatched = 0;
+  auto sink = g.sink("check", [&](std::pair<long, std::string> p) {
+    ++pairs;
+    if (p.first != 10 * std::stol(p.second)) ++mismatched;
+  });
+  fan_out(src, shuffled, plain);
+  connect(shuffled, z.first());
+  connect(plain, z.second());
+  z >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(pairs, kItems);
+  EXPECT_EQ(mismatched, 0);
+  EXPECT_EQ(run.stats().find("z")->items_out, static_cast<std::uint64_t>(kItems));
+}
+
+// "an item a branch skips (OnError::skip) drops its partner, counted in the zip's
+// items_skipped; the run completes"
+TEST(Zip, ASkippedItemDropsItsPartnerInsteadOfStalling) {
+  Runtime rt({.threads = 4});
+  for (Order order : {Order::in_order, Order::out_of_order}) {
+    Graph g(rt, "zip-skip", {.max_in_flight = 16, .default_capacity = 4});
+    auto src = g.source("n", counter(3000));
+    auto picky = g.stage("picky", [](long x) {
+      if (x % 10 == 3) throw std::runtime_error("bad item");
+      return x;
+    }, {.concurrency = 2, .order = order, .on_error = OnError::skip});
+    auto other = g.stage("other", [](long x) { return -x; }, {.concurrency = 3, .order = order});
+    auto z = g.zip<long, long>("z");
+    std::vector<long> seen;
+    auto sink = g.sink("check", [&](std::pair<long, long> p) {
+      EXPECT_EQ(p.first, -p.second);
+      seen.push_back(p.first);
+    });
+    fan_out(src, picky, other);
+    connect(picky, z.first());
+    connect(other, z.second());
+    z >> sink;
+    auto run = g.run();
+    ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "the zip stalled";
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    std::sort(seen.begin(), seen.end());
+    std::vector<long> want;
+    for (long i = 0; i < 3000; ++i)
+      if (i % 10 != 3) want.push_back(i);
+    EXPECT_EQ(seen, want);
+    const RunStats st = run.stats();
+    EXPECT_EQ(st.find("picky")->items_skipped, 300u);
+    EXPECT_EQ(st.find("z")->items_skipped, 300u);  // the partners
+    ASSERT_FALSE(st.find("z")->errors.empty());
+    EXPECT_NE(st.find("z")->errors[0].message.find("dropped by 'picky'"), std::string::npos)
+        << st.find("z")->errors[0].message;
+  }
+}
+
+// "when both halves of an item are dropped, nothing is left waiting for either"
+TEST(Zip, BothHalvesDroppedLeaveNothingBehind) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "zip-both");
+  auto src = g.source("n", counter(500));
+  auto throw_on_5 = [](long x) {
+    if (x % 5 == 0) throw std::runtime_error("five");
+    return x;
+  };
+  auto a = g.stage("a", throw_on_5, {.on_error = OnError::skip});
+  auto b = g.stage("b", throw_on_5, {.on_error = OnError::skip});
+  auto z = g.zip<long, long>("z");
+  long pairs = 0;
+  auto sink = g.sink("s", [&](std::pair<long, long> p) {
+    EXPECT_EQ(p.first, p.second);
+    ++pairs;
+  });
+  fan_out(src, a, b);
+  connect(a, z.first());
+  connect(b, z.second());
+  z >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(pairs, 400);
+  EXPECT_EQ(run.stats().find("z")->items_skipped, 0u);
+}
+
+// "two sources are paired i-th with i-th; the longer one's extra items are dropped, counted"
+TEST(Zip, TwoSourcesPairByPositionAndExtrasAreCounted) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "zip-sources");
+  auto a = g.source("a", counter(120));
+  auto b = g.source("b", counter(100));
+  auto slow = g.stage("slow", [](long x) { return x; }, {.concurrency = 2, .order = Order::out_of_order});
+  auto z = g.zip<long, long>("z");
+  long pairs = 0;
+  auto sink = g.sink("s", [&](std::pair<long, long> p) {
+    EXPECT_EQ(p.first, p.second);
+    ++pairs;
+  });
+  a >> slow;
+  connect(slow, z.first());
+  connect(b, z.second());
+  z >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(pairs, 100);
+  EXPECT_EQ(run.stats().find("z")->items_skipped, 20u);
+}
+
+// "a zip whose input merges two sources, or gets an item along two paths, is refused at run()"
+TEST(Zip, InputsThatCannotBeToldApartAreRefused) {
+  Runtime rt({.threads = 2});
+  {
+    Graph g(rt, "merged");
+    auto a = g.source("a", counter(10));
+    auto b = g.source("b", counter(10));
+    auto c = g.source("c", counter(10));
+    auto merge = g.stage("merge", [](long x) { return x; });
+    auto z = g.zip<long, long>("z");
+    auto sink = g.sink("s", [](std::pair<long, long>) {});
+    a >> merge;
+    b >> merge;
+    connect(merge, z.first());
+    connect(c, z.second());
+    z >> sink;
+    EXPECT_NE(refusal(g).find("zip 'z': its first input merges items of 2 sources ('a', 'b')"),
+              std::string::npos)
+        << refusal(g);
+  }
+  {
+    Graph g(rt, "diamond");
+    auto src = g.source("n", counter(10));
+    auto l = g.stage("l", [](long x) { return x; });
+    auto r = g.stage("r", [](long x) { return x; });
+    auto join = g.stage("join", [](long x) { return x; });
+    auto other = g.stage("other", [](long x) { return x; });
+    auto z = g.zip<long, long>("z");
+    auto sink = g.sink("s", [](std::pair<long, long>) {});
+    fan_out(src, l, r, other);
+    l >> join;
+    r >> join;
+    connect(join, z.first());
+    connect(other, z.second());
+    z >> sink;
+    EXPECT_NE(refusal(g).find("zip 'z': its first input gets each item of 'n' along more than one path"),
+              std::string::npos)
+        << refusal(g);
+  }
+  {
+    Graph g(rt, "one-sided-batch");
+    auto src = g.source("n", counter(10));
+    auto batch = g.batch<long>("batch", 4);
+    auto other = g.stage("other", [](long x) { return std::vector<long>{x}; });
+    auto z = g.zip<std::vector<long>, std::vector<long>>("z");
+    auto sink = g.sink("s", [](std::pair<std::vector<long>, std::vector<long>>) {});
+    fan_out(src, batch, other);
+    connect(batch, z.first());
+    connect(other, z.second());
+    z >> sink;
+    EXPECT_NE(refusal(g).find("zip 'z': 'batch' batches or unbatches items on its first input only"),
+              std::string::npos)
+        << refusal(g);
+  }
+}
+
+// "a zip after a zip: a partner dropped by the inner one reaches the outer one"
+TEST(Zip, NestedZipsPassDropsOn) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "nested");
+  auto src = g.source("n", counter(1000));
+  auto a = g.stage("a", [](long x) {
+    if (x % 4 == 1) throw std::runtime_error("a");
+    return x;
+  }, {.concurrency = 2, .order = Order::out_of_order, .on_error = OnError::skip});
+  auto b = g.stage("b", [](long x) { return x; });
+  auto c = g.stage("c", [](long x) { return x; }, {.concurrency = 2, .order = Order::out_of_order});
+  auto inner = g.zip<long, long>("inner");
+  auto outer = g.zip<std::pair<long, long>, long>("outer");
+  long n = 0;
+  auto sink = g.sink("s", [&](std::pair<std::pair<long, long>, long> p) {
+    EXPECT_EQ(p.first.first, p.second);
+    EXPECT_EQ(p.first.second, p.second);
+    ++n;
+  });
+  fan_out(src, a, b, c);
+  connect(a, inner.first());
+  connect(b, inner.second());
+  connect(inner, outer.first());
+  connect(c, outer.second());
+  outer >> sink;
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60)));
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, 750);
+  EXPECT_EQ(run.stats().find("outer")->items_skipped, 250u);
+}
