@@ -1,6 +1,7 @@
 #include "splitflow/detail/graph_core.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -282,7 +283,11 @@ std::shared_ptr<RunState> GraphCore::start() {
     for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
     for (std::size_t i = 0; i < nodes_.size(); ++i)
       if (auto late = nodes_[i]->late_takes()) run->track_late_takes(i, std::move(late));
-    if (gpu_) gpu_->reset();
+    if (gpu_) {
+      gpu_->reset();
+      run_device_ = device();
+      device_at_start_ = std::make_unique<DeviceStats>(run_device_->stats());
+    }
     observers_.clear();
     if (opts_.observer) observers_.push_back(opts_.observer.get());
     if (opts_.trace) {
@@ -441,6 +446,9 @@ void GraphCore::rethrow_if_failed() const {
 RunStats GraphCore::collect_stats(bool final) const {
   // Hold every node's lock, taken in topological order (the global lock order), so that all
   // stages are read at the same instant and each one's states add up to the wall time.
+  // The device over the run (read first: no node lock is held while the device is asked).
+  std::optional<DeviceStats> window;
+  if (run_device_ && device_at_start_) window = run_device_->stats().since(*device_at_start_);
   std::vector<std::unique_lock<SpinLock>> locks;
   locks.reserve(topo_.size());
   for (NodeBase* n : topo_) locks.emplace_back(n->mutex());
@@ -455,6 +463,17 @@ RunStats GraphCore::collect_stats(bool final) const {
     st.stages.push_back(n->snapshot_locked(now));
   }
   if (gpu_) st.gpu = gpu_->snapshot(steady_now_ns());
+  if (window) {
+    st.gpu.device_wall_ns = window->wall_ns;
+    st.gpu.device_busy_ns = window->busy_ns;
+    st.gpu.device_mean_leases = window->mean_leases();
+    st.gpu.device_streams = window->streams;
+    for (std::size_t k = window->lease_time_ns.size(); k-- > 0;)
+      if (window->lease_time_ns[k] > 0) {
+        st.gpu.device_max_leases = k;
+        break;
+      }
+  }
   return st;
 }
 

@@ -169,7 +169,7 @@ TEST(Diagnosis, ASlowCpuStageIsNamedAndItsConcurrencyRaised) {
   EXPECT_EQ(d.bottleneck, "decode") << join(d.findings);
   EXPECT_TRUE(contains(d.findings, "GPU stage 'model' waited for input")) << join(d.findings);
   EXPECT_TRUE(contains(d.findings, "'decode' is the bottleneck")) << join(d.findings);
-  EXPECT_TRUE(contains(d.suggestions, "raise stage 'decode''s concurrency from 1 to"))
+  EXPECT_TRUE(contains(d.suggestions, "raise the concurrency of stage 'decode' from 1 to"))
       << join(d.suggestions);
   const std::string text = report(st, rt.device_stats());
   EXPECT_NE(text.find("diagnosis: bottleneck 'decode'"), std::string::npos) << text;
@@ -267,6 +267,99 @@ TEST(Diagnosis, ASmallStreamPoolIsNamedAsTheLimit) {
   EXPECT_TRUE(contains(d.suggestions, "the stream pool is the limit")) << report(st, dev);
   EXPECT_TRUE(contains(d.suggestions, "raise DeviceConfig::streams")) << join(d.suggestions);
   expect_consistent(st, dev);
+}
+
+namespace {
+// A run's figures, written by hand, for the diagnosis alone (docs/telemetry.md, "Diagnosis"):
+// a producer 'load' into GPU stage 'model' (4 in flight), 1 s of wall time.
+RunStats planted_gpu_run() {
+  RunStats st;
+  st.graph = "planted";
+  st.wall_ns = 1'000'000'000;
+  StageStats load;
+  load.name = "load";
+  load.kind = StageKind::stage;
+  load.concurrency_limit = 1;
+  load.consumers = {"model"};
+  load.items_out = 1000;
+  load.busy_ns = 400'000'000;
+  load.work_ns = 400'000'000;
+  load.blocked_ns = 500'000'000;
+  StageStats model;
+  model.name = "model";
+  model.kind = StageKind::gpu_stage;
+  model.concurrency_limit = 4;
+  model.items_in = model.items_out = 1000;
+  st.stages = {load, model};
+  st.gpu.bursts = 1000;
+  return st;
+}
+}  // namespace
+
+// "a ring full of reservations, not data, is not fixed by a larger ring": with the default
+// ring_item_bytes (16 MiB) a 64 MiB ring takes 3 items in flight however small they are.
+TEST(Diagnosis, ARingFullOfItemBudgetsSuggestsASmallerItemBudget) {
+  RunStats st = planted_gpu_run();
+  StageStats& m = st.stages[1];
+  m.starved_ns = 500'000'000;
+  m.busy_ns = m.work_ns = 500'000'000;
+  m.ring_capacity = 64u << 20;
+  m.ring_item_bytes = 16u << 20;
+  m.ring_max_in_use = 17 * 1024;
+  m.ring_mean_in_use = 9 * 1024;
+  m.ring_refusals = 900;
+  m.ring_wait_ns = 400'000'000;
+  Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "model") << join(d.findings);
+  EXPECT_TRUE(contains(d.suggestions, "lower GpuStageOptions::ring_item_bytes of 'model' from "
+                                      "16.0 MiB toward its largest item"))
+      << join(d.suggestions);
+  EXPECT_TRUE(contains(d.suggestions, "only 3 items fit the 64.0 MiB ring")) << join(d.suggestions);
+  EXPECT_FALSE(contains(d.suggestions, "enlarge the ring")) << join(d.suggestions);
+  // A ring that was full of data is enlarged.
+  m.ring_max_in_use = 60u << 20;
+  d = diagnose(st, std::nullopt);
+  EXPECT_TRUE(contains(d.suggestions, "enlarge the ring of 'model'")) << join(d.suggestions);
+}
+
+// "the device figures the diagnosis reads are the run's, not the device's lifetime": a pool
+// saturated during the run is named even when the device idled long before it.
+TEST(Diagnosis, ThePoolIsJudgedOverTheRunNotTheDevicesLifetime) {
+  RunStats st = planted_gpu_run();
+  StageStats& m = st.stages[1];
+  m.busy_ns = m.work_ns = 950'000'000;  // in flight 95% of the run
+  st.gpu.busy_ns = 900'000'000;
+  st.gpu.held_ns = 950'000'000;
+  st.gpu.lease_wait_ns = 2'000'000'000;  // 4 invocations queued for 2 streams
+  st.gpu.device_wall_ns = 1'000'000'000;
+  st.gpu.device_busy_ns = 600'000'000;  // the modelled device runs more at once than 2 streams
+  st.gpu.device_streams = 2;
+  st.gpu.device_max_leases = 2;
+  st.gpu.device_mean_leases = 1.95;
+  DeviceStats lifetime;  // an hour of an idle device before this run
+  lifetime.wall_ns = 3'600'000'000'000;
+  lifetime.busy_ns = 600'000'000;
+  lifetime.streams = 2;
+  lifetime.max_leases_in_use = 2;
+  lifetime.lease_time_ns = {3'599'000'000'000, 50'000'000, 950'000'000};
+  const Diagnosis d = diagnose(st, lifetime);
+  EXPECT_EQ(d.bottleneck, "model") << join(d.findings);
+  EXPECT_TRUE(contains(d.suggestions, "the stream pool is the limit (1.9 of 2 streams")) << join(d.suggestions);
+  EXPECT_FALSE(contains(d.suggestions, "raise the concurrency of GPU stage")) << join(d.suggestions);
+  EXPECT_TRUE(contains(d.findings, "(device busy 60%)")) << join(d.findings);
+}
+
+// Stage names are quoted once: "stage 'decode'", never "'decode''s".
+TEST(Diagnosis, NamesAreQuotedOnce) {
+  RunStats st = planted_gpu_run();
+  st.stages[0].busy_ns = st.stages[0].work_ns = 990'000'000;
+  st.stages[0].blocked_ns = 0;
+  st.stages[1].starved_ns = 900'000'000;
+  st.gpu.busy_ns = 50'000'000;
+  const Diagnosis d = diagnose(st, std::nullopt);
+  ASSERT_FALSE(d.suggestions.empty()) << join(d.findings);
+  for (const auto& line : d.suggestions) EXPECT_EQ(line.find("''"), std::string::npos) << line;
+  for (const auto& line : d.findings) EXPECT_EQ(line.find("''"), std::string::npos) << line;
 }
 
 // "An observer interface (on stage begin/end, on lease acquire/release)"

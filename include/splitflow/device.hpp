@@ -99,6 +99,12 @@ struct GpuStats {
   std::uint64_t h2d_bytes = 0, d2h_bytes = 0;
   std::int64_t h2d_ns = 0, d2h_ns = 0;  ///< summed execution time of those copies
   std::uint64_t staging_copies = 0;     ///< host tensors copied into a ring (not written there)
+  /// The device as a whole (every graph's work) during this run, not over its lifetime:
+  /// DeviceStats' figures between the run's start and its end (or the snapshot).
+  std::int64_t device_wall_ns = 0, device_busy_ns = 0;
+  double device_mean_leases = 0;      ///< streams leased, averaged over the run
+  std::size_t device_max_leases = 0;  ///< most streams leased at once during the run
+  std::size_t device_streams = 0;
   /// held / busy: 1.0 means the GPU was held only while it worked.
   double held_over_busy() const noexcept {
     return busy_ns > 0 ? static_cast<double>(held_ns) / static_cast<double>(busy_ns) : 0.0;
@@ -134,6 +140,19 @@ struct DeviceStats {
   }
   double busy_fraction() const noexcept {
     return wall_ns > 0 ? static_cast<double>(busy_ns) / static_cast<double>(wall_ns) : 0.0;
+  }
+  /// The figures that accumulate (times, leases, lease_time_ns) between `earlier` and these:
+  /// the device over that window. The gauges (in use now, at most) stay as they are.
+  DeviceStats since(const DeviceStats& earlier) const {
+    DeviceStats d = *this;
+    d.wall_ns -= earlier.wall_ns;
+    d.busy_ns -= earlier.busy_ns;
+    d.held_ns -= earlier.held_ns;
+    d.leases -= earlier.leases;
+    d.lease_ns -= earlier.lease_ns;
+    for (std::size_t k = 0; k < d.lease_time_ns.size() && k < earlier.lease_time_ns.size(); ++k)
+      d.lease_time_ns[k] -= earlier.lease_time_ns[k];
+    return d;
   }
   /// held / busy of the device as a whole: time it was reserved by some graph against time
   /// it worked. (A graph's own held/busy also counts its bursts queued behind other graphs'.)

@@ -106,9 +106,12 @@ std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device
   const GpuStats& g = st.gpu;
   out += fmt::format(
       R"("gpu":{{"held_ns":{},"busy_ns":{},"held_over_busy":{:.4f},"bursts":{},"lease_wait_ns":{},)"
-      R"("max_lease_wait_ns":{},"h2d_bytes":{},"h2d_ns":{},"d2h_bytes":{},"d2h_ns":{},"staging_copies":{}}},)",
+      R"("max_lease_wait_ns":{},"h2d_bytes":{},"h2d_ns":{},"d2h_bytes":{},"d2h_ns":{},"staging_copies":{},)"
+      R"("device_wall_ns":{},"device_busy_ns":{},"device_mean_leases":{:.3f},"device_max_leases":{},)"
+      R"("device_streams":{}}},)",
       g.held_ns, g.busy_ns, g.held_over_busy(), g.bursts, g.lease_wait_ns, g.max_lease_wait_ns,
-      g.h2d_bytes, g.h2d_ns, g.d2h_bytes, g.d2h_ns, g.staging_copies);
+      g.h2d_bytes, g.h2d_ns, g.d2h_bytes, g.d2h_ns, g.staging_copies, g.device_wall_ns,
+      g.device_busy_ns, g.device_mean_leases, g.device_max_leases, g.device_streams);
   if (device) {
     std::string lease_time = "[";
     for (std::size_t k = 0; k < device->lease_time_ns.size(); ++k) {

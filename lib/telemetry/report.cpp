@@ -104,12 +104,26 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
           "concurrency",
           g.name, ms(g.ring_wait_ns), pct(ring_wait), g.ring_refusals, g.name, pct(starved), used,
           g.concurrency_limit));
-      d.suggestions.push_back(fmt::format(
-          "enlarge the ring of '{}': GpuStageOptions::ring_bytes from {} to {} (it held {} on "
-          "average, {} at most)",
-          g.name, mib(static_cast<double>(g.ring_capacity)),
-          mib(4.0 * static_cast<double>(g.ring_capacity)), mib(g.ring_mean_in_use),
-          mib(static_cast<double>(g.ring_max_in_use))));
+      // Full of budgets or full of bytes: producers reserve ring_item_bytes per item in flight,
+      // so items much smaller than that fill the ring with reservations, not data.
+      const std::size_t budget_items =
+          g.ring_item_bytes > 0 ? g.ring_capacity / g.ring_item_bytes - 1 : 0;
+      if (g.ring_item_bytes > 0 && 2 * g.ring_max_in_use < g.ring_capacity) {
+        d.suggestions.push_back(fmt::format(
+            "lower GpuStageOptions::ring_item_bytes of '{}' from {} toward its largest item: it "
+            "reserves that much per item in flight, so only {} items fit the {} ring while at "
+            "most {} of it held data",
+            g.name, mib(static_cast<double>(g.ring_item_bytes)), budget_items,
+            mib(static_cast<double>(g.ring_capacity)),
+            mib(static_cast<double>(g.ring_max_in_use))));
+      } else {
+        d.suggestions.push_back(fmt::format(
+            "enlarge the ring of '{}': GpuStageOptions::ring_bytes from {} to {} (it held {} on "
+            "average, {} at most)",
+            g.name, mib(static_cast<double>(g.ring_capacity)),
+            mib(4.0 * static_cast<double>(g.ring_capacity)), mib(g.ring_mean_in_use),
+            mib(static_cast<double>(g.ring_max_in_use))));
+      }
       continue;
     }
     const StageStats* p = limiter_upstream(st, g.name);
@@ -130,37 +144,45 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
         const auto need = static_cast<std::size_t>(std::ceil(p_item / g_item));
         if (need > p->concurrency_limit)
           d.suggestions.push_back(fmt::format(
-              "raise stage '{}''s concurrency from {} to {} ({:.2f} ms of work per item against "
+              "raise the concurrency of stage '{}' from {} to {} ({:.2f} ms of work per item against "
               "{:.2f} ms of device time per item); beyond the cores, move its work to the GPU",
               p->name, p->concurrency_limit, need, p_item / 1e6, g_item / 1e6));
       }
     } else if (in_flight > 0.8 && (device_share >= 0.5 || producers_blocked(st, g.name) > 0.3)) {
       if (d.bottleneck.empty()) d.bottleneck = g.name;
-      const double dev_busy = device ? device->busy_fraction() : device_share;
+      // The device during this run (the run's window), not over its lifetime.
+      const bool window = st.gpu.device_wall_ns > 0;
+      const double dev_busy = window   ? frac(st.gpu.device_busy_ns, st.gpu.device_wall_ns)
+                              : device ? device->busy_fraction()
+                                       : device_share;
+      const std::size_t streams = window ? st.gpu.device_streams : device ? device->streams : 0;
+      const std::size_t max_leased =
+          window ? st.gpu.device_max_leases : device ? device->max_leases_in_use : 0;
+      const double mean_leased =
+          window ? st.gpu.device_mean_leases : device ? device->mean_leases() : 0.0;
       d.findings.push_back(fmt::format(
           "GPU stage '{}' is the bottleneck: it had work in flight {} of the run, the device "
           "worked for it {}{}",
           g.name, pct(in_flight), pct(device_share),
-          device ? fmt::format(" (device busy {})", pct(dev_busy)) : std::string()));
+          window || device ? fmt::format(" (device busy {})", pct(dev_busy)) : std::string()));
       // The pool first: the device's busy fraction counts any work executing, so one stream
       // at a time already reads as 100% busy while the device could run more at once.
       // Every stream leased at times, most of them on average, and invocations waiting for
       // one: the gaps between bursts (a completion handed to the next waiter) keep the mean
       // below the pool size even when the pool is all the limit there is.
-      if (device && device->max_leases_in_use >= device->streams &&
-          device->mean_leases() > 0.6 * static_cast<double>(device->streams) &&
-          st.gpu.lease_wait_ns > wall / 10) {
+      if (streams > 0 && max_leased >= streams &&
+          mean_leased > 0.6 * static_cast<double>(streams) && st.gpu.lease_wait_ns > wall / 10) {
         d.suggestions.push_back(fmt::format(
             "the stream pool is the limit ({:.1f} of {} streams leased on average, invocations "
             "waited {} for one): raise DeviceConfig::streams",
-            device->mean_leases(), device->streams, ms(st.gpu.lease_wait_ns)));
+            mean_leased, streams, ms(st.gpu.lease_wait_ns)));
       } else if (dev_busy > 0.9) {
         d.suggestions.push_back(fmt::format(
             "the device is saturated ({} busy): a faster kernel for '{}' or another device",
             pct(dev_busy), g.name));
       } else {
         d.suggestions.push_back(fmt::format(
-            "raise GPU stage '{}''s concurrency from {} to {}: the device has room", g.name,
+            "raise the concurrency of GPU stage '{}' from {} to {}: the device has room", g.name,
             g.concurrency_limit, 2 * g.concurrency_limit));
       }
     } else if (in_flight > 0.8) {
@@ -204,7 +226,7 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
       d.findings.push_back(fmt::format("stage '{}' is the bottleneck: {} of its capacity used",
                                        top->name, pct(saturation(*top, wall))));
       if (limited(*top))
-        d.suggestions.push_back(fmt::format("raise stage '{}''s concurrency from {} to {}",
+        d.suggestions.push_back(fmt::format("raise the concurrency of stage '{}' from {} to {}",
                                             top->name, top->concurrency_limit,
                                             2 * top->concurrency_limit));
     }

@@ -16,6 +16,10 @@
 #include "splitflow/stats.hpp"
 #include "splitflow/telemetry.hpp"
 
+namespace splitflow {
+struct DeviceStats;
+}
+
 namespace splitflow::detail {
 
 class RuntimeCore;
@@ -154,6 +158,8 @@ class GraphCore {
   bool telemetry_ = true;
   Ticks start_ = 0;
   std::unique_ptr<GpuAccount> gpu_;  // with the first GPU stage's run
+  std::shared_ptr<DeviceRuntime> run_device_;     // the device of the runs' GPU stages
+  std::unique_ptr<DeviceStats> device_at_start_;  // its figures as the run started
   std::vector<Observer*> observers_;  // this run's: the user's, the tracer
   ItemTracker* tracker_ = nullptr;
 };
