@@ -76,7 +76,7 @@ bench: release
 	mkdir -p $(BUILD)/bench
 	@for b in $(BUILD)/release/benchmarks/bench_*; do \
 	  extra=""; \
-	  case $$b in *chain_hop) extra="--benchmark_repetitions=7 --benchmark_enable_random_interleaving=true";; esac; \
+	  case $$b in *chain_hop|*merge) extra="--benchmark_repetitions=7 --benchmark_enable_random_interleaving=true";; esac; \
 	  echo "== $$b"; \
 	  $$b --benchmark_format=console --benchmark_out_format=json $$extra \
 	      --benchmark_out=$(BUILD)/bench/$$(basename $$b).json || exit 1; \

@@ -53,6 +53,7 @@ def main():
     loader = load(os.path.join(d, "bench_loader.json"))
     images = load(os.path.join(d, "bench_images.json"))
     inf = load(os.path.join(d, "bench_inference.json"))
+    merge = load(os.path.join(d, "bench_merge.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -64,6 +65,9 @@ def main():
         ("4", "ChainHop: tracing on / off (time)",
          ratio(times(hop, "BM_ChainHop/splitflow_trace"), times(hop, "BM_ChainHop/splitflow_notelemetry")),
          "(stated)", None),
+        ("14", "Merge: cost per item, 128 producers / 2",
+         ratio(counter(merge, "BM_Merge/128", "ns_per_item"), counter(merge, "BM_Merge/2", "ns_per_item")),
+         "<= 1.5", lambda v: v <= 1.5),
         ("3", "Ring hand-off 1 MiB: memcpy time / ring time",
          ratio(times(ring, "BM_RingHandoff/memcpy/1048576"), times(ring, "BM_RingHandoff/splitflow/1048576")),
          ">= 0.8", lambda v: v >= 0.8),

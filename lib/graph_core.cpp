@@ -137,7 +137,7 @@ void GraphCore::validate() {
   topo_ = std::move(order);
 }
 
-void GraphCore::check_batching(const std::vector<NodeBase*>& order) const {
+void GraphCore::check_batching(const std::vector<NodeBase*>& order) {
   // Batches wait to fill while holding items, each of which counts against max_in_flight
   // (fan-out copies too). If every batch can hold size - 1 items at once and that reaches
   // max_in_flight, no source can admit the item that would fill one: the run would hang.
@@ -149,6 +149,11 @@ void GraphCore::check_batching(const std::vector<NodeBase*>& order) const {
       ++batches;
       names += (names.empty() ? "'" : ", '") + n->name() + "' (" + std::to_string(h + 1) + ")";
     }
+  // Sources waiting for max_in_flight wake when this much room is free (retire_items): at most
+  // half the limit, and never more than what batches holding items cannot take.
+  wake_room_ = std::max<std::size_t>(
+      1, std::min(opts_.max_in_flight / 2,
+                  opts_.max_in_flight > held ? opts_.max_in_flight - held : std::size_t{0}));
   if (batches > 1 && held + 1 > opts_.max_in_flight)
     throw GraphError("splitflow::Graph '" + name_ + "': its batches " + names + " can hold " +
                      std::to_string(held) + " items between them while they fill, and every "
@@ -361,9 +366,15 @@ void GraphCore::dispatch_external(WorkList& w) {
 }
 
 void GraphCore::retire_items(std::uint64_t n, WorkList& w) noexcept {
-  pending_.fetch_sub(n << kItemShift, std::memory_order_seq_cst);
-  // Dekker with try_admit(): either we see the waiter's flag or it sees our decrement.
-  if (token_waiting_.load(std::memory_order_seq_cst)) {
+  const std::uint64_t items =
+      (pending_.fetch_sub(n << kItemShift, std::memory_order_seq_cst) >> kItemShift) - n;
+  // Dekker with try_admit(): either we see the waiter's flag or it sees our decrement. Waiting
+  // sources wake once wake_room_ items of room are free, not at every retire: with W sources
+  // waiting, waking them all for each item cost O(W) per item. (A source that registered with
+  // less room than that took what it saw itself; wake_room_ <= max_in_flight - what batches
+  // can hold, so retires always reach it.)
+  if (token_waiting_.load(std::memory_order_seq_cst) &&
+      items + wake_room_ <= opts_.max_in_flight) {
     std::lock_guard lk(token_mu_);
     for (NodeBase* s : token_waiters_) w.pokes.push_back(s);
     token_waiters_.clear();

@@ -33,6 +33,7 @@ NodeBase::NodeBase(GraphCore& graph, std::string name, StageKind kind, const Sta
       concurrency_(opts.concurrency),
       order_(opts.order),
       capacity_(opts.capacity ? opts.capacity : graph.options().default_capacity),
+      default_capacity_(opts.capacity == 0),
       on_error_(opts.on_error),
       nports_(ports) {
   if (concurrency_ == 0 && kind_ != StageKind::pull_sink)
@@ -45,6 +46,11 @@ NodeBase::~NodeBase() = default;
 void NodeBase::add_successor(NodeBase& consumer, int port) {
   successors_.push_back({&consumer, port});
   ++consumer.npred_[port];
+  // A merge's default queue holds the default for each producer: each gets a run of slots
+  // when it wakes, so the cost per item does not grow with the number of producers.
+  if (consumer.default_capacity_)
+    consumer.capacity_ = graph_->options().default_capacity *
+                         std::max(consumer.npred_[0], consumer.npred_[1]);
 }
 
 void NodeBase::validate() const {
@@ -177,8 +183,12 @@ void NodeBase::rejected_locked(int port, std::size_t n, WorkList& w) {
 
 void NodeBase::popped_locked(int port, std::size_t n, WorkList& w, Ticks now) {
   account_queue_locked(now);
-  ports_[port].queued -= n;
-  take_waiters_locked(w);
+  Port& p = ports_[port];
+  p.queued -= n;
+  // Producers blocked on a full queue wake once it drained to half, not at every pop: with W
+  // producers waiting, waking all of them for each freed slot cost O(W) per item (a merge of
+  // many branches). Each wake-up then finds room for a run of items.
+  if (p.queued + p.reserved <= capacity_ / 2) take_waiters_locked(w);
 }
 
 void NodeBase::begin_invocation_locked(Ticks t0) {

@@ -2,11 +2,14 @@
 // thread ever waits for queue space or input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <splitflow/splitflow.hpp>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "helpers.hpp"
 
@@ -144,6 +147,62 @@ TEST(Backpressure, MaxInFlightHoldsWithSeveralSources) {
   ASSERT_EQ(run.wait(), RunStatus::succeeded);
   EXPECT_EQ(consumed.load(), 6000);
   EXPECT_LE(max_in_flight.load(), 2);
+}
+
+// "a merge's default queue holds the default capacity for each producer" (config.hpp,
+// StageOptions::capacity), and many producers blocked on one merge and on max_in_flight all
+// finish: blocked producers are woken in runs (half the queue, half the room), never lost.
+TEST(Backpressure, AMergeOfManyProducersDeliversEverythingWithinItsBounds) {
+  Runtime rt({.threads = 4});
+  for (std::size_t max_in_flight : {std::size_t{7}, std::size_t{256}}) {
+    Graph g(rt, "wide-merge", {.max_in_flight = max_in_flight, .default_capacity = 4});
+    constexpr int kSources = 64;
+    constexpr long kEach = 200;
+    std::atomic<long> produced{0}, consumed{0}, max_seen{0};
+    auto merge = g.stage("merge", [](long x) { return x; },
+                         {.concurrency = 3, .order = Order::out_of_order});
+    std::vector<int> seen(kSources * kEach, 0);
+    auto sink = g.sink("sink", [&](long x) {
+      ++consumed;
+      ++seen.at(static_cast<std::size_t>(x));
+    });
+    for (int k = 0; k < kSources; ++k) {
+      auto src = g.source("s" + std::to_string(k), [&, k, i = 0L]() mutable -> std::optional<long> {
+        if (i == kEach) return std::nullopt;
+        raise_max(max_seen, ++produced - consumed);
+        return k * kEach + i++;
+      });
+      src >> merge;
+    }
+    merge >> sink;
+    auto run = g.run();
+    ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "a blocked producer was never woken";
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(consumed.load(), kSources * kEach);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), kSources * kEach) << "each item once";
+    EXPECT_LE(max_seen.load(), static_cast<long>(max_in_flight));
+    EXPECT_EQ(run.stats().find("merge")->capacity, 4u * kSources);
+  }
+}
+
+// Sources waiting for max_in_flight still wake when batches hold most of the room: the wake-up
+// threshold never exceeds what the batches leave free.
+TEST(Backpressure, SourcesWakeWhenBatchesHoldMostOfTheRoom) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "held", {.max_in_flight = 40});
+  auto a = g.source("a", counter(1000));
+  auto b = g.source("b", counter(1000));
+  auto merge = g.stage("merge", [](long x) { return x; });
+  auto batch = g.batch<long>("batch", 39);  // holds up to 38 of the 40 while it fills
+  std::atomic<long> items{0};
+  auto sink = g.sink("sink", [&](std::vector<long> v) { items += static_cast<long>(v.size()); });
+  a >> merge;
+  b >> merge;
+  merge >> batch >> sink;
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "the sources were never woken";
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(items.load(), 2000);
 }
 
 // A pull sink nobody reads fills up and holds the graph back; reading drains it.

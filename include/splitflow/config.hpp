@@ -29,7 +29,8 @@ enum class OnError {
 };
 
 /// Per-stage policy. `capacity` bounds the stage's input queue in items, counting items queued
-/// and slots reserved by producers whose bodies are still running; 0 means the graph's default.
+/// and slots reserved by producers whose bodies are still running; 0 means the graph's default
+/// (times the number of producers, for a stage that merges several).
 struct StageOptions {
   std::size_t concurrency = Concurrency::serial;
   Order order = Order::in_order;

@@ -132,7 +132,7 @@ class GraphCore {
   void stop(StopReason why) noexcept;
   void complete() noexcept;
   void validate();
-  void check_batching(const std::vector<NodeBase*>& order) const;
+  void check_batching(const std::vector<NodeBase*>& order);
   void check_zips(const std::vector<NodeBase*>& order);
   RunStats collect_stats(bool final) const;
 
@@ -153,6 +153,7 @@ class GraphCore {
   std::atomic<bool> stop_{false};
   std::atomic<StopReason> stop_reason_{StopReason::none};
   std::atomic<bool> token_waiting_{false};
+  std::size_t wake_room_ = 1;  // room that wakes sources waiting for max_in_flight (validate)
   std::mutex token_mu_;
   std::vector<NodeBase*> token_waiters_;
   bool telemetry_ = true;

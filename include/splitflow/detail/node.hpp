@@ -273,6 +273,7 @@ class NodeBase {
   std::size_t concurrency_;
   Order order_;
   std::size_t capacity_;
+  bool default_capacity_;  // the graph's default, times the producers of a merge
   OnError on_error_;
   std::size_t max_claim_ = 64;  // items per claim at most
   int nports_;
