@@ -30,16 +30,14 @@ NodeBase::NodeBase(GraphCore& graph, std::string name, StageKind kind, const Sta
     : graph_(&graph),
       name_(std::move(name)),
       kind_(kind),
-      concurrency_(opts.concurrency),
+      // 0 means unlimited, in C++ as in Python (docs/api.md); a pull sink has no invocations.
+      concurrency_(opts.concurrency == 0 && kind != StageKind::pull_sink ? Concurrency::unlimited
+                                                                         : opts.concurrency),
       order_(opts.order),
       capacity_(opts.capacity ? opts.capacity : graph.options().default_capacity),
       default_capacity_(opts.capacity == 0),
       on_error_(opts.on_error),
-      nports_(ports) {
-  if (concurrency_ == 0 && kind_ != StageKind::pull_sink)
-    throw GraphError(std::string("splitflow: ") + what_of(kind_) + " '" + name_ +
-                     "': concurrency must be at least 1 (Concurrency::serial)");
-}
+      nports_(ports) {}
 
 NodeBase::~NodeBase() = default;
 

@@ -192,8 +192,8 @@ TEST(DynamicBatch, ExpiredRequestsAreDroppedWhenTheBatchForms) {
   auto d = p.svc.submit(4, past);
   EXPECT_EQ(a.get(), 10);
   EXPECT_EQ(c.get(), 30);
-  EXPECT_THROW(b.get(), DeadlineExceeded);
-  EXPECT_THROW(d.get(), DeadlineExceeded);
+  EXPECT_THROW(b.get(), DeadlineError);
+  EXPECT_THROW(d.get(), DeadlineError);
   EXPECT_EQ(p.sizes, (std::vector<std::size_t>{2}));
   p.svc.close();
   EXPECT_EQ(run.wait(), RunStatus::succeeded);

@@ -288,7 +288,21 @@ TEST(Validation, MalformedGraphsAreRejectedWithTheStageNamed) {
   Graph g(rt, "names");
   g.source("x", counter(1));
   EXPECT_THROW(g.stage("x", [](long v) { return v; }), GraphError);
-  EXPECT_THROW(g.stage("zero", [](long v) { return v; }, {.concurrency = 0}), GraphError);
+}
+
+// docs/api.md, "Concurrency": 0 means unlimited, in C++ as in Python.
+TEST(Validation, ConcurrencyZeroMeansUnlimited) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "zero");
+  auto src = g.source("n", counter(100));
+  auto st = g.stage("any", [](long v) { return v; }, {.concurrency = 0});
+  long n = 0;
+  auto sink = g.sink("s", [&](long) { ++n; });
+  src >> st >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, 100);
+  EXPECT_EQ(run.stats().find("any")->concurrency_limit, Concurrency::unlimited);
 }
 
 // Fan-out of a move-only type through connect() is refused at the second edge, with advice.

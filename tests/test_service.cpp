@@ -176,7 +176,7 @@ TEST(Service, ExpiredRequestsAreDroppedBeforeTheirGpuWork) {
     try {
       late[i].get();
       ADD_FAILURE() << "expired request " << i << " was answered";
-    } catch (const DeadlineExceeded& e) {
+    } catch (const DeadlineError& e) {
       held.push_back(std::current_exception());
       EXPECT_NE(std::string(e.what()).find("exceeded its deadline before stage 'model'"),
                 std::string::npos);

@@ -9,7 +9,7 @@ namespace splitflow {
 
 class Observer;
 
-/// How many invocations of one stage may run at the same time.
+/// How many invocations of one stage may run at the same time. 0 means unlimited, as in Python.
 struct Concurrency {
   static constexpr std::size_t serial = 1;
   static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();

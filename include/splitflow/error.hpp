@@ -40,4 +40,20 @@ class StageError : public Error {
   std::string message_;
 };
 
+/// A service's admission is full (ServiceOptions::max_pending requests pending) and its
+/// admission is Admission::fail_fast: Service::submit() throws it.
+class OverloadedError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A request's deadline passed before a GPU stage (or a dynamic batch) took it; it was dropped
+/// unprocessed. Its future holds this error.
+class DeadlineError : public Error {
+ public:
+  using Error::Error;
+};
+/// The name DeadlineError had before the errors shared one naming scheme.
+using DeadlineExceeded = DeadlineError;
+
 }  // namespace splitflow

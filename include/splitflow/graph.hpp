@@ -75,7 +75,7 @@ class Node {
   /// OnError::substitute: an item whose body throws becomes a copy of `value` (and is counted
   /// in StageStats::items_substituted, with its error's message).
   template <class U = Out>
-    requires(!std::is_void_v<U>)
+    requires(!std::is_void_v<U> && !std::is_void_v<In>)
   const Node& substitute_on_error(U value) const {
     out_->set_substitute(std::move(value));
     return *this;

@@ -14,7 +14,7 @@
 //     run.wait();
 //
 // Every future completes exactly once: with the result; with the error of a stage that skipped
-// its item (OnError::skip: the other requests go on); with DeadlineExceeded when its deadline
+// its item (OnError::skip: the other requests go on); with DeadlineError when its deadline
 // passed before a GPU stage took it; or with an Error when the run ends first (cancel, a
 // failing stage, the graph destroyed).
 #pragma once
@@ -37,19 +37,6 @@
 
 namespace splitflow {
 
-/// submit() under Admission::fail_fast with max_pending requests in flight.
-class OverloadedError : public Error {
- public:
-  using Error::Error;
-};
-
-/// A request's deadline passed before a GPU stage (or a dynamic batch) took it; it was dropped
-/// unprocessed.
-class DeadlineExceeded : public Error {
- public:
-  using Error::Error;
-};
-
 /// A service's request counters (since the graph was built) and where its answered requests'
 /// time went. For each answered request, queueing + batching + gpu + other == latency.
 struct ServiceStats {
@@ -57,7 +44,7 @@ struct ServiceStats {
   std::uint64_t submitted = 0;  ///< admitted
   std::uint64_t answered = 0;   ///< completed with a result
   std::uint64_t failed = 0;     ///< completed with a stage's error or the run's end
-  std::uint64_t expired = 0;    ///< completed with DeadlineExceeded
+  std::uint64_t expired = 0;    ///< completed with DeadlineError
   std::uint64_t rejected = 0;   ///< refused by fail_fast admission (no future made)
   std::size_t pending = 0;      ///< admitted, not yet completed
   /// submit() to the answer, of answered requests, in nanoseconds.
@@ -204,7 +191,7 @@ class RequestBook final : public ItemTracker {
   }
   void item_expired(std::uint64_t seq, const std::string& stage) noexcept override {
     fail(seq,
-         std::make_exception_ptr(DeadlineExceeded("splitflow: service '" + name_ + "' of graph '" +
+         std::make_exception_ptr(DeadlineError("splitflow: service '" + name_ + "' of graph '" +
                                                   graph_ + "': request " + std::to_string(seq) +
                                                   " exceeded its deadline before stage '" + stage +
                                                   "' (dropped unprocessed)")),
@@ -423,7 +410,7 @@ class Service {
   /// GraphError when the graph is not running or the service was closed.
   std::future<Out> submit(In value) { return submit(std::move(value), std::nullopt); }
   /// With a deadline: if it passes before a GPU stage takes the request, the request is
-  /// dropped unprocessed and its future gets DeadlineExceeded.
+  /// dropped unprocessed and its future gets DeadlineError.
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
     if (!src_->push(std::move(value), id)) {

@@ -113,6 +113,10 @@ Diagnosis diagnose(const RunStats& stats, const std::optional<DeviceStats>& devi
 /// and the diagnosis.
 std::string report(const RunStats& stats, const std::optional<DeviceStats>& device = {});
 
+/// The version of the JSON summaries' layout ("schema_version" in to_json's output): raised
+/// when a key changes meaning or goes; new keys may appear within a version.
+inline constexpr int kJsonSchemaVersion = 1;
+
 /// The same figures as JSON (keys documented in docs/telemetry.md; stable across versions).
 std::string to_json(const RunStats& stats, const std::optional<DeviceStats>& device = {});
 

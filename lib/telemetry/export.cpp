@@ -72,8 +72,9 @@ std::string label(const std::string& s) {
 std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device) {
   std::string out = "{";
   out += fmt::format(
-      R"("graph":{},"status":"{}","wall_ns":{},"items_delivered":{},"throughput":{:.3f},)",
-      quoted(st.graph), to_string(st.status), st.wall_ns, st.items_delivered(), st.throughput());
+      R"("schema_version":{},"graph":{},"status":"{}","wall_ns":{},"items_delivered":{},"throughput":{:.3f},)",
+      kJsonSchemaVersion, quoted(st.graph), to_string(st.status), st.wall_ns, st.items_delivered(),
+      st.throughput());
   out += "\"stages\":[";
   for (std::size_t i = 0; i < st.stages.size(); ++i) {
     const StageStats& s = st.stages[i];
@@ -232,9 +233,9 @@ std::vector<std::pair<const char*, const LatencyHistogram*>> latency_parts(const
 
 std::string to_json(const ServiceStats& s) {
   std::string out = fmt::format(
-      R"({{"graph":{},"service":{},"submitted":{},"answered":{},"failed":{},"expired":{},)"
+      R"({{"schema_version":{},"graph":{},"service":{},"submitted":{},"answered":{},"failed":{},"expired":{},)"
       R"("rejected":{},"pending":{},"latency_ns":{{)",
-      quoted(s.graph), quoted(s.service), s.submitted, s.answered, s.failed, s.expired, s.rejected,
+      kJsonSchemaVersion, quoted(s.graph), quoted(s.service), s.submitted, s.answered, s.failed, s.expired, s.rejected,
       s.pending);
   const auto parts = latency_parts(s);
   for (std::size_t i = 0; i < parts.size(); ++i)

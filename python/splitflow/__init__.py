@@ -16,15 +16,13 @@ view the same memory (zero-copy). ``splitflow.torch`` wraps a graph as a DataLoa
 """
 import atexit as _atexit
 
+from ._errors import DeadlineError, Error, GraphError, OverloadedError, StageError  # noqa: F401
 from ._core import (  # noqa: F401
-    Error,
     Graph,
-    GraphError,
     Node,
     PullIterator,
     Run,
     Runtime,
-    StageError,
     Tensor,
     built_with_cuda,
     cuda_runtime_calls,
@@ -38,7 +36,8 @@ from ._core import _shutdown
 _atexit.register(_shutdown)
 
 __all__ = [
-    "Error", "Graph", "GraphError", "Node", "PullIterator", "Run", "Runtime", "StageError",
+    "DeadlineError", "Error", "Graph", "GraphError", "Node", "OverloadedError", "PullIterator",
+    "Run", "Runtime", "StageError",
     "image_files",
     "Tensor", "built_with_cuda", "cuda_runtime_calls", "ops",
 ]

@@ -32,7 +32,7 @@ using namespace std::chrono_literals;
 
 // ---- errors --------------------------------------------------------------------------------
 
-PyObject* g_stage_error = nullptr;  // splitflow.StageError (a RuntimeError)
+PyObject* g_stage_error = nullptr;  // splitflow.StageError (python/splitflow/_errors.py)
 
 /// A Python exception raised in a Python stage, carried through the C++ run.
 class PythonStageError : public Error {
@@ -51,6 +51,8 @@ auto call_python(F&& f) {
     return f();
   } catch (py::error_already_set& e) {
     std::string what = std::string(py::str(e.type().attr("__name__"))) + ": " + py::str(e.value()).cast<std::string>();
+    // The exception keeps its traceback (the user's raising line), which fetching it dropped.
+    if (e.trace() && !e.trace().is_none()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
     PyObj exc(py::reinterpret_borrow<py::object>(e.value()));
     throw PythonStageError(std::move(what), std::move(exc));
   }
@@ -59,11 +61,8 @@ auto call_python(F&& f) {
 /// Raises splitflow.StageError for `e`, its cause (`__cause__`) the original Python exception
 /// when a Python stage raised it.
 [[noreturn]] void raise_stage_error(const StageError& e) {
-  py::object exc = py::reinterpret_borrow<py::object>(g_stage_error)(e.what());
-  exc.attr("graph") = e.graph();
-  exc.attr("stage") = e.stage();
-  exc.attr("item") = e.item();
-  exc.attr("message") = e.message();
+  py::object exc = py::reinterpret_borrow<py::object>(g_stage_error)(e.what(), e.graph(), e.stage(),
+                                                                      e.item(), e.message());
   try {
     std::rethrow_if_nested(e);
   } catch (const PythonStageError& inner) {
@@ -498,15 +497,28 @@ void bind_ops(py::module_& m) {
 }  // namespace
 
 void bind_graph(py::module_& m) {
-  g_stage_error = PyErr_NewExceptionWithDoc(
-      "splitflow.StageError",
-      "A stage (or a source) failed. Attributes: graph, stage, item, message; for a Python "
-      "stage the original exception is __cause__.",
-      PyExc_RuntimeError, nullptr);
-  m.attr("StageError") = py::handle(g_stage_error);
-  // pybind11 tries the last registered translator first: the derived class goes last.
-  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
+  // One hierarchy with C++'s (python/splitflow/_errors.py): every error is a splitflow.Error.
+  py::module_ errors = py::module_::import("splitflow._errors");
+  static PyObject* error_types[5];
+  const char* names[5] = {"Error", "GraphError", "StageError", "OverloadedError", "DeadlineError"};
+  for (int i = 0; i < 5; ++i) {
+    error_types[i] = py::object(errors.attr(names[i])).release().ptr();  // kept for the process
+    m.attr(names[i]) = py::handle(error_types[i]);
+  }
+  g_stage_error = error_types[2];
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const GraphError& e) {
+      PyErr_SetString(error_types[1], e.what());
+    } catch (const OverloadedError& e) {
+      PyErr_SetString(error_types[3], e.what());
+    } catch (const DeadlineError& e) {
+      PyErr_SetString(error_types[4], e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error_types[0], e.what());
+    }
+  });
 
   py::class_<PyRuntime, std::shared_ptr<PyRuntime>>(m, "Runtime", R"doc(
 The shared executor: a oneTBB arena of `threads` threads (0: one per core) and, created lazily

@@ -161,6 +161,35 @@ def test_python_stage_error_names_stage_and_item_and_chains_the_cause(rt):
     assert got == list(range(len(got))) and len(got) <= 3
 
 
+# docs/api.md, "Errors": one hierarchy in both languages; the cause keeps its traceback; a
+# StageError survives pickling and being rebuilt from its text (DataLoader's worker wrapper).
+def test_every_error_is_a_splitflow_error_and_the_cause_keeps_its_traceback(rt):
+    import pickle
+    import traceback
+    assert issubclass(sf.StageError, sf.Error) and issubclass(sf.GraphError, sf.Error)
+    assert issubclass(sf.GraphError, ValueError) and issubclass(sf.Error, RuntimeError)
+    assert issubclass(sf.OverloadedError, sf.Error) and issubclass(sf.DeadlineError, sf.Error)
+
+    def raising_here(x):
+        if x == 2:
+            raise KeyError("the user's line")
+        return x
+    g, out = chain(rt, "tb", range(5), raising_here)
+    with pytest.raises(sf.Error) as info:
+        list(g.iterate(out))
+    e = info.value
+    assert isinstance(e, sf.StageError)
+    assert e.__cause__.__traceback__ is not None
+    frames = traceback.extract_tb(e.__cause__.__traceback__)
+    assert any(f.name == "raising_here" for f in frames), frames
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.graph, back.stage, back.item, back.message) == ("tb", "s0", 2, e.message)
+    rebuilt = sf.StageError("Caught StageError in DataLoader worker process 0.\n"
+                            "Original Traceback (most recent call last):\n  ...\n"
+                            "splitflow._errors.StageError: " + str(e))
+    assert (rebuilt.graph, rebuilt.stage, rebuilt.item) == ("tb", "s0", 2)
+
+
 def test_cpp_op_error_names_stage_and_item(rt):
     g = sf.Graph(rt, "op-error")
     out = g.pull_sink("out")

@@ -28,6 +28,14 @@ def build_pairs(g, indices):
     return indices >> g.stage("pair", lambda i: (i, np.full(3, i, np.float32)), concurrency=2)
 
 
+def build_failing_at_10(g, indices):
+    def check(i):
+        if i == 10:
+            raise RuntimeError("corrupt sample 10")
+        return i
+    return indices >> g.stage("decode", check)
+
+
 def collect(ds, **loader_args):
     if loader_args.get("num_workers"):
         # This process already runs splitflow threads, which a forked worker would not have.
@@ -135,6 +143,15 @@ def test_stage_errors_reach_the_training_loop():
         collect(ds)
     assert info.value.stage == "decode" and info.value.item == 10
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+# A stage error in a DataLoader worker reaches the parent as a StageError with its attributes.
+def test_stage_errors_from_workers_keep_their_attributes():
+    ds = sft.GraphDataset(build_failing_at_10, N, threads=2, backend="host")
+    with pytest.raises(sf.StageError) as info:
+        collect(ds, num_workers=1)
+    assert info.value.stage == "decode" and info.value.item is not None
+    assert "corrupt sample 10" in str(info.value)
 
 
 def test_samples_are_nested_structures_with_numpy_and_torch(tmp_path):

@@ -1,0 +1,53 @@
+"""splitflow's errors: one hierarchy, the same names as in C++ (splitflow/error.hpp).
+
+    Error                 every error splitflow raises (a RuntimeError)
+      GraphError          the graph is malformed or used wrongly (also a ValueError)
+      StageError          a stage or a source failed: graph, stage, item, message; a Python
+                          stage's own exception is __cause__
+      OverloadedError     a service's admission is full (fail-fast admission)
+      DeadlineError       a request's deadline passed before its work
+
+A StageError survives pickling (DataLoader workers): its attributes travel with it, and one
+rebuilt from its message alone (as torch's worker error wrapper does) reads them back from it.
+"""
+import re
+
+__all__ = ["Error", "GraphError", "StageError", "OverloadedError", "DeadlineError"]
+
+
+class Error(RuntimeError):
+    """Base of every error splitflow raises."""
+
+
+class GraphError(Error, ValueError):
+    """The graph is malformed or used wrongly (a bad edge, a cycle, run while running, ...)."""
+
+
+class OverloadedError(Error):
+    """A service's admission is full and its admission policy is fail-fast."""
+
+
+class DeadlineError(Error):
+    """A request's deadline passed before its work; it was dropped unprocessed."""
+
+
+_STAGE = re.compile(r"splitflow: graph '(?P<graph>.*?)': stage '(?P<stage>.*?)' failed on item "
+                    r"(?P<item>\d+): (?P<message>.*)", re.S)
+
+
+class StageError(Error):
+    """A stage (or a source) failed. Attributes: graph, stage, item (the item's dataset index
+    where the graph knows it, else its position in the run), message; for a Python stage the
+    original exception is ``__cause__``."""
+
+    def __init__(self, text="", graph=None, stage=None, item=None, message=None):
+        super().__init__(text)
+        if graph is None:  # rebuilt from the text alone (e.g. by a DataLoader worker wrapper)
+            m = _STAGE.search(text)
+            if m:
+                graph, stage, item, message = (m["graph"], m["stage"], int(m["item"]),
+                                               m["message"].splitlines()[0] if m["message"] else "")
+        self.graph, self.stage, self.item, self.message = graph, stage, item, message
+
+    def __reduce__(self):
+        return (StageError, (str(self), self.graph, self.stage, self.item, self.message))
