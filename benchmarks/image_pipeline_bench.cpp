@@ -17,8 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <splitflow/image.hpp>
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/image.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 #include <string>
 #include <thread>

@@ -12,8 +12,8 @@
 // job's JSON summary and Chrome trace there (scripts/plot_run.py plots them).
 //
 //     consolidation DATA_DIR [OUTPUT_DIR]      DATA_DIR: JPEGs (make demo makes them)
-#include <splitflow/image.hpp>
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/image.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
 #include <chrono>

@@ -4,7 +4,7 @@
 //           -> model (busy_kernel on the device) -> step
 #pragma once
 
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
 #include <chrono>

@@ -9,8 +9,8 @@
 // CPU stages run on the runtime's threads; the GPU stage leases a stream only for its copy and
 // kernel; a corrupt file is skipped and reported, not fatal. With no CUDA device the GPU stage
 // runs on the host backend (the same code).
-#include <splitflow/image.hpp>
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/image.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
 #include <cstdio>

@@ -4,9 +4,9 @@
 // a clock spin on CUDA).
 #pragma once
 
-#include <splitflow/batching.hpp>
-#include <splitflow/ops.hpp>
-#include <splitflow/service.hpp>
+#include <splitflow/serving/batching.hpp>
+#include <splitflow/ops/ops.hpp>
+#include <splitflow/serving/service.hpp>
 #include <splitflow/splitflow.hpp>
 
 #include <chrono>

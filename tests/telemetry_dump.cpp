@@ -1,7 +1,7 @@
 // Runs a traced CPU + GPU graph on the host backend and writes its telemetry outputs into the
 // directory given: run.json, trace.json, metrics.prom, report.txt. tests/check_telemetry.py
 // parses them and checks them against each other (ctest runs both).
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
 #include <chrono>

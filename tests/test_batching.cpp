@@ -1,4 +1,4 @@
-// Dynamic batching (splitflow/batching.hpp) inside a service: batch bounds, the max_delay timer
+// Dynamic batching (splitflow/serving/batching.hpp) inside a service: batch bounds, the max_delay timer
 // on an injected clock (no sleeps), results back to the right requests, errors per batch and
 // per item, deadlines. Each test names the requirement it checks.
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
-#include <splitflow/batching.hpp>
-#include <splitflow/service.hpp>
+#include <splitflow/serving/batching.hpp>
+#include <splitflow/serving/service.hpp>
 #include <splitflow/splitflow.hpp>
 #include <stdexcept>
 #include <thread>

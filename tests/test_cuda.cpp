@@ -4,7 +4,7 @@
 
 #include <cmath>
 #include <random>
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
 #include "helpers.hpp"

@@ -11,9 +11,9 @@
 #include <mutex>
 #include <numeric>
 #include <random>
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
-#include <splitflow/thrust.hpp>
+#include <splitflow/ops/thrust.hpp>
 #include <thread>
 
 #include "helpers.hpp"

@@ -1,4 +1,4 @@
-// Image input ops (splitflow/image.hpp). The data is made here, at test time: random images
+// Image input ops (splitflow/ops/image.hpp). The data is made here, at test time: random images
 // encoded with libturbojpeg, plus truncated, garbage and empty files. Each test names what it
 // checks.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <random>
 #include <set>
-#include <splitflow/image.hpp>
+#include <splitflow/ops/image.hpp>
 #include <splitflow/splitflow.hpp>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// Services (splitflow/service.hpp): push sources with a future per request, bounded admission,
+// Services (splitflow/serving/service.hpp): push sources with a future per request, bounded admission,
 // deadlines. Each test names the requirement it checks; every one also checks that each future
 // completes exactly once (a second completion would throw std::future_error).
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
-#include <splitflow/ops.hpp>
-#include <splitflow/service.hpp>
+#include <splitflow/ops/ops.hpp>
+#include <splitflow/serving/service.hpp>
 #include <splitflow/splitflow.hpp>
 #include <stdexcept>
 #include <thread>

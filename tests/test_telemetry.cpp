@@ -6,7 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <random>
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 #include <thread>
 

@@ -1,5 +1,5 @@
 // splitflow: typed CPU/GPU dataflow graphs that hold the accelerator only while kernels run.
-// The umbrella header: every public header a user needs (splitflow/thrust.hpp, for Thrust code
+// The umbrella header: every public header a user needs (splitflow/ops/thrust.hpp, for Thrust code
 // on device tensors, is separate: it needs the splitflow::thrust target).
 //
 //     #include <splitflow/splitflow.hpp>
@@ -12,17 +12,18 @@
 //     run.wait();
 #pragma once
 
-#include "splitflow/batching.hpp"
-#include "splitflow/config.hpp"
-#include "splitflow/device.hpp"
-#include "splitflow/error.hpp"
-#include "splitflow/graph.hpp"
-#include "splitflow/image.hpp"
-#include "splitflow/ops.hpp"
-#include "splitflow/run.hpp"
-#include "splitflow/runtime.hpp"
-#include "splitflow/service.hpp"
-#include "splitflow/stats.hpp"
-#include "splitflow/telemetry.hpp"
-#include "splitflow/tensor.hpp"
+#include "splitflow/core/config.hpp"
+#include "splitflow/core/error.hpp"
+#include "splitflow/core/tensor.hpp"
+#include "splitflow/device/device.hpp"
+#include "splitflow/executor/graph.hpp"
+#include "splitflow/executor/run.hpp"
+#include "splitflow/executor/runtime.hpp"
+#include "splitflow/ops/image.hpp"
+#include "splitflow/ops/ops.hpp"
+#include "splitflow/serving/batching.hpp"
+#include "splitflow/serving/service.hpp"
+#include "splitflow/telemetry/export.hpp"
+#include "splitflow/telemetry/stats.hpp"
+#include "splitflow/telemetry/telemetry.hpp"
 #include "splitflow/version.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "splitflow/config.hpp"
+#include "splitflow/core/config.hpp"
 
 namespace splitflow::detail {
 

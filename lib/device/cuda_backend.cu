@@ -12,7 +12,7 @@
 
 #include "backend.hpp"
 #include "cuda_check.hpp"
-#include "splitflow/error.hpp"
+#include "splitflow/core/error.hpp"
 
 namespace splitflow::detail {
 

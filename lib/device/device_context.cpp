@@ -3,20 +3,10 @@
 #include <fmt/format.h>
 
 #include "device_runtime.hpp"
-#include "splitflow/detail/graph_core.hpp"
-#include "splitflow/device.hpp"
-#include "splitflow/error.hpp"
+#include "splitflow/device/device.hpp"
+#include "splitflow/core/error.hpp"
 
 namespace splitflow {
-
-const char* to_string(BackendKind k) noexcept {
-  switch (k) {
-    case BackendKind::automatic: return "automatic";
-    case BackendKind::cuda: return "cuda";
-    case BackendKind::host: return "host";
-  }
-  return "?";
-}
 
 namespace detail {
 
@@ -28,13 +18,11 @@ const std::string kNoStage;
 void set_current_stage(const std::string* stage) noexcept { t_stage = stage; }
 const std::string& current_stage() noexcept { return t_stage ? *t_stage : kNoStage; }
 
-std::shared_ptr<DeviceRuntime> device_of(GraphCore& graph) { return graph.device(); }
 Lease* lease_or_wait(DeviceRuntime& dev, LeaseWaiter& w) { return dev.pool().acquire_or_wait(w); }
 void withdraw_waiters(DeviceRuntime& dev, const void* owner) { dev.pool().withdraw(owner); }
 BackendKind backend_of(const DeviceRuntime& dev) noexcept {
   return const_cast<DeviceRuntime&>(dev).backend().kind();
 }
-GpuAccount* gpu_account(GraphCore& graph) { return graph.gpu_account(); }
 void account_waited(GpuAccount* a, std::int64_t ns) noexcept {
   if (a) a->waited(ns);
 }

@@ -5,8 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "splitflow/detail/graph_core.hpp"
-#include "splitflow/error.hpp"
+#include "splitflow/core/error.hpp"
 
 namespace splitflow::detail {
 
@@ -375,22 +374,22 @@ class Burst::Sink final : public ExecutionSink {
     if (b_.account_) b_.account_->copied(h2d, bytes, ns);
   }
   void op_done(int kind, std::size_t bytes, std::int64_t t0, std::int64_t t1) override {
-    if (!b_.graph_ || !b_.graph_->observed()) return;
-    const DeviceOpEvent e{&b_.graph_->name(), b_.stage_, b_.item_, b_.lease_->index,
+    if (!b_.observers_.any()) return;
+    const DeviceOpEvent e{b_.observers_.graph, b_.stage_, b_.item_, b_.lease_->index,
                           static_cast<DeviceOpEvent::Kind>(kind), bytes, t0, t1};
-    b_.graph_->for_each_observer([&](Observer& o) { o.on_device_op(e); });
+    b_.observers_.each([&](Observer& o) { o.on_device_op(e); });
   }
 
  private:
   Burst& b_;
 };
 
-Burst::Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, GraphCore* graph,
+Burst::Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, BurstObservers observers,
              const std::string& stage, std::uint64_t item)
     : dev_(&dev),
       lease_(lease),
       account_(account),
-      graph_(graph),
+      observers_(observers),
       stage_(&stage),
       item_(item),
       sink_(std::make_unique<Sink>(*this)) {
@@ -402,9 +401,9 @@ Burst::Burst(DeviceRuntime& dev, Lease* lease, GpuAccount* account, GraphCore* g
     account_->lease_begin(now);
     account_->burst();
   }
-  if (graph_ && graph_->observed()) {
-    const LeaseEvent e{&graph_->name(), stage_, item_, lease_->index, now};
-    graph_->for_each_observer([&](Observer& o) { o.on_lease_acquire(e); });
+  if (observers_.any()) {
+    const LeaseEvent e{observers_.graph, stage_, item_, lease_->index, now};
+    observers_.each([&](Observer& o) { o.on_lease_acquire(e); });
   }
 }
 
@@ -419,9 +418,9 @@ void Burst::end(std::function<void()> done) {
   dev_->backend().burst_end(lease_->stream, timer_, [this, done = std::move(done)] {
     const std::int64_t now = steady_now_ns();
     if (account_) account_->lease_end(now);
-    if (graph_ && graph_->observed()) {
-      const LeaseEvent e{&graph_->name(), stage_, item_, lease_->index, now};
-      graph_->for_each_observer([&](Observer& o) { o.on_lease_release(e); });
+    if (observers_.any()) {
+      const LeaseEvent e{observers_.graph, stage_, item_, lease_->index, now};
+      observers_.each([&](Observer& o) { o.on_lease_release(e); });
     }
     dev_->pool().release(lease_);
     done();  // may free this burst: nothing of it is touched after

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "backend.hpp"
-#include "splitflow/detail/gpu.hpp"
-#include "splitflow/device.hpp"
+#include "splitflow/device/detail/gpu.hpp"
+#include "splitflow/device/device.hpp"
 
 namespace splitflow::detail {
 

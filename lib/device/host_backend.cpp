@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 
 #include "backend.hpp"
-#include "splitflow/error.hpp"
+#include "splitflow/core/error.hpp"
 
 namespace splitflow::detail {
 

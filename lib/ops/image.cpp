@@ -1,5 +1,5 @@
-// Image input ops (splitflow/image.hpp).
-#include "splitflow/image.hpp"
+// Image input ops (splitflow/ops/image.hpp).
+#include "splitflow/ops/image.hpp"
 
 #include <fmt/format.h>
 #include <glob.h>
@@ -20,7 +20,7 @@
 #include <memory>
 #include <system_error>
 
-#include "splitflow/error.hpp"
+#include "splitflow/core/error.hpp"
 
 namespace splitflow::image {
 

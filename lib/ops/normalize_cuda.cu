@@ -2,7 +2,7 @@
 #include <thrust/execution_policy.h>
 #include <thrust/system/cuda/execution_policy.h>
 
-#include "../device/cuda_check.hpp"
+#include "device/cuda_check.hpp"
 #include "normalize.inl"
 
 namespace splitflow::ops::detail {

@@ -1,9 +1,9 @@
 #include <fmt/format.h>
 
-#include "../device/device_runtime.hpp"
+#include "device/device_runtime.hpp"
 #include "normalize.hpp"
-#include "splitflow/error.hpp"
-#include "splitflow/ops.hpp"
+#include "splitflow/core/error.hpp"
+#include "splitflow/ops/ops.hpp"
 
 namespace splitflow::ops {
 

@@ -1,9 +1,9 @@
 // JSON summary and Prometheus text. Keys and metric names are documented in docs/telemetry.md.
 #include <fmt/format.h>
 
-#include "splitflow/service.hpp"
-#include "splitflow/stats.hpp"
-#include "splitflow/telemetry.hpp"
+#include "splitflow/telemetry/export.hpp"
+#include "splitflow/telemetry/stats.hpp"
+#include "splitflow/telemetry/telemetry.hpp"
 
 namespace splitflow {
 

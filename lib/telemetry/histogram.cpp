@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "splitflow/telemetry.hpp"
+#include "splitflow/telemetry/telemetry.hpp"
 
 namespace splitflow {
 

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "splitflow/config.hpp"
-#include "splitflow/stats.hpp"
-#include "splitflow/telemetry.hpp"
+#include "splitflow/core/config.hpp"
+#include "splitflow/telemetry/stats.hpp"
+#include "splitflow/telemetry/export.hpp"
 
 namespace splitflow {
 

@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "splitflow/telemetry.hpp"
+#include "splitflow/telemetry/telemetry.hpp"
 
 namespace splitflow::detail {
 

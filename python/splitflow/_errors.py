@@ -1,4 +1,4 @@
-"""splitflow's errors: one hierarchy, the same names as in C++ (splitflow/error.hpp).
+"""splitflow's errors: one hierarchy, the same names as in C++ (splitflow/core/error.hpp).
 
     Error                 every error splitflow raises (a RuntimeError)
       GraphError          the graph is malformed or used wrongly (also a ValueError)

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include <splitflow/image.hpp>
-#include <splitflow/ops.hpp>
+#include <splitflow/ops/image.hpp>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
 #include "values.hpp"

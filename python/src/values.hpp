@@ -9,7 +9,7 @@
 #include <utility>
 #include <variant>
 
-#include "splitflow/image.hpp"
+#include "splitflow/ops/image.hpp"
 
 #include <splitflow/splitflow.hpp>
 
@@ -60,7 +60,7 @@ struct DeviceValue {
   bool cuda = false;
 };
 
-/// Image ops' items (splitflow/image.hpp): a file's bytes or pixels with its index and path.
+/// Image ops' items (splitflow/ops/image.hpp): a file's bytes or pixels with its index and path.
 /// Python sees the tensor.
 using Value = std::variant<std::monostate, PyObj, std::int64_t, HostTensor, DeviceValue, image::Image>;
 

@@ -1,0 +1,130 @@
+// Policies for runtimes, graphs and stages, in one place (the DALI way: small enums, one Config).
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <memory>
+
+namespace splitflow {
+
+class Observer;
+
+/// How many invocations of one stage may run at the same time. 0 means unlimited, as in Python.
+struct Concurrency {
+  static constexpr std::size_t serial = 1;
+  static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
+};
+
+/// Whether a stage's outputs leave it in the order its inputs arrived.
+enum class Order {
+  in_order,      ///< output order equals input order, even with concurrency > 1
+  out_of_order,  ///< outputs leave as invocations finish (no reorder buffer)
+};
+
+/// What a stage does when its body throws on an item.
+enum class OnError {
+  fail,        ///< fail the run with a StageError naming the stage and the item (default)
+  skip,        ///< drop the item, count it and keep its message in the stats; the run goes on
+  substitute,  ///< emit the stage's substitute value instead (Stage::substitute_on_error)
+};
+
+/// Per-stage policy. `capacity` bounds the stage's input queue in items, counting items queued
+/// and slots reserved by producers whose bodies are still running; 0 means the graph's default
+/// (times the number of producers, for a stage that merges several).
+struct StageOptions {
+  std::size_t concurrency = Concurrency::serial;
+  Order order = Order::in_order;
+  std::size_t capacity = 0;
+  OnError on_error = OnError::fail;
+};
+
+/// Per-batch-node policy (Graph::batch).
+struct BatchOptions {
+  /// A last batch smaller than the batch size (at the end of the input) is dropped rather than
+  /// emitted; its items count as consumed.
+  bool drop_last = false;
+  /// Input queue capacity in items; raised to the batch size if smaller. 0: the larger of the
+  /// graph's default and the batch size.
+  std::size_t capacity = 0;
+};
+
+/// Per-graph policy.
+struct GraphOptions {
+  /// Items admitted by the sources and not yet consumed by a sink (like oneTBB's
+  /// max_number_of_live_tokens). A fan-out copy counts as one more item.
+  std::size_t max_in_flight = 256;
+  /// Input queue capacity of stages that do not set their own.
+  std::size_t default_capacity = 32;
+  /// Receives every invocation, lease and device op of the graph's runs (see telemetry.hpp).
+  std::shared_ptr<Observer> observer = nullptr;
+  /// Stream-lease priority of the graph's GPU stages: waiting invocations of a higher priority
+  /// are granted a stream before lower ones (first come, first served within a priority), so a
+  /// latency-critical model's bursts do not queue behind a batch job's.
+  int priority = 0;
+  /// Record a Chrome trace of each run (Run::trace_json()). Memory is bounded by
+  /// trace_max_events: past it, invocations are sampled (the trace states the rate).
+  bool trace = false;
+  std::size_t trace_max_events = std::size_t{1} << 18;
+};
+
+/// What submit() does when max_pending requests are already waiting for answers.
+enum class Admission {
+  wait,       ///< block until one is answered
+  fail_fast,  ///< throw OverloadedError at once
+};
+
+struct ServiceOptions {
+  /// Requests admitted and not yet answered, at most (the service's bound on memory and
+  /// queueing delay).
+  std::size_t max_pending = 64;
+  Admission admission = Admission::wait;
+};
+
+/// Which device backend GPU stages use (to_string: "automatic", "cuda", "host").
+enum class BackendKind {
+  automatic,  ///< CUDA when built with it and a device is present, otherwise host
+  cuda,       ///< CUDA; fails (at the first GPU stage's run) if there is no device
+  host,       ///< GPU-stage work on host threads in stream order (always available)
+};
+const char* to_string(BackendKind k) noexcept;
+
+/// The device a runtime's GPU stages share. Nothing here touches the CUDA runtime until a graph
+/// with a GPU stage first runs (a CPU-only process never initialises CUDA).
+struct DeviceConfig {
+  BackendKind backend = BackendKind::automatic;
+  int ordinal = 0;                                   ///< CUDA device index
+  std::size_t streams = 8;                           ///< StreamPool size, shared by all graphs
+  std::size_t device_pool_bytes = std::size_t{2} << 30;  ///< cap of device allocations
+  std::size_t pinned_pool_bytes = std::size_t{1} << 30;  ///< cap of pinned host memory (rings too)
+  int host_compute_slots = 1;  ///< host backend: kernels running at once (like one full-size kernel)
+};
+
+/// Per-runtime policy.
+struct RuntimeConfig {
+  /// Threads of the runtime's task arena; 0 means one per core.
+  int threads = 0;
+  /// Per-stage timing (busy / starved / blocked, work time). Item counters are always kept.
+  bool telemetry = true;
+  DeviceConfig device{};
+};
+
+/// Per-GPU-stage policy. Each invocation holds one pooled stream for its kernel burst only.
+struct GpuStageOptions {
+  /// Bursts of this stage in flight at once (each holds a stream while it runs).
+  std::size_t concurrency = 2;
+  Order order = Order::in_order;
+  /// Input queue capacity in items; 0 means the graph's default.
+  std::size_t capacity = 0;
+  /// What the stage does when its body throws, or its burst's device work fails, on an item
+  /// (as for CPU stages; OnError::substitute needs GpuStage::substitute_on_error).
+  OnError on_error = OnError::fail;
+  /// Pinned ring between a CPU producer of HostTensor and this stage (input DeviceTensor): total
+  /// bytes, and the largest item. The H2D copy runs on this stage's leased stream.
+  std::size_t ring_bytes = std::size_t{64} << 20;
+  std::size_t ring_item_bytes = std::size_t{16} << 20;
+  /// Pinned ring for DeviceContext::to_host() (D2H); 0 = allocate from the pinned pool instead.
+  std::size_t out_ring_bytes = 0;
+  std::size_t out_ring_item_bytes = 0;
+};
+
+}  // namespace splitflow

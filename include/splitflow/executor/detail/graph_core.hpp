@@ -1,0 +1,169 @@
+// The untyped heart of a Graph: its nodes, its run lifecycle and the per-run counters that the
+// typed nodes touch on their hot path. Implemented in lib/graph_core.cpp.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "splitflow/core/config.hpp"
+#include "splitflow/executor/detail/node.hpp"
+#include "splitflow/telemetry/stats.hpp"
+#include "splitflow/telemetry/telemetry.hpp"
+
+namespace splitflow {
+struct DeviceStats;
+}
+
+namespace splitflow::detail {
+
+class RuntimeCore;
+class RunState;
+class DeviceRuntime;
+class GpuAccount;
+
+/// Follows items by sequence number for a graph that answers requests (Graph::service): told
+/// when a stage drops an item on error, asked whether an item's deadline passed.
+class ItemTracker {
+ public:
+  virtual ~ItemTracker() = default;
+  /// A stage's body threw on item `seq` and the item was dropped or replaced (OnError).
+  virtual void item_failed(std::uint64_t seq, std::exception_ptr error) noexcept = 0;
+  /// Whether item `seq`'s deadline has passed (a GPU stage then drops it before its work).
+  virtual bool expired(std::uint64_t seq) noexcept = 0;
+  /// A GPU stage dropped item `seq` because its deadline passed.
+  virtual void item_expired(std::uint64_t seq, const std::string& stage) noexcept = 0;
+
+  // Where an item's time went (a service's per-request latency split). Durations in ns.
+  /// Item `seq` waited `ns` in an input queue or for a stream lease.
+  virtual void waited(std::uint64_t /*seq*/, std::int64_t /*ns*/) noexcept {}
+  /// A dynamic batch formed as item `seq` from the items `ids`, which waited `waits` in it.
+  /// Until unbatched(seq), what is reported for `seq` applies to each of them.
+  virtual void batched(std::uint64_t /*seq*/, const std::vector<std::uint64_t>& /*ids*/,
+                       const std::vector<std::int64_t>& /*waits*/) noexcept {}
+  virtual void unbatched(std::uint64_t /*seq*/) noexcept {}
+  /// Item `seq`'s GPU burst held a stream for `ns`, from the lease to its work's completion.
+  virtual void on_device(std::uint64_t /*seq*/, std::int64_t /*ns*/) noexcept {}
+};
+
+class GraphCore {
+ public:
+  GraphCore(std::shared_ptr<RuntimeCore> runtime, std::string name, GraphOptions opts);
+  /// Cancels an active run and waits for it.
+  ~GraphCore();
+  GraphCore(const GraphCore&) = delete;
+  GraphCore& operator=(const GraphCore&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  const GraphOptions& options() const noexcept { return opts_; }
+
+  // ---- building ------------------------------------------------------------------------------
+  /// Takes ownership of a new node; throws GraphError on a duplicate name or while running.
+  NodeBase& adopt(std::unique_ptr<NodeBase> node);
+  /// Throws GraphError if a run is active (the structure is frozen while running).
+  void check_mutable() const;
+
+  // ---- running -------------------------------------------------------------------------------
+  std::shared_ptr<RunState> start();
+  /// Stops the active run, if any: sources stop, queued items are dropped, running bodies
+  /// finish, and the run ends as cancelled (unless it already failed).
+  void cancel() noexcept;
+  /// Takes a unit of pending work if the run is not over (so it cannot end meanwhile).
+  bool try_acquire_unit() noexcept;
+  /// cancel() for a caller that holds a unit.
+  void cancel_holding_unit() noexcept;
+  /// Live figures of the active run.
+  RunStats snapshot() const;
+
+  // ---- hot path, called by nodes --------------------------------------------------------------
+  bool stopping() const noexcept { return stop_.load(std::memory_order_acquire); }
+  void add_items(std::uint64_t n) noexcept {
+    pending_.fetch_add(n << kItemShift, std::memory_order_relaxed);
+  }
+  /// Items left the graph (consumed or dropped). Sources waiting for max_in_flight are poked.
+  void retire_items(std::uint64_t n, WorkList& w) noexcept;
+  /// For a source holding its own lock: how many of `want` items may it admit under
+  /// max_in_flight? Zero registers it to be poked when items retire.
+  std::size_t try_admit(NodeBase& source, std::size_t want);
+  /// A unit of pending work (a task, an active source, a canceller) ended.
+  void release_unit() noexcept;
+  /// Takes one more unit, for work outside any task (a GPU invocation in flight). Only while
+  /// the caller itself holds one.
+  void add_unit() noexcept { pending_.fetch_add(1, std::memory_order_relaxed); }
+  /// Runs fn on an arena thread (from any thread, e.g. a device callback), then the work it
+  /// found, ahead of queued claims (RuntimeCore::spawn_urgent). Holds a unit meanwhile. The
+  /// caller must hold a unit (the run is live).
+  void post(std::function<void(WorkList&)> fn);
+  /// post() for a caller that may not hold a unit: does nothing (returns false) if the run has
+  /// ended, otherwise the posted task keeps the run, and so the graph, alive until it ran.
+  bool post_if_running(std::function<void(WorkList&)> fn);
+  /// Whether the run has observers (GraphOptions::observer, the tracer); cheap.
+  bool observed() const noexcept { return !observers_.empty(); }
+  const std::vector<Observer*>& observers() const noexcept { return observers_; }
+  template <class F>
+  void for_each_observer(F&& f) const {
+    for (Observer* o : observers_) f(*o);
+  }
+  /// The runtime's device (created on first use) and this graph's GPU accounting.
+  std::shared_ptr<DeviceRuntime> device();
+  GpuAccount* gpu_account();
+  /// The graph's request tracker (a service's), or null. Set while building.
+  ItemTracker* tracker() const noexcept { return tracker_; }
+  void set_tracker(ItemTracker* t) { check_mutable(); tracker_ = t; }
+  /// Records the first error of the run and stops it.
+  void fail(const NodeBase& node, std::uint64_t seq, std::exception_ptr error) noexcept;
+  /// Runs pokes and spawns claims found by a thread that is not a runtime task.
+  void dispatch_external(WorkList& w);
+  /// Throws the run's StageError if the current (or last) run failed.
+  void rethrow_if_failed() const;
+
+  /// Task body: run one claim (none: start the run) and everything it leads to.
+  void run_task(Claim first) noexcept;
+
+ private:
+  static constexpr int kItemShift = 32;
+  enum class StopReason : int { none, cancelled, failed };
+  void spawn(Claim c);
+  void execute(WorkList& w);
+  void stop(StopReason why) noexcept;
+  void complete() noexcept;
+  void validate();
+  void check_batching(const std::vector<NodeBase*>& order);
+  void check_zips(const std::vector<NodeBase*>& order);
+  RunStats collect_stats(bool final) const;
+
+  std::shared_ptr<RuntimeCore> runtime_;
+  std::string name_;
+  GraphOptions opts_;
+  std::vector<std::unique_ptr<NodeBase>> nodes_;
+  std::vector<NodeBase*> sources_;
+  std::vector<NodeBase*> topo_;  // topological order, set by validate()
+
+  mutable std::mutex mu_;              // guards active_ and current_
+  bool active_ = false;
+  std::shared_ptr<RunState> current_;  // the active or last run
+
+  // Per run. pending_ = items << 32 | units (tasks, active sources, cancellers): the run is
+  // complete when it drops to zero, and item count gates sources against max_in_flight.
+  std::atomic<std::uint64_t> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<StopReason> stop_reason_{StopReason::none};
+  std::atomic<bool> token_waiting_{false};
+  std::size_t wake_room_ = 1;  // room that wakes sources waiting for max_in_flight (validate)
+  std::mutex token_mu_;
+  std::vector<NodeBase*> token_waiters_;
+  bool telemetry_ = true;
+  Ticks start_ = 0;
+  std::unique_ptr<GpuAccount> gpu_;  // with the first GPU stage's run
+  std::shared_ptr<DeviceRuntime> run_device_;     // the device of the runs' GPU stages
+  std::unique_ptr<DeviceStats> device_at_start_;  // its figures as the run started
+  std::vector<Observer*> observers_;  // this run's: the user's, the tracer
+  ItemTracker* tracker_ = nullptr;
+};
+
+}  // namespace splitflow::detail

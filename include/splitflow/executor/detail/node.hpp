@@ -1,0 +1,328 @@
+// The executor's node protocol. Every stage is a NodeBase; the typed parts (queues, bodies,
+// emission) live in nodes.hpp. docs/architecture.md ("How an item flows") explains it.
+//
+// Slot protocol: a producer may start a claim of k items only after it has reserved k slots in
+// the input queue of each consumer (`try_reserve`). The slots are later filled (`push`) or given
+// back (`release_reservation`). A producer that cannot reserve registers itself as a waiter on
+// the full consumer and returns; the consumer pokes it when slots free. So outputs never wait
+// for space, queues never exceed their capacity, and no thread parks.
+//
+// Claims: a claim is one invocation slot (it counts against the stage's concurrency) that runs
+// the body on k items one after another. k adapts to the measured body time so that a claim
+// holds about kClaimTargetNs of work: trivial bodies amortise the scheduling cost over many
+// items, expensive ones run one item per claim.
+//
+// Locking: one spin lock per node. A thread holding node A's lock may lock a consumer of A (and
+// transitively its consumers), never a producer. Graphs are acyclic, so this order is global and
+// deadlock-free. Wake-ups that go upstream (pokes) run with no lock held.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "splitflow/core/config.hpp"
+#include "splitflow/core/detail/clock.hpp"
+#include "splitflow/telemetry/detail/sharded_histogram.hpp"
+#include "splitflow/core/detail/small_vector.hpp"
+#include "splitflow/core/detail/spin_lock.hpp"
+#include "splitflow/telemetry/stats.hpp"
+#include "splitflow/telemetry/telemetry.hpp"
+
+namespace splitflow::detail {
+
+class NodeBase;
+class GraphCore;
+class PinnedRing;
+
+/// An item travelling through a graph, with the sequence number errors report.
+template <class T>
+struct Envelope {
+  T value;
+  std::uint64_t seq;
+};
+
+/// `count` items that arrived at `ticks` (items pushed together share their arrival time, so
+/// a claim's items are a few runs, not one record each).
+struct Arrivals {
+  std::size_t count;
+  Ticks ticks;
+};
+
+/// Items a pull sink's reader took after its run's final figures were collected: the run's
+/// stats add them to the sink's (the reader may go on after the run ended).
+struct LateTakes {
+  mutable SpinLock mu;
+  std::uint64_t items = 0;
+  LatencyHistogram latency;  // in clock ticks, as the node's
+};
+
+/// A granted claim: `items` queued items of `node` that one invocation will process.
+struct Claim {
+  NodeBase* node;
+  std::size_t items;
+};
+
+/// What running one claim turned up: claims to run next (the executor continues with the
+/// first on the same thread and spawns the others) and nodes to poke.
+struct WorkList {
+  SmallVector<Claim, 4> claims;
+  SmallVector<NodeBase*, 4> pokes;
+};
+
+struct Edge {
+  NodeBase* node;
+  int port;
+};
+
+/// Hears of the items a node upstream dropped on its input `port` (a stage skipped it on error,
+/// its deadline passed): a zip then drops the other half of the pair.
+class DropListener {
+ public:
+  virtual void item_dropped(int port, std::uint64_t seq, const NodeBase& by) noexcept = 0;
+
+ protected:
+  ~DropListener() = default;
+};
+
+/// The typed entry of a node: fills slots the producer reserved, moving the items out of
+/// `items` (which the caller then clears).
+template <class T>
+class Receiver {
+ public:
+  Receiver(NodeBase& node, int port) : node_(&node), port_(port) {}
+  virtual ~Receiver() = default;
+  virtual void push(std::vector<Envelope<T>>& items, WorkList& w) = 0;
+  /// The pinned ring behind this entry, if it is a CPU-to-GPU edge (producers write into it).
+  virtual PinnedRing* ring() const noexcept { return nullptr; }
+  NodeBase& node() const noexcept { return *node_; }
+  int port() const noexcept { return port_; }
+
+ protected:
+  NodeBase* node_;
+  int port_;
+};
+
+class NodeBase {
+ public:
+  static constexpr int kMaxPorts = 2;
+  /// Work per claim the adaptive claim size aims at.
+  static constexpr std::int64_t kClaimTargetNs = 20'000;
+
+  NodeBase(GraphCore& graph, std::string name, StageKind kind, const StageOptions& opts, int ports);
+  virtual ~NodeBase();
+  NodeBase(const NodeBase&) = delete;
+  NodeBase& operator=(const NodeBase&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  StageKind kind() const noexcept { return kind_; }
+  GraphCore& graph() const noexcept { return *graph_; }
+  SpinLock& mutex() const noexcept { return mu_; }
+  std::size_t concurrency() const noexcept { return concurrency_; }
+  Order order() const noexcept { return order_; }
+  int ports() const noexcept { return nports_; }
+  bool telemetry() const noexcept { return telemetry_; }
+  /// Whether items get arrival times: for telemetry, or for a service's latency split.
+  bool stamps() const noexcept { return stamps_; }
+  /// Input queue capacity of every port, in items.
+  std::size_t capacity() const noexcept { return capacity_; }
+  OnError on_error() const noexcept { return on_error_; }
+
+  /// A body threw on item `seq`. Under OnError::fail this fails the run and returns false;
+  /// otherwise it counts the item (skipped or substituted), keeps its message and returns true:
+  /// the caller drops or replaces the item and goes on.
+  bool absorb_error(std::uint64_t seq, std::exception_ptr error, bool substituted) noexcept;
+
+  // ---- executor ---------------------------------------------------------------------------
+  /// Runs a claim granted by collect_claims_locked(): pop up to k items, run the body on each,
+  /// emit, finish.
+  virtual void run_claim(WorkList& w, std::size_t k) = 0;
+  /// Capacity or tokens may have become free: grant what claims can be granted.
+  void poke(WorkList& w);
+
+  // ---- structure (build time) ---------------------------------------------------------------
+  void add_successor(NodeBase& consumer, int port);
+  const std::vector<Edge>& successors() const noexcept { return successors_; }
+  std::size_t predecessors(int port) const noexcept { return npred_[port]; }
+  /// Throws GraphError when the node's own settings or edges are invalid.
+  virtual void validate() const;
+  /// A node that pairs items from two branches hears of drops upstream through this (a zip).
+  virtual DropListener* drop_listener() noexcept { return nullptr; }
+  /// Registers `l` (input `port`) to hear of the items this node drops; set while validating.
+  void add_drop_listener(DropListener& l, int port) { drop_listeners_.push_back({&l, port}); }
+  void clear_drop_listeners() noexcept { drop_listeners_.clear(); }
+  /// This node dropped item `seq` (skipped, expired, unpaired): its listeners hear of it.
+  void dropped(std::uint64_t seq) noexcept {
+    for (const auto& [l, port] : drop_listeners_) l->item_dropped(port, seq, *this);
+  }
+  /// Items a batch node may hold while it waits to fill (a batch of n: n - 1); 0 for others.
+  virtual std::size_t holds_while_filling() const noexcept { return 0; }
+  /// A dynamic batch's max_batch (0: not one).
+  virtual std::size_t forms_batches_of() const noexcept { return 0; }
+  /// An unbatch's max_batch (0: not one).
+  virtual std::size_t splits_batches_of() const noexcept { return 0; }
+
+  // ---- consumer side of the slot protocol ----------------------------------------------------
+  /// Called by a producer holding its own lock: reserve up to `want` slots on `port` (with
+  /// all_or_none, `want` or nothing); returns how many. Zero registers the producer as a waiter.
+  std::size_t try_reserve(int port, NodeBase& producer, std::size_t want, bool all_or_none = false);
+  /// `n` reserved slots will not be filled. Called with no lock of this node held.
+  void release_reservation(int port, std::size_t n, WorkList& w);
+  /// One producer delivered everything it will deliver this run (end of input). Called by the
+  /// producer holding its own lock (we are downstream: in lock order).
+  void producer_closed(WorkList& w);
+  /// Called with mu_ held, after `n` items were stored in the port's queue at time `now`.
+  void arrived_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
+  /// Called with mu_ held when `n` items for reserved slots were dropped (the run is stopping).
+  void rejected_locked(int port, std::size_t n, WorkList& w);
+
+  // ---- run lifecycle (GraphCore) ------------------------------------------------------------
+  /// Before a run, after validation: acquire what the run needs (a device, rings). May throw.
+  virtual void prepare() {}
+  virtual void reset(Ticks start, bool telemetry, std::size_t parallelism);
+  /// Cancel: drop queued items (they are retired) and wake producers.
+  virtual void drop_queued(WorkList& w);
+  /// Empties the typed queues; returns how many items must be retired.
+  virtual std::size_t clear_queues_locked() { return 0; }
+  /// The run is over: let consumers of a pull sink see the end of the stream.
+  virtual void end_of_stream() {}
+  /// A pull sink's record of the items its reader took after the run's final figures were
+  /// collected (the run's stats add them); null for other nodes.
+  virtual std::shared_ptr<const LateTakes> late_takes() const { return nullptr; }
+  // With mu_ held (GraphCore holds every node's lock for a consistent snapshot).
+  void finalize_locked(Ticks end);
+  /// The run's final figures were read (under mu_); later changes are not in them.
+  virtual void finalized_locked() {}
+  StageStats snapshot_locked(Ticks now) const;
+  /// Adds figures of resources the node owns (a GPU stage's pinned ring).
+  virtual void add_stats_locked(StageStats&) const {}
+
+ protected:
+  // All *_locked members run with mu_ held.
+  /// Items queued (on every port) that a claim can pop, owned by a granted claim or not.
+  virtual std::size_t ready_locked() const;
+  /// How many of `available` items the next claim takes (default: the adaptive claim size).
+  virtual std::size_t claim_size_locked(std::size_t available) const;
+  /// Outputs a claim of k items produces: the slots it reserves in each consumer (1:1 nodes: k;
+  /// a batch node: one). A claim whose outputs cannot all be reserved does not start, unless
+  /// the node is 1:1, whose claim then shrinks to the slots granted.
+  virtual std::size_t outputs_for_locked(std::size_t k) const { return k; }
+  /// Whether this node will get no more input this run (sources: the generator ended).
+  virtual bool inputs_done_locked() const { return open_inputs_ == 0; }
+  /// Once the node has no input left to come, nothing queued and nothing running, it tells its
+  /// consumers their input from it ended (what lets a batch node emit its last, short batch).
+  void maybe_close_locked(WorkList& w);
+  /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
+  virtual std::size_t admit_locked(std::size_t want) { return want; }
+  /// `n` admitted items will not start after all (a consumer had fewer slots): give them back.
+  virtual void unadmit_locked(std::size_t /*n*/, WorkList& /*w*/) {}
+  /// Extra capacity of an input port beyond its item slots (a pinned ring's byte budget): how
+  /// many of `want` slots it can back. Called with mu_ held; 0 makes the producer wait.
+  virtual std::size_t reserve_extra_locked(int /*port*/, std::size_t want) { return want; }
+  /// Reserved slots given back: return their extra capacity too.
+  virtual void release_extra(int /*port*/, std::size_t /*n*/) {}
+  void collect_claims_locked(WorkList& w);
+  /// Items left port's queue at `now` (0: read the clock): account them and wake producers
+  /// blocked on the space.
+  void popped_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
+  /// A claim starts executing at `t0` (read under the lock, so that claim sizing does not
+  /// count a wait for the lock as the body's work).
+  void begin_invocation_locked(Ticks t0);
+  /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it and
+  /// give back the output slots of the items it did not get (outputs_for_locked).
+  void took_locked(std::size_t k, std::size_t n, WorkList& w);
+  /// The start of a claim of `k` items on an input port's queue (port 0): under mu_, pops them
+  /// into `out` (their arrival runs into `arrivals`), accounts them, reads the claim's start
+  /// time under the lock (a wait for the lock is not the body's work) and runs `locked()` for
+  /// the node's own bookkeeping; then, without the lock, tells a service's tracker how long
+  /// the items queued. Returns the start time. Defined in nodes.hpp.
+  template <class Queue, class T, class Locked>
+  Ticks begin_claim(Queue& in, std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals,
+                    std::size_t k, WorkList& w, Locked&& locked);
+  template <class Queue, class T>
+  Ticks begin_claim(Queue& in, std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals,
+                    std::size_t k, WorkList& w) {
+    return begin_claim(in, out, arrivals, k, w, [] {});
+  }
+  /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
+  /// it, record the items' latencies (from `arrivals`, runs of arrival times, when given; else
+  /// the claim's time per item), notify observers, grant new claims. Its work (what sizes the
+  /// next claims) is [t0, body_end): the bodies, not the emission into consumers, whose locks
+  /// may be contended (0: up to now).
+  void end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size_t emitted, WorkList& w,
+                      const std::vector<Arrivals>* arrivals = nullptr, std::uint64_t first = 0);
+  /// Tells the graph's observers a claim began (call without mu_; cheap when none).
+  void notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,
+                    std::int64_t ring_bytes = -1);
+  std::size_t queued_total_locked() const noexcept;
+  void release_successors(std::size_t n, WorkList& w);
+  void take_waiters_locked(WorkList& w);
+  void refresh_state_locked(Ticks now = 0);
+  /// Integrates queue occupancy up to `now` (before the queue changes).
+  void account_queue_locked(Ticks now) noexcept;
+  bool sequenced() const noexcept { return sequenced_; }
+  std::size_t queued_locked(int port) const noexcept { return ports_[port].queued; }
+
+  GraphCore* graph_;
+  std::string name_;
+  StageKind kind_;
+  std::size_t concurrency_;
+  Order order_;
+  std::size_t capacity_;
+  bool default_capacity_;  // the graph's default, times the producers of a merge
+  OnError on_error_;
+  std::size_t max_claim_ = 64;  // items per claim at most
+  int nports_;
+  std::vector<Edge> successors_;
+  std::vector<std::pair<DropListener*, int>> drop_listeners_;  // set by GraphCore::validate
+  std::size_t npred_[kMaxPorts] = {0, 0};
+
+  mutable SpinLock mu_;
+  struct Port {
+    std::size_t queued = 0;
+    std::size_t reserved = 0;
+  };
+  Port ports_[kMaxPorts];
+  std::size_t running_ = 0;    // granted claims not yet finished
+  std::size_t unpopped_ = 0;   // items owned by granted claims that have not popped them yet
+  std::size_t executing_ = 0;  // claims executing now
+  std::size_t waiting_ = 0;    // claims waiting for an outside resource (a stream)
+  bool blocked_ = false;       // has input and free concurrency, but a consumer is full
+  bool telemetry_ = true;
+  bool stamps_ = true;
+  bool sequenced_ = false;  // in-order with concurrency > 1: outputs go through a reorder ring
+  std::uint64_t next_ticket_ = 0;
+  std::size_t parallelism_ = 1;     // runtime threads: how many claims a backlog is split into
+  std::size_t claim_ = 1;           // adaptive items per claim
+  double item_ticks_ = 0;           // smoothed body time per item
+  double target_ticks_ = 0;         // kClaimTargetNs in ticks
+  std::vector<NodeBase*> waiters_;  // producers blocked on our capacity
+  std::size_t open_inputs_ = 0;     // producers that have not closed their output this run
+  bool closed_ = false;             // we told our consumers that our output ended
+
+  // statistics (under mu_)
+  enum State : int { kStarved = 0, kBusy = 1, kBlocked = 2 };
+  int state_ = kStarved;
+  Ticks state_since_ = 0;
+  Ticks state_ticks_[3] = {0, 0, 0};
+  Ticks work_ticks_ = 0;
+  std::uint64_t items_in_ = 0;
+  std::uint64_t items_out_ = 0;
+  std::uint64_t invocations_ = 0;
+  std::uint64_t skipped_ = 0;
+  std::uint64_t substituted_ = 0;
+  std::uint64_t expired_ = 0;      // dropped before their GPU work: their deadline passed
+  std::vector<ItemError> errors_;  // the first StageStats::kMaxItemErrors
+  std::size_t max_executing_ = 0;
+  std::size_t max_queue_ = 0;
+  Ticks start_ = 0;        // the run's
+  double queue_area_ = 0;  // queued items x ticks
+  Ticks queue_since_ = 0;
+  ShardedHistogram latency_;  // (its own locks: recorded outside mu_)
+};
+
+}  // namespace splitflow::detail

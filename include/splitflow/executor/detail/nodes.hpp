@@ -1,0 +1,886 @@
+// Typed nodes: input queues, bodies and emission. The scheduling logic they share is in
+// NodeBase (lib/node.cpp); what is here is only what needs the item types.
+#pragma once
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "splitflow/executor/detail/graph_core.hpp"
+#include "splitflow/executor/detail/node.hpp"
+#include "splitflow/core/detail/scratch.hpp"
+#include "splitflow/device/device.hpp"
+#include "splitflow/core/error.hpp"
+
+namespace splitflow::detail {
+
+/// A node's input queue of T on one port. The queue is guarded by the node's lock, and its
+/// length never exceeds the capacity because every push fills reserved slots.
+template <class T>
+class InputPort final : public Receiver<T> {
+ public:
+  using Receiver<T>::Receiver;
+
+  void push(std::vector<Envelope<T>>& items, WorkList& w) override {
+    // The items' arrival time, for their latency; read before locking to keep the lock short.
+    const Ticks now = this->node_->stamps() ? now_ticks() : 0;
+    std::lock_guard lk(this->node_->mutex());
+    if (this->node_->graph().stopping()) {
+      this->node_->rejected_locked(this->port_, items.size(), w);
+      return;
+    }
+    for (auto& e : items) queue_.push_back(std::move(e));
+    if (!arrivals_.empty() && arrivals_.back().ticks == now) {
+      arrivals_.back().count += items.size();
+    } else {
+      arrivals_.push_back({items.size(), now});
+    }
+    this->node_->arrived_locked(this->port_, items.size(), w, now);
+  }
+  // Under the node's lock:
+  std::size_t size() const noexcept { return queue_.size(); }
+  /// Moves up to k items from the front into `out`, and the runs of their arrival times into
+  /// `arrivals`; returns how many.
+  std::size_t pop(std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals, std::size_t k) {
+    const std::size_t n = std::min(k, queue_.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      out.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    for (std::size_t left = n; left > 0;) {
+      Arrivals& a = arrivals_.front();
+      const std::size_t take = std::min(left, a.count);
+      arrivals.push_back({take, a.ticks});
+      left -= take;
+      if ((a.count -= take) == 0) arrivals_.pop_front();
+    }
+    return n;
+  }
+  std::size_t clear() noexcept {
+    const std::size_t n = queue_.size();
+    queue_.clear();
+    arrivals_.clear();
+    return n;
+  }
+
+ private:
+  std::deque<Envelope<T>> queue_;
+  std::deque<Arrivals> arrivals_;  // runs, covering queue_ in order
+};
+
+/// Tells a service's tracker how long the popped `items` waited in their input queue, from
+/// their arrival (`arrivals`, runs in order) to `t0`. Call without the node's lock.
+template <class T>
+void report_waits(GraphCore& g, const std::vector<Envelope<T>>& items,
+                  const std::vector<Arrivals>& arrivals, Ticks t0) noexcept {
+  ItemTracker* t = g.tracker();
+  if (!t) return;
+  std::size_t i = 0;
+  for (const Arrivals& a : arrivals)
+    for (std::size_t j = 0; j < a.count && i < items.size(); ++j, ++i)
+      t->waited(items[i].seq, ticks_to_ns(t0 - a.ticks));
+}
+
+template <class Queue, class T, class Locked>
+Ticks NodeBase::begin_claim(Queue& in, std::vector<Envelope<T>>& out,
+                            std::vector<Arrivals>& arrivals, std::size_t k, WorkList& w,
+                            Locked&& locked) {
+  Ticks t0;
+  {
+    std::lock_guard lk(mu_);
+    const std::size_t n = in.pop(out, arrivals, k);
+    took_locked(k, n, w);
+    t0 = now_ticks();
+    begin_invocation_locked(t0);
+    popped_locked(0, n, w, t0);
+    locked();
+  }
+  report_waits(*graph_, out, arrivals, t0);
+  return t0;
+}
+
+/// Items that carry the ids of several items (Batch<T>): an error on one reaches all of them.
+template <class T>
+concept CarriesIds = requires(const T& t) {
+  { t.ids } -> std::convertible_to<const std::vector<std::uint64_t>&>;
+};
+
+/// The ids an error on `item` must reach besides its own number: a batch's items, when the
+/// stage goes on after errors and a service follows the requests. Read before the body.
+template <class In>
+std::vector<std::uint64_t> ids_for_errors(const NodeBase& node, const In& item) {
+  if constexpr (CarriesIds<In>) {
+    if (node.on_error() != OnError::fail && node.graph().tracker()) return item.ids;
+  }
+  (void)node;
+  (void)item;
+  return {};
+}
+
+/// Base of nodes with an output of type Out: fan-out to consumers and in-order emission.
+template <class Out>
+class Emitter : public NodeBase {
+ public:
+  using NodeBase::NodeBase;
+
+  void add_target(Receiver<Out>& r) {
+    add_successor(r.node(), r.port());
+    targets_.push_back(&r);
+  }
+  std::size_t fan_out() const noexcept { return targets_.size(); }
+  /// OnError::substitute: the value emitted in place of an item whose body threw.
+  void set_substitute(Out value) {
+    static_assert(std::is_copy_constructible_v<Out>,
+                  "splitflow: substitute_on_error copies its value for each failing item, so the "
+                  "output type must be copyable");
+    this->graph().check_mutable();
+    substitute_ = std::make_shared<const Out>(std::move(value));
+    this->on_error_ = OnError::substitute;
+  }
+  void validate() const override {
+    NodeBase::validate();
+    if (this->on_error_ == OnError::substitute && !substitute_)
+      throw GraphError("splitflow: stage '" + this->name() +
+                       "': on_error is OnError::substitute but it has no substitute value; "
+                       "give one with substitute_on_error(value)");
+  }
+  /// A body threw on item `seq` (a batch of `ids`, see ids_for_errors): applies the stage's
+  /// OnError. Returns false when the run fails; otherwise true, with `out` holding the
+  /// substitute (OnError::substitute) or empty (skip). A skipped batch's requests fail with the
+  /// error.
+  bool absorb_item_error(std::uint64_t seq, const std::vector<std::uint64_t>& ids,
+                         std::exception_ptr error, std::optional<Out>& out) noexcept {
+    const bool substitute = this->on_error_ == OnError::substitute;
+    if (ItemTracker* t = this->graph().tracker(); t && !substitute)
+      for (std::uint64_t id : ids)
+        if (id != seq) t->item_failed(id, error);
+    out.reset();
+    if (!this->absorb_error(seq, std::move(error), substitute)) return false;
+    if constexpr (std::is_copy_constructible_v<Out>) {
+      if (substitute) {
+        try {
+          out.emplace(*substitute_);
+        } catch (...) {  // the copy itself failed: the item is dropped
+        }
+      }
+    }
+    return true;
+  }
+
+  /// The pinned ring this node's outputs go into (its only consumer is a GPU stage fed
+  /// through one), or nullptr.
+  PinnedRing* output_ring() const noexcept {
+    return targets_.size() == 1 ? targets_[0]->ring() : nullptr;
+  }
+
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    NodeBase::reset(start, telemetry, parallelism);
+    reorder_.clear();
+    if (sequenced()) {
+      // Every popped ticket not yet emitted (running, or finished and waiting here for an
+      // earlier one) holds a reserved slot in each consumer, so the tickets in flight span at
+      // most the smallest consumer capacity. (Not the concurrency: waiting outputs no longer
+      // count against it.)
+      std::size_t span = std::numeric_limits<std::size_t>::max();
+      for (const Edge& e : successors_) span = std::min(span, e.node->capacity());
+      reorder_.resize(std::max<std::size_t>(span, 1));
+    }
+    next_emit_ = 0;
+  }
+
+ protected:
+  /// Emits the outputs of a claim that popped tickets [ticket, ticket + slots): `out` holds the
+  /// outputs of the first out.size() of them (fewer than `slots` only when a body failed).
+  void emit(std::uint64_t ticket, std::size_t slots, std::vector<Envelope<Out>>& out, WorkList& w) {
+    if (!sequenced()) {
+      release_successors(slots - out.size(), w);
+      deliver(out, w);
+      return;
+    }
+    std::lock_guard lk(mu_);
+    for (std::size_t i = 0; i < slots; ++i) {
+      Slot& s = reorder_[(ticket + i) % reorder_.size()];
+      assert(!s.full && "reorder ring overrun");
+      if (i < out.size()) s.value.emplace(std::move(out[i]));
+      s.full = true;
+    }
+    out.clear();
+    // Deliver the run of consecutive finished tickets, if ours completed it.
+    for (;;) {
+      Slot& s = reorder_[next_emit_ % reorder_.size()];
+      if (!s.full) break;
+      if (s.value) {
+        out.push_back(std::move(*s.value));
+        s.value.reset();
+      } else {
+        release_successors(1, w);
+      }
+      s.full = false;
+      ++next_emit_;
+    }
+    deliver(out, w);  // consumers are downstream: pushing under our lock is in order
+  }
+
+ private:
+  /// Pushes `out` (one reserved slot per item in every consumer) to every consumer: copies for
+  /// all but the last.
+  void deliver(std::vector<Envelope<Out>>& out, WorkList& w) {
+    const std::size_t n = out.size();
+    if (n == 0) return;
+    if (graph().stopping()) {
+      release_successors(n, w);
+      graph().retire_items(n, w);
+      out.clear();
+      return;
+    }
+    const std::size_t consumers = targets_.size();
+    if constexpr (std::is_copy_constructible_v<Out>) {
+      if (consumers > 1) {
+        graph().add_items(n * (consumers - 1));
+        Scratch<Envelope<Out>> copy;
+        for (std::size_t i = 0; i + 1 < consumers; ++i) {
+          copy->assign(out.begin(), out.end());
+          targets_[i]->push(*copy, w);
+          copy->clear();
+        }
+      }
+    }
+    targets_[consumers - 1]->push(out, w);
+    out.clear();
+  }
+
+  struct Slot {
+    std::optional<Envelope<Out>> value;
+    bool full = false;
+  };
+  std::vector<Receiver<Out>*> targets_;
+  std::vector<Slot> reorder_;  // under mu_
+
+ protected:
+  std::shared_ptr<const Out> substitute_;  // set while building, read while running
+  std::uint64_t next_emit_ = 0;
+};
+
+/// Runs `f` and, if it throws, fails the run naming the node and the item.
+template <class F>
+bool guarded(NodeBase& node, std::uint64_t seq, F&& f) noexcept {
+  try {
+    f();
+    return true;
+  } catch (...) {
+    node.graph().fail(node, seq, std::current_exception());
+    return false;
+  }
+}
+
+/// A source: a generator `std::optional<T>()` called serially until it returns nullopt.
+/// A copyable generator is copied afresh for every run, so each run starts from the start.
+template <class T, class Gen>
+class SourceNode final : public Emitter<T> {
+ public:
+  SourceNode(GraphCore& g, std::string name, Gen gen)
+      : Emitter<T>(g, std::move(name), StageKind::source, StageOptions{}, 0),
+        prototype_(std::move(gen)) {}
+
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    Emitter<T>::reset(start, telemetry, parallelism);
+    if constexpr (std::is_copy_constructible_v<Gen>) {
+      gen_.emplace(prototype_);
+    } else if (!gen_) {
+      gen_.emplace(std::move(prototype_));
+    }
+    exhausted_ = false;
+    holds_unit_ = true;
+    next_seq_ = 0;
+  }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Ticks t0;
+    {
+      std::lock_guard lk(this->mu_);
+      const bool live = !exhausted_ && !this->graph().stopping();
+      this->took_locked(k, live ? k : 0, w);
+      if (!live) {
+        this->graph().retire_items(k, w);  // admitted, never made
+        --this->running_;
+        this->maybe_close_locked(w);
+        this->refresh_state_locked();
+        return;
+      }
+      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
+      this->begin_invocation_locked(t0);
+    }
+    const std::uint64_t first = next_seq_;
+    this->notify_begin(t0, first, k, 0);
+    Scratch<Envelope<T>> out;
+    bool done = false;
+    for (std::size_t i = 0; i < k && !done; ++i) {
+      if (this->graph().stopping()) break;  // a cancel stops the claim between items
+      std::optional<T> v;
+      if (!guarded(*this, next_seq_, [&] { v = std::invoke(*gen_); }) || !v) {
+        done = true;
+      } else {
+        out->push_back(Envelope<T>{std::move(*v), next_seq_++});
+      }
+    }
+    const Ticks body_end = now_ticks();
+    const std::size_t made = out->size();
+    if (made < k) this->graph().retire_items(k - made, w);  // admitted, not made
+    const std::size_t emitted = this->graph().stopping() ? 0 : made;
+    this->emit(0, k, *out, w);
+    if (done) finish();
+    this->end_invocation(t0, body_end, made, emitted, w, nullptr, first);
+  }
+
+  void drop_queued(WorkList& w) override {
+    Emitter<T>::drop_queued(w);
+    finish();
+  }
+
+ protected:
+  std::size_t ready_locked() const override {
+    return exhausted_ ? 0 : std::numeric_limits<std::size_t>::max() / 2;
+  }
+  bool inputs_done_locked() const override { return exhausted_; }
+  std::size_t admit_locked(std::size_t want) override {
+    return this->graph().try_admit(*this, want);
+  }
+  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
+
+ private:
+  // The source's unit of pending work ends once, whoever sees the end first.
+  void finish() noexcept {
+    bool release = false;
+    {
+      std::lock_guard lk(this->mu_);
+      exhausted_ = true;
+      release = std::exchange(holds_unit_, false);
+    }
+    if (release) this->graph().release_unit();
+  }
+
+  Gen prototype_;
+  std::optional<Gen> gen_;
+  bool exhausted_ = true;       // under mu_
+  bool holds_unit_ = false;     // under mu_
+  std::uint64_t next_seq_ = 0;  // only the (serial) running claim touches it
+};
+
+/// A stage: `Out(In)` (or `Out(In, HostAllocator&)`), any concurrency, in or out of order.
+template <class In, class Out, class F>
+class StageNode final : public Emitter<Out> {
+  static constexpr bool kAllocates = std::is_invocable_v<F&, In&&, HostAllocator&>;
+
+ public:
+  StageNode(GraphCore& g, std::string name, F f, const StageOptions& o)
+      : Emitter<Out>(g, std::move(name), StageKind::stage, o, 1), in_(*this, 0), f_(std::move(f)) {}
+
+  Receiver<In>& input() noexcept { return in_; }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<In>> in;
+    Scratch<Arrivals> arrivals;
+    std::uint64_t ticket;
+    std::size_t queued;
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] {
+      ticket = this->next_ticket_;
+      this->next_ticket_ += in->size();
+      queued = in_.size();
+    });
+    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
+    this->notify_begin(t0, first, in->size(), queued);
+    Scratch<Envelope<Out>> out;
+    PinnedRing* ring = nullptr;
+    if constexpr (kAllocates) ring = this->output_ring();
+    const std::size_t n = in->size();
+    std::size_t emitted = 0;
+    std::uint64_t next = ticket;  // the first ticket not yet handed to emit()
+    for (std::size_t i = 0; i < n; ++i) {
+      if (this->graph().stopping()) {  // a cancel stops the claim between items
+        this->graph().retire_items(n - i, w);
+        break;
+      }
+      auto& item = (*in)[i];
+      const std::uint64_t seq = item.seq;
+      const std::vector<std::uint64_t> ids = ids_for_errors(*this, item.value);
+      try {
+        if constexpr (kAllocates) {
+          HostAllocator alloc(ring, &this->name(), seq);
+          out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value), alloc), seq});
+        } else {
+          out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value)), seq});
+        }
+        continue;
+      } catch (...) {
+        std::optional<Out> replacement;
+        if (!this->absorb_item_error(seq, ids, std::current_exception(), replacement)) {
+          this->graph().retire_items(n - i, w);  // this item and the rest
+          break;
+        }
+        if (replacement) {
+          out->push_back(Envelope<Out>{std::move(*replacement), seq});
+          continue;
+        }
+      }
+      // Skipped: what came before it goes out, then its slot, empty.
+      this->graph().retire_items(1, w);
+      const std::size_t made = out->size();
+      emitted += this->graph().stopping() ? 0 : made;
+      this->emit(next, made + 1, *out, w);
+      next += made + 1;
+    }
+    const Ticks body_end = now_ticks();
+    in->clear();
+    emitted += this->graph().stopping() ? 0 : out->size();
+    this->emit(next, ticket + n - next, *out, w);  // after a failure the rest are empty slots
+    this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
+  }
+
+  std::size_t clear_queues_locked() override { return in_.clear(); }
+
+ protected:
+  std::size_t ready_locked() const override { return in_.size(); }
+
+ private:
+  InputPort<In> in_;
+  F f_;
+};
+
+/// A callback sink: `void(In)`.
+template <class In, class F>
+class SinkNode final : public NodeBase {
+ public:
+  SinkNode(GraphCore& g, std::string name, F f, const StageOptions& o)
+      : NodeBase(g, std::move(name), StageKind::sink, o, 1), in_(*this, 0), f_(std::move(f)) {}
+
+  Receiver<In>& input() noexcept { return in_; }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<In>> in;
+    Scratch<Arrivals> arrivals;
+    std::size_t queued;
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] { queued = in_.size(); });
+    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
+    this->notify_begin(t0, first, in->size(), queued);
+    std::size_t done = 0;
+    for (auto& item : *in) {
+      if (this->graph().stopping()) break;  // a cancel stops the claim between items
+      try {
+        std::invoke(f_, std::move(item.value));
+        ++done;
+      } catch (...) {
+        if (!this->absorb_error(item.seq, std::current_exception(), false)) break;
+      }
+    }
+    const std::size_t n = in->size();
+    in->clear();
+    this->graph().retire_items(n, w);
+    this->end_invocation(t0, 0, n, done, w, &*arrivals, first);  // (no emission: up to now)
+  }
+
+  std::size_t clear_queues_locked() override { return in_.clear(); }
+
+ protected:
+  std::size_t ready_locked() const override { return in_.size(); }
+
+ private:
+  InputPort<In> in_;
+  F f_;
+};
+
+/// Pairs the items of its two inputs that came from the same upstream item (the same
+/// sequence number: the same source item, or the i-th item of each of two sources), whatever
+/// order they arrive in. An item whose partner was dropped on the other branch (a stage
+/// skipped it, its deadline passed) is dropped too, and counted in items_skipped. The run
+/// checks that each input is fed by one path from one source (GraphCore::check_zips).
+template <class A, class B>
+class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
+  using Out = std::pair<A, B>;
+
+ public:
+  ZipNode(GraphCore& g, std::string name, std::size_t capacity)
+      : Emitter<Out>(g, std::move(name), StageKind::zip,
+                     StageOptions{Concurrency::serial, Order::in_order, capacity}, 2),
+        a_(*this, 0),
+        b_(*this, 1) {}
+
+  Receiver<A>& first() noexcept { return a_; }
+  Receiver<B>& second() noexcept { return b_; }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<A>> as;
+    Scratch<Envelope<B>> bs;
+    Scratch<Arrivals> arrived_a, arrived_b;
+    Scratch<Envelope<Out>> out;
+    Scratch<Arrivals> pairs;  // a pair's latency starts when its second half arrived
+    std::vector<std::uint64_t> lost;  // items whose partner was dropped upstream
+    std::size_t popped = 0;
+    Ticks t0;
+    {
+      std::lock_guard lk(this->mu_);
+      // Each popped item completes at most one pair: k items fill at most the k slots reserved.
+      std::size_t na = std::min(a_.size(), (k + 1) / 2);
+      const std::size_t nb = std::min(b_.size(), k - na);
+      na = std::min(a_.size(), k - nb);
+      a_.pop(*as, *arrived_a, na);
+      b_.pop(*bs, *arrived_b, nb);
+      popped = as->size() + bs->size();
+      this->took_locked(k, std::min(k, popped), w);
+      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
+      this->begin_invocation_locked(t0);
+      this->popped_locked(0, as->size(), w, t0);
+      this->popped_locked(1, bs->size(), w, t0);
+      match(*as, *arrived_a, wait_a_, dead_b_, "second", wait_b_, *out, *pairs, lost,
+            [](auto& mine, auto& other) { return Out{std::move(mine), std::move(other)}; });
+      match(*bs, *arrived_b, wait_b_, dead_a_, "first", wait_a_, *out, *pairs, lost,
+            [](auto& mine, auto& other) { return Out{std::move(other), std::move(mine)}; });
+      // The end of both inputs: an item still waiting has no partner to come.
+      if (this->inputs_done_locked() && a_.size() + b_.size() == 0) take_leftovers_locked(lost);
+      this->skipped_ += lost.size();
+    }
+    const std::size_t n = out->size();
+    const std::uint64_t first = n ? out->front().seq : 0;
+    this->notify_begin(t0, first, popped, 0);
+    for (std::uint64_t seq : lost) this->dropped(seq);
+    const Ticks body_end = now_ticks();
+    this->graph().retire_items(n + lost.size(), w);  // two items became one; lost ones left
+    const std::size_t emitted = this->graph().stopping() ? 0 : n;
+    this->emit(0, k, *out, w);
+    this->end_invocation(t0, body_end, n, emitted, w, &*pairs, first);
+  }
+
+  DropListener* drop_listener() noexcept override { return this; }
+
+  /// An upstream node of input `port` dropped item `seq`: its partner on the other input will
+  /// never be paired.
+  void item_dropped(int port, std::uint64_t seq, const NodeBase& by) noexcept override {
+    Lost what;
+    {
+      std::lock_guard lk(this->mu_);
+      what = port == 0 ? partner_lost(seq, by, wait_b_, dead_b_, dead_a_)
+                       : partner_lost(seq, by, wait_a_, dead_a_, dead_b_);
+      if (what == Lost::partner) {
+        ++this->skipped_;
+        note_locked(seq, "its partner on the " + std::string(port == 0 ? "first" : "second") +
+                             " input was dropped by '" + by.name() + "'");
+      }
+    }
+    // No pair for `seq` will leave: zips downstream drop their halves of it.
+    if (what != Lost::later) this->dropped(seq);
+    if (what != Lost::partner) return;
+    WorkList w;
+    this->graph().retire_items(1, w);
+    this->graph().dispatch_external(w);
+  }
+
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    Emitter<Out>::reset(start, telemetry, parallelism);
+    wait_a_.clear();
+    wait_b_.clear();
+    dead_a_.clear();
+    dead_b_.clear();
+  }
+
+  std::size_t clear_queues_locked() override {
+    const std::size_t held = wait_a_.size() + wait_b_.size();
+    wait_a_.clear();
+    wait_b_.clear();
+    return a_.clear() + b_.clear() + held;
+  }
+
+ protected:
+  std::size_t ready_locked() const override {
+    const std::size_t q = a_.size() + b_.size();
+    // At the end of both inputs, items still waiting for a partner are dropped by a claim.
+    if (q == 0 && this->inputs_done_locked() && !(wait_a_.empty() && wait_b_.empty())) return 1;
+    return q;
+  }
+
+ private:
+  template <class T>
+  struct Waiting {
+    T value;
+    Ticks arrived;
+  };
+  template <class T>
+  using WaitMap = std::unordered_map<std::uint64_t, Waiting<T>>;
+  using DeadMap = std::unordered_map<std::uint64_t, const NodeBase*>;
+
+  // Pairs each popped item with its waiting partner, or keeps it waiting for it, or drops it
+  // when its partner was dropped upstream (`other_dead`). Under mu_.
+  template <class Mine, class Other, class Make>
+  void match(std::vector<Envelope<Mine>>& items, const std::vector<Arrivals>& arrivals,
+             WaitMap<Mine>& mine, DeadMap& other_dead, const char* other_input,
+             WaitMap<Other>& other, std::vector<Envelope<Out>>& out,
+             std::vector<Arrivals>& pairs, std::vector<std::uint64_t>& lost, Make make) {
+    std::size_t i = 0;
+    for (const Arrivals& a : arrivals) {
+      for (std::size_t j = 0; j < a.count; ++j, ++i) {
+        Envelope<Mine>& e = items[i];
+        if (auto it = other.find(e.seq); it != other.end()) {
+          out.push_back(Envelope<Out>{make(e.value, it->second.value), e.seq});
+          pairs.push_back({1, std::max(a.ticks, it->second.arrived)});
+          other.erase(it);
+        } else if (auto d = other_dead.find(e.seq); d != other_dead.end()) {
+          lost.push_back(e.seq);
+          note_locked(e.seq, std::string("its partner on the ") + other_input +
+                                 " input was dropped by '" + d->second->name() + "'");
+          other_dead.erase(d);
+        } else {
+          mine.insert_or_assign(e.seq, Waiting<Mine>{std::move(e.value), a.ticks});
+        }
+      }
+    }
+    items.clear();
+  }
+
+  enum class Lost { later, partner, both };
+  // One half of item `seq` was dropped upstream. Its partner, if waiting, is dropped now
+  // (Lost::partner); if still to come, it is remembered in `mine_dead` and dropped on arrival
+  // (Lost::later), unless the partner was itself dropped (`partner_dead`): then nothing is left
+  // of the pair (Lost::both).
+  template <class T>
+  static Lost partner_lost(std::uint64_t seq, const NodeBase& by, WaitMap<T>& partner_wait,
+                           DeadMap& partner_dead, DeadMap& mine_dead) noexcept {
+    if (partner_wait.erase(seq)) return Lost::partner;
+    if (partner_dead.erase(seq)) return Lost::both;
+    try {
+      mine_dead.emplace(seq, &by);
+    } catch (...) {  // out of memory: the partner will wait until the end of the input
+    }
+    return Lost::later;
+  }
+
+  void take_leftovers_locked(std::vector<std::uint64_t>& lost) {
+    for (const auto& [seq, v] : wait_a_) lost.push_back(seq);
+    for (const auto& [seq, v] : wait_b_) lost.push_back(seq);
+    for (std::size_t i = lost.size() - wait_a_.size() - wait_b_.size(); i < lost.size(); ++i)
+      note_locked(lost[i], "no partner arrived on the other input");
+    wait_a_.clear();
+    wait_b_.clear();
+  }
+
+  void note_locked(std::uint64_t seq, std::string why) noexcept {
+    if (this->errors_.size() >= StageStats::kMaxItemErrors) return;
+    try {
+      this->errors_.push_back({seq, std::move(why)});
+    } catch (...) {
+    }
+  }
+
+  InputPort<A> a_;
+  InputPort<B> b_;
+  // Under mu_: items waiting for their partner (bounded by max_in_flight), and items whose
+  // partner was dropped upstream before they arrived.
+  WaitMap<A> wait_a_;
+  WaitMap<B> wait_b_;
+  DeadMap dead_a_, dead_b_;  // item -> the node that dropped that half
+};
+
+/// Gathers items into batches of `size`, in arrival order: one std::vector<T> per batch. The
+/// last batch of a run may be shorter (its producers ended), or dropped (drop_last).
+template <class T>
+class BatchNode final : public Emitter<std::vector<T>> {
+  using Out = std::vector<T>;
+
+ public:
+  BatchNode(GraphCore& g, std::string name, std::size_t size, const BatchOptions& o)
+      : Emitter<Out>(
+            g, std::move(name), StageKind::stage,
+            StageOptions{Concurrency::serial, Order::in_order,
+                         std::max(size, o.capacity ? o.capacity : g.options().default_capacity)},
+            1),
+        in_(*this, 0),
+        size_(size),
+        drop_last_(o.drop_last) {
+    if (size_ == 0)
+      throw GraphError("splitflow: batch '" + this->name() +
+                       "': the batch size must be at least 1");
+  }
+
+  Receiver<T>& input() noexcept { return in_; }
+
+  std::size_t holds_while_filling() const noexcept override { return size_ - 1; }
+
+  void validate() const override {
+    Emitter<Out>::validate();
+    if (size_ > this->graph().options().max_in_flight)
+      throw GraphError("splitflow: batch '" + this->name() + "': its batch size " +
+                       std::to_string(size_) + " exceeds the graph's max_in_flight (" +
+                       std::to_string(this->graph().options().max_in_flight) +
+                       "), so no batch could ever fill; raise GraphOptions::max_in_flight");
+  }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<T>> in;
+    Scratch<Arrivals> arrivals;
+    std::size_t queued;
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] { queued = in_.size(); });
+    const std::size_t n = in->size();
+    const std::uint64_t first = n ? in->front().seq : 0;
+    this->notify_begin(t0, first, n, queued);
+    Scratch<Envelope<Out>> out;
+    const bool keep = n == size_ || (n > 0 && !drop_last_);
+    if (keep) {
+      Out batch;
+      batch.reserve(n);
+      for (auto& e : *in) batch.push_back(std::move(e.value));
+      out->push_back(Envelope<Out>{std::move(batch), first});
+      this->graph().retire_items(n - 1, w);  // n items became one
+    } else {
+      this->graph().retire_items(n, w);
+    }
+    const Ticks body_end = now_ticks();
+    in->clear();
+    const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
+    this->emit(0, n > 0 ? 1 : 0, *out, w);
+    this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
+  }
+
+  std::size_t clear_queues_locked() override { return in_.clear(); }
+
+ protected:
+  // Full batches; at the end of the input, what is left.
+  std::size_t ready_locked() const override {
+    const std::size_t q = in_.size();
+    if (q >= size_) return q - q % size_;
+    return this->inputs_done_locked() ? q : 0;
+  }
+  std::size_t claim_size_locked(std::size_t available) const override {
+    return std::min(available, size_);
+  }
+  std::size_t outputs_for_locked(std::size_t) const override { return 1; }
+
+ private:
+  InputPort<T> in_;
+  std::size_t size_;
+  bool drop_last_;
+};
+
+/// A sink whose items the caller's own thread takes with next(). Its queue is bounded like any
+/// other, so a slow consumer holds the graph back. Items count as consumed when they arrive.
+template <class T>
+class PullSinkNode final : public NodeBase {
+ public:
+  PullSinkNode(GraphCore& g, std::string name, std::size_t capacity)
+      : NodeBase(g, std::move(name), StageKind::pull_sink,
+                 StageOptions{0, Order::in_order, capacity}, 1),
+        in_(*this) {}
+
+  Receiver<T>& input() noexcept { return in_; }
+
+  /// Blocks until an item arrives or the run ends; nullopt at the end of the stream.
+  /// Rethrows the run's StageError when it failed.
+  std::optional<T> next() {
+    bool timed_out = false;
+    return take(std::nullopt, timed_out);
+  }
+  /// Like next(), but gives up after `timeout` (then nullopt with `timed_out` set), so that a
+  /// caller can check for interrupts (Python's Ctrl-C) while it waits.
+  std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) {
+    return take(timeout, timed_out);
+  }
+
+  void run_claim(WorkList&, std::size_t) override {}  // never granted: concurrency is 0
+
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    NodeBase::reset(start, telemetry, parallelism);
+    queue_.clear();  // leftovers of an earlier run
+    eos_ = false;
+    late_ = std::make_shared<LateTakes>();  // the last run's stays with it
+    finalized_ = false;
+  }
+  std::shared_ptr<const LateTakes> late_takes() const override { return late_; }
+  void finalized_locked() override { finalized_ = true; }
+  /// The reader is done with this run: cancel it if it is still going (its producers may be
+  /// waiting for queue space that nobody will free).
+  void close() { this->graph().cancel(); }
+  std::size_t clear_queues_locked() override {
+    queue_.clear();
+    return 0;  // retired when they arrived
+  }
+  void end_of_stream() override {
+    std::lock_guard lk(this->mu_);
+    eos_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::optional<T> take(std::optional<std::chrono::nanoseconds> timeout, bool& timed_out) {
+    std::optional<T> v;
+    WorkList w;
+    timed_out = false;
+    {
+      std::unique_lock lk(this->mu_);
+      const auto ready = [&] { return !queue_.empty() || eos_; };
+      if (!timeout) {
+        cv_.wait(lk, ready);
+      } else if (!cv_.wait_for(lk, *timeout, ready)) {
+        timed_out = true;
+        return v;
+      }
+      if (queue_.empty()) {
+        lk.unlock();
+        this->graph().rethrow_if_failed();
+        return std::nullopt;
+      }
+      v.emplace(std::move(queue_.front().first));
+      const auto waited =
+          static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0));
+      if (finalized_) {  // after the run's final figures: the run's stats add these
+        std::lock_guard late(late_->mu);
+        ++late_->items;
+        if (this->telemetry()) late_->latency.record(waited);
+      } else if (this->telemetry()) {
+        this->latency_.record(waited);
+      }
+      queue_.pop_front();
+      this->popped_locked(0, 1, w);
+      ++this->items_out_;
+      this->refresh_state_locked();
+    }
+    if (!w.pokes.empty()) this->graph().dispatch_external(w);
+    return v;
+  }
+
+  class Port final : public Receiver<T> {
+   public:
+    explicit Port(PullSinkNode& n) : Receiver<T>(n, 0), sink_(&n) {}
+    void push(std::vector<Envelope<T>>& items, WorkList& w) override {
+      const std::size_t n = items.size();
+      {
+        std::lock_guard lk(sink_->mu_);
+        if (sink_->graph().stopping()) {
+          sink_->rejected_locked(0, n, w);
+          return;
+        }
+        const Ticks now = sink_->telemetry() ? now_ticks() : 0;
+        for (auto& e : items) sink_->queue_.emplace_back(std::move(e.value), now);
+        sink_->arrived_locked(0, n, w, now);  // grants no claim (concurrency 0): next() pops
+        sink_->cv_.notify_one();
+      }
+      sink_->graph().retire_items(n, w);
+    }
+
+   private:
+    PullSinkNode* sink_;
+  };
+
+  Port in_;
+  std::deque<std::pair<T, Ticks>> queue_;  // item, arrival
+  std::condition_variable_any cv_;
+  bool eos_ = true;
+  std::shared_ptr<LateTakes> late_ = std::make_shared<LateTakes>();  // under mu_
+  bool finalized_ = false;  // the run's final figures were read
+};
+
+}  // namespace splitflow::detail

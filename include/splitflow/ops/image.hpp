@@ -1,0 +1,182 @@
+// Image input ops: file lists with per-epoch shuffling and sharding, file reading, JPEG decode
+// (libjpeg-turbo), bilinear resize, random-resized-crop and flip with per-item seeded
+// randomness, and collation into NHWC batches. CPU ops: call them from CPU stages.
+//
+//     splitflow::image::FileList files = splitflow::image::FileList::directory("train/");
+//     auto order = files.epoch({.seed = 7, .epoch = e, .rank = r, .world_size = w});
+//     auto src    = g.source("files", files.samples(order));
+//     auto read   = g.stage("read", image::read_file, {.concurrency = 2});
+//     auto decode = g.stage("decode", [](image::Encoded f) { return image::decode(std::move(f)); },
+//                           {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
+//     auto crop   = g.stage("augment", image::RandomResizedCrop({.size = 224, .seed = 7, .epoch = e}),
+//                           {.concurrency = Concurrency::unlimited});
+//     auto batch  = g.batch<image::Image>("batch", 64);
+//     auto pack   = g.stage("collate", [](std::vector<image::Image> b, HostAllocator& a) {
+//                             return image::collate(b, &a); });
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "splitflow/device/device.hpp"
+#include "splitflow/core/tensor.hpp"
+
+namespace splitflow::image {
+
+/// Which part of the data set one reader sees in one epoch, and in which order.
+struct ShardSpec {
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  bool shuffle = true;
+  /// Distributed training: this process's rank among world_size (DistributedSampler's role).
+  int rank = 0;
+  int world_size = 1;
+  /// Data-loader workers within a rank.
+  int worker = 0;
+  int num_workers = 1;
+};
+
+/// A file to read: its index in the FileList (what per-item randomness is seeded with) and path.
+struct FileRef {
+  std::uint64_t index = 0;
+  std::string path;
+};
+
+/// A file's bytes, as a u8[size] host tensor.
+struct Encoded {
+  std::uint64_t index = 0;
+  std::string path;
+  HostTensor bytes;
+};
+
+/// A decoded image: u8[height, width, channels] (HWC), with where it came from.
+struct Image {
+  std::uint64_t index = 0;
+  std::string path;
+  HostTensor pixels;
+};
+
+/// An ordered list of files. The order is the data set's: sorted paths for a directory or glob,
+/// file order for a list file.
+class FileList {
+ public:
+  FileList() = default;
+  explicit FileList(std::vector<std::string> paths) : paths_(std::move(paths)) {}
+
+  /// Files under `dir` (recursively) whose extension is one of `extensions` (case-insensitive),
+  /// sorted. Throws splitflow::Error naming the directory if it cannot be read.
+  static FileList directory(const std::string& dir,
+                            const std::vector<std::string>& extensions = {".jpg", ".jpeg"});
+  /// Paths matching a shell pattern (glob(3)), sorted. An empty match is an error.
+  static FileList glob(const std::string& pattern);
+  /// One path per line; relative paths are relative to the list file's directory; blank lines
+  /// and lines starting with '#' are ignored.
+  static FileList list_file(const std::string& path);
+
+  std::size_t size() const noexcept { return paths_.size(); }
+  const std::vector<std::string>& paths() const noexcept { return paths_; }
+
+  /// The indices one shard reads in one epoch: the whole list shuffled (Fisher-Yates with a
+  /// generator seeded by seed and epoch; the same on every platform), then rank r of world_size
+  /// takes positions r, r + world_size, ...; then worker w of num_workers takes every
+  /// num_workers-th of those. Over all ranks and workers every file is read exactly once per
+  /// epoch (no padding: shard sizes differ by at most one).
+  std::vector<std::uint64_t> epoch(const ShardSpec& spec) const;
+  /// The FileRefs of `order`, for Graph::source.
+  std::vector<FileRef> refs(const std::vector<std::uint64_t>& order) const;
+
+ private:
+  std::vector<std::string> paths_;
+};
+
+/// Reads a whole file. Throws splitflow::Error naming the file on any I/O error.
+Encoded read_file(FileRef file);
+
+enum class Color { rgb, gray };
+
+/// Decodes a JPEG with libjpeg-turbo (accurate DCT, fancy upsampling: TurboJPEG's defaults) into
+/// u8[h, w, 3] (rgb) or u8[h, w, 1] (gray). Truncated or corrupt data is an error naming `what`
+/// (the file) and libjpeg-turbo's message; libjpeg-turbo's warnings count as errors too.
+HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color = Color::rgb,
+                       const std::string& what = "JPEG data");
+Image decode(Encoded file, Color color = Color::rgb);
+
+/// A region of an image: rows [y, y + h), columns [x, x + w).
+struct Box {
+  int y = 0, x = 0, h = 0, w = 0;
+};
+
+/// Bilinear resize of `box` of an HWC u8 image to out_h x out_w (half-pixel centres, edge
+/// clamped, no antialiasing: OpenCV's INTER_LINEAR, torchvision's tensor resize without
+/// antialias). Rounds to nearest. An empty box means the whole image.
+HostTensor resize(const HostTensor& hwc, int out_h, int out_w, Box box = {});
+/// Mirror left-right.
+HostTensor hflip(const HostTensor& hwc);
+
+/// The whole image resized to out_h x out_w, mirrored when `flip` (the flip costs nothing).
+HostTensor resize_flipped(const HostTensor& hwc, int out_h, int out_w, bool flip);
+
+/// torchvision's RandomResizedCrop + RandomHorizontalFlip, with per-item randomness: the box
+/// and the flip depend only on (seed, epoch, item index), so a run is reproducible whatever the
+/// thread count or order.
+struct AugmentSpec {
+  int size = 224;  ///< output height and width
+  double scale_min = 0.08, scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  double flip_probability = 0.5;
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+};
+
+/// The crop box and flip one item gets (the algorithm torchvision uses: ten tries at a random
+/// area and aspect ratio, then a centre crop).
+struct Augment {
+  Box box;
+  bool flip = false;
+};
+Augment draw_augment(int height, int width, std::uint64_t index, const AugmentSpec& spec);
+
+/// A stage body: Image -> Image of size x size, cropped, resized and maybe flipped.
+class RandomResizedCrop {
+ public:
+  explicit RandomResizedCrop(AugmentSpec spec) : spec_(spec) {}
+  Image operator()(Image img) const;
+
+ private:
+  AugmentSpec spec_;
+};
+
+/// Decodes only `box` of a JPEG (libjpeg's row skipping and column cropping: rows past the box
+/// are never decoded, rows before it are skipped, columns outside it mostly so), the same
+/// pixels as that box of decode_jpeg's output. An empty box is the whole image. `height` and
+/// `width`, when given, receive the image's size.
+HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box,
+                              Color color = Color::rgb, const std::string& what = "JPEG data",
+                              int* height = nullptr, int* width = nullptr);
+
+/// decode + RandomResizedCrop fused, the way DALI's decoders.image_random_crop does it: the
+/// crop is drawn from the header's size, and only its region is decoded. The same pixels as
+/// RandomResizedCrop(spec)(decode(file)), for a fraction of the decode.
+Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color color = Color::rgb);
+
+/// A stage body for decode_random_resized_crop.
+class DecodeRandomResizedCrop {
+ public:
+  explicit DecodeRandomResizedCrop(AugmentSpec spec, Color color = Color::rgb)
+      : spec_(spec), color_(color) {}
+  Image operator()(Encoded file) const { return decode_random_resized_crop(std::move(file), spec_, color_); }
+
+ private:
+  AugmentSpec spec_;
+  Color color_;
+};
+
+/// Stacks equal-shaped HWC u8 images into one NHWC tensor, from `alloc` (a GPU stage's pinned
+/// ring, when this body feeds one) or the heap. Throws naming the first image whose shape
+/// differs.
+HostTensor collate(const std::vector<Image>& images, HostAllocator* alloc = nullptr);
+HostTensor collate(const std::vector<HostTensor>& images, HostAllocator* alloc = nullptr);
+
+}  // namespace splitflow::image

@@ -1,0 +1,421 @@
+// Services: graphs that answer requests. Any thread submits an item and gets a future for that
+// item's result at the graph's end; admission is bounded; a request may carry a deadline.
+//
+//     splitflow::Graph g(rt, "classifier");
+//     auto svc = g.service<Image, Label>("requests", {.max_pending = 256,
+//                                                     .admission = Admission::fail_fast});
+//     auto prep  = g.stage("prep", preprocess, {.concurrency = 4, .on_error = OnError::skip});
+//     auto model = g.gpu_stage("model", infer);
+//     svc.source() >> prep >> model >> svc.sink();
+//     auto run = g.run();
+//     std::future<Label> f = svc.submit(img, std::chrono::steady_clock::now() + 50ms);
+//     ...
+//     svc.close();  // no more requests: the run ends once every admitted one is answered
+//     run.wait();
+//
+// Every future completes exactly once: with the result; with the error of a stage that skipped
+// its item (OnError::skip: the other requests go on); with DeadlineError when its deadline
+// passed before a GPU stage took it; or with an Error when the run ends first (cancel, a
+// failing stage, the graph destroyed).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "splitflow/core/error.hpp"
+#include "splitflow/executor/graph.hpp"
+#include "splitflow/telemetry/export.hpp"  // to_json(ServiceStats), for users of services
+#include "splitflow/telemetry/stats.hpp"
+
+namespace splitflow {
+
+
+namespace detail {
+
+/// The requests in flight, by sequence number (the items' ids inside the graph).
+template <class Out>
+class RequestBook final : public ItemTracker {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  RequestBook(std::string graph, std::string name, ServiceOptions opts)
+      : graph_(std::move(graph)), name_(std::move(name)), opts_(opts) {
+    if (opts_.max_pending == 0)
+      throw GraphError("splitflow: service '" + name_ + "': max_pending must be at least 1");
+  }
+
+  /// Admits a request: its id and future. Waits or throws OverloadedError when full.
+  std::pair<std::uint64_t, std::future<Out>> admit(std::optional<Clock::time_point> deadline) {
+    std::unique_lock lk(mu_);
+    if (pending_.size() >= opts_.max_pending) {
+      if (opts_.admission == Admission::fail_fast) {
+        ++stats_.rejected;
+        throw OverloadedError("splitflow: service '" + name_ + "' of graph '" + graph_ +
+                              "' is overloaded: " + std::to_string(opts_.max_pending) +
+                              " requests pending (ServiceOptions::max_pending)");
+      }
+      cv_.wait(lk, [&] { return pending_.size() < opts_.max_pending; });
+    }
+    const std::uint64_t id = next_++;
+    Pending& p = pending_[id];
+    p.deadline = deadline;
+    p.submitted = Clock::now();
+    ++stats_.submitted;
+    return {id, p.promise.get_future()};
+  }
+
+  /// Withdraws an admitted request that never entered the graph (its future gets `error`).
+  void withdraw(std::uint64_t id, std::exception_ptr error) noexcept { fail(id, std::move(error)); }
+
+  void answer(std::uint64_t id, Out&& value) {
+    std::unique_lock lk(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;  // answered already (e.g. a copy through a fan-out)
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    ++stats_.answered;
+    record_split(p);
+    cv_.notify_one();
+    lk.unlock();
+    p.promise.set_value(std::move(value));
+  }
+
+  void fail(std::uint64_t id, std::exception_ptr error, bool expired = false) noexcept {
+    std::unique_lock lk(mu_);
+    batches_.erase(id);  // a batch failing whole fails its first request last
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    ++(expired ? stats_.expired : stats_.failed);
+    cv_.notify_one();
+    lk.unlock();
+    p.promise.set_exception(std::move(error));
+  }
+
+  /// The run ended: every request still pending fails.
+  void fail_all(bool stopped) noexcept {
+    std::unordered_map<std::uint64_t, Pending> left;
+    {
+      std::lock_guard lk(mu_);
+      left.swap(pending_);
+      batches_.clear();
+      stats_.failed += left.size();
+      cv_.notify_all();
+    }
+    for (auto& [id, p] : left)
+      p.promise.set_exception(std::make_exception_ptr(
+          Error("splitflow: service '" + name_ + "' of graph '" + graph_ + "': the run " +
+                (stopped ? "was cancelled or failed" : "ended") + " before request " +
+                std::to_string(id) + " was answered")));
+  }
+
+  ServiceStats stats() const {
+    std::lock_guard lk(mu_);
+    ServiceStats s = stats_;
+    s.graph = graph_;
+    s.service = name_;
+    s.pending = pending_.size();
+    return s;
+  }
+
+  // ItemTracker
+  void item_failed(std::uint64_t seq, std::exception_ptr error) noexcept override {
+    fail(seq, std::move(error));
+  }
+  void waited(std::uint64_t seq, std::int64_t ns) noexcept override {
+    add(seq, &Pending::queue_ns, ns);
+  }
+  void on_device(std::uint64_t seq, std::int64_t ns) noexcept override {
+    add(seq, &Pending::gpu_ns, ns);
+  }
+  void batched(std::uint64_t seq, const std::vector<std::uint64_t>& ids,
+               const std::vector<std::int64_t>& waits) noexcept override {
+    std::lock_guard lk(mu_);
+    for (std::size_t i = 0; i < ids.size() && i < waits.size(); ++i)
+      if (auto it = pending_.find(ids[i]); it != pending_.end()) it->second.batch_ns += waits[i];
+    try {
+      batches_[seq] = ids;
+    } catch (...) {  // out of memory: the batch's later times go to its first request only
+    }
+  }
+  void unbatched(std::uint64_t seq) noexcept override {
+    std::lock_guard lk(mu_);
+    batches_.erase(seq);
+  }
+  bool expired(std::uint64_t seq) noexcept override {
+    std::lock_guard lk(mu_);
+    // A formed batch goes on whole: its requests' deadlines were checked as it formed, and
+    // its number is its first request's, whose deadline is not the batch's.
+    if (batches_.count(seq)) return false;
+    auto it = pending_.find(seq);
+    return it != pending_.end() && it->second.deadline && Clock::now() > *it->second.deadline;
+  }
+  void item_expired(std::uint64_t seq, const std::string& stage) noexcept override {
+    fail(seq,
+         std::make_exception_ptr(DeadlineError("splitflow: service '" + name_ + "' of graph '" +
+                                                  graph_ + "': request " + std::to_string(seq) +
+                                                  " exceeded its deadline before stage '" + stage +
+                                                  "' (dropped unprocessed)")),
+         true);
+  }
+
+ private:
+  struct Pending {
+    std::promise<Out> promise;
+    std::optional<Clock::time_point> deadline;
+    Clock::time_point submitted;
+    std::int64_t queue_ns = 0, batch_ns = 0, gpu_ns = 0;
+  };
+
+  // Adds ns to item seq's request, or to each request of the batch seq.
+  void add(std::uint64_t seq, std::int64_t Pending::*field, std::int64_t ns) noexcept {
+    std::lock_guard lk(mu_);
+    if (auto b = batches_.find(seq); b != batches_.end()) {
+      for (std::uint64_t id : b->second)
+        if (auto it = pending_.find(id); it != pending_.end()) it->second.*field += ns;
+    } else if (auto it = pending_.find(seq); it != pending_.end()) {
+      it->second.*field += ns;
+    }
+  }
+
+  // Under mu_. The parts come from two clocks (ticks, steady_clock): `other` absorbs the
+  // rounding, never below zero.
+  void record_split(const Pending& p) noexcept {
+    const auto clamp = [](std::int64_t v) { return static_cast<std::uint64_t>(v > 0 ? v : 0); };
+    const std::int64_t total =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - p.submitted).count();
+    stats_.latency.record(clamp(total));
+    stats_.queueing.record(clamp(p.queue_ns));
+    stats_.batching.record(clamp(p.batch_ns));
+    stats_.gpu.record(clamp(p.gpu_ns));
+    stats_.other.record(clamp(total - p.queue_ns - p.batch_ns - p.gpu_ns));
+  }
+  std::string graph_, name_;
+  ServiceOptions opts_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::uint64_t, Pending> pending_;
+  // Dynamic batches in flight: their item number -> their requests (batched .. unbatched).
+  std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> batches_;
+  std::uint64_t next_ = 0;
+  ServiceStats stats_;
+};
+
+/// The service's source: requests pushed by submit(), emitted in arrival order. It keeps the
+/// run open until close() (or a cancel).
+template <class In>
+class PushSourceNode final : public Emitter<In> {
+ public:
+  PushSourceNode(GraphCore& g, std::string name)
+      : Emitter<In>(g, std::move(name), StageKind::source, StageOptions{}, 0) {}
+
+  void set_on_end(std::function<void(bool)> f) { on_end_ = std::move(f); }
+
+  /// False when the run is not accepting requests (not started, closed, stopping).
+  bool push(In value, std::uint64_t id) {
+    WorkList w;
+    const Ticks now = now_ticks();
+    {
+      std::lock_guard lk(this->mu_);
+      if (!accepting_ || this->graph().stopping()) return false;
+      queue_.push_back(Queued{Envelope<In>{std::move(value), id}, now});
+      this->collect_claims_locked(w);
+      this->refresh_state_locked();
+    }
+    this->graph().dispatch_external(w);
+    return true;
+  }
+
+  void close() {
+    WorkList w;
+    bool release = false;
+    {
+      std::lock_guard lk(this->mu_);
+      accepting_ = false;
+      release = std::exchange(holds_unit_, false);
+      this->maybe_close_locked(w);
+    }
+    if (release) {
+      this->graph().dispatch_external(w);
+      this->graph().release_unit();
+    }
+  }
+
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    Emitter<In>::reset(start, telemetry, parallelism);
+    queue_.clear();
+    accepting_ = true;
+    holds_unit_ = true;
+  }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<In>> out;
+    Scratch<Arrivals> arrivals;
+    Ticks t0;
+    {
+      std::lock_guard lk(this->mu_);
+      const std::size_t n = std::min(k, queue_.size());
+      for (std::size_t i = 0; i < n; ++i) {
+        out->push_back(std::move(queue_.front().item));
+        arrivals->push_back({1, queue_.front().pushed});
+        queue_.pop_front();
+      }
+      this->took_locked(k, n, w);
+      t0 = now_ticks();
+      this->begin_invocation_locked(t0);
+    }
+    report_waits(this->graph(), *out, *arrivals, t0);  // admitted, not yet taken
+    const std::size_t n = out->size();
+    const std::uint64_t first = n ? out->front().seq : 0;
+    this->notify_begin(t0, first, n, 0);
+    if (n < k) this->graph().retire_items(k - n, w);  // admitted, not taken (a cancel)
+    const std::size_t emitted = this->graph().stopping() ? 0 : n;
+    this->emit(0, n, *out, w);
+    this->end_invocation(t0, 0, n, emitted, w, nullptr, first);
+  }
+
+  void drop_queued(WorkList& w) override {
+    Emitter<In>::drop_queued(w);
+    bool release = false;
+    {
+      std::lock_guard lk(this->mu_);
+      accepting_ = false;
+      queue_.clear();  // their requests fail at the end of the run
+      release = std::exchange(holds_unit_, false);
+    }
+    if (release) this->graph().release_unit();
+  }
+
+  void end_of_stream() override {
+    {
+      std::lock_guard lk(this->mu_);
+      accepting_ = false;
+      queue_.clear();
+    }
+    if (on_end_) on_end_(this->graph().stopping());
+  }
+
+ protected:
+  std::size_t ready_locked() const override { return queue_.size(); }
+  std::size_t admit_locked(std::size_t want) override {
+    return this->graph().try_admit(*this, want);
+  }
+  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
+  bool inputs_done_locked() const override { return !accepting_ && queue_.empty(); }
+
+ private:
+  struct Queued {
+    Envelope<In> item;
+    Ticks pushed;
+  };
+  std::deque<Queued> queue_;  // under mu_; bounded by the book's max_pending
+  bool accepting_ = false;
+  bool holds_unit_ = false;
+  std::function<void(bool)> on_end_;
+};
+
+/// The service's sink: answers each item's request.
+template <class Out>
+class AnswerSinkNode final : public NodeBase {
+ public:
+  AnswerSinkNode(GraphCore& g, std::string name, std::shared_ptr<RequestBook<Out>> book)
+      : NodeBase(g, std::move(name), StageKind::sink,
+                 StageOptions{Concurrency::unlimited, Order::out_of_order, 0}, 1),
+        in_(*this, 0),
+        book_(std::move(book)) {}
+
+  Receiver<Out>& input() noexcept { return in_; }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    Scratch<Envelope<Out>> in;
+    Scratch<Arrivals> arrivals;
+    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w);
+    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
+    this->notify_begin(t0, first, in->size(), 0);
+    for (auto& item : *in) book_->answer(item.seq, std::move(item.value));
+    const std::size_t n = in->size();
+    in->clear();
+    this->graph().retire_items(n, w);
+    this->end_invocation(t0, 0, n, n, w, &*arrivals, first);
+  }
+
+  std::size_t clear_queues_locked() override { return in_.clear(); }
+
+ protected:
+  std::size_t ready_locked() const override { return in_.size(); }
+
+ private:
+  InputPort<Out> in_;
+  std::shared_ptr<RequestBook<Out>> book_;
+};
+
+}  // namespace detail
+
+/// A graph's request entry and exit (Graph::service).
+template <class In, class Out>
+class Service {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Service(detail::PushSourceNode<In>& src, detail::AnswerSinkNode<Out>& sink,
+          std::shared_ptr<detail::RequestBook<Out>> book)
+      : src_(&src), sink_(&sink), book_(std::move(book)) {}
+
+  /// Connect the graph's first stage to this: `svc.source() >> first`.
+  Source<In> source() const { return Source<In>(*src_, nullptr, src_); }
+  /// Connect the graph's last stage to this: `last >> svc.sink()`.
+  Sink<Out> sink() const { return Sink<Out>(*sink_, &sink_->input(), nullptr); }
+
+  /// Submits a request from any thread; its result arrives through the future. Waits or
+  /// throws OverloadedError when max_pending requests are pending (ServiceOptions). Throws
+  /// GraphError when the graph is not running or the service was closed.
+  std::future<Out> submit(In value) { return submit(std::move(value), std::nullopt); }
+  /// With a deadline: if it passes before a GPU stage takes the request, the request is
+  /// dropped unprocessed and its future gets DeadlineError.
+  std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
+    auto [id, future] = book_->admit(deadline);
+    if (!src_->push(std::move(value), id)) {
+      GraphError e("splitflow: service '" + src_->name() + "' of graph '" + src_->graph().name() +
+                   "' is not accepting requests: its graph is not running (call run() first) "
+                   "or the service was closed");
+      book_->withdraw(id, std::make_exception_ptr(e));
+      throw e;
+    }
+    return std::move(future);
+  }
+
+  /// No more requests this run: the run ends once every admitted request is answered.
+  void close() { src_->close(); }
+
+  ServiceStats stats() const { return book_->stats(); }
+
+ private:
+  detail::PushSourceNode<In>* src_;
+  detail::AnswerSinkNode<Out>* sink_;
+  std::shared_ptr<detail::RequestBook<Out>> book_;
+};
+
+template <class In, class Out>
+Service<In, Out> Graph::service(std::string name, ServiceOptions options) {
+  if (core_->tracker())
+    throw GraphError("splitflow::Graph '" + this->name() +
+                     "': it already has a service (one per graph)");
+  auto book = std::make_shared<detail::RequestBook<Out>>(this->name(), name, options);
+  auto& src = add<detail::PushSourceNode<In>>(name);
+  auto& sink = add<detail::AnswerSinkNode<Out>>(name + ".answer", book);
+  src.set_on_end([b = book.get()](bool stopped) { b->fail_all(stopped); });
+  core_->set_tracker(book.get());
+  return Service<In, Out>(src, sink, std::move(book));
+}
+
+}  // namespace splitflow

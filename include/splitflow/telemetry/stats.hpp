@@ -1,0 +1,198 @@
+// Per-stage and per-run statistics, readable while a run is in progress and after it ends.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "splitflow/core/config.hpp"
+#include "splitflow/telemetry/telemetry.hpp"
+
+namespace splitflow {
+
+/// GPU figures of one graph's run.
+struct GpuStats {
+  std::int64_t held_ns = 0;   ///< union of the graph's stream-lease intervals
+  std::int64_t busy_ns = 0;   ///< union of its kernels' and copies' execution on the device
+  std::uint64_t bursts = 0;   ///< GPU-stage invocations (one lease each)
+  std::int64_t lease_wait_ns = 0;  ///< summed time its invocations waited for a stream
+  std::int64_t max_lease_wait_ns = 0;  ///< longest single wait
+  std::uint64_t h2d_bytes = 0, d2h_bytes = 0;
+  std::int64_t h2d_ns = 0, d2h_ns = 0;  ///< summed execution time of those copies
+  std::uint64_t staging_copies = 0;     ///< host tensors copied into a ring (not written there)
+  /// The device as a whole (every graph's work) during this run, not over its lifetime:
+  /// DeviceStats' figures between the run's start and its end (or the snapshot).
+  std::int64_t device_wall_ns = 0, device_busy_ns = 0;
+  double device_mean_leases = 0;      ///< streams leased, averaged over the run
+  std::size_t device_max_leases = 0;  ///< most streams leased at once during the run
+  std::size_t device_streams = 0;
+  /// held / busy: 1.0 means the GPU was held only while it worked.
+  double held_over_busy() const noexcept {
+    return busy_ns > 0 ? static_cast<double>(held_ns) / static_cast<double>(busy_ns) : 0.0;
+  }
+};
+
+/// The runtime's device, shared by all its graphs.
+struct DeviceStats {
+  std::string name;
+  BackendKind backend = BackendKind::host;
+  std::int64_t wall_ns = 0;          ///< since the device was initialised
+  std::int64_t busy_ns = 0;          ///< time with at least one kernel or copy executing
+  std::int64_t held_ns = 0;          ///< time with at least one stream leased (by any graph)
+  std::size_t streams = 0;
+  std::size_t leases_in_use = 0;
+  std::size_t max_leases_in_use = 0;
+  std::size_t lease_waiters = 0;
+  std::uint64_t leases = 0;
+  std::int64_t lease_ns = 0;         ///< summed lease durations
+  std::size_t device_bytes_in_use = 0, device_bytes_cap = 0;
+  std::size_t pinned_bytes_in_use = 0, pinned_bytes_cap = 0;
+  /// lease_time_ns[k]: time with exactly k streams leased (k = 0 .. streams).
+  std::vector<std::int64_t> lease_time_ns;
+  /// Streams leased, averaged over the time since the device was created.
+  double mean_leases() const noexcept {
+    std::int64_t total = 0;
+    double sum = 0;
+    for (std::size_t k = 0; k < lease_time_ns.size(); ++k) {
+      total += lease_time_ns[k];
+      sum += static_cast<double>(k) * static_cast<double>(lease_time_ns[k]);
+    }
+    return total > 0 ? sum / static_cast<double>(total) : 0.0;
+  }
+  double busy_fraction() const noexcept {
+    return wall_ns > 0 ? static_cast<double>(busy_ns) / static_cast<double>(wall_ns) : 0.0;
+  }
+  /// The figures that accumulate (times, leases, lease_time_ns) between `earlier` and these:
+  /// the device over that window. The gauges (in use now, at most) stay as they are.
+  DeviceStats since(const DeviceStats& earlier) const {
+    DeviceStats d = *this;
+    d.wall_ns -= earlier.wall_ns;
+    d.busy_ns -= earlier.busy_ns;
+    d.held_ns -= earlier.held_ns;
+    d.leases -= earlier.leases;
+    d.lease_ns -= earlier.lease_ns;
+    for (std::size_t k = 0; k < d.lease_time_ns.size() && k < earlier.lease_time_ns.size(); ++k)
+      d.lease_time_ns[k] -= earlier.lease_time_ns[k];
+    return d;
+  }
+  /// held / busy of the device as a whole: time it was reserved by some graph against time
+  /// it worked. (A graph's own held/busy also counts its bursts queued behind other graphs'.)
+  double held_over_busy() const noexcept {
+    return busy_ns > 0 ? static_cast<double>(held_ns) / static_cast<double>(busy_ns) : 0.0;
+  }
+};
+
+/// A service's request counters (since the graph was built) and where its answered requests'
+/// time went. For each answered request, queueing + batching + gpu + other == latency.
+struct ServiceStats {
+  std::string graph, service;   ///< names
+  std::uint64_t submitted = 0;  ///< admitted
+  std::uint64_t answered = 0;   ///< completed with a result
+  std::uint64_t failed = 0;     ///< completed with a stage's error or the run's end
+  std::uint64_t expired = 0;    ///< completed with DeadlineError
+  std::uint64_t rejected = 0;   ///< refused by fail_fast admission (no future made)
+  std::size_t pending = 0;      ///< admitted, not yet completed
+  /// submit() to the answer, of answered requests, in nanoseconds.
+  LatencyHistogram latency;
+  /// Waiting for something other than a batch: admitted but not yet taken into the graph, in
+  /// stage input queues, and for a stream lease.
+  LatencyHistogram queueing;
+  /// Waiting in a dynamic batch until its batch formed (0 for a graph without one).
+  LatencyHistogram batching;
+  /// GPU stages' bursts carrying it (its batch): from the stream lease to the completion of
+  /// the work, including the body's enqueueing and the copies.
+  LatencyHistogram gpu;
+  /// The rest: CPU stage bodies (its own and its claim-mates' before it) and the hand-offs.
+  LatencyHistogram other;
+};
+
+enum class RunStatus { running, succeeded, failed, cancelled };
+const char* to_string(RunStatus s) noexcept;
+
+enum class StageKind { source, stage, sink, pull_sink, zip, gpu_stage };
+const char* to_string(StageKind k) noexcept;
+
+/// What one stage did during a run. Times are in nanoseconds of the run's wall time.
+/// At every instant a stage is in exactly one state, so busy + starved + blocked == the run's
+/// wall time (up to the moment of a live snapshot):
+///  - busy:    at least one invocation of its body is executing;
+///  - blocked: it has input and free concurrency but a consumer's queue is full (or, for a
+///             source, the graph's max_in_flight is reached);
+///  - starved: otherwise (no input, or waiting for a thread). A pull sink counts as busy while
+///             items wait for the consumer.
+/// An item a stage skipped or substituted (StageOptions::on_error), with its error's message.
+struct ItemError {
+  std::uint64_t item;   ///< the item's sequence number at its source
+  std::string message;  ///< what the body threw (ops name the file or value at fault)
+};
+
+struct StageStats {
+  std::string name;
+  StageKind kind = StageKind::stage;
+  std::size_t concurrency_limit = 1;
+  std::size_t capacity = 0;          ///< input queue capacity (0 for sources)
+  std::uint64_t items_in = 0;        ///< items that arrived in its input queue(s)
+  std::uint64_t items_out = 0;       ///< items emitted (sources, stages) or consumed (sinks)
+  /// Invocations (claims). One runs the body on one or more items in a row: splitflow sizes
+  /// them from the measured body time, about 20 us of work each, so that cheap bodies do not
+  /// pay the scheduling cost per item.
+  std::uint64_t invocations = 0;
+  /// Items whose body threw and that were dropped (OnError::skip) or replaced
+  /// (OnError::substitute). The run goes on; `errors` keeps the first kMaxItemErrors of them.
+  std::uint64_t items_skipped = 0;
+  std::uint64_t items_substituted = 0;
+  /// GPU stages: requests dropped before their GPU work because their deadline had passed.
+  std::uint64_t items_expired = 0;
+  static constexpr std::size_t kMaxItemErrors = 64;
+  std::vector<ItemError> errors;
+  std::int64_t busy_ns = 0;
+  std::int64_t starved_ns = 0;
+  std::int64_t blocked_ns = 0;
+  std::int64_t work_ns = 0;          ///< sum of body durations (exceeds busy with concurrency)
+  std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
+  std::size_t max_queue = 0;         ///< most items seen queued at its input
+  double mean_queue = 0;             ///< items queued at its input, averaged over wall time
+  /// Time an item spent in the stage: from its arrival in the input queue to the end of the
+  /// invocation that processed it (GPU stages: to its device work's completion; pull sinks: to
+  /// the consumer's next(); sources: the generator's time per item).
+  LatencyHistogram latency;
+  /// The stages this one feeds (the graph's edges, for the diagnosis and the reports).
+  std::vector<std::string> consumers;
+  /// Mean bodies executing while busy (work / busy): how much of its concurrency it used.
+  double mean_concurrency() const noexcept {
+    return busy_ns > 0 ? static_cast<double>(work_ns) / static_cast<double>(busy_ns) : 0.0;
+  }
+  /// GPU stages: their pinned rings (input and output, together), in bytes; 0 without.
+  std::size_t ring_capacity = 0;
+  std::size_t ring_item_bytes = 0;   ///< the budget a producer reserves per item in flight
+  std::size_t ring_in_use = 0;       ///< bytes now (0 once every tensor from it is gone)
+  std::size_t ring_budgets = 0;      ///< item budgets reserved by producers now
+  std::uint64_t ring_wraps = 0;      ///< times the ring's head went past its end
+  std::size_t ring_max_in_use = 0;
+  double ring_mean_in_use = 0;       ///< bytes, averaged over the time since the ring was made
+  std::uint64_t ring_refusals = 0;   ///< reservations refused because the ring was full
+  std::int64_t ring_wait_ns = 0;     ///< time producers waited for ring space
+};
+
+struct RunStats {
+  std::string graph;
+  RunStatus status = RunStatus::running;
+  std::int64_t wall_ns = 0;
+  std::vector<StageStats> stages;  ///< in the order the stages were added to the graph
+  /// GPU figures (all zero for a graph without GPU stages).
+  GpuStats gpu;
+  /// Items consumed by the graph's sinks.
+  std::uint64_t items_delivered() const noexcept;
+  /// items_delivered per second of wall time.
+  double throughput() const noexcept;
+
+  /// The stage called `name`, or nullptr.
+  const StageStats* find(std::string_view name) const noexcept;
+};
+
+/// A fixed-width text table of the stats, one row per stage.
+std::string format_table(const RunStats& stats);
+
+}  // namespace splitflow

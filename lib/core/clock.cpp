@@ -1,0 +1,83 @@
+#include "splitflow/core/detail/clock.hpp"
+
+#include <atomic>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace splitflow::detail {
+namespace {
+
+bool invariant_tsc() noexcept {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u) return false;
+  __get_cpuid(0x80000007u, &a, &b, &c, &d);
+  return (d & (1u << 8)) != 0;  // "invariant TSC": constant rate, runs in every C-state
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+const bool g_tsc_clock = invariant_tsc();
+
+namespace {
+
+std::int64_t steady_ns() noexcept {
+  return std::chrono::steady_clock::now().time_since_epoch().count();
+}
+
+// Both clocks read at one instant: the tick reading between two steady_clock readings, the
+// pair taken from the tightest of a few tries. A thread preempted between two plain reads
+// would put the preemption (milliseconds on a loaded machine) into the calibration below,
+// skewing every tick-based duration by its share of the 20 ms window.
+struct Origin {
+  Ticks ticks;
+  std::int64_t ns;
+};
+
+Origin read_both() noexcept {
+  if (!g_tsc_clock) return {0, steady_ns()};
+  Origin best{0, 0};
+  std::int64_t best_width = -1;
+  for (int i = 0; i < 64; ++i) {
+    const std::int64_t before = steady_ns();
+    const Ticks t = now_ticks();
+    const std::int64_t after = steady_ns();
+    if (best_width < 0 || after - before < best_width) {
+      best_width = after - before;
+      best = {t, before + (after - before) / 2};
+    }
+    if (best_width < 2'000) break;  // within 2 us: good enough for a 20 ms window
+  }
+  return best;
+}
+
+// Read when the library loads (after g_tsc_clock: same file, defined above).
+const Origin g_origin = read_both();
+
+}  // namespace
+
+double ns_per_tick() noexcept {
+  static std::atomic<double> cached{0.0};
+  double v = cached.load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  if (!g_tsc_clock) return 1.0;
+  // Measure over at least 20 ms since the library loaded (spinning only if asked sooner).
+  Origin end;
+  do {
+    end = read_both();
+  } while (end.ns - g_origin.ns < 20'000'000);
+  v = static_cast<double>(end.ns - g_origin.ns) / static_cast<double>(end.ticks - g_origin.ticks);
+  cached.store(v, std::memory_order_relaxed);
+  return v;
+}
+
+std::int64_t steady_ns_of(Ticks t) noexcept {
+  if (!g_tsc_clock) return t;
+  return g_origin.ns + ticks_to_ns(t - g_origin.ticks);
+}
+
+}  // namespace splitflow::detail

@@ -1,0 +1,524 @@
+#include "splitflow/executor/detail/graph_core.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "device/device_runtime.hpp"
+#include "executor/run_state.hpp"
+#include "executor/runtime_core.hpp"
+#include "telemetry/tracer.hpp"
+#include "splitflow/core/error.hpp"
+#include "splitflow/executor/graph.hpp"
+
+namespace splitflow {
+namespace detail {
+
+GraphCore::GraphCore(std::shared_ptr<RuntimeCore> runtime, std::string name, GraphOptions opts)
+    : runtime_(std::move(runtime)), name_(std::move(name)), opts_(opts) {
+  if (opts_.max_in_flight == 0 || opts_.default_capacity == 0)
+    throw GraphError("splitflow::Graph '" + name_ +
+                     "': max_in_flight and default_capacity must be at least 1");
+}
+
+GraphCore::~GraphCore() {
+  std::shared_ptr<RunState> run;
+  {
+    std::lock_guard lk(mu_);
+    run = current_;
+  }
+  if (!run) return;
+  run->cancel();
+  try {
+    run->wait();
+  } catch (...) {  // the run's failure belongs to whoever holds its Run handle
+  }
+}
+
+std::shared_ptr<DeviceRuntime> GraphCore::device() { return runtime_->device(); }
+
+GpuAccount* GraphCore::gpu_account() {
+  if (!gpu_) gpu_ = std::make_unique<GpuAccount>();  // before the run starts (prepare)
+  return gpu_.get();
+}
+
+bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
+  if (!try_acquire_unit()) return false;
+  post(std::move(fn));
+  release_unit();  // post took its own
+  return true;
+}
+
+void GraphCore::post(std::function<void(WorkList&)> fn) {
+  pending_.fetch_add(1, std::memory_order_relaxed);
+  runtime_->spawn_urgent([this, fn = std::move(fn)] {
+    try {
+      WorkList w;
+      fn(w);
+      execute(w);
+    } catch (...) {
+      fail(*nodes_.front(), 0, std::current_exception());
+    }
+    release_unit();
+  });
+}
+
+NodeBase& GraphCore::adopt(std::unique_ptr<NodeBase> node) {
+  check_mutable();
+  for (const auto& n : nodes_)
+    if (n->name() == node->name())
+      throw GraphError("splitflow::Graph '" + name_ + "': a stage named '" + node->name() +
+                       "' already exists (stage names are unique within a graph)");
+  if (node->kind() == StageKind::source) sources_.push_back(node.get());
+  nodes_.push_back(std::move(node));
+  return *nodes_.back();
+}
+
+void GraphCore::check_mutable() const {
+  std::lock_guard lk(mu_);
+  if (active_)
+    throw GraphError("splitflow::Graph '" + name_ + "': cannot change the graph while it runs");
+}
+
+void GraphCore::validate() {
+  if (sources_.empty()) throw GraphError("splitflow::Graph '" + name_ + "': it has no source");
+  if (tracker_ && sources_.size() > 1)
+    throw GraphError("splitflow::Graph '" + name_ +
+                     "': a graph with a service has no other source (its items are requests)");
+  for (const auto& n : nodes_) n->validate();
+  // Kahn's algorithm: the per-node lock order relies on the graph being acyclic.
+  std::unordered_map<const NodeBase*, std::size_t> indegree;
+  for (const auto& n : nodes_)
+    for (const Edge& e : n->successors()) ++indegree[e.node];
+  std::vector<NodeBase*> ready, order;
+  for (const auto& n : nodes_)
+    if (indegree[n.get()] == 0) ready.push_back(n.get());
+  while (!ready.empty()) {
+    NodeBase* n = ready.back();
+    ready.pop_back();
+    order.push_back(n);
+    for (const Edge& e : n->successors())
+      if (--indegree[e.node] == 0) ready.push_back(e.node);
+  }
+  if (order.size() != nodes_.size()) {
+    // Kahn's leftovers are the cycles and what lies downstream of them: walk back along
+    // predecessors inside the leftovers until a node repeats, which closes a cycle.
+    std::unordered_map<const NodeBase*, const NodeBase*> pred;
+    for (const auto& n : nodes_)
+      if (indegree[n.get()] > 0)
+        for (const Edge& e : n->successors())
+          if (indegree[e.node] > 0) pred.emplace(e.node, n.get());
+    const NodeBase* at = nullptr;
+    for (const auto& n : nodes_)
+      if (indegree[n.get()] > 0) at = n.get();
+    std::vector<const NodeBase*> walk;
+    std::unordered_map<const NodeBase*, std::size_t> seen;
+    while (seen.emplace(at, walk.size()).second) {
+      walk.push_back(at);
+      at = pred.at(at);
+    }
+    // walk[seen[at]..] is the cycle, backwards: name it forwards, from its earliest-added node.
+    std::vector<const NodeBase*> cycle(walk.rbegin(), walk.rend() - static_cast<std::ptrdiff_t>(seen[at]));
+    std::unordered_map<const NodeBase*, std::size_t> added;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) added[nodes_[i].get()] = i;
+    std::rotate(cycle.begin(),
+                std::min_element(cycle.begin(), cycle.end(),
+                                 [&](auto* x, auto* y) { return added[x] < added[y]; }),
+                cycle.end());
+    std::string names;
+    for (const NodeBase* n : cycle) names += "'" + n->name() + "' -> ";
+    names += "'" + cycle.front()->name() + "'";
+    throw GraphError("splitflow::Graph '" + name_ + "': it has a cycle: " + names +
+                     " (graphs must be acyclic)");
+  }
+  check_batching(order);
+  check_zips(order);
+  topo_ = std::move(order);
+}
+
+void GraphCore::check_batching(const std::vector<NodeBase*>& order) {
+  // Batches wait to fill while holding items, each of which counts against max_in_flight
+  // (fan-out copies too). If every batch can hold size - 1 items at once and that reaches
+  // max_in_flight, no source can admit the item that would fill one: the run would hang.
+  std::size_t held = 0, batches = 0;
+  std::string names;
+  for (const auto& n : nodes_)
+    if (const std::size_t h = n->holds_while_filling()) {
+      held += h;
+      ++batches;
+      names += (names.empty() ? "'" : ", '") + n->name() + "' (" + std::to_string(h + 1) + ")";
+    }
+  // Sources waiting for max_in_flight wake when this much room is free (retire_items): at most
+  // half the limit, and never more than what batches holding items cannot take.
+  wake_room_ = std::max<std::size_t>(
+      1, std::min(opts_.max_in_flight / 2,
+                  opts_.max_in_flight > held ? opts_.max_in_flight - held : std::size_t{0}));
+  if (batches > 1 && held + 1 > opts_.max_in_flight)
+    throw GraphError("splitflow::Graph '" + name_ + "': its batches " + names + " can hold " +
+                     std::to_string(held) + " items between them while they fill, and every "
+                     "item counts against max_in_flight (" + std::to_string(opts_.max_in_flight) +
+                     "), so the run could stall with each batch short; raise "
+                     "GraphOptions::max_in_flight to at least " + std::to_string(held + 1));
+  // A batch formed by a dynamic batch must fit every unbatch it reaches.
+  for (NodeBase* d : order) {
+    const std::size_t limit = d->forms_batches_of();
+    if (limit == 0) continue;
+    std::vector<const NodeBase*> stack{d};
+    std::unordered_set<const NodeBase*> seen{d};
+    while (!stack.empty()) {
+      const NodeBase* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->successors()) {
+        if (!seen.insert(e.node).second || e.node->forms_batches_of() != 0) continue;
+        if (const std::size_t u = e.node->splits_batches_of()) {
+          if (u < limit)
+            throw GraphError("splitflow::Graph '" + name_ + "': unbatch '" + e.node->name() +
+                             "' takes batches of at most " + std::to_string(u) +
+                             " items, but dynamic batch '" + d->name() + "' forms batches of up to " +
+                             std::to_string(limit) + "; give the unbatch a max_batch of at least " +
+                             std::to_string(limit));
+          continue;
+        }
+        stack.push_back(e.node);
+      }
+    }
+  }
+}
+
+void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
+  for (const auto& n : nodes_) n->clear_drop_listeners();
+  std::unordered_map<const NodeBase*, std::vector<std::pair<NodeBase*, int>>> preds;
+  for (NodeBase* n : order)
+    for (const Edge& e : n->successors()) preds[e.node].push_back({n, e.port});
+  for (NodeBase* z : order) {
+    DropListener* listener = z->drop_listener();
+    if (!listener) continue;
+    const std::string who = "splitflow::Graph '" + name_ + "': zip '" + z->name() + "'";
+    std::unordered_set<const NodeBase*> anc[2];
+    for (int p = 0; p < 2; ++p) {
+      const char* input = p == 0 ? "first" : "second";
+      // Every node upstream of this input (anc), and those that number its items (num): past
+      // another zip only its first input's side, as a pair carries its halves' one number.
+      std::unordered_set<const NodeBase*> num;
+      for (bool numbering : {false, true}) {
+        auto& into = numbering ? num : anc[p];
+        std::vector<const NodeBase*> stack;
+        for (const auto& [q, port] : preds[z])
+          if (port == p) stack.push_back(q);
+        while (!stack.empty()) {
+          const NodeBase* n = stack.back();
+          stack.pop_back();
+          if (!into.insert(n).second) continue;
+          for (const auto& [q, port] : preds[n])
+            if (!numbering || n->kind() != StageKind::zip || port == 0) stack.push_back(q);
+        }
+      }
+      // Paths from each numbering node to this input (capped at 2), consumers before producers.
+      std::unordered_map<const NodeBase*, int> paths;
+      std::vector<const NodeBase*> sources;
+      for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        if (!num.count(*it)) continue;
+        int c = 0;
+        for (const Edge& e : (*it)->successors()) {
+          if (e.node == z) {
+            c += e.port == p ? 1 : 0;
+          } else if (num.count(e.node) && (e.node->kind() != StageKind::zip || e.port == 0)) {
+            c += paths[e.node];
+          }
+        }
+        paths[*it] = std::min(c, 2);
+        if (preds[*it].empty()) sources.push_back(*it);
+      }
+      // Pairs are matched by item number, which only names one item on one path.
+      if (sources.size() != 1) {
+        std::string names;
+        for (const NodeBase* s : sources) names += (names.empty() ? "'" : ", '") + s->name() + "'";
+        throw GraphError(who + ": its " + input + " input merges items of " +
+                         std::to_string(sources.size()) + " sources (" + names +
+                         "), so it cannot tell which items belong together; zip branches that "
+                         "each come from one source");
+      }
+      if (paths[sources[0]] > 1)
+        throw GraphError(who + ": its " + input + " input gets each item of '" +
+                         sources[0]->name() +
+                         "' along more than one path (a fan-out merged again), so an item would "
+                         "pair twice; give each zip input one path");
+    }
+    for (int p = 0; p < 2; ++p) {
+      for (const NodeBase* c : anc[p]) {
+        if (anc[1 - p].count(c)) continue;  // upstream of both inputs: drops reach both
+        if (c->holds_while_filling() || c->forms_batches_of() || c->splits_batches_of())
+          throw GraphError(who + ": '" + c->name() + "' batches or unbatches items on its " +
+                           (p == 0 ? "first" : "second") +
+                           " input only, so the two inputs number their items differently; "
+                           "batch before the fan-out or after the zip");
+      }
+      // The nodes of this branch alone tell the zip of the items they drop; past another zip
+      // that one passes the drops on (it drops their partners, or they were both dropped).
+      std::vector<const NodeBase*> stack;
+      std::unordered_set<const NodeBase*> near;
+      for (const auto& [q, port] : preds[z])
+        if (port == p) stack.push_back(q);
+      while (!stack.empty()) {
+        const NodeBase* n = stack.back();
+        stack.pop_back();
+        if (anc[1 - p].count(n) || !near.insert(n).second) continue;
+        const_cast<NodeBase*>(n)->add_drop_listener(*listener, p);
+        if (n->kind() != StageKind::zip)
+          for (const auto& [q, port] : preds[n]) stack.push_back(q);
+      }
+    }
+  }
+}
+
+std::shared_ptr<RunState> GraphCore::start() {
+  std::shared_ptr<RunState> run;
+  {
+    std::lock_guard lk(mu_);
+    if (active_)
+      throw GraphError("splitflow::Graph '" + name_ +
+                       "': it is already running; wait for its run or cancel it first");
+    validate();
+    for (auto& n : nodes_) n->prepare();  // may throw: nothing is registered yet
+    run = std::make_shared<RunState>(this);
+    runtime_->register_run(run);
+    telemetry_ = runtime_->config().telemetry;
+    start_ = now_ticks();
+    for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      if (auto late = nodes_[i]->late_takes()) run->track_late_takes(i, std::move(late));
+    if (gpu_) {
+      gpu_->reset();
+      run_device_ = device();
+      device_at_start_ = std::make_unique<DeviceStats>(run_device_->stats());
+    }
+    observers_.clear();
+    if (opts_.observer) observers_.push_back(opts_.observer.get());
+    if (opts_.trace) {
+      std::vector<std::string> names;
+      for (const auto& n : nodes_) names.push_back(n->name());
+      auto tracer = std::make_shared<Tracer>(name_, std::move(names), opts_.trace_max_events,
+                                             steady_ns_of(start_));
+      observers_.push_back(tracer.get());
+      run->set_tracer(std::move(tracer));
+    }
+    stop_.store(false, std::memory_order_relaxed);
+    stop_reason_.store(StopReason::none, std::memory_order_relaxed);
+    {
+      std::lock_guard tl(token_mu_);
+      token_waiters_.clear();
+      token_waiting_.store(false);
+    }
+    // One unit per source (released when it is exhausted) and one for the starting task.
+    pending_.store(sources_.size() + 1, std::memory_order_release);
+    current_ = run;
+    active_ = true;
+  }
+  runtime_->spawn([this] { run_task({nullptr, 0}); }, /*fair=*/true);
+  return run;
+}
+
+void GraphCore::run_task(Claim first) noexcept {
+  try {
+    WorkList w;
+    if (first.node) {
+      first.node->run_claim(w, first.items);
+    } else {
+      for (NodeBase* s : sources_) s->poke(w);
+    }
+    execute(w);
+  } catch (...) {
+    // Only the runtime's own failures get here (bodies are guarded): fail the run.
+    fail(first.node ? *first.node : *nodes_.front(), 0, std::current_exception());
+  }
+  release_unit();
+}
+
+void GraphCore::execute(WorkList& w) {
+  for (;;) {
+    while (!w.pokes.empty()) w.pokes.pop_back()->poke(w);
+    if (w.claims.empty()) return;
+    // Continue with the first claim (the items just produced, downstream: cache-warm) and
+    // hand the rest to other threads.
+    runtime_->run_urgent();  // device completions first: they unblock the GPU
+    if (runtime_->slice_expired()) {  // this thread's turn is over: the rest waits in line
+      for (std::size_t i = 0; i < w.claims.size(); ++i) spawn(w.claims[i]);
+      w.claims.clear();
+      return;
+    }
+    const Claim next = w.claims[0];
+    for (std::size_t i = 1; i < w.claims.size(); ++i) spawn(w.claims[i]);
+    w.claims.clear();
+    next.node->run_claim(w, next.items);
+  }
+}
+
+void GraphCore::spawn(Claim c) {
+  pending_.fetch_add(1, std::memory_order_relaxed);
+  runtime_->spawn([this, c] { run_task(c); }, /*fair=*/false);
+}
+
+void GraphCore::dispatch_external(WorkList& w) {
+  while (!w.pokes.empty()) w.pokes.pop_back()->poke(w);
+  for (std::size_t i = 0; i < w.claims.size(); ++i) spawn(w.claims[i]);
+  w.claims.clear();
+}
+
+void GraphCore::retire_items(std::uint64_t n, WorkList& w) noexcept {
+  const std::uint64_t items =
+      (pending_.fetch_sub(n << kItemShift, std::memory_order_seq_cst) >> kItemShift) - n;
+  // Dekker with try_admit(): either we see the waiter's flag or it sees our decrement. Waiting
+  // sources wake once wake_room_ items of room are free, not at every retire: with W sources
+  // waiting, waking them all for each item cost O(W) per item. (A source that registered with
+  // less room than that took what it saw itself; wake_room_ <= max_in_flight - what batches
+  // can hold, so retires always reach it.)
+  if (token_waiting_.load(std::memory_order_seq_cst) &&
+      items + wake_room_ <= opts_.max_in_flight) {
+    std::lock_guard lk(token_mu_);
+    for (NodeBase* s : token_waiters_) w.pokes.push_back(s);
+    token_waiters_.clear();
+    token_waiting_.store(false, std::memory_order_relaxed);
+  }
+}
+
+std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want) {
+  // Admitted items are counted at once (one atomic step), so that sources admitted at the same
+  // time cannot each see the whole room; a source gives back what it did not produce.
+  const auto take = [&]() -> std::size_t {
+    std::uint64_t v = pending_.load(std::memory_order_seq_cst);
+    for (;;) {
+      const std::uint64_t items = v >> kItemShift;
+      if (items >= opts_.max_in_flight) return 0;
+      const std::uint64_t n = std::min<std::uint64_t>(want, opts_.max_in_flight - items);
+      if (pending_.compare_exchange_weak(v, v + (n << kItemShift), std::memory_order_seq_cst))
+        return static_cast<std::size_t>(n);
+    }
+  };
+  if (const std::size_t n = take()) return n;
+  {
+    std::lock_guard lk(token_mu_);
+    if (std::find(token_waiters_.begin(), token_waiters_.end(), &source) == token_waiters_.end())
+      token_waiters_.push_back(&source);
+    token_waiting_.store(true, std::memory_order_seq_cst);
+  }
+  return take();
+}
+
+bool GraphCore::try_acquire_unit() noexcept {
+  std::uint64_t v = pending_.load(std::memory_order_acquire);
+  while (v != 0)
+    if (pending_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) return true;
+  return false;
+}
+
+void GraphCore::release_unit() noexcept {
+  if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) complete();
+}
+
+void GraphCore::cancel() noexcept {
+  if (!try_acquire_unit()) return;
+  cancel_holding_unit();
+  release_unit();
+}
+
+void GraphCore::cancel_holding_unit() noexcept { stop(StopReason::cancelled); }
+
+void GraphCore::fail(const NodeBase& node, std::uint64_t seq, std::exception_ptr error) noexcept {
+  StopReason expected = StopReason::none;
+  if (!stop_reason_.compare_exchange_strong(expected, StopReason::failed)) return;
+  std::shared_ptr<RunState> run;
+  {
+    std::lock_guard lk(mu_);
+    run = current_;
+  }
+  run->record_error(name_, node.name(), seq, std::move(error));
+  stop(StopReason::failed);
+}
+
+void GraphCore::stop(StopReason why) noexcept {
+  StopReason expected = StopReason::none;
+  stop_reason_.compare_exchange_strong(expected, why);
+  stop_.store(true, std::memory_order_release);
+  WorkList w;
+  for (auto& n : nodes_) n->drop_queued(w);
+  // Pokes would grant nothing now that the run is stopping.
+}
+
+void GraphCore::rethrow_if_failed() const {
+  std::shared_ptr<RunState> run;
+  {
+    std::lock_guard lk(mu_);
+    run = current_;
+  }
+  if (run) run->rethrow_if_failed();
+}
+
+RunStats GraphCore::collect_stats(bool final) const {
+  // Hold every node's lock, taken in topological order (the global lock order), so that all
+  // stages are read at the same instant and each one's states add up to the wall time.
+  // The device over the run (read first: no node lock is held while the device is asked).
+  std::optional<DeviceStats> window;
+  if (run_device_ && device_at_start_) window = run_device_->stats().since(*device_at_start_);
+  std::vector<std::unique_lock<SpinLock>> locks;
+  locks.reserve(topo_.size());
+  for (NodeBase* n : topo_) locks.emplace_back(n->mutex());
+  const Ticks now = now_ticks();
+  RunStats st;
+  st.graph = name_;
+  st.status = RunStatus::running;
+  st.wall_ns = ticks_to_ns(now - start_);
+  st.stages.reserve(nodes_.size());
+  for (const auto& n : nodes_) {
+    if (final) n->finalize_locked(now);
+    st.stages.push_back(n->snapshot_locked(now));
+  }
+  if (gpu_) st.gpu = gpu_->snapshot(steady_now_ns());
+  if (window) {
+    st.gpu.device_wall_ns = window->wall_ns;
+    st.gpu.device_busy_ns = window->busy_ns;
+    st.gpu.device_mean_leases = window->mean_leases();
+    st.gpu.device_streams = window->streams;
+    for (std::size_t k = window->lease_time_ns.size(); k-- > 0;)
+      if (window->lease_time_ns[k] > 0) {
+        st.gpu.device_max_leases = k;
+        break;
+      }
+  }
+  return st;
+}
+
+RunStats GraphCore::snapshot() const { return collect_stats(false); }
+
+void GraphCore::complete() noexcept {
+  std::shared_ptr<RunState> run;
+  {
+    std::lock_guard lk(mu_);
+    run = current_;
+  }
+  RunStats st = collect_stats(true);
+  const StopReason why = stop_reason_.load();
+  const RunStatus status = why == StopReason::failed      ? RunStatus::failed
+                           : why == StopReason::cancelled ? RunStatus::cancelled
+                                                          : RunStatus::succeeded;
+  runtime_->unregister_run(run.get());
+  {
+    // Together, so that a new run cannot start between them and have its pull sinks ended.
+    std::lock_guard lk(mu_);
+    for (auto& n : nodes_) n->end_of_stream();
+    active_ = false;
+  }
+  run->publish(status, std::move(st));
+}
+
+}  // namespace detail
+
+Graph::Graph(Runtime& runtime, std::string name, GraphOptions options)
+    : core_(std::make_unique<detail::GraphCore>(runtime.core(), std::move(name), options)) {}
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+
+Run Graph::run() { return Run(core_->start()); }
+
+}  // namespace splitflow

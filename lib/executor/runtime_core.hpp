@@ -1,0 +1,107 @@
+// RuntimeCore: the task arena and the registry of active runs. Internal to the library.
+#pragma once
+
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_group.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "splitflow/core/config.hpp"
+#include "splitflow/core/detail/clock.hpp"
+
+namespace splitflow::detail {
+
+class RunState;
+class DeviceRuntime;
+
+class RuntimeCore {
+ public:
+  explicit RuntimeCore(RuntimeConfig config);
+  ~RuntimeCore();
+  RuntimeCore(const RuntimeCore&) = delete;
+  RuntimeCore& operator=(const RuntimeCore&) = delete;
+
+  int threads() const noexcept { return threads_; }
+  const RuntimeConfig& config() const noexcept { return config_; }
+
+  /// Runs f on an arena thread. From an arena thread and unless `fair`, f goes to the local
+  /// deque (cheap, LIFO, cache-warm). Otherwise it is enqueued FIFO into the arena, which is how
+  /// graphs take turns. A thread takes FIFO work only when its local deque is empty, so local
+  /// spawns are limited to a time slice: once a thread has run local work for kSliceNs since
+  /// it last took FIFO work, its spawns go FIFO too (its deque drains, and the graphs waiting
+  /// in the FIFO get their turn; an endless graph once kept a thread to itself).
+  template <class F>
+  void spawn(F&& f, bool fair) {
+    if (!fair && t_current == this && !slice_expired()) {
+      group_.run([this, fn = std::forward<F>(f)] {
+        RuntimeCore* const outer = std::exchange(t_current, this);
+        fn();
+        t_current = outer;
+      });
+    } else {
+      arena_.enqueue(group_.defer([this, fn = std::forward<F>(f)] {
+        // Marks the thread as running this runtime's task, so that its own spawns go local,
+        // and starts its slice.
+        RuntimeCore* const outer = std::exchange(t_current, this);
+        t_slice_start = now_ticks();
+        fn();
+        t_current = outer;
+      }));
+    }
+  }
+  /// Whether this thread's slice of local work is used up (then continue through spawn()).
+  bool slice_expired() const noexcept { return now_ticks() - t_slice_start > slice_ticks_; }
+  static constexpr std::int64_t kSliceNs = 2'000'000;
+
+  /// Runs f on an arena thread ahead of the claims waiting there: for device completions, which
+  /// free streams, ring space and device memory and let the next bursts start. A FIFO task
+  /// would wait behind every CPU claim the threads keep spawning locally (a saturated decode
+  /// stage once held a GPU stage's completions back for a second). Every runtime thread runs
+  /// this lane between claims (run_urgent), and a fair task drains it when they are idle.
+  void spawn_urgent(std::function<void()> f);
+  /// Runs the urgent work queued now. Cheap when there is none; does nothing when called from
+  /// inside urgent work (no nesting).
+  void run_urgent() {
+    if (urgent_pending_.load(std::memory_order_acquire) != 0) drain_urgent();
+  }
+
+  /// Throws GraphError once shut down.
+  void register_run(const std::shared_ptr<RunState>& run);
+  void unregister_run(const RunState* run) noexcept;
+  /// Cancels the active runs, waits for them and for every task. Idempotent.
+  void shutdown() noexcept;
+
+  /// The device, created on first call (the first run of a graph with a GPU stage): until
+  /// then nothing touches the CUDA runtime. Throws Error if the configured backend is missing.
+  std::shared_ptr<DeviceRuntime> device();
+  /// The device if it was created, else null.
+  std::shared_ptr<DeviceRuntime> device_if_created() const;
+
+ private:
+  static thread_local RuntimeCore* t_current;
+  static thread_local bool t_draining;
+  static thread_local Ticks t_slice_start;
+  void drain_urgent();
+
+  RuntimeConfig config_;
+  int threads_;
+  tbb::task_arena arena_;
+  tbb::task_group group_;
+  Ticks slice_ticks_;
+  std::mutex mu_;
+  bool shut_down_ = false;
+  std::vector<std::shared_ptr<RunState>> active_;
+  mutable std::mutex device_mu_;
+  std::shared_ptr<DeviceRuntime> device_;
+  std::mutex urgent_mu_;
+  std::deque<std::function<void()>> urgent_;  // under urgent_mu_
+  std::atomic<std::size_t> urgent_pending_{0};
+};
+
+}  // namespace splitflow::detail
