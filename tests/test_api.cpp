@@ -47,3 +47,29 @@ TEST(Api, EveryErrorIsASplitflowError) {
   static_assert(std::is_base_of_v<std::runtime_error, Error>);
   SUCCEED();
 }
+
+// "Bad input gets a clear error naming what was wrong": settings are checked when the object
+// is built (a Runtime of 70000 threads used to be accepted and crash at exit).
+TEST(Api, ImpossibleSettingsAreRefusedWhenBuilt) {
+  const auto message = [](auto&& make) {
+    try {
+      make();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([] { Runtime rt({.threads = 70000}); }),
+            "splitflow::Runtime: threads must be 0 (one per core) to 1024, not 70000");
+  EXPECT_EQ(message([] { Runtime rt({.threads = -1}); }),
+            "splitflow::Runtime: threads must be 0 (one per core) to 1024, not -1");
+  EXPECT_NE(message([] { image::RandomResizedCrop op({.size = 0}); }).find("size 0 is out of range"),
+            std::string::npos);
+  EXPECT_NE(message([] {
+              image::DecodeRandomResizedCrop op({.size = 224, .scale_min = 2, .scale_max = -1});
+            }).find("scale (2, -1) must be two finite positive numbers, the smaller first"),
+            std::string::npos);
+  EXPECT_NE(message([] { image::RandomResizedCrop op({.flip_probability = 2}); })
+                .find("flip probability 2 must be in [0, 1]"),
+            std::string::npos);
+}

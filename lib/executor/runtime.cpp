@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <string>
+
 #include "device/device_runtime.hpp"
 #include "executor/run_state.hpp"
 #include "executor/runtime_core.hpp"
@@ -154,7 +156,23 @@ std::shared_ptr<DeviceRuntime> RuntimeCore::device_if_created() const {
 
 }  // namespace detail
 
-Runtime::Runtime(RuntimeConfig config) : core_(std::make_shared<detail::RuntimeCore>(config)) {}
+namespace {
+RuntimeConfig validated(RuntimeConfig c) {
+  if (c.threads < 0 || c.threads > RuntimeConfig::kMaxThreads)
+    throw Error("splitflow::Runtime: threads must be 0 (one per core) to " +
+                std::to_string(RuntimeConfig::kMaxThreads) + ", not " + std::to_string(c.threads));
+  if (c.device.streams < 1 || c.device.streams > 1024)
+    throw Error("splitflow::Runtime: DeviceConfig::streams must be 1 to 1024, not " +
+                std::to_string(c.device.streams));
+  if (c.device.host_compute_slots < 1 || c.device.host_compute_slots > 1024)
+    throw Error("splitflow::Runtime: DeviceConfig::host_compute_slots must be 1 to 1024, not " +
+                std::to_string(c.device.host_compute_slots));
+  return c;
+}
+}  // namespace
+
+Runtime::Runtime(RuntimeConfig config)
+    : core_(std::make_shared<detail::RuntimeCore>(validated(std::move(config)))) {}
 Runtime::~Runtime() { core_->shutdown(); }
 int Runtime::threads() const noexcept { return core_->threads(); }
 std::optional<DeviceStats> Runtime::device_stats() const {

@@ -463,6 +463,29 @@ HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, boo
 }
 }  // namespace
 
+void validate(const AugmentSpec& s, const char* op) {
+  const auto bad = [&](const std::string& what) {
+    throw Error(fmt::format("splitflow::image::{}: {}", op, what));
+  };
+  if (s.size < 1 || s.size > kMaxOutputSide)
+    bad(fmt::format("size {} is out of range: give 1 to {} (pixels per side)", s.size, kMaxOutputSide));
+  const auto range = [&](const char* name, double lo, double hi) {
+    if (!std::isfinite(lo) || !std::isfinite(hi) || lo <= 0 || hi <= 0 || lo > hi)
+      bad(fmt::format("{} ({}, {}) must be two finite positive numbers, the smaller first", name,
+                      lo, hi));
+  };
+  range("scale", s.scale_min, s.scale_max);
+  range("ratio", s.ratio_min, s.ratio_max);
+  if (!(s.flip_probability >= 0 && s.flip_probability <= 1))
+    bad(fmt::format("flip probability {} must be in [0, 1]", s.flip_probability));
+}
+
+void validate_size(int height, int width, const char* op) {
+  if (height < 1 || width < 1 || height > kMaxOutputSide || width > kMaxOutputSide)
+    throw Error(fmt::format("splitflow::image::{}: output size {}x{} is out of range: give 1 to {} "
+                            "per side", op, height, width, kMaxOutputSide));
+}
+
 HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box) {
   return resize_impl(img, out_h, out_w, box, false);
 }

@@ -368,8 +368,13 @@ void bind_image_ops(py::module_& mops) {
     auto kept = std::make_shared<const std::vector<std::string>>(std::move(paths));
     return CpuOp{"read_file", [kept](Value v) -> Value {
       const auto* i = std::get_if<std::int64_t>(&v);
-      if (!i || *i < 0 || static_cast<std::size_t>(*i) >= kept->size())
-        throw Error("ops.read_file: expected an index into its " + std::to_string(kept->size()) + " paths");
+      if (!i)
+        throw Error("ops.read_file: expected an integer index into its " +
+                    std::to_string(kept->size()) + " paths (from g.indices(...) or g.source(...) "
+                    "of ints), got " + describe(v));
+      if (*i < 0 || static_cast<std::size_t>(*i) >= kept->size())
+        throw Error("ops.read_file: index " + std::to_string(*i) + " is out of range for its " +
+                    std::to_string(kept->size()) + " paths");
       image::Encoded e = image::read_file({static_cast<std::uint64_t>(*i), (*kept)[static_cast<std::size_t>(*i)]});
       return image::Image{e.index, std::move(e.path), std::move(e.bytes)};
     }};
@@ -417,6 +422,7 @@ void bind_image_ops(py::module_& mops) {
   "and only its region is decoded. The same pixels as the two ops, for less decoding.");
 
   mops.def("resize", [](int height, int width) {
+    image::validate_size(height, width, "resize");
     return CpuOp{"resize", [height, width](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.resize");
       in.pixels = image::resize(in.pixels, height, width);
@@ -484,7 +490,7 @@ void bind_ops(py::module_& m) {
     return CpuOp{"fill", [shape, dt](Value v) -> Value {
       // A tensor of `shape` whose bytes all equal the item (an integer) mod 256: test data.
       const auto* i = std::get_if<std::int64_t>(&v);
-      if (!i) throw Error("ops.fill: expected an integer item");
+      if (!i) throw Error("ops.fill: expected an integer item, got " + describe(v));
       HostTensor t = HostTensor::empty(dt, shape);
       std::memset(t.raw(), static_cast<int>(*i & 0xff), t.nbytes());
       return t;

@@ -189,7 +189,11 @@ HostTensor wrap_buffer(py::handle obj, const char* what) {
   DType dt;
   const Py_buffer& v = owner->view;
   if (!dtype_of_format(v.format ? v.format : "B", static_cast<std::size_t>(v.itemsize), dt))
-    throw Error(std::string(what) + ": unsupported element format '" + (v.format ? v.format : "") + "'");
+    throw Error(std::string(what) + ": expected a tensor or an array of numbers, got " +
+                std::string(py::str(obj.get_type().attr("__name__"))) +
+                (PyObject_CheckBuffer(obj.ptr()) ? std::string(" of element format '") +
+                                                       (v.format ? v.format : "") + "'"
+                                                 : std::string()));
   std::vector<std::int64_t> shape(v.shape, v.shape + v.ndim);
   if (v.ndim == 0) shape.clear();
   return HostTensor::wrap(v.buf, dt, std::move(shape), owner);
@@ -198,6 +202,22 @@ HostTensor wrap_buffer(py::handle obj, const char* what) {
 }  // namespace
 
 // ---- Value <-> Python ----------------------------------------------------------------------------
+
+std::string describe(const Value& v) {
+  switch (v.index()) {
+    case 0: return "nothing (None)";
+    case 1: {
+      py::gil_scoped_acquire gil;
+      py::object o = std::get<PyObj>(v).get();
+      return "a Python " + std::string(py::str(o.get_type().attr("__name__")));
+    }
+    case 2: return "the integer " + std::to_string(std::get<std::int64_t>(v));
+    case 3: return "a tensor " + std::get<HostTensor>(v).describe();
+    case 4: return "a device tensor " + std::get<DeviceValue>(v).tensor.describe();
+    case 5: return "an image item (file '" + std::get<image::Image>(v).path + "')";
+  }
+  return "?";
+}
 
 py::object to_python(Value&& v) {
   switch (v.index()) {
@@ -215,6 +235,14 @@ Value from_python(py::handle h) {
     const auto& t = h.cast<const PyTensor&>();
     if (t.on_device) return t.device;
     return t.host;
+  }
+  // A plain int (not a bool) travels as an integer: C++ ops (read_file, fill) take it as an
+  // index, without the GIL; Python stages get it back as an int.
+  if (PyLong_CheckExact(h.ptr())) {
+    int overflow = 0;
+    const long long i = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+    if (!overflow && !(i == -1 && PyErr_Occurred())) return static_cast<std::int64_t>(i);
+    PyErr_Clear();
   }
   return PyObj(py::reinterpret_borrow<py::object>(h));
 }

@@ -78,6 +78,8 @@ struct PyTensor {
   bool host_addressable() const noexcept { return !on_device || !device.cuda; }
 };
 
+/// What `v` is, for error messages ("a Python str", "the integer 5", "a tensor uint8[2, 3]").
+std::string describe(const Value& v);
 /// Value -> Python object (with the GIL). Tensors become splitflow.Tensor.
 py::object to_python(Value&& v);
 /// Python object -> Value (with the GIL). splitflow.Tensor becomes its tensor; anything else

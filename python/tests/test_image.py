@@ -143,3 +143,68 @@ def test_fused_decode_crop_equals_decode_then_crop(tmp_path):
     for a, b in zip(fused, split):
         assert a.shape == (48, 48, 3)
         assert np.array_equal(a, b)
+
+
+# "Bad input gets a clear error naming what was wrong": op arguments are checked when the op is
+# built (not per item, where on_error="skip" would turn them into an empty epoch).
+@pytest.mark.parametrize("kwargs, text", [
+    (dict(size=0), "size 0 is out of range"),
+    (dict(size=-5), "size -5 is out of range"),
+    (dict(size=100000), "size 100000 is out of range: give 1 to 16384"),
+    (dict(scale=(2, -1)), "scale (2, -1) must be two finite positive numbers, the smaller first"),
+    (dict(scale=(float("nan"), 1)), "scale (nan, 1) must be two finite positive numbers"),
+    (dict(ratio=(2, 1)), "ratio (2, 1) must be two finite positive numbers, the smaller first"),
+    (dict(flip=1.5), "flip probability 1.5 must be in [0, 1]"),
+])
+def test_crop_ops_refuse_bad_arguments_when_built(kwargs, text):
+    for op in (sf.ops.decode_random_resized_crop, sf.ops.random_resized_crop):
+        with pytest.raises(sf.Error, match=re_escape(text)):
+            op(**kwargs)
+    with pytest.raises(sf.Error, match="output size 0x3 is out of range"):
+        sf.ops.resize(0, 3)
+
+
+def re_escape(text):
+    import re
+    return re.escape(text)
+
+
+# Python ints from g.source reach read_file as indices; what is not an index is named.
+def test_read_file_takes_python_ints_and_names_what_it_got(tmp_path):
+    paths = write_jpegs(tmp_path, 3)
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "ints")
+    out = g.pull_sink("out")
+    g.source("n", [2, 0, 1]) >> g.stage("read", sf.ops.read_file(paths), concurrency=0) >> out
+    got = [bytes(np.asarray(t)) for t in g.iterate(out)]
+    assert got == [open(paths[i], "rb").read() for i in (2, 0, 1)]
+    h = sf.Graph(rt, "strings")
+    out = h.pull_sink("out")
+    h.source("n", ["a.jpg"]) >> h.stage("read", sf.ops.read_file(paths)) >> out
+    with pytest.raises(sf.StageError, match="expected an integer index into its 3 paths .* got a Python str"):
+        list(h.iterate(out))
+    k = sf.Graph(rt, "range")
+    out = k.pull_sink("out")
+    k.source("n", [7]) >> k.stage("read", sf.ops.read_file(paths)) >> out
+    with pytest.raises(sf.StageError, match="index 7 is out of range for its 3 paths"):
+        list(k.iterate(out))
+
+
+# Objects that are not arrays of numbers are named, not reported as a buffer format.
+@pytest.mark.parametrize("item, name", [("hello", "str"), ({"a": 1}, "dict"), (None, "NoneType")])
+def test_ops_name_what_they_were_given(item, name):
+    rt = sf.Runtime(threads=1, backend="host")
+    g = sf.Graph(rt, "bad-input")
+    out = g.pull_sink("out")
+    g.source("n", [item]) >> g.stage("dec", sf.ops.decode_jpeg()) >> out
+    with pytest.raises(sf.StageError, match=f"expected a tensor or an array of numbers, got {name}"):
+        list(g.iterate(out))
+
+
+# Runtime settings are validated (threads=70000 used to be accepted and crash at exit).
+def test_runtime_refuses_impossible_settings():
+    for threads in (-1, 70000):
+        with pytest.raises(sf.Error, match=f"threads must be 0 .one per core. to 1024, not {threads}"):
+            sf.Runtime(threads=threads)
+    with pytest.raises(sf.Error, match="streams must be 1 to 1024, not 0"):
+        sf.Runtime(streams=0)

@@ -101,8 +101,9 @@ struct DeviceConfig {
 
 /// Per-runtime policy.
 struct RuntimeConfig {
-  /// Threads of the runtime's task arena; 0 means one per core.
+  /// Threads of the runtime's task arena; 0 means one per core. At most kMaxThreads.
   int threads = 0;
+  static constexpr int kMaxThreads = 1024;
   /// Per-stage timing (busy / starved / blocked, work time). Item counters are always kept.
   bool telemetry = true;
   DeviceConfig device{};

@@ -130,6 +130,16 @@ struct AugmentSpec {
   std::uint64_t epoch = 0;
 };
 
+/// The largest output side image ops accept (a stated bound: a 16384 x 16384 RGB output is
+/// 768 MiB); larger sizes are refused when the op is built.
+inline constexpr int kMaxOutputSide = 16384;
+/// Throws Error naming `op` and the bad value unless: 1 <= size <= kMaxOutputSide, scale and
+/// ratio finite, positive and min <= max, flip_probability in [0, 1]. The ops' constructors
+/// call it, so a bad op fails when it is built, not on each item.
+void validate(const AugmentSpec& spec, const char* op);
+/// The same for an output size (resize).
+void validate_size(int height, int width, const char* op);
+
 /// The crop box and flip one item gets (the algorithm torchvision uses: ten tries at a random
 /// area and aspect ratio, then a centre crop).
 struct Augment {
@@ -141,7 +151,7 @@ Augment draw_augment(int height, int width, std::uint64_t index, const AugmentSp
 /// A stage body: Image -> Image of size x size, cropped, resized and maybe flipped.
 class RandomResizedCrop {
  public:
-  explicit RandomResizedCrop(AugmentSpec spec) : spec_(spec) {}
+  explicit RandomResizedCrop(AugmentSpec spec) : spec_(spec) { validate(spec_, "RandomResizedCrop"); }
   Image operator()(Image img) const;
 
  private:
@@ -165,7 +175,9 @@ Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color co
 class DecodeRandomResizedCrop {
  public:
   explicit DecodeRandomResizedCrop(AugmentSpec spec, Color color = Color::rgb)
-      : spec_(spec), color_(color) {}
+      : spec_(spec), color_(color) {
+    validate(spec_, "DecodeRandomResizedCrop");
+  }
   Image operator()(Encoded file) const { return decode_random_resized_crop(std::move(file), spec_, color_); }
 
  private:
