@@ -291,13 +291,16 @@ struct PullIterator {
     py::gil_scoped_release nogil;
     drain(run);
   }
+  // Leaving a loop early ends the run before the loop statement returns, so that the graph can
+  // run again at once. (make_released deletes iterators with the GIL released: waiting here
+  // lets the run's Python stages take it.)
   ~PullIterator() {
     if (finished || !run.valid() || !python_alive()) return;
     if (run.status() == RunStatus::running) {
       if (PyGILState_Check()) {
         cancel_and_wait();
       } else {
-        run.cancel();
+        drain(run);
       }
     }
   }

@@ -228,6 +228,19 @@ def test_early_break_cancels_the_run_and_the_runtime_goes_on(rt):
     assert list(g2.iterate(out2)) == [0, -1, -2, -3, -4]
 
 
+# "leaving the loop ends the run before the loop returns": a new run starts at once, every time
+# (it used to be refused as "already running" for a few ms after a break).
+def test_a_new_run_right_after_a_break_is_accepted(rt):
+    g, out = chain(rt, "break-rerun", range(100000), lambda x: x)
+    for _ in range(30):
+        for x in g.iterate(out):
+            if x == 5:
+                break
+        run = g.run()  # raises GraphError "already running" if the break left the run going
+        run.cancel()
+        assert run.wait() in ("cancelled", "succeeded")
+
+
 def test_dropping_an_unfinished_iterator_cancels_its_run(rt):
     g, out = chain(rt, "dropped", range(1_000_000), lambda x: x)
     it = g.iterate(out)
