@@ -495,3 +495,32 @@ TEST(HostCache, ReusesFreedBlocksWithinItsLimit) {
   set_host_cache_limit(256u << 20);
 #endif
 }
+
+// The cache holds size classes, not exact sizes: tensors whose size changes from item to item
+// (a random crop's rows) share blocks instead of filling the cache with sizes never asked for
+// again; when full, the block freed longest ago goes first (tensor.hpp, set_host_cache_limit).
+TEST(HostCache, VaryingSizesShareBlocksAndTheOldestGoesWhenFull) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan builds never cache host blocks (use-after-free must stay visible)";
+#else
+  set_host_cache_limit(0);
+  set_host_cache_limit(6u << 20);
+  const HostCacheStats before = host_cache_stats();
+  for (int i = 0; i < 300; ++i) {  // 300 sizes from 1 MiB to 1.28 MiB: classes 1, 1.25, 1.5 MiB
+    HostTensor t = HostTensor::empty(DType::u8, {(1 << 20) + i * 997});
+  }
+  const HostCacheStats after = host_cache_stats();
+  EXPECT_EQ(after.misses - before.misses, 3u);
+  EXPECT_EQ(after.cached_bytes, (15u << 20) / 4) << "one block per class, not one per size";
+  // Full: newer blocks replace the oldest rather than being refused.
+  {
+    std::vector<HostTensor> many;
+    for (int i = 0; i < 3; ++i) many.push_back(HostTensor::empty(DType::u8, {2 << 20}));
+  }  // 6 MiB given back into a 6 MiB cache holding 3.75 MiB: the older blocks make room
+  EXPECT_EQ(host_cache_stats().cached_bytes, 6u << 20);
+  const std::uint64_t hits = host_cache_stats().hits;
+  HostTensor again = HostTensor::empty(DType::u8, {2 << 20});
+  EXPECT_EQ(host_cache_stats().hits, hits + 1) << "the newest blocks were kept";
+  set_host_cache_limit(256u << 20);
+#endif
+}

@@ -755,6 +755,16 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
   m.def("cuda_runtime_calls", [] { return cuda_runtime_calls(); },
         "CUDA runtime calls made by this process so far (0 in a CPU-only process).");
   m.def("built_with_cuda", [] { return built_with_cuda(); });
+  m.def("host_cache_stats", [] {
+    const HostCacheStats s = host_cache_stats();
+    py::dict d;
+    d["cached_bytes"] = s.cached_bytes;
+    d["limit"] = s.limit;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    return d;
+  }, "The cache of freed large host blocks (HostTensor::empty): bytes kept now, the limit, and "
+     "the allocations of 1 MiB and more it served (hits) or did not (misses).");
   m.def("image_files", [](const std::string& where) {
     namespace fs = std::filesystem;
     if (fs::is_directory(where)) return image::FileList::directory(where).paths();

@@ -117,9 +117,11 @@ class HostTensor : public Tensor {
 };
 
 /// HostTensor::empty takes blocks of 1 MiB and more from a cache of freed blocks of the same
-/// size, so that batch after batch reuses warm, mapped memory rather than faulting in fresh
-/// pages. The cache keeps at most `bytes` (default 256 MiB; 0 frees everything and disables
-/// it; ASan builds never cache, so that use-after-free stays visible).
+/// size class (sizes rounded up to four classes per power of two, so that sizes varying from
+/// item to item share blocks), so that batch after batch reuses warm, mapped memory rather
+/// than faulting in fresh pages. The cache keeps at most `bytes` (default 256 MiB; when full,
+/// the blocks freed longest ago go first; 0 frees everything and disables it; ASan builds never
+/// cache nor round, so that use-after-free and overflows stay visible).
 void set_host_cache_limit(std::size_t bytes);
 struct HostCacheStats {
   std::size_t cached_bytes = 0;  ///< freed bytes kept for reuse now
