@@ -29,6 +29,7 @@ Order and sharding: each epoch's order is ``torch.randperm(length)`` seeded with
 worker k of n takes every n-th item of that. Items come out in that order.
 """
 import os
+import warnings
 
 import torch
 import torch.utils.data as _data
@@ -67,14 +68,26 @@ class GraphDataset(_data.IterableDataset):
     torch.distributed when it is initialised, else 0 of 1). threads, backend, streams: the
     runtime's (one per process, built on first use, after any fork). capacity: the output
     queue's. Samples' splitflow tensors become torch tensors (zero-copy) unless to_torch=False.
+    even_shards: None (default: rank r reads items r, r + world, ...: shards differ by one when
+    world does not divide length), "pad" (every rank reads ceil(length / world), the first
+    items of the epoch's order read twice, as DistributedSampler pads) or "drop" (every rank
+    reads floor(length / world), the epoch's last items left out): with DDP, every rank must
+    take the same number of steps or the last collective hangs.
+
+    With ``persistent_workers=True`` the DataLoader keeps its workers' copies of the dataset,
+    so ``set_epoch`` on this object does not reach them: a worker that sees the same epoch
+    twice warns. Build the DataLoader anew each epoch, or keep persistent_workers off.
     """
 
     def __init__(self, build, length, *, shuffle=False, seed=0, rank=None, world_size=None,
                  threads=0, backend="auto", streams=8, capacity=0, max_in_flight=256,
-                 to_torch=True, name="dataset"):
+                 to_torch=True, name="dataset", even_shards=None):
         super().__init__()
         if length < 0:
             raise ValueError("GraphDataset: length must be >= 0")
+        if even_shards not in (None, "pad", "drop"):
+            raise ValueError(f"GraphDataset: even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
+        self.even_shards = even_shards
         self._build = build
         self.length = int(length)
         self.shuffle = shuffle
@@ -112,11 +125,21 @@ class GraphDataset(_data.IterableDataset):
         rank, world = self.shard()
         if not 0 <= rank < world:
             raise ValueError(f"GraphDataset: rank {rank} is not in [0, {world})")
-        return self.epoch_order()[rank::world]
+        order = self.epoch_order()
+        if self.even_shards == "drop":
+            order = order[:self.length // world * world]
+        elif self.even_shards == "pad" and order:
+            total = -(-self.length // world) * world
+            order = (order * (total // len(order) + 1))[:total]
+        return order[rank::world]
 
     def __len__(self):
         """Samples this rank reads per epoch (what DataLoader(batch_size=None) yields)."""
         rank, world = self.shard()
+        if self.even_shards == "drop":
+            return self.length // world
+        if self.even_shards == "pad":
+            return -(-self.length // world)
         return len(range(rank, self.length, world))
 
     def set_epoch(self, epoch):
@@ -165,6 +188,14 @@ class GraphDataset(_data.IterableDataset):
         return indices[shard::workers][skip:], info is None
 
     def __iter__(self):
+        if _data.get_worker_info() is not None:
+            if getattr(self, "_worker_epoch", None) == self.epoch:
+                warnings.warn(
+                    f"GraphDataset: a DataLoader worker iterates epoch {self.epoch} again: with "
+                    "persistent_workers=True, set_epoch() on the main process's dataset does not "
+                    "reach the workers' copies (each epoch repeats the same order); build the "
+                    "DataLoader anew each epoch or set persistent_workers=False", stacklevel=2)
+            self._worker_epoch = self.epoch
         indices, counting = self._my_indices()
         self._resume = 0
         graph = _core.Graph(self.runtime(), self.name, **self._graph_args)

@@ -225,3 +225,43 @@ def test_two_gloo_ranks_shard_the_dataset(tmp_path):
     assert len(gathered) == 2
     assert len(gathered[0]) == (N + 1) // 2 and len(gathered[1]) == N // 2
     assert sorted(gathered[0] + gathered[1]) == list(range(N))
+
+
+# "Even shards for DDP": with even_shards every rank yields the same number of samples (101
+# over 2 ranks: 51 and 51 padded, or 50 and 50 dropped), like DistributedSampler.
+def test_even_shards_give_every_rank_the_same_length():
+    for mode, each in (("pad", 51), ("drop", 50), (None, None)):
+        got = []
+        for rank in range(2):
+            ds = sft.GraphDataset(build_identity, 101, shuffle=True, seed=3, rank=rank,
+                                  world_size=2, threads=2, backend="host", even_shards=mode)
+            items = collect(ds)
+            assert len(items) == len(ds)
+            got.append(items)
+        if mode is None:
+            assert [len(g) for g in got] == [51, 50]
+            assert sorted(got[0] + got[1]) == list(range(101))
+        else:
+            assert [len(g) for g in got] == [each, each]
+            union = got[0] + got[1]
+            if mode == "pad":
+                assert set(union) == set(range(101)) and len(union) == 102
+            else:
+                assert len(set(union)) == 100
+    with pytest.raises(ValueError, match="even_shards must be None, 'pad' or 'drop'"):
+        sft.GraphDataset(build_identity, 10, even_shards="yes")
+
+
+# persistent_workers keep the workers' copies: set_epoch cannot reach them, and they say so.
+# (The warning is the worker process's: it reaches the terminal through the worker's stderr.)
+def test_persistent_workers_warn_that_set_epoch_does_not_reach_them(capfd):
+    ds = sft.GraphDataset(build_identity, 8, shuffle=True, threads=1, backend="host")
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                         persistent_workers=True, multiprocessing_context="spawn")
+    first = [int(x) for x in loader]
+    assert "set_epoch" not in capfd.readouterr().err
+    ds.set_epoch(1)
+    second = [int(x) for x in loader]
+    assert "with persistent_workers=True, set_epoch() on the main process's dataset does not " \
+           "reach the workers' copies" in capfd.readouterr().err
+    assert first == second  # the workers' copies kept epoch 0
