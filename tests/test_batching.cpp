@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 #include <splitflow/serving/batching.hpp>
+#include <splitflow/serving/testing.hpp>
 #include <splitflow/serving/service.hpp>
 #include <splitflow/splitflow.hpp>
 #include <stdexcept>
@@ -70,7 +71,7 @@ void wait_arrived(const Run& run, std::uint64_t n) {
 // "gathers items into a batch until it reaches max_batch ... hands the batch to the next stage,
 // and splits the batch's results back to each request's future"
 TEST(DynamicBatch, ABatchGoesWhenFull) {
-  auto clock = std::make_shared<ManualClock>();  // never advanced: only full batches can go
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();  // never advanced: only full batches can go
   Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock});
   auto run = p.g.run();
   std::vector<std::future<long>> fs;
@@ -84,7 +85,7 @@ TEST(DynamicBatch, ABatchGoesWhenFull) {
 // "... or the oldest item has waited max_delay, whichever comes first"; "no item waits past
 // max_delay plus a bounded slack before its batch is formed (checked with an injectable clock)"
 TEST(DynamicBatch, APartialBatchGoesWhenItsOldestItemWaitedMaxDelay) {
-  auto clock = std::make_shared<ManualClock>();
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
   Pipeline p({.max_batch = 8, .max_delay = 5ms, .clock = clock});
   auto run = p.g.run();
   const auto t0 = clock->now();  // now() call 1
@@ -140,7 +141,7 @@ TEST(DynamicBatch, BatchesNeverExceedMaxBatchUnderConcurrency) {
 // "Errors in a batch reach every request in it; one bad request can be rejected without
 // failing its batch-mates where the stage says so"
 TEST(DynamicBatch, ABatchErrorReachesItsRequestsAndOneItemCanFailAlone) {
-  auto clock = std::make_shared<ManualClock>();
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
   Pipeline p(
       {.max_batch = 4, .max_delay = 1h, .clock = clock},
       [](Batch<long>& b) {
@@ -182,7 +183,7 @@ TEST(DynamicBatch, ABatchErrorReachesItsRequestsAndOneItemCanFailAlone) {
 
 // "an expired request is dropped before its GPU work": the batch forms without it
 TEST(DynamicBatch, ExpiredRequestsAreDroppedWhenTheBatchForms) {
-  auto clock = std::make_shared<ManualClock>();
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
   Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock});
   auto run = p.g.run();
   const auto past = std::chrono::steady_clock::now() - 1s;
@@ -240,7 +241,7 @@ TEST(DynamicBatch, AnUnbatchSmallerThanItsDynamicBatchIsAGraphError) {
 // "Per-request latency histograms (... batching wait ...)": each request in a batch counts
 // the time from its arrival in the batcher to the batch's forming, and only that, as batching.
 TEST(DynamicBatch, EachRequestCountsItsBatchingWait) {
-  auto clock = std::make_shared<ManualClock>();
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
   Pipeline p({.max_batch = 8, .max_delay = 5ms, .clock = clock});
   auto run = p.g.run();
   std::vector<std::future<long>> fs;
@@ -269,7 +270,7 @@ TEST(DynamicBatch, EachRequestCountsItsBatchingWait) {
 // A formed batch carries its first request's number: that request's deadline passing later
 // must not drop the whole batch at a GPU stage (its deadline was checked as the batch formed).
 TEST(DynamicBatch, AFormedBatchIsNotDroppedForItsFirstRequestsDeadline) {
-  auto clock = std::make_shared<ManualClock>();
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
   RuntimeConfig cfg{.threads = 3};
   cfg.device.backend = BackendKind::host;
   Runtime rt(cfg);

@@ -16,6 +16,14 @@ const std::string kNoStage;
 }  // namespace
 
 void set_current_stage(const std::string* stage) noexcept { t_stage = stage; }
+Burst& burst_of(const DeviceContext& ctx) noexcept { return *ctx.burst_; }
+HostAllocator host_allocator(PinnedRing* ring, const std::string* stage, std::uint64_t item) noexcept {
+  HostAllocator a;
+  a.ring_ = ring;
+  a.stage_ = stage;
+  a.item_ = item;
+  return a;
+}
 const std::string& current_stage() noexcept { return t_stage ? *t_stage : kNoStage; }
 
 Lease* lease_or_wait(DeviceRuntime& dev, LeaseWaiter& w) { return dev.pool().acquire_or_wait(w); }

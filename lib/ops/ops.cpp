@@ -58,7 +58,7 @@ DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images,
       detail::normalize_host(in, dst, n, h, w, c, p);
     });
   }
-  ctx.burst().keep_alive(images.owner());
+  splitflow::detail::burst_of(ctx).keep_alive(images.owner());
   return out;
 }
 
@@ -92,7 +92,7 @@ HostTensor normalize_host(const HostTensor& images, const std::vector<float>& me
 }
 
 void busy_kernel(DeviceContext& ctx, std::chrono::nanoseconds duration) {
-  auto& b = ctx.burst();
+  auto& b = splitflow::detail::burst_of(ctx);
   b.device().backend().timed_kernel(b.stream(), duration, b.exec_sink());
 }
 

@@ -19,9 +19,16 @@
 
 namespace splitflow {
 
+class DeviceContext;
+class HostAllocator;
+
 namespace detail {
 class Burst;
 class PinnedRing;
+/// The burst behind a DeviceContext, for the library's ops (not part of the public API).
+Burst& burst_of(const DeviceContext& ctx) noexcept;
+/// A HostAllocator writing into `ring` (null: the heap), for the stage nodes.
+HostAllocator host_allocator(PinnedRing* ring, const std::string* stage, std::uint64_t item) noexcept;
 }  // namespace detail
 
 /// Whether this build has the CUDA backend (SPLITFLOW_WITH_CUDA resolved to ON).
@@ -64,9 +71,9 @@ class DeviceContext {
   /// native_stream() instead; this throws there.)
   void host_kernel(std::function<void()> kernel);
 
-  detail::Burst& burst() const noexcept { return *burst_; }
 
  private:
+  friend detail::Burst& detail::burst_of(const DeviceContext& ctx) noexcept;
   detail::Burst* burst_;
 };
 
@@ -76,13 +83,13 @@ class DeviceContext {
 class HostAllocator {
  public:
   HostAllocator() = default;
-  explicit HostAllocator(detail::PinnedRing* ring, const std::string* stage, std::uint64_t item)
-      : ring_(ring), stage_(stage), item_(item) {}
   /// One output tensor per item. Throws splitflow::Error if it exceeds the ring's item size.
   HostTensor empty(DType dtype, std::vector<std::int64_t> shape);
   bool ring_backed() const noexcept { return ring_ != nullptr; }
 
  private:
+  friend HostAllocator detail::host_allocator(detail::PinnedRing*, const std::string*,
+                                              std::uint64_t) noexcept;
   detail::PinnedRing* ring_ = nullptr;
   const std::string* stage_ = nullptr;
   std::uint64_t item_ = 0;

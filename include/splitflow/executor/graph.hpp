@@ -51,15 +51,6 @@ struct InPort {
   detail::Receiver<T>& in_port() const noexcept { return *receiver; }
 };
 
-/// The typed output end of an edge.
-template <class T>
-struct OutPort {
-  using input_type = void;
-  using output_type = T;
-  detail::Emitter<T>* emitter;
-  detail::Emitter<T>& out_port() const noexcept { return *emitter; }
-};
-
 /// A handle to a node taking In (void for a source) and producing Out (void for a sink).
 /// Handles are cheap to copy; the graph owns the node.
 template <class In, class Out>

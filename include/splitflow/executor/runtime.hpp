@@ -38,10 +38,9 @@ class Runtime {
   std::optional<DeviceStats> device_stats() const;
   const RuntimeConfig& config() const noexcept;
 
-  /// For the library's own layers.
-  const std::shared_ptr<detail::RuntimeCore>& core() const noexcept { return core_; }
-
  private:
+  friend class Graph;  // a graph runs on the runtime's core
+  const std::shared_ptr<detail::RuntimeCore>& core() const noexcept { return core_; }
   std::shared_ptr<detail::RuntimeCore> core_;
 };
 

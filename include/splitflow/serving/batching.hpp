@@ -59,7 +59,7 @@ struct Batch {
 };
 
 /// The time a dynamic batch node goes by, and its timers. The default is steady_clock with a
-/// timer thread; tests inject a ManualClock.
+/// timer thread; tests inject a ManualClock (splitflow/serving/testing.hpp).
 class BatchClock {
  public:
   using time_point = std::chrono::steady_clock::time_point;
@@ -69,51 +69,6 @@ class BatchClock {
   virtual void call_at(time_point t, std::function<void()> fn) = 0;
   /// steady_clock, with one timer thread for the process (started on first use).
   static std::shared_ptr<BatchClock> steady();
-};
-
-/// A clock that moves only when told: advance() runs the timers that fall due, on the calling
-/// thread. now() calls are counted so a test can wait for items to have arrived.
-class ManualClock final : public BatchClock {
- public:
-  time_point now() override {
-    std::lock_guard lk(mu_);
-    ++now_calls_;
-    cv_.notify_all();
-    return now_;
-  }
-  void call_at(time_point t, std::function<void()> fn) override {
-    std::lock_guard lk(mu_);
-    timers_.emplace(t, std::move(fn));
-    cv_.notify_all();
-  }
-  void advance(std::chrono::nanoseconds d) {
-    std::vector<std::function<void()>> due;
-    {
-      std::lock_guard lk(mu_);
-      now_ += d;
-      while (!timers_.empty() && timers_.begin()->first <= now_) {
-        due.push_back(std::move(timers_.begin()->second));
-        timers_.erase(timers_.begin());
-      }
-    }
-    for (auto& f : due) f();
-  }
-  /// Blocks until now() was called at least n times in all.
-  void wait_for_now_calls(std::uint64_t n) {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return now_calls_ >= n; });
-  }
-  std::size_t timers() {
-    std::lock_guard lk(mu_);
-    return timers_.size();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  time_point now_{};
-  std::uint64_t now_calls_ = 0;
-  std::multimap<time_point, std::function<void()>> timers_;
 };
 
 struct DynamicBatchOptions {

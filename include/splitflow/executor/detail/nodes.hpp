@@ -414,7 +414,7 @@ class StageNode final : public Emitter<Out> {
       const std::vector<std::uint64_t> ids = ids_for_errors(*this, item.value);
       try {
         if constexpr (kAllocates) {
-          HostAllocator alloc(ring, &this->name(), seq);
+          HostAllocator alloc = host_allocator(ring, &this->name(), seq);
           out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value), alloc), seq});
         } else {
           out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value)), seq});
