@@ -60,6 +60,10 @@ test-tsan: deps
 test-consumer: release
 	rm -rf $(BUILD)/consumer $(BUILD)/consumer-subdir $(BUILD)/install-test
 	$(CMAKE) --install $(BUILD)/release --prefix $(abspath $(BUILD)/install-test)
+	@# The installed package names targets, never the build machine's library paths.
+	@! grep -rnE '[";:]/(usr|opt|home|root|work|tmp)/' \
+	  $(BUILD)/install-test/lib/cmake/splitflow/splitflowTargets*.cmake || \
+	  { echo "test-consumer: the installed targets name paths of this machine"; exit 1; }
 	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(BUILD)/install-test)
 	$(CMAKE) --build $(BUILD)/consumer -j $(JOBS)
 	$(BUILD)/consumer/consumer
