@@ -220,6 +220,50 @@ TEST(ImageDecode, TruncatedGarbageAndEmptyFilesAreErrorsNamingTheFile) {
   }
 }
 
+// "Decoders bound what they allocate from a header's claimed size" (image.hpp,
+// kMaxDecodePixels): a header forged to 60000 x 60000 (libjpeg-turbo's own limit is 65500 per
+// side) fails before anything is allocated for it, by every decoder, naming the file and the
+// limit; read_file refuses directories.
+TEST(ImageDecode, AForgedHugeHeaderIsRefusedBeforeAllocating) {
+  std::vector<std::uint8_t> jpeg = encode(random_pixels(16, 16, 3, 9), 16, 16, 3);
+  // The baseline frame header: FF C0, length (2), precision (1), height (2), width (2).
+  std::size_t sof = 0;
+  for (std::size_t i = 0; i + 1 < jpeg.size(); ++i)
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xC0) {
+      sof = i;
+      break;
+    }
+  ASSERT_GT(sof, 0u);
+  for (std::size_t k : {sof + 5, sof + 7}) jpeg[k] = 0xEA;  // 0xEA60 = 60000
+  for (std::size_t k : {sof + 6, sof + 8}) jpeg[k] = 0x60;
+  const auto refused = [&](auto&& decode) {
+    try {
+      decode();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("decoded");
+  };
+  const std::string want = "'huge.jpg': its header claims 60000x60000 pixels, over the decode limit";
+  const std::string full =
+      refused([&] { image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "huge.jpg"); });
+  EXPECT_NE(full.find(want), std::string::npos) << full;
+  EXPECT_NE(refused([&] {
+              image::decode_jpeg_region(jpeg.data(), jpeg.size(), {0, 0, 8, 8}, image::Color::rgb,
+                                        "huge.jpg");
+            }).find(want),
+            std::string::npos);
+  HostTensor bytes = HostTensor::empty(DType::u8, {static_cast<std::int64_t>(jpeg.size())});
+  std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
+  EXPECT_NE(refused([&] {
+              image::decode_random_resized_crop({0, "huge.jpg", std::move(bytes)}, {.size = 32});
+            }).find(want),
+            std::string::npos);
+  TempDir dir("forged");
+  EXPECT_NE(refused([&] { image::read_file({0, dir.path.string()}); }).find("is a directory, not a file"),
+            std::string::npos);
+}
+
 // "resize matches a straightforward reference": within 1 of the double-precision bilinear
 // (fixed-point rounding), for down, up, boxes and one channel; the identity is exact
 TEST(ImageOps, ResizeMatchesTheReference) {

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <glob.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
 
 #include <csetjmp>
@@ -193,6 +194,15 @@ Encoded read_file(FileRef file) {
   std::FILE* f = std::fopen(file.path.c_str(), "rb");
   if (!f) throw Error(fmt::format("splitflow::image::read_file: '{}': {}", file.path, std::strerror(errno)));
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> close(f, std::fclose);
+  struct stat st {};
+  if (fstat(fileno(f), &st) != 0)
+    throw Error(fmt::format("splitflow::image::read_file: '{}': {}", file.path, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    throw Error(fmt::format("splitflow::image::read_file: '{}' is {}, not a file", file.path,
+                            S_ISDIR(st.st_mode) ? "a directory" : "not a regular file"));
+  if (st.st_size > kMaxFileBytes)
+    throw Error(fmt::format("splitflow::image::read_file: '{}' is {} bytes, over the limit of {} "
+                            "(splitflow::image::kMaxFileBytes)", file.path, st.st_size, kMaxFileBytes));
   if (std::fseek(f, 0, SEEK_END) != 0)
     throw Error(fmt::format("splitflow::image::read_file: '{}': cannot seek: {}", file.path, std::strerror(errno)));
   const long size = std::ftell(f);
@@ -204,6 +214,16 @@ Encoded read_file(FileRef file) {
     throw Error(fmt::format("splitflow::image::read_file: '{}': short read", file.path));
   return Encoded{file.index, std::move(file.path), std::move(bytes)};
 }
+
+namespace {
+// A header's claimed size, checked before anything is allocated for it.
+void check_pixels(std::int64_t width, std::int64_t height, const std::string& what) {
+  if (width * height > kMaxDecodePixels)
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': its header claims {}x{} pixels, "
+                            "over the decode limit of {} (splitflow::image::kMaxDecodePixels)",
+                            what, width, height, kMaxDecodePixels));
+}
+}  // namespace
 
 HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, const std::string& what) {
   tjhandle tj = decompressor();
@@ -217,6 +237,7 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
     decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': no image in the data (truncated "
                             "before the frame header?)",
                             what));
+  check_pixels(width, height, what);
   const int channels = color == Color::rgb ? 3 : 1;
   HostTensor out = HostTensor::empty(DType::u8, {height, width, channels});
   const int rc = tjDecompress2(tj, data, static_cast<unsigned long>(size),
@@ -321,6 +342,7 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
     throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
                             size == 0 ? "empty" : d.errors.message));
   const int H = static_cast<int>(d.cinfo.image_height), W = static_cast<int>(d.cinfo.image_width);
+  check_pixels(W, H, what);
   Box box = choose(H, W);
   if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
   if (box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 || box.y + box.h > H || box.x + box.w > W)

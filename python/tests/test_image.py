@@ -208,3 +208,13 @@ def test_runtime_refuses_impossible_settings():
             sf.Runtime(threads=threads)
     with pytest.raises(sf.Error, match="streams must be 1 to 1024, not 0"):
         sf.Runtime(streams=0)
+
+
+# read_file on a directory says so (it used to raise std::bad_alloc).
+def test_read_file_on_a_directory_is_named(tmp_path):
+    rt = sf.Runtime(threads=1, backend="host")
+    g = sf.Graph(rt, "dir")
+    out = g.pull_sink("out")
+    g.indices("i", [0]) >> g.stage("read", sf.ops.read_file([str(tmp_path)])) >> out
+    with pytest.raises(sf.StageError, match="is a directory, not a file"):
+        list(g.iterate(out))

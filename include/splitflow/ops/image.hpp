@@ -133,6 +133,12 @@ struct AugmentSpec {
 /// The largest output side image ops accept (a stated bound: a 16384 x 16384 RGB output is
 /// 768 MiB); larger sizes are refused when the op is built.
 inline constexpr int kMaxOutputSide = 16384;
+/// Decoders refuse images whose header claims more pixels than this (2^28: 768 MiB of RGB),
+/// before allocating anything for them: a forged 65535 x 65535 header fails with an error
+/// naming the file, not an allocation of gigabytes.
+inline constexpr std::int64_t kMaxDecodePixels = std::int64_t{1} << 28;
+/// read_file refuses files larger than this (and anything but a regular file).
+inline constexpr std::int64_t kMaxFileBytes = std::int64_t{1} << 30;
 /// Throws Error naming `op` and the bad value unless: 1 <= size <= kMaxOutputSide, scale and
 /// ratio finite, positive and min <= max, flip_probability in [0, 1]. The ops' constructors
 /// call it, so a bad op fails when it is built, not on each item.
