@@ -195,25 +195,33 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
     DropListener* listener = z->drop_listener();
     if (!listener) continue;
     const std::string who = "splitflow::Graph '" + name_ + "': zip '" + z->name() + "'";
+    // The nodes upstream of input `p`, each once, into `into`: `enter(n)` says whether n
+    // counts (and is walked past), `follow(n, port)` whether n's producers on `port` are.
+    const auto upstream = [&](int p, std::unordered_set<const NodeBase*>& into, auto&& enter,
+                              auto&& follow) {
+      std::vector<const NodeBase*> stack;
+      for (const auto& [q, port] : preds[z])
+        if (port == p) stack.push_back(q);
+      while (!stack.empty()) {
+        const NodeBase* n = stack.back();
+        stack.pop_back();
+        if (into.count(n) || !enter(n)) continue;
+        into.insert(n);
+        for (const auto& [q, port] : preds[n])
+          if (follow(n, port)) stack.push_back(q);
+      }
+    };
+    const auto any = [](const NodeBase*) { return true; };
     std::unordered_set<const NodeBase*> anc[2];
     for (int p = 0; p < 2; ++p) {
       const char* input = p == 0 ? "first" : "second";
       // Every node upstream of this input (anc), and those that number its items (num): past
       // another zip only its first input's side, as a pair carries its halves' one number.
+      upstream(p, anc[p], any, [](const NodeBase*, int) { return true; });
       std::unordered_set<const NodeBase*> num;
-      for (bool numbering : {false, true}) {
-        auto& into = numbering ? num : anc[p];
-        std::vector<const NodeBase*> stack;
-        for (const auto& [q, port] : preds[z])
-          if (port == p) stack.push_back(q);
-        while (!stack.empty()) {
-          const NodeBase* n = stack.back();
-          stack.pop_back();
-          if (!into.insert(n).second) continue;
-          for (const auto& [q, port] : preds[n])
-            if (!numbering || n->kind() != StageKind::zip || port == 0) stack.push_back(q);
-        }
-      }
+      upstream(p, num, any, [](const NodeBase* n, int port) {
+        return n->kind() != StageKind::zip || port == 0;
+      });
       // Paths from each numbering node to this input (capped at 2), consumers before producers.
       std::unordered_map<const NodeBase*, int> paths;
       std::vector<const NodeBase*> sources;
@@ -256,18 +264,11 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
       }
       // The nodes of this branch alone tell the zip of the items they drop; past another zip
       // that one passes the drops on (it drops their partners, or they were both dropped).
-      std::vector<const NodeBase*> stack;
       std::unordered_set<const NodeBase*> near;
-      for (const auto& [q, port] : preds[z])
-        if (port == p) stack.push_back(q);
-      while (!stack.empty()) {
-        const NodeBase* n = stack.back();
-        stack.pop_back();
-        if (anc[1 - p].count(n) || !near.insert(n).second) continue;
-        const_cast<NodeBase*>(n)->add_drop_listener(*listener, p);
-        if (n->kind() != StageKind::zip)
-          for (const auto& [q, port] : preds[n]) stack.push_back(q);
-      }
+      upstream(
+          p, near, [&](const NodeBase* n) { return !anc[1 - p].count(n); },
+          [](const NodeBase* n, int) { return n->kind() != StageKind::zip; });
+      for (const NodeBase* n : near) const_cast<NodeBase*>(n)->add_drop_listener(*listener, p);
     }
   }
 }
