@@ -163,8 +163,11 @@ class PullSink : public Node<T, void> {
   detail::PullSinkNode<T>* sink_;
 };
 
-/// Pairs the i-th item of `first()` with the i-th item of `second()`. The two branches must
-/// each deliver one item per pair (a branch that drops items stalls the zip).
+/// Pairs the items of `first()` and `second()` that came from the same upstream item (the
+/// same source item, or the i-th item of each of two sources), whatever order they arrive in.
+/// When a branch drops an item (a stage skipped it, its deadline passed) the zip drops its
+/// partner, counted in its items_skipped. run() refuses inputs whose items cannot be told apart
+/// (an input merging two sources, or reached along two paths, or batched on one side only).
 template <class A, class B>
 class Zip {
  public:
@@ -435,7 +438,8 @@ class Graph {
     return PullSink<T>(add<detail::PullSinkNode<T>>(std::move(name), capacity));
   }
 
-  /// Pairs the i-th items of two branches (see Zip). capacity applies to each input.
+  /// Pairs the items of two branches that came from the same upstream item (see Zip).
+  /// capacity applies to each input.
   template <class A, class B>
   Zip<A, B> zip(std::string name, std::size_t capacity = 0) {
     return Zip<A, B>(add<detail::ZipNode<A, B>>(std::move(name), capacity));
