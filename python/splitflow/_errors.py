@@ -32,7 +32,7 @@ class DeadlineError(Error):
 
 
 _STAGE = re.compile(r"splitflow: graph '(?P<graph>.*?)': stage '(?P<stage>.*?)' failed on item "
-                    r"(?P<item>\d+): (?P<message>.*)", re.S)
+                    r"(?P<item>\d+)(?: \([^)]*\))?: (?P<message>.*)", re.S)
 
 
 class StageError(Error):

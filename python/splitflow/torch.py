@@ -35,6 +35,7 @@ import torch
 import torch.utils.data as _data
 
 from . import _core
+from ._errors import StageError
 
 __all__ = ["GraphDataset", "to_torch"]
 
@@ -50,6 +51,18 @@ def to_torch(x):
     if isinstance(x, dict):
         return {k: to_torch(v) for k, v in x.items()}
     return x
+
+
+def _name_dataset_index(e, indices):
+    """A StageError names the item's position in the run (its source's order); here that
+    position maps to a dataset index: the error names the index, and keeps the position."""
+    pos = e.item
+    if not isinstance(pos, int) or not 0 <= pos < len(indices):
+        return
+    e.position, e.item = pos, int(indices[pos])
+    text = str(e).replace(f"failed on item {pos}:",
+                          f"failed on item {e.item} (dataset index; {pos} in this run):", 1)
+    e.args = (text,) + tuple(e.args[1:])
 
 
 def _distributed_rank():
@@ -212,6 +225,9 @@ class GraphDataset(_data.IterableDataset):
                 if counting:
                     self._consumed += 1
                 yield to_torch(item) if self._to_torch else item
+        except StageError as e:
+            _name_dataset_index(e, indices)
+            raise
         finally:
             it.close()  # an early break or an exception cancels the run
         if counting:

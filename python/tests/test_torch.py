@@ -265,3 +265,15 @@ def test_persistent_workers_warn_that_set_epoch_does_not_reach_them(capfd):
     assert "with persistent_workers=True, set_epoch() on the main process's dataset does not " \
            "reach the workers' copies" in capfd.readouterr().err
     assert first == second  # the workers' copies kept epoch 0
+
+
+# "StageError.item is the dataset index" (with shuffle and with workers), the run's position
+# kept as .position.
+def test_stage_errors_name_the_dataset_index():
+    for workers in (0, 2):
+        ds = sft.GraphDataset(build_failing_at_10, N, shuffle=True, seed=4, threads=2,
+                              backend="host")
+        with pytest.raises(sf.StageError) as info:
+            collect(ds, num_workers=workers)
+        assert info.value.item == 10, (workers, str(info.value))
+        assert "failed on item 10 (dataset index;" in str(info.value)
