@@ -175,14 +175,26 @@ struct GpuOp {
   std::function<Value(Value, DeviceContext&)> fn;
 };
 
-StageOptions stage_options(std::size_t concurrency, bool ordered, std::size_t capacity,
+/// The stage's order: `order` ("in_order" / "out_of_order", C++'s names) when given, else the
+/// older `ordered` flag.
+Order order_of(bool ordered, const py::object& order) {
+  if (order.is_none()) return ordered ? Order::in_order : Order::out_of_order;
+  const std::string o = py::str(order);
+  if (o == "in_order") return Order::in_order;
+  if (o == "out_of_order") return Order::out_of_order;
+  throw GraphError("splitflow: order must be 'in_order' or 'out_of_order', not '" + o + "'");
+}
+
+OnError on_error_of(const std::string& on_error) {
+  if (on_error == "fail") return OnError::fail;
+  if (on_error == "skip") return OnError::skip;
+  throw GraphError("splitflow: on_error must be 'fail' or 'skip' (or give substitute=), not '" + on_error + "'");
+}
+
+StageOptions stage_options(std::size_t concurrency, Order order, std::size_t capacity,
                            const std::string& on_error = "fail") {
-  OnError policy;
-  if (on_error == "fail") policy = OnError::fail;
-  else if (on_error == "skip") policy = OnError::skip;
-  else throw GraphError("splitflow: on_error must be 'fail' or 'skip' (or give substitute=), not '" + on_error + "'");
-  return StageOptions{concurrency == 0 ? Concurrency::unlimited : concurrency,
-                      ordered ? Order::in_order : Order::out_of_order, capacity, policy};
+  return StageOptions{concurrency == 0 ? Concurrency::unlimited : concurrency, order, capacity,
+                      on_error_of(on_error)};
 }
 
 // ---- the Python stage and source bodies ----------------------------------------------------------
@@ -664,8 +676,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       "A C++ source of integers (indices into a dataset): no GIL per item.")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
                        std::size_t concurrency, bool ordered, std::size_t capacity,
-                       std::string on_error, py::object substitute) {
-        const StageOptions o = stage_options(concurrency, ordered, capacity, on_error);
+                       std::string on_error, py::object substitute, py::object order) {
+        const StageOptions o = stage_options(concurrency, order_of(ordered, order), capacity, on_error);
         std::optional<Stage<Value, Value>> s;
         if (py::isinstance<CpuOp>(body)) {
           auto fn = body.cast<CpuOp>().fn;
@@ -678,9 +690,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
       }, py::arg("name"), py::arg("body"), py::arg("concurrency") = 1, py::arg("ordered") = true,
       py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),
+      py::arg("order") = py::none(),
       "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "
-      "splitflow.ops (no GIL). concurrency 0 means unlimited. on_error='skip' drops items whose "
-      "body raises (counted, with their messages, in the stats: 'skipped', 'errors'); "
+      "splitflow.ops (no GIL). concurrency 0 means unlimited. order='in_order' (default) or "
+      "'out_of_order', as in C++ (ordered=True/False says the same). on_error='skip' drops items "
+      "whose body raises (counted, with their messages, in the stats: 'skipped', 'errors'); "
       "substitute=value emits value in their place instead.")
       .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t size, bool drop_last) {
         // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
@@ -703,17 +717,20 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       "Gathers `size` items (tensors or arrays of one shape) into one tensor of shape (size, ...), "
       "in C++. The last batch may be shorter unless drop_last.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, const GpuOp& op,
-                           std::size_t concurrency, bool ordered, std::size_t capacity) {
+                           std::size_t concurrency, bool ordered, std::size_t capacity,
+                           py::object order, std::string on_error) {
         GpuStageOptions o;
         o.concurrency = concurrency == 0 ? Concurrency::unlimited : concurrency;
-        o.order = ordered ? Order::in_order : Order::out_of_order;
+        o.order = order_of(ordered, order);
         o.capacity = capacity;
+        o.on_error = on_error_of(on_error);
         auto fn = op.fn;
         auto s = g->graph.gpu_stage<Value>(name, [fn](Value v, DeviceContext& ctx) { return fn(std::move(v), ctx); }, o);
         return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), &s.out_port(), std::nullopt});
       }, py::arg("name"), py::arg("op"), py::arg("concurrency") = 2, py::arg("ordered") = true,
-      py::arg("capacity") = 0,
-      "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst.")
+      py::arg("capacity") = 0, py::arg("order") = py::none(), py::arg("on_error") = "fail",
+      "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst. order and "
+      "on_error as for stage().")
       .def("sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object body) {
         PythonBody b{PyObj(std::move(body))};
         auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });

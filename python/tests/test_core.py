@@ -367,3 +367,17 @@ def test_bad_graph_errors_are_clear(rt):
         g.connect(g.stage("s1", lambda x: x), src)
     with pytest.raises(sf.GraphError, match="unconnected|not connected"):
         g.run()
+
+
+# docs/api.md: `order` carries C++'s names (ordered= says the same); bad values are named.
+def test_order_takes_the_cpp_names(rt):
+    g = sf.Graph(rt, "order")
+    out = g.pull_sink("out")
+    g.source("n", range(200)) >> g.stage("s", lambda x: x, concurrency=3, order="in_order") >> out
+    assert list(g.iterate(out)) == list(range(200))
+    h = sf.Graph(rt, "order2")
+    out = h.pull_sink("out")
+    h.source("n", range(200)) >> h.stage("s", lambda x: x, concurrency=3, order="out_of_order") >> out
+    assert sorted(h.iterate(out)) == list(range(200))
+    with pytest.raises(sf.GraphError, match="order must be 'in_order' or 'out_of_order', not 'random'"):
+        h.stage("t", lambda x: x, order="random")
