@@ -75,6 +75,14 @@ std::string refusal(G& g) {
   return "no error";
 }
 
+/// A generator of Tracked(0), Tracked(1), ..., Tracked(n-1) (n < 0: endless).
+inline auto tracked_source(long n) {
+  return [i = 0L, n]() mutable -> std::optional<Tracked> {
+    if (n >= 0 && i >= n) return std::nullopt;
+    return Tracked(static_cast<int>(i++));
+  };
+}
+
 /// A generator of 0, 1, ..., n-1 (n < 0: endless).
 inline auto counter(long n) {
   return [i = 0L, n]() mutable -> std::optional<long> {

@@ -16,15 +16,9 @@ using namespace splitflow;
 using testing_helpers::counter;
 using testing_helpers::spin_us;
 using testing_helpers::Tracked;
+using testing_helpers::tracked_source;
 
 namespace {
-
-auto tracked_source(long n) {
-  return [i = 0L, n]() mutable -> std::optional<Tracked> {
-    if (i >= n) return std::nullopt;
-    return Tracked(static_cast<int>(i++));
-  };
-}
 
 std::vector<long> flatten(const std::vector<std::vector<long>>& batches) {
   std::vector<long> all;

@@ -15,6 +15,7 @@ using namespace splitflow;
 using testing_helpers::counter;
 using testing_helpers::spin_us;
 using testing_helpers::Tracked;
+using testing_helpers::tracked_source;
 
 namespace {
 
@@ -41,12 +42,6 @@ class Gauge {
   long value_ = 0;
 };
 
-auto tracked_source(long n) {
-  return [i = 0L, n]() mutable -> std::optional<Tracked> {
-    if (n >= 0 && i >= n) return std::nullopt;
-    return Tracked(static_cast<int>(i++));
-  };
-}
 
 }  // namespace
 

@@ -11,15 +11,7 @@
 using namespace splitflow;
 using testing_helpers::counter;
 using testing_helpers::Tracked;
-
-namespace {
-auto tracked_source(long n) {
-  return [i = 0L, n]() mutable -> std::optional<Tracked> {
-    if (n >= 0 && i >= n) return std::nullopt;
-    return Tracked(static_cast<int>(i++));
-  };
-}
-}  // namespace
+using testing_helpers::tracked_source;
 
 // "leaving a loop over a pull sink early cancels the run, so run.wait() returns"
 TEST(PullSink, BreakingOutOfTheLoopCancelsTheRun) {
