@@ -185,8 +185,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
       this->graph().retire_items(popped, w);
     }
     const Ticks body_end = now_ticks();
-    const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
-    this->emit(0, popped > 0 ? 1 : 0, *out, w);
+    const std::size_t emitted = this->emit(0, popped > 0 ? 1 : 0, *out, w);
     this->end_invocation(t0, body_end, popped, emitted, w, nullptr, first);
   }
 
@@ -269,17 +268,14 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
 /// Splits a Batch<T> into its items, each with its original id; items the body failed with
 /// Batch::fail are answered with their error (through the graph's service) instead.
 template <class T>
-class UnbatchNode final : public Emitter<T> {
+class UnbatchNode final : public OneInputNode<UnbatchNode<T>, Emitter<T>, Batch<T>> {
  public:
   UnbatchNode(GraphCore& g, std::string name, std::size_t max_batch)
-      : Emitter<T>(g, std::move(name), StageKind::stage, StageOptions{}, 1),
-        in_(*this, 0),
+      : UnbatchNode::OneInputNode(g, std::move(name), StageKind::stage, StageOptions{}, 1),
         max_batch_(max_batch) {
     if (max_batch_ == 0)
       throw GraphError("splitflow: unbatch '" + this->name() + "': max_batch must be at least 1");
   }
-
-  Receiver<Batch<T>>& input() noexcept { return in_; }
 
   std::size_t splits_batches_of() const noexcept override { return max_batch_; }
 
@@ -293,62 +289,47 @@ class UnbatchNode final : public Emitter<T> {
                          "; raise that stage's capacity");
   }
 
-  void run_claim(WorkList& w, std::size_t k) override {
-    Scratch<Envelope<Batch<T>>> in;
-    Scratch<Arrivals> arrivals;
-    // Queue waits are the batch's, so each of its requests'; then its requests go on alone.
-    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w);
+  ClaimResult process(std::vector<Envelope<Batch<T>>>& in, const ClaimInfo& claim, WorkList& w) {
+    // Queue waits were the batch's, so each of its requests'; now its requests go on alone.
     if (ItemTracker* t = this->graph().tracker())
-      for (const auto& e : *in) t->unbatched(e.seq);
-    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
-    this->notify_begin(t0, first, in->size(), 0);
+      for (const auto& e : in) t->unbatched(e.seq);
     Scratch<Envelope<T>> out;
-    std::size_t slots = 0, failed = 0, over = 0;
-    for (auto& e : *in) {
+    std::size_t slots = 0, over = 0;
+    for (auto& e : in) {
       Batch<T>& b = e.value;
       slots += max_batch_;
       if (b.items.size() > max_batch_) over += b.items.size() - max_batch_;
       for (std::size_t i = 0; i < b.items.size() && i < max_batch_; ++i) {
         const std::uint64_t id = i < b.ids.size() ? b.ids[i] : e.seq;
-        if (i < b.errors.size() && b.errors[i]) {
+        if (i < b.errors.size() && b.errors[i]) {  // failed in the batch: leaves the graph
           if (ItemTracker* t = this->graph().tracker()) t->item_failed(id, b.errors[i]);
-          ++failed;
           continue;
         }
         out->push_back(Envelope<T>{std::move(b.items[i]), id});
       }
     }
     if (over > 0)
-      this->graph().fail(*this, first,
+      this->graph().fail(*this, claim.first,
                          std::make_exception_ptr(Error("splitflow: unbatch '" + this->name() +
                                                        "': a batch larger than its max_batch " +
                                                        std::to_string(max_batch_))));
     // One batch became its items (failed ones left the graph).
     const std::size_t made = out->size();
-    if (made > in->size())
-      this->graph().add_items(made - in->size());
-    else if (made < in->size())
-      this->graph().retire_items(in->size() - made, w);
-    (void)failed;
-    const std::size_t n = in->size();
-    in->clear();
+    if (made > in.size())
+      this->graph().add_items(made - in.size());
+    else if (made < in.size())
+      this->graph().retire_items(in.size() - made, w);
     const Ticks body_end = now_ticks();
-    const std::size_t emitted = this->graph().stopping() ? 0 : made;
-    this->emit(0, slots, *out, w);
-    this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
+    return ClaimResult{this->emit(0, slots, *out, w), body_end};
   }
 
-  std::size_t clear_queues_locked() override { return in_.clear(); }
-
  protected:
-  std::size_t ready_locked() const override { return in_.size(); }
   std::size_t claim_size_locked(std::size_t available) const override {
     return std::min<std::size_t>(available, 1);
   }
   std::size_t outputs_for_locked(std::size_t k) const override { return k * max_batch_; }
 
  private:
-  InputPort<Batch<T>> in_;
   std::size_t max_batch_;
 };
 

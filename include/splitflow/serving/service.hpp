@@ -279,8 +279,7 @@ class PushSourceNode final : public Emitter<In> {
     const std::uint64_t first = n ? out->front().seq : 0;
     this->notify_begin(t0, first, n, 0);
     if (n < k) this->graph().retire_items(k - n, w);  // admitted, not taken (a cancel)
-    const std::size_t emitted = this->graph().stopping() ? 0 : n;
-    this->emit(0, n, *out, w);
+    const std::size_t emitted = this->emit(0, n, *out, w);
     this->end_invocation(t0, 0, n, emitted, w, nullptr, first);
   }
 
@@ -326,36 +325,21 @@ class PushSourceNode final : public Emitter<In> {
 
 /// The service's sink: answers each item's request.
 template <class Out>
-class AnswerSinkNode final : public NodeBase {
+class AnswerSinkNode final : public OneInputNode<AnswerSinkNode<Out>, NodeBase, Out> {
  public:
   AnswerSinkNode(GraphCore& g, std::string name, std::shared_ptr<RequestBook<Out>> book)
-      : NodeBase(g, std::move(name), StageKind::sink,
-                 StageOptions{Concurrency::unlimited, Order::out_of_order, 0}, 1),
-        in_(*this, 0),
+      : AnswerSinkNode::OneInputNode(g, std::move(name), StageKind::sink,
+                                     StageOptions{Concurrency::unlimited, Order::out_of_order, 0},
+                                     1),
         book_(std::move(book)) {}
 
-  Receiver<Out>& input() noexcept { return in_; }
-
-  void run_claim(WorkList& w, std::size_t k) override {
-    Scratch<Envelope<Out>> in;
-    Scratch<Arrivals> arrivals;
-    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w);
-    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
-    this->notify_begin(t0, first, in->size(), 0);
-    for (auto& item : *in) book_->answer(item.seq, std::move(item.value));
-    const std::size_t n = in->size();
-    in->clear();
-    this->graph().retire_items(n, w);
-    this->end_invocation(t0, 0, n, n, w, &*arrivals, first);
+  ClaimResult process(std::vector<Envelope<Out>>& in, const ClaimInfo&, WorkList& w) {
+    for (auto& item : in) book_->answer(item.seq, std::move(item.value));
+    this->graph().retire_items(in.size(), w);
+    return {in.size(), 0};
   }
 
-  std::size_t clear_queues_locked() override { return in_.clear(); }
-
- protected:
-  std::size_t ready_locked() const override { return in_.size(); }
-
  private:
-  InputPort<Out> in_;
   std::shared_ptr<RequestBook<Out>> book_;
 };
 

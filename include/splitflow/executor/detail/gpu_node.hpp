@@ -337,8 +337,7 @@ class GpuStageNode final : public Emitter<Out> {
     }
     inv->out.reset();
     inv->entry.reset();
-    const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
-    this->emit(inv->ticket, 1, *out, w);
+    const std::size_t emitted = this->emit(inv->ticket, 1, *out, w);
     if (inv->began) {
       const std::vector<Arrivals> arrived{{1, inv->arrived}};
       this->end_invocation(inv->t0, 0, 1, emitted, w, &arrived, inv->seq);  // burst to now

@@ -48,6 +48,18 @@ struct Envelope {
 
 /// `count` items that arrived at `ticks` (items pushed together share their arrival time, so
 /// a claim's items are a few runs, not one record each).
+/// What a node kind's claim hook is told (see NodeBase::run_input_claim).
+struct ClaimInfo {
+  std::uint64_t first = 0;   // the first item's number (0 when the claim got none)
+  std::uint64_t ticket = 0;  // the first item's place in the node's emission order
+};
+
+/// What a node kind's claim hook reports (see NodeBase::run_input_claim).
+struct ClaimResult {
+  std::size_t emitted = 0;  // items handed to consumers (0 when the run was stopping)
+  Ticks body_end = 0;       // the end of the work that sizes claims (0: up to the claim's end)
+};
+
 struct Arrivals {
   std::size_t count;
   Ticks ticks;
@@ -235,19 +247,16 @@ class NodeBase {
   /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it and
   /// give back the output slots of the items it did not get (outputs_for_locked).
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
-  /// The start of a claim of `k` items on an input port's queue (port 0): under mu_, pops them
-  /// into `out` (their arrival runs into `arrivals`), accounts them, reads the claim's start
-  /// time under the lock (a wait for the lock is not the body's work) and runs `locked()` for
-  /// the node's own bookkeeping; then, without the lock, tells a service's tracker how long
-  /// the items queued. Returns the start time. Defined in nodes.hpp.
-  template <class Queue, class T, class Locked>
-  Ticks begin_claim(Queue& in, std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals,
-                    std::size_t k, WorkList& w, Locked&& locked);
-  template <class Queue, class T>
-  Ticks begin_claim(Queue& in, std::vector<Envelope<T>>& out, std::vector<Arrivals>& arrivals,
-                    std::size_t k, WorkList& w) {
-    return begin_claim(in, out, arrivals, k, w, [] {});
-  }
+  /// The claim lifecycle of a node with one input port, written once for every node kind that
+  /// has one (see OneInputNode): under mu_, pop the `k` granted items (their arrival runs kept
+  /// for latencies), account them, read the start time (a wait for the lock is not the body's
+  /// work) and take their tickets (their places in the emission order); without the lock, tell
+  /// a service's tracker how long the items queued and the observers that the claim began; call
+  /// `hook(items, ClaimInfo)`, the node kind's work (process the items, apply the stage's error
+  /// policy, retire what left the graph, emit; returns a ClaimResult); end_invocation.
+  /// Defined in nodes.hpp.
+  template <class Queue, class Hook>
+  void run_input_claim(Queue& port, WorkList& w, std::size_t k, Hook&& hook);
   /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
   /// it, record the items' latencies (from `arrivals`, runs of arrival times, when given; else
   /// the claim's time per item), notify observers, grant new claims. Its work (what sizes the

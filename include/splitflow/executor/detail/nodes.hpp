@@ -28,6 +28,7 @@ namespace splitflow::detail {
 template <class T>
 class InputPort final : public Receiver<T> {
  public:
+  using value_type = T;
   using Receiver<T>::Receiver;
 
   void push(std::vector<Envelope<T>>& items, WorkList& w) override {
@@ -90,23 +91,57 @@ void report_waits(GraphCore& g, const std::vector<Envelope<T>>& items,
       t->waited(items[i].seq, ticks_to_ns(t0 - a.ticks));
 }
 
-template <class Queue, class T, class Locked>
-Ticks NodeBase::begin_claim(Queue& in, std::vector<Envelope<T>>& out,
-                            std::vector<Arrivals>& arrivals, std::size_t k, WorkList& w,
-                            Locked&& locked) {
+template <class Queue, class Hook>
+void NodeBase::run_input_claim(Queue& port, WorkList& w, std::size_t k, Hook&& hook) {
+  using Item = typename Queue::value_type;
+  Scratch<Envelope<Item>> in;
+  Scratch<Arrivals> arrivals;
+  std::size_t queued = 0;
+  ClaimInfo claim;
   Ticks t0;
   {
     std::lock_guard lk(mu_);
-    const std::size_t n = in.pop(out, arrivals, k);
-    took_locked(k, n, w);
+    took_locked(k, port.pop(*in, *arrivals, k), w);
     t0 = now_ticks();
     begin_invocation_locked(t0);
-    popped_locked(0, n, w, t0);
-    locked();
+    popped_locked(0, in->size(), w, t0);
+    queued = port.size();
+    claim.ticket = next_ticket_;
+    next_ticket_ += in->size();
   }
-  report_waits(*graph_, out, arrivals, t0);
-  return t0;
+  report_waits(*graph_, *in, *arrivals, t0);
+  const std::size_t n = in->size();
+  claim.first = n ? in->front().seq : 0;
+  notify_begin(t0, claim.first, n, queued);
+  const ClaimResult r = hook(*in, claim);
+  in->clear();
+  end_invocation(t0, r.body_end, n, r.emitted, w, &*arrivals, claim.first);
 }
+
+/// A node kind with one input port of `In`, on `Base` (NodeBase, or Emitter<Out> for one with
+/// an output). The claim lifecycle is NodeBase::run_input_claim's; the kind supplies only its
+/// hook, `ClaimResult process(std::vector<Envelope<In>>& items, const ClaimInfo&, WorkList&)`.
+template <class Derived, class Base, class In>
+class OneInputNode : public Base {
+ public:
+  template <class... Args>
+  explicit OneInputNode(Args&&... args) : Base(std::forward<Args>(args)...), in_(*this, 0) {}
+
+  Receiver<In>& input() noexcept { return in_; }
+
+  void run_claim(WorkList& w, std::size_t k) final {
+    this->run_input_claim(in_, w, k, [&](std::vector<Envelope<In>>& items, const ClaimInfo& c) {
+      return static_cast<Derived&>(*this).process(items, c, w);
+    });
+  }
+
+  std::size_t clear_queues_locked() final { return in_.clear(); }
+
+ protected:
+  std::size_t ready_locked() const override { return in_.size(); }
+
+  InputPort<In> in_;
+};
 
 /// Items that carry the ids of several items (Batch<T>): an error on one reaches all of them.
 template <class T>
@@ -200,11 +235,14 @@ class Emitter : public NodeBase {
  protected:
   /// Emits the outputs of a claim that popped tickets [ticket, ticket + slots): `out` holds the
   /// outputs of the first out.size() of them (fewer than `slots` only when a body failed).
-  void emit(std::uint64_t ticket, std::size_t slots, std::vector<Envelope<Out>>& out, WorkList& w) {
+  /// Returns how many of `out` count as emitted (none once the run is stopping).
+  std::size_t emit(std::uint64_t ticket, std::size_t slots, std::vector<Envelope<Out>>& out,
+                   WorkList& w) {
+    const std::size_t emitted = graph().stopping() ? 0 : out.size();
     if (!sequenced()) {
       release_successors(slots - out.size(), w);
       deliver(out, w);
-      return;
+      return emitted;
     }
     std::lock_guard lk(mu_);
     for (std::size_t i = 0; i < slots; ++i) {
@@ -228,6 +266,7 @@ class Emitter : public NodeBase {
       ++next_emit_;
     }
     deliver(out, w);  // consumers are downstream: pushing under our lock is in order
+    return emitted;
   }
 
  private:
@@ -335,8 +374,7 @@ class SourceNode final : public Emitter<T> {
     const Ticks body_end = now_ticks();
     const std::size_t made = out->size();
     if (made < k) this->graph().retire_items(k - made, w);  // admitted, not made
-    const std::size_t emitted = this->graph().stopping() ? 0 : made;
-    this->emit(0, k, *out, w);
+    const std::size_t emitted = this->emit(0, k, *out, w);
     if (done) finish();
     this->end_invocation(t0, body_end, made, emitted, w, nullptr, first);
   }
@@ -377,31 +415,21 @@ class SourceNode final : public Emitter<T> {
 
 /// A stage: `Out(In)` (or `Out(In, HostAllocator&)`), any concurrency, in or out of order.
 template <class In, class Out, class F>
-class StageNode final : public Emitter<Out> {
+class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>, In> {
   static constexpr bool kAllocates = std::is_invocable_v<F&, In&&, HostAllocator&>;
 
  public:
   StageNode(GraphCore& g, std::string name, F f, const StageOptions& o)
-      : Emitter<Out>(g, std::move(name), StageKind::stage, o, 1), in_(*this, 0), f_(std::move(f)) {}
+      : StageNode::OneInputNode(g, std::move(name), StageKind::stage, o, 1), f_(std::move(f)) {}
 
-  Receiver<In>& input() noexcept { return in_; }
-
-  void run_claim(WorkList& w, std::size_t k) override {
-    Scratch<Envelope<In>> in;
-    Scratch<Arrivals> arrivals;
-    std::uint64_t ticket;
-    std::size_t queued;
-    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] {
-      ticket = this->next_ticket_;
-      this->next_ticket_ += in->size();
-      queued = in_.size();
-    });
-    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
-    this->notify_begin(t0, first, in->size(), queued);
+  /// Calls the body on each item, stopping between items on a cancel; applies on_error to an
+  /// item whose body threw; emits in ticket order (a skipped item's ticket leaves empty).
+  ClaimResult process(std::vector<Envelope<In>>& in, const ClaimInfo& claim, WorkList& w) {
+    const std::uint64_t ticket = claim.ticket;
     Scratch<Envelope<Out>> out;
     PinnedRing* ring = nullptr;
     if constexpr (kAllocates) ring = this->output_ring();
-    const std::size_t n = in->size();
+    const std::size_t n = in.size();
     std::size_t emitted = 0;
     std::uint64_t next = ticket;  // the first ticket not yet handed to emit()
     for (std::size_t i = 0; i < n; ++i) {
@@ -409,7 +437,7 @@ class StageNode final : public Emitter<Out> {
         this->graph().retire_items(n - i, w);
         break;
       }
-      auto& item = (*in)[i];
+      auto& item = in[i];
       const std::uint64_t seq = item.seq;
       const std::vector<std::uint64_t> ids = ids_for_errors(*this, item.value);
       try {
@@ -434,45 +462,28 @@ class StageNode final : public Emitter<Out> {
       // Skipped: what came before it goes out, then its slot, empty.
       this->graph().retire_items(1, w);
       const std::size_t made = out->size();
-      emitted += this->graph().stopping() ? 0 : made;
-      this->emit(next, made + 1, *out, w);
+      emitted += this->emit(next, made + 1, *out, w);
       next += made + 1;
     }
     const Ticks body_end = now_ticks();
-    in->clear();
-    emitted += this->graph().stopping() ? 0 : out->size();
-    this->emit(next, ticket + n - next, *out, w);  // after a failure the rest are empty slots
-    this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
+    emitted += this->emit(next, ticket + n - next, *out, w);  // after a failure: empty slots
+    return {emitted, body_end};
   }
 
-  std::size_t clear_queues_locked() override { return in_.clear(); }
-
- protected:
-  std::size_t ready_locked() const override { return in_.size(); }
-
  private:
-  InputPort<In> in_;
   F f_;
 };
 
 /// A callback sink: `void(In)`.
 template <class In, class F>
-class SinkNode final : public NodeBase {
+class SinkNode final : public OneInputNode<SinkNode<In, F>, NodeBase, In> {
  public:
   SinkNode(GraphCore& g, std::string name, F f, const StageOptions& o)
-      : NodeBase(g, std::move(name), StageKind::sink, o, 1), in_(*this, 0), f_(std::move(f)) {}
+      : SinkNode::OneInputNode(g, std::move(name), StageKind::sink, o, 1), f_(std::move(f)) {}
 
-  Receiver<In>& input() noexcept { return in_; }
-
-  void run_claim(WorkList& w, std::size_t k) override {
-    Scratch<Envelope<In>> in;
-    Scratch<Arrivals> arrivals;
-    std::size_t queued;
-    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] { queued = in_.size(); });
-    const std::uint64_t first = in->empty() ? 0 : in->front().seq;
-    this->notify_begin(t0, first, in->size(), queued);
+  ClaimResult process(std::vector<Envelope<In>>& in, const ClaimInfo&, WorkList& w) {
     std::size_t done = 0;
-    for (auto& item : *in) {
+    for (auto& item : in) {
       if (this->graph().stopping()) break;  // a cancel stops the claim between items
       try {
         std::invoke(f_, std::move(item.value));
@@ -481,19 +492,11 @@ class SinkNode final : public NodeBase {
         if (!this->absorb_error(item.seq, std::current_exception(), false)) break;
       }
     }
-    const std::size_t n = in->size();
-    in->clear();
-    this->graph().retire_items(n, w);
-    this->end_invocation(t0, 0, n, done, w, &*arrivals, first);  // (no emission: up to now)
+    this->graph().retire_items(in.size(), w);
+    return {done, 0};  // (no emission: the work is up to now)
   }
 
-  std::size_t clear_queues_locked() override { return in_.clear(); }
-
- protected:
-  std::size_t ready_locked() const override { return in_.size(); }
-
  private:
-  InputPort<In> in_;
   F f_;
 };
 
@@ -553,8 +556,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     for (std::uint64_t seq : lost) this->dropped(seq);
     const Ticks body_end = now_ticks();
     this->graph().retire_items(n + lost.size(), w);  // two items became one; lost ones left
-    const std::size_t emitted = this->graph().stopping() ? 0 : n;
-    this->emit(0, k, *out, w);
+    const std::size_t emitted = this->emit(0, k, *out, w);
     this->end_invocation(t0, body_end, n, emitted, w, &*pairs, first);
   }
 
@@ -689,25 +691,22 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
 /// Gathers items into batches of `size`, in arrival order: one std::vector<T> per batch. The
 /// last batch of a run may be shorter (its producers ended), or dropped (drop_last).
 template <class T>
-class BatchNode final : public Emitter<std::vector<T>> {
+class BatchNode final : public OneInputNode<BatchNode<T>, Emitter<std::vector<T>>, T> {
   using Out = std::vector<T>;
 
  public:
   BatchNode(GraphCore& g, std::string name, std::size_t size, const BatchOptions& o)
-      : Emitter<Out>(
+      : BatchNode::OneInputNode(
             g, std::move(name), StageKind::stage,
             StageOptions{Concurrency::serial, Order::in_order,
                          std::max(size, o.capacity ? o.capacity : g.options().default_capacity)},
             1),
-        in_(*this, 0),
         size_(size),
         drop_last_(o.drop_last) {
     if (size_ == 0)
       throw GraphError("splitflow: batch '" + this->name() +
                        "': the batch size must be at least 1");
   }
-
-  Receiver<T>& input() noexcept { return in_; }
 
   std::size_t holds_while_filling() const noexcept override { return size_ - 1; }
 
@@ -720,38 +719,26 @@ class BatchNode final : public Emitter<std::vector<T>> {
                        "), so no batch could ever fill; raise GraphOptions::max_in_flight");
   }
 
-  void run_claim(WorkList& w, std::size_t k) override {
-    Scratch<Envelope<T>> in;
-    Scratch<Arrivals> arrivals;
-    std::size_t queued;
-    const Ticks t0 = this->begin_claim(in_, *in, *arrivals, k, w, [&] { queued = in_.size(); });
-    const std::size_t n = in->size();
-    const std::uint64_t first = n ? in->front().seq : 0;
-    this->notify_begin(t0, first, n, queued);
+  ClaimResult process(std::vector<Envelope<T>>& in, const ClaimInfo& claim, WorkList& w) {
+    const std::size_t n = in.size();
     Scratch<Envelope<Out>> out;
-    const bool keep = n == size_ || (n > 0 && !drop_last_);
-    if (keep) {
+    if (n == size_ || (n > 0 && !drop_last_)) {
       Out batch;
       batch.reserve(n);
-      for (auto& e : *in) batch.push_back(std::move(e.value));
-      out->push_back(Envelope<Out>{std::move(batch), first});
+      for (auto& e : in) batch.push_back(std::move(e.value));
+      out->push_back(Envelope<Out>{std::move(batch), claim.first});
       this->graph().retire_items(n - 1, w);  // n items became one
     } else {
       this->graph().retire_items(n, w);
     }
     const Ticks body_end = now_ticks();
-    in->clear();
-    const std::size_t emitted = this->graph().stopping() ? 0 : out->size();
-    this->emit(0, n > 0 ? 1 : 0, *out, w);
-    this->end_invocation(t0, body_end, n, emitted, w, &*arrivals, first);
+    return {this->emit(0, n > 0 ? 1 : 0, *out, w), body_end};
   }
-
-  std::size_t clear_queues_locked() override { return in_.clear(); }
 
  protected:
   // Full batches; at the end of the input, what is left.
   std::size_t ready_locked() const override {
-    const std::size_t q = in_.size();
+    const std::size_t q = this->in_.size();
     if (q >= size_) return q - q % size_;
     return this->inputs_done_locked() ? q : 0;
   }
@@ -761,7 +748,6 @@ class BatchNode final : public Emitter<std::vector<T>> {
   std::size_t outputs_for_locked(std::size_t) const override { return 1; }
 
  private:
-  InputPort<T> in_;
   std::size_t size_;
   bool drop_last_;
 };
