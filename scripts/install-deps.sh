@@ -7,7 +7,7 @@ packages=(
   # build
   cmake g++ make pkg-config
   # libraries
-  libtbb-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libtbb-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   # JPEG decode for the image ops (libjpeg-turbo: the TurboJPEG API, and libjpeg's for regions)
   libturbojpeg0-dev libjpeg62-turbo-dev
   # the TSan build of oneTBB is built from Debian's own source package (scripts/build-tsan-tbb.sh)

@@ -1,5 +1,9 @@
 // JSON summary and Prometheus text. Keys and metric names are documented in docs/telemetry.md.
+#include <cmath>
+#include <cstdint>
+
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "splitflow/telemetry/export.hpp"
 #include "splitflow/telemetry/stats.hpp"
@@ -9,48 +13,124 @@ namespace splitflow {
 
 namespace {
 
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
+// JSON goes through nlohmann-json (a private dependency: no public header includes it);
+// ordered_json keeps the keys in the order they are set, which is the documented order.
+using Json = nlohmann::ordered_json;
+
+// Compact, UTF-8 kept as is; bytes that are not valid UTF-8 (a name or an error message can
+// hold any bytes) become U+FFFD rather than an exception.
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// A figure with `decimals` places, as the summary has always written it (NaN and infinities
+// come out as null).
+double fixed(double x, int decimals) {
+  if (!(std::abs(x) < 1e15)) return x;
+  const double scale = std::pow(10.0, decimals);
+  return std::round(x * scale) / scale;
+}
+
+Json latency_json(const LatencyHistogram& h) {
+  Json j;
+  j["count"] = std::uint64_t{h.count()};
+  j["mean"] = fixed(h.mean(), 1);
+  j["p50"] = std::uint64_t{h.percentile(50)};
+  j["p95"] = std::uint64_t{h.percentile(95)};
+  j["p99"] = std::uint64_t{h.percentile(99)};
+  j["max"] = std::uint64_t{h.max()};
+  return j;
+}
+
+Json concurrency(std::size_t c) {
+  return c == Concurrency::unlimited ? Json(nullptr) : Json(std::uint64_t{c});
+}
+
+Json stage_json(const StageStats& s) {
+  Json j;
+  j["name"] = s.name;
+  j["kind"] = to_string(s.kind);
+  j["concurrency_limit"] = concurrency(s.concurrency_limit);
+  j["capacity"] = std::uint64_t{s.capacity};
+  j["items_in"] = std::uint64_t{s.items_in};
+  j["items_out"] = std::uint64_t{s.items_out};
+  j["invocations"] = std::uint64_t{s.invocations};
+  j["busy_ns"] = std::int64_t{s.busy_ns};
+  j["starved_ns"] = std::int64_t{s.starved_ns};
+  j["blocked_ns"] = std::int64_t{s.blocked_ns};
+  j["work_ns"] = std::int64_t{s.work_ns};
+  j["mean_concurrency"] = fixed(s.mean_concurrency(), 3);
+  j["max_concurrency"] = std::uint64_t{s.max_concurrency};
+  j["max_queue"] = std::uint64_t{s.max_queue};
+  j["mean_queue"] = fixed(s.mean_queue, 3);
+  j["latency_ns"] = latency_json(s.latency);
+  j["consumers"] = s.consumers;
+  if (s.ring_capacity > 0) {
+    Json& r = j["ring"];
+    r["capacity"] = std::uint64_t{s.ring_capacity};
+    r["in_use"] = std::uint64_t{s.ring_in_use};
+    r["max_in_use"] = std::uint64_t{s.ring_max_in_use};
+    r["mean_in_use"] = fixed(s.ring_mean_in_use, 1);
+    r["budgets"] = std::uint64_t{s.ring_budgets};
+    r["wraps"] = std::uint64_t{s.ring_wraps};
+    r["refusals"] = std::uint64_t{s.ring_refusals};
+    r["wait_ns"] = std::int64_t{s.ring_wait_ns};
+  }
+  if (s.items_skipped + s.items_substituted > 0) {
+    j["skipped"] = std::uint64_t{s.items_skipped};
+    j["substituted"] = std::uint64_t{s.items_substituted};
+    Json errors = Json::array();
+    for (const ItemError& e : s.errors) {
+      Json err;
+      err["item"] = std::uint64_t{e.item};
+      err["message"] = e.message;
+      errors.push_back(std::move(err));
     }
+    j["errors"] = std::move(errors);
   }
-  return out + "\"";
+  return j;
 }
 
-std::string strings(const std::vector<std::string>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i) out += ',';
-    out += quoted(v[i]);
-  }
-  out += ']';
-  return out;
+Json gpu_json(const GpuStats& g) {
+  Json j;
+  j["held_ns"] = std::int64_t{g.held_ns};
+  j["busy_ns"] = std::int64_t{g.busy_ns};
+  j["held_over_busy"] = fixed(g.held_over_busy(), 4);
+  j["bursts"] = std::uint64_t{g.bursts};
+  j["lease_wait_ns"] = std::int64_t{g.lease_wait_ns};
+  j["max_lease_wait_ns"] = std::int64_t{g.max_lease_wait_ns};
+  j["h2d_bytes"] = std::uint64_t{g.h2d_bytes};
+  j["h2d_ns"] = std::int64_t{g.h2d_ns};
+  j["d2h_bytes"] = std::uint64_t{g.d2h_bytes};
+  j["d2h_ns"] = std::int64_t{g.d2h_ns};
+  j["staging_copies"] = std::uint64_t{g.staging_copies};
+  j["device_wall_ns"] = std::int64_t{g.device_wall_ns};
+  j["device_busy_ns"] = std::int64_t{g.device_busy_ns};
+  j["device_mean_leases"] = fixed(g.device_mean_leases, 3);
+  j["device_max_leases"] = std::uint64_t{g.device_max_leases};
+  j["device_streams"] = std::uint64_t{g.device_streams};
+  return j;
 }
 
-std::string latency_json(const LatencyHistogram& h) {
-  return fmt::format(R"({{"count":{},"mean":{:.1f},"p50":{},"p95":{},"p99":{},"max":{}}})",
-                     h.count(), h.mean(), h.percentile(50), h.percentile(95), h.percentile(99),
-                     h.max());
-}
-
-std::string concurrency(std::size_t c) {
-  return c == Concurrency::unlimited ? "null" : std::to_string(c);
+Json device_json(const DeviceStats& d) {
+  Json j;
+  j["name"] = d.name;
+  j["backend"] = to_string(d.backend);
+  j["wall_ns"] = std::int64_t{d.wall_ns};
+  j["busy_ns"] = std::int64_t{d.busy_ns};
+  j["busy_fraction"] = fixed(d.busy_fraction(), 4);
+  j["held_ns"] = std::int64_t{d.held_ns};
+  j["held_over_busy"] = fixed(d.held_over_busy(), 4);
+  j["streams"] = std::uint64_t{d.streams};
+  j["leases_in_use"] = std::uint64_t{d.leases_in_use};
+  j["max_leases_in_use"] = std::uint64_t{d.max_leases_in_use};
+  j["mean_leases"] = fixed(d.mean_leases(), 3);
+  j["lease_time_ns"] = d.lease_time_ns;
+  j["leases"] = std::uint64_t{d.leases};
+  j["lease_waiters"] = std::uint64_t{d.lease_waiters};
+  j["device_bytes_in_use"] = std::uint64_t{d.device_bytes_in_use};
+  j["device_bytes_cap"] = std::uint64_t{d.device_bytes_cap};
+  j["pinned_bytes_in_use"] = std::uint64_t{d.pinned_bytes_in_use};
+  j["pinned_bytes_cap"] = std::uint64_t{d.pinned_bytes_cap};
+  return j;
 }
 
 // Prometheus label values escape backslash, quote and newline.
@@ -70,74 +150,24 @@ std::string label(const std::string& s) {
 }  // namespace
 
 std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device) {
-  std::string out = "{";
-  out += fmt::format(
-      R"("schema_version":{},"graph":{},"status":"{}","wall_ns":{},"items_delivered":{},"throughput":{:.3f},)",
-      kJsonSchemaVersion, quoted(st.graph), to_string(st.status), st.wall_ns, st.items_delivered(),
-      st.throughput());
-  out += "\"stages\":[";
-  for (std::size_t i = 0; i < st.stages.size(); ++i) {
-    const StageStats& s = st.stages[i];
-    out += i ? ",\n" : "\n";
-    out += fmt::format(
-        R"({{"name":{},"kind":"{}","concurrency_limit":{},"capacity":{},"items_in":{},"items_out":{},)"
-        R"("invocations":{},"busy_ns":{},"starved_ns":{},"blocked_ns":{},"work_ns":{},)"
-        R"("mean_concurrency":{:.3f},"max_concurrency":{},"max_queue":{},"mean_queue":{:.3f},)"
-        R"("latency_ns":{},"consumers":{})",
-        quoted(s.name), to_string(s.kind), concurrency(s.concurrency_limit), s.capacity, s.items_in,
-        s.items_out, s.invocations, s.busy_ns, s.starved_ns, s.blocked_ns, s.work_ns,
-        s.mean_concurrency(), s.max_concurrency, s.max_queue, s.mean_queue, latency_json(s.latency),
-        strings(s.consumers));
-    if (s.ring_capacity > 0)
-      out += fmt::format(
-          R"(,"ring":{{"capacity":{},"in_use":{},"max_in_use":{},"mean_in_use":{:.1f},"budgets":{},"wraps":{},"refusals":{},"wait_ns":{}}})",
-          s.ring_capacity, s.ring_in_use, s.ring_max_in_use, s.ring_mean_in_use, s.ring_budgets,
-          s.ring_wraps, s.ring_refusals, s.ring_wait_ns);
-    if (s.items_skipped + s.items_substituted > 0) {
-      out += fmt::format(R"(,"skipped":{},"substituted":{},"errors":[)", s.items_skipped,
-                         s.items_substituted);
-      for (std::size_t e = 0; e < s.errors.size(); ++e)
-        out += fmt::format(R"({}{{"item":{},"message":{}}})", e ? "," : "", s.errors[e].item,
-                           quoted(s.errors[e].message));
-      out += "]";
-    }
-    out += "}";
-  }
-  out += "\n],";
-  const GpuStats& g = st.gpu;
-  out += fmt::format(
-      R"("gpu":{{"held_ns":{},"busy_ns":{},"held_over_busy":{:.4f},"bursts":{},"lease_wait_ns":{},)"
-      R"("max_lease_wait_ns":{},"h2d_bytes":{},"h2d_ns":{},"d2h_bytes":{},"d2h_ns":{},"staging_copies":{},)"
-      R"("device_wall_ns":{},"device_busy_ns":{},"device_mean_leases":{:.3f},"device_max_leases":{},)"
-      R"("device_streams":{}}},)",
-      g.held_ns, g.busy_ns, g.held_over_busy(), g.bursts, g.lease_wait_ns, g.max_lease_wait_ns,
-      g.h2d_bytes, g.h2d_ns, g.d2h_bytes, g.d2h_ns, g.staging_copies, g.device_wall_ns,
-      g.device_busy_ns, g.device_mean_leases, g.device_max_leases, g.device_streams);
-  if (device) {
-    std::string lease_time = "[";
-    for (std::size_t k = 0; k < device->lease_time_ns.size(); ++k) {
-      if (k) lease_time += ',';
-      lease_time += std::to_string(device->lease_time_ns[k]);
-    }
-    lease_time += ']';
-    out += fmt::format(
-        R"("device":{{"name":{},"backend":"{}","wall_ns":{},"busy_ns":{},"busy_fraction":{:.4f},"held_ns":{},)"
-        R"("held_over_busy":{:.4f},"streams":{},"leases_in_use":{},"max_leases_in_use":{},"mean_leases":{:.3f},)"
-        R"("lease_time_ns":{},"leases":{},"lease_waiters":{},"device_bytes_in_use":{},"device_bytes_cap":{},)"
-        R"("pinned_bytes_in_use":{},"pinned_bytes_cap":{}}},)",
-        quoted(device->name), to_string(device->backend), device->wall_ns, device->busy_ns,
-        device->busy_fraction(), device->held_ns, device->held_over_busy(), device->streams,
-        device->leases_in_use, device->max_leases_in_use, device->mean_leases(), lease_time,
-        device->leases, device->lease_waiters, device->device_bytes_in_use,
-        device->device_bytes_cap, device->pinned_bytes_in_use, device->pinned_bytes_cap);
-  } else {
-    out += "\"device\":null,";
-  }
+  Json j;
+  j["schema_version"] = kJsonSchemaVersion;
+  j["graph"] = st.graph;
+  j["status"] = to_string(st.status);
+  j["wall_ns"] = std::int64_t{st.wall_ns};
+  j["items_delivered"] = std::uint64_t{st.items_delivered()};
+  j["throughput"] = fixed(st.throughput(), 3);
+  Json stages = Json::array();
+  for (const StageStats& s : st.stages) stages.push_back(stage_json(s));
+  j["stages"] = std::move(stages);
+  j["gpu"] = gpu_json(st.gpu);
+  j["device"] = device ? device_json(*device) : Json(nullptr);
   const Diagnosis d = diagnose(st, device);
-  out += fmt::format(R"("diagnosis":{{"bottleneck":{},"findings":{},"suggestions":{}}}}})",
-                     quoted(d.bottleneck), strings(d.findings), strings(d.suggestions));
-  out += "\n";
-  return out;
+  Json& diagnosis = j["diagnosis"];
+  diagnosis["bottleneck"] = d.bottleneck;
+  diagnosis["findings"] = d.findings;
+  diagnosis["suggestions"] = d.suggestions;
+  return dump(j) + "\n";
 }
 
 namespace {
@@ -232,16 +262,19 @@ std::vector<std::pair<const char*, const LatencyHistogram*>> latency_parts(const
 }  // namespace
 
 std::string to_json(const ServiceStats& s) {
-  std::string out = fmt::format(
-      R"({{"schema_version":{},"graph":{},"service":{},"submitted":{},"answered":{},"failed":{},"expired":{},)"
-      R"("rejected":{},"pending":{},"latency_ns":{{)",
-      kJsonSchemaVersion, quoted(s.graph), quoted(s.service), s.submitted, s.answered, s.failed, s.expired, s.rejected,
-      s.pending);
-  const auto parts = latency_parts(s);
-  for (std::size_t i = 0; i < parts.size(); ++i)
-    out +=
-        fmt::format(R"({}"{}":{})", i ? "," : "", parts[i].first, latency_json(*parts[i].second));
-  return out + "}}";
+  Json j;
+  j["schema_version"] = kJsonSchemaVersion;
+  j["graph"] = s.graph;
+  j["service"] = s.service;
+  j["submitted"] = std::uint64_t{s.submitted};
+  j["answered"] = std::uint64_t{s.answered};
+  j["failed"] = std::uint64_t{s.failed};
+  j["expired"] = std::uint64_t{s.expired};
+  j["rejected"] = std::uint64_t{s.rejected};
+  j["pending"] = std::uint64_t{s.pending};
+  Json& latency = j["latency_ns"];
+  for (auto [part, h] : latency_parts(s)) latency[part] = latency_json(*h);
+  return dump(j);
 }
 
 std::string prometheus_text(const ServiceStats& s) {

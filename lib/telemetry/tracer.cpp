@@ -1,24 +1,45 @@
 #include "tracer.hpp"
 
-#include <fmt/format.h>
+#include <algorithm>
+#include <initializer_list>
+
+#include <nlohmann/json.hpp>
 
 namespace splitflow::detail {
 
 namespace {
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
+// JSON goes through nlohmann-json (private to lib/); ordered_json keeps the keys in the order
+// they are set ("ph" first, as chrome://tracing's own files have it).
+using Json = nlohmann::ordered_json;
+// Compact, UTF-8 kept as is; bytes that are not valid UTF-8 become U+FFFD, not an exception.
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 double us(std::int64_t ns) { return static_cast<double>(ns) / 1000.0; }
 const char* kDeviceKind[] = {"kernel", "copy H2D", "copy D2H"};
+// A metadata event naming a process (pid) or, with tid >= 0, a thread (track).
+Json name_event(int pid, int tid, const std::string& name) {
+  Json j;
+  j["ph"] = "M";
+  j["pid"] = pid;
+  if (tid >= 0) j["tid"] = tid;
+  j["name"] = tid >= 0 ? "thread_name" : "process_name";
+  j["args"]["name"] = name;
+  return j;
+}
+// An event of each kind with every key in place, in order; json() sets their values per event
+// (no allocation for most of them) and dumps it.
+Json event_template(const char* ph, int pid, bool has_tid, bool has_dur,
+                    std::initializer_list<const char*> args) {
+  Json j;
+  j["ph"] = ph;
+  j["pid"] = pid;
+  if (has_tid) j["tid"] = 0;
+  j["name"] = "";
+  j["ts"] = 0.0;
+  if (has_dur) j["dur"] = 0.0;
+  Json& a = j["args"];
+  for (const char* key : args) a[key] = std::uint64_t{0};
+  return j;
+}
 }  // namespace
 
 Tracer::Tracer(std::string graph, std::vector<std::string> stages, std::size_t max_events,
@@ -95,52 +116,100 @@ void Tracer::on_device_op(const DeviceOpEvent& e) {
 }
 
 std::string Tracer::json() const {
-  std::lock_guard lk(mu_);
+  // Written from a copy taken under the lock: the observers (on the arena's threads) wait for
+  // the copy only. graph_ and stages_ do not change after construction.
+  std::vector<Event> events;
+  std::uint64_t stride, dropped;
+  {
+    std::lock_guard lk(mu_);
+    events = events_;
+    stride = stride_;
+    dropped = dropped_;
+  }
+  // Each event is its own JSON value, dumped and appended with one per line: the buffer holds
+  // up to trace_max_events (2^18 by default) events, and a JSON tree of all of them would cost
+  // several times the buffer. Only the fixed frame around them is written here.
   std::string out;
-  out.reserve(events_.size() * 120 + 4096);
-  out += "{\"displayTimeUnit\":\"ms\",\"metadata\":{";
-  out += fmt::format("\"graph\":{},\"sample_every\":{},\"dropped_events\":{},\"events\":{}",
-                     quoted(graph_), stride_, dropped_, events_.size());
-  out += "},\"traceEvents\":[\n";
+  out.reserve(events.size() * 120 + 4096);
+  Json metadata;
+  metadata["graph"] = graph_;
+  metadata["sample_every"] = stride;
+  metadata["dropped_events"] = dropped;
+  metadata["events"] = std::uint64_t{events.size()};
+  out += R"({"displayTimeUnit":"ms","metadata":)";
+  out += dump(metadata);
+  out += R"(,"traceEvents":[)";
+  out += '\n';
   // Track names: pid 1 the graph's stages, pid 2 stream leases, pid 3 device work.
-  out += fmt::format(R"({{"ph":"M","pid":1,"name":"process_name","args":{{"name":{}}}}})",
-                     quoted("graph " + graph_));
-  out += ",\n{\"ph\":\"M\",\"pid\":2,\"name\":\"process_name\",\"args\":{\"name\":\"stream leases\"}}";
-  out += ",\n{\"ph\":\"M\",\"pid\":3,\"name\":\"process_name\",\"args\":{\"name\":\"device work\"}}";
+  out += dump(name_event(1, -1, "graph " + graph_));
+  auto add = [&out](const Json& event) {
+    out += ",\n";
+    out += dump(event);
+  };
+  add(name_event(2, -1, "stream leases"));
+  add(name_event(3, -1, "device work"));
   for (std::size_t i = 0; i < stages_.size(); ++i)
-    out += fmt::format(",\n{{\"ph\":\"M\",\"pid\":1,\"tid\":{},\"name\":\"thread_name\",\"args\":{{\"name\":{}}}}}",
-                       i, quoted(stages_[i]));
-  for (const Event& e : events_) {
+    add(name_event(1, static_cast<int>(i), stages_[i]));
+
+  // Stage invocations (pid 1), leases (pid 2), device work (pid 3), queue and ring counters.
+  Json stage_x = event_template("X", 1, true, true, {"first_item", "items"});
+  Json lease_x = event_template("X", 2, true, true, {"item"});
+  Json device_x = event_template("X", 3, true, true, {"item", "bytes"});
+  Json queue_c = event_template("C", 1, false, false, {"items"});
+  Json ring_c = event_template("C", 1, false, false, {"bytes"});
+  auto set_name = [](Json& event, const std::string& a, const std::string& b = {}) {
+    std::string& name = event["name"].get_ref<std::string&>();
+    name.assign(a).append(b);
+  };
+  // Stage and counter events' tid is the stage's index (-1: not a stage of this graph); lease
+  // and device events' is the stream's.
+  const std::string unknown = "?";
+  auto stage = [&](int tid) -> const std::string& {
+    return tid >= 0 ? stages_[static_cast<std::size_t>(tid)] : unknown;
+  };
+  for (const Event& e : events) {
     const double ts = us(e.ts_ns - origin_ns_);
     switch (e.track) {
       case Track::stage:
-        out += fmt::format(
-            ",\n{{\"ph\":\"X\",\"pid\":1,\"tid\":{},\"name\":{},\"ts\":{:.3f},\"dur\":{:.3f},"
-            "\"args\":{{\"first_item\":{},\"items\":{}}}}}",
-            e.tid, quoted(e.tid >= 0 ? stages_[e.tid] : "?"), ts, us(e.dur_ns), e.a, e.b);
+        stage_x["tid"] = e.tid;
+        set_name(stage_x, stage(e.tid));
+        stage_x["ts"] = ts;
+        stage_x["dur"] = us(e.dur_ns);
+        stage_x["args"]["first_item"] = e.a;
+        stage_x["args"]["items"] = e.b;
+        add(stage_x);
         break;
       case Track::lease:
-        out += fmt::format(
-            ",\n{{\"ph\":\"X\",\"pid\":2,\"tid\":{},\"name\":{},\"ts\":{:.3f},\"dur\":{:.3f},"
-            "\"args\":{{\"item\":{}}}}}",
-            e.tid, quoted(e.b < stages_.size() ? "lease: " + stages_[e.b] : "lease"), ts,
-            us(e.dur_ns), e.a);
+        lease_x["tid"] = e.tid;
+        if (e.b < stages_.size())
+          set_name(lease_x, "lease: ", stages_[e.b]);
+        else
+          set_name(lease_x, "lease");
+        lease_x["ts"] = ts;
+        lease_x["dur"] = us(e.dur_ns);
+        lease_x["args"]["item"] = e.a;
+        add(lease_x);
         break;
       case Track::device:
-        out += fmt::format(
-            ",\n{{\"ph\":\"X\",\"pid\":3,\"tid\":{},\"name\":\"{}\",\"ts\":{:.3f},\"dur\":{:.3f},"
-            "\"args\":{{\"item\":{},\"bytes\":{}}}}}",
-            e.tid, kDeviceKind[e.kind], ts, us(e.dur_ns), e.a, e.b);
+        device_x["tid"] = e.tid;
+        set_name(device_x, kDeviceKind[e.kind]);
+        device_x["ts"] = ts;
+        device_x["dur"] = us(e.dur_ns);
+        device_x["args"]["item"] = e.a;
+        device_x["args"]["bytes"] = e.b;
+        add(device_x);
         break;
       case Track::queue_counter:
-        out += fmt::format(
-            ",\n{{\"ph\":\"C\",\"pid\":1,\"name\":{},\"ts\":{:.3f},\"args\":{{\"items\":{}}}}}",
-            quoted("queue " + (e.tid >= 0 ? stages_[e.tid] : std::string("?"))), ts, e.a);
+        set_name(queue_c, "queue ", stage(e.tid));
+        queue_c["ts"] = ts;
+        queue_c["args"]["items"] = e.a;
+        add(queue_c);
         break;
       case Track::ring_counter:
-        out += fmt::format(
-            ",\n{{\"ph\":\"C\",\"pid\":1,\"name\":{},\"ts\":{:.3f},\"args\":{{\"bytes\":{}}}}}",
-            quoted("ring " + (e.tid >= 0 ? stages_[e.tid] : std::string("?"))), ts, e.a);
+        set_name(ring_c, "ring ", stage(e.tid));
+        ring_c["ts"] = ts;
+        ring_c["args"]["bytes"] = e.a;
+        add(ring_c);
         break;
     }
   }
