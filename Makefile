@@ -58,7 +58,7 @@ test-tsan: deps
 # A separate project that finds the *installed* package with find_package(splitflow CONFIG),
 # then the same project using add_subdirectory.
 test-consumer: release
-	rm -rf $(BUILD)/consumer $(BUILD)/consumer-subdir $(BUILD)/install-test
+	rm -rf $(BUILD)/consumer $(BUILD)/consumer-core $(BUILD)/consumer-subdir $(BUILD)/install-test
 	$(CMAKE) --install $(BUILD)/release --prefix $(abspath $(BUILD)/install-test)
 	@# The installed package names targets, never the build machine's library paths.
 	@! grep -rnE '[";:]/(usr|opt|home|root|work|tmp)/' \
@@ -67,6 +67,16 @@ test-consumer: release
 	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(BUILD)/install-test)
 	$(CMAKE) --build $(BUILD)/consumer -j $(JOBS)
 	$(BUILD)/consumer/consumer
+	@# splitflow::core alone: found and linked with no CUDA toolkit and no libjpeg-turbo.
+	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer-core -DSPLITFLOW_CONSUMER_CORE_ONLY=ON \
+	  -DCMAKE_PREFIX_PATH=$(abspath $(BUILD)/install-test) \
+	  -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON -DCMAKE_DISABLE_FIND_PACKAGE_SplitflowJPEG=ON
+	$(CMAKE) --build $(BUILD)/consumer-core -j $(JOBS)
+	$(BUILD)/consumer-core/consumer_core
+	@! ldd $(BUILD)/consumer-core/consumer_core | grep -E 'jpeg|cuda' || \
+	  { echo "test-consumer: splitflow::core alone links libjpeg or CUDA"; exit 1; }
+	@! nm $(BUILD)/consumer-core/consumer_core | grep -qE ' [TtU] cuda[A-Z]' || \
+	  { echo "test-consumer: splitflow::core alone contains the CUDA runtime"; exit 1; }
 	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer-subdir -DSPLITFLOW_SOURCE_DIR=$(abspath .)
 	$(CMAKE) --build $(BUILD)/consumer-subdir -j $(JOBS) --target consumer
 	$(BUILD)/consumer-subdir/consumer

@@ -83,12 +83,19 @@ class DeviceBackend {
 /// Freed device memory is kept for reuse (like a CUDA memory pool), up to `cache_bytes`.
 std::unique_ptr<DeviceBackend> make_host_backend(int compute_slots, std::size_t cache_bytes);
 
-#if defined(SPLITFLOW_WITH_CUDA)
-/// CUDA backend on device `ordinal`. Throws Error if there is no usable device.
-std::unique_ptr<DeviceBackend> make_cuda_backend(int ordinal);
-/// Number of CUDA devices (0 when there is no driver or device); counts as a CUDA call.
-int cuda_device_count() noexcept;
-#endif
+/// The CUDA backend, a target of its own (splitflow::cuda, cuda_backend.cu) that registers
+/// itself when the program starts; the core never links the CUDA runtime. The umbrella target
+/// splitflow::splitflow links it whole, so that its registration is kept.
+struct CudaBackendEntry {
+  /// The backend on device `ordinal`. Throws Error if there is no usable device.
+  std::unique_ptr<DeviceBackend> (*make)(int ordinal);
+  /// Number of CUDA devices (0 when there is no driver or device); counts as a CUDA call.
+  int (*device_count)() noexcept;
+};
+/// The registered CUDA backend, or nullptr when the program did not link it.
+const CudaBackendEntry* cuda_backend() noexcept;
+/// Called once by the CUDA target as the program starts; returns true (for a static's value).
+bool register_cuda_backend(const CudaBackendEntry* entry) noexcept;
 
 /// CUDA runtime calls made by this process through splitflow (tests check that a CPU-only
 /// graph makes none).

@@ -280,6 +280,12 @@ int cuda_device_count() noexcept {
   return count;
 }
 
+namespace {
+const CudaBackendEntry kCudaBackend{&make_cuda_backend, &cuda_device_count};
+// Registers the backend as the program starts (the umbrella target links this file whole).
+[[maybe_unused]] const bool kRegistered = register_cuda_backend(&kCudaBackend);
+}  // namespace
+
 }  // namespace splitflow::detail
 
 namespace splitflow::detail {

@@ -1,6 +1,7 @@
 #include "device_runtime.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -29,6 +30,19 @@ bool in_device_callback() noexcept { return t_in_callback; }
 DeviceCallbackScope::DeviceCallbackScope() noexcept : outer_(t_in_callback) { t_in_callback = true; }
 DeviceCallbackScope::~DeviceCallbackScope() { t_in_callback = outer_; }
 
+namespace {
+// Constant-initialised: registration during another file's static initialisation sees it.
+std::atomic<const CudaBackendEntry*> g_cuda_backend{nullptr};
+}  // namespace
+
+const CudaBackendEntry* cuda_backend() noexcept {
+  return g_cuda_backend.load(std::memory_order_acquire);
+}
+bool register_cuda_backend(const CudaBackendEntry* entry) noexcept {
+  g_cuda_backend.store(entry, std::memory_order_release);
+  return true;
+}
+
 void note_cuda_call() noexcept { g_cuda_calls.fetch_add(1, std::memory_order_relaxed); }
 std::uint64_t cuda_runtime_calls() noexcept { return g_cuda_calls.load(std::memory_order_relaxed); }
 
@@ -36,19 +50,10 @@ std::uint64_t cuda_runtime_calls() noexcept { return g_cuda_calls.load(std::memo
 
 namespace splitflow {
 std::uint64_t cuda_runtime_calls() noexcept { return detail::cuda_runtime_calls(); }
-bool built_with_cuda() noexcept {
-#if defined(SPLITFLOW_WITH_CUDA)
-  return true;
-#else
-  return false;
-#endif
-}
+bool built_with_cuda() noexcept { return detail::cuda_backend() != nullptr; }
 int cuda_device_count() noexcept {
-#if defined(SPLITFLOW_WITH_CUDA)
-  return detail::cuda_device_count();
-#else
-  return 0;
-#endif
+  const detail::CudaBackendEntry* cuda = detail::cuda_backend();
+  return cuda ? cuda->device_count() : 0;
 }
 }  // namespace splitflow
 

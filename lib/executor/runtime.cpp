@@ -120,27 +120,26 @@ std::shared_ptr<DeviceRuntime> RuntimeCore::device() {
   if (device_) return device_;
   const DeviceConfig& c = config_.device;
   std::unique_ptr<DeviceBackend> backend;
+  const CudaBackendEntry* cuda = cuda_backend();
   switch (c.backend) {
     case BackendKind::automatic:
-#if defined(SPLITFLOW_WITH_CUDA)
-      if (cuda_device_count() > 0) {
-        backend = make_cuda_backend(c.ordinal);
+      if (cuda && cuda->device_count() > 0) {
+        backend = cuda->make(c.ordinal);
         break;
       }
-#endif
       backend = make_host_backend(c.host_compute_slots, c.device_pool_bytes);
       break;
     case BackendKind::cuda:
-#if defined(SPLITFLOW_WITH_CUDA)
-      if (cuda_device_count() == 0)
+      if (!cuda)
+        throw Error("splitflow: DeviceConfig::backend is cuda but splitflow was built without "
+                    "CUDA, or the program links splitflow::core without splitflow::cuda "
+                    "(SPLITFLOW_WITH_CUDA=OFF, or no nvcc when it was built; link "
+                    "splitflow::splitflow)");
+      if (cuda->device_count() == 0)
         throw Error("splitflow: DeviceConfig::backend is cuda but no CUDA device is usable "
                     "(no GPU or no driver); use BackendKind::automatic or host");
-      backend = make_cuda_backend(c.ordinal);
+      backend = cuda->make(c.ordinal);
       break;
-#else
-      throw Error("splitflow: DeviceConfig::backend is cuda but splitflow was built without "
-                  "CUDA (SPLITFLOW_WITH_CUDA=OFF, or no nvcc when it was built)");
-#endif
     case BackendKind::host:
       backend = make_host_backend(c.host_compute_slots, c.device_pool_bytes);
       break;

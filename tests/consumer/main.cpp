@@ -19,6 +19,11 @@ int main() {
     std::fprintf(stderr, "consumer: expected 30, got %d\n", sum);
     return 1;
   }
+  if (splitflow::built_with_cuda() != static_cast<bool>(SPLITFLOW_EXPECT_CUDA)) {
+    std::fprintf(stderr, "consumer: built_with_cuda() is %d in a package built with CUDA %s\n",
+                 splitflow::built_with_cuda(), SPLITFLOW_EXPECT_CUDA ? "on" : "off");
+    return 1;
+  }
   std::printf("consumer: installed splitflow works (sum of squares = %d)\n", sum);
   return 0;
 }
