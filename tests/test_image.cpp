@@ -5,6 +5,7 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <splitflow/ops/image.hpp>
 #include <splitflow/splitflow.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace splitflow;
@@ -110,6 +112,135 @@ std::vector<std::uint8_t> reference_resize(const std::vector<std::uint8_t>& px, 
   return out;
 }
 
+// ---- antialiased resize: patterns and the reference ------------------------------------------
+
+// A 32-bit mixer (lowbias32). Patterns made from it are the same with every standard library
+// (std's distributions are not), so outputs can be pinned to values computed once with Pillow.
+std::uint32_t hash32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+// Byte i of the HWC image is hash32(i + seed * 0x9e3779b9) >> 24: white noise, the most
+// high-frequency content there is. (Python: the same with numpy uint32 arithmetic.)
+std::vector<std::uint8_t> noise_pixels(int h, int w, int c, std::uint32_t seed) {
+  std::vector<std::uint8_t> px(static_cast<std::size_t>(h) * w * c);
+  for (std::size_t i = 0; i < px.size(); ++i)
+    px[i] = static_cast<std::uint8_t>(hash32(static_cast<std::uint32_t>(i) + seed * 0x9e3779b9U) >> 24);
+  return px;
+}
+
+std::uint64_t fnv1a(const std::vector<std::uint8_t>& bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (std::uint8_t b : bytes) {
+    h ^= b;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+// Squares of `period` pixels, the channels in different phases.
+std::vector<std::uint8_t> checkerboard(int h, int w, int c, int period) {
+  std::vector<std::uint8_t> px(static_cast<std::size_t>(h) * w * c);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int k = 0; k < c; ++k) {
+        const bool on = ((y / period + x / period + k) % 2) != 0;
+        px[(static_cast<std::size_t>(y) * w + x) * c + k] = on ? 255 : static_cast<std::uint8_t>(k * 20);
+      }
+  return px;
+}
+
+// A zone plate: rings whose frequency rises to the pixel pitch at the edges.
+std::vector<std::uint8_t> zone_plate(int h, int w, int c) {
+  std::vector<std::uint8_t> px(static_cast<std::size_t>(h) * w * c);
+  const double pi = 3.14159265358979323846, n = std::max(h, w);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      const double r2 = (x - w / 2.0) * (x - w / 2.0) + (y - h / 2.0) * (y - h / 2.0);
+      for (int k = 0; k < c; ++k)
+        px[(static_cast<std::size_t>(y) * w + x) * c + k] =
+            static_cast<std::uint8_t>(std::lround(127.5 + 127.5 * std::cos(pi * r2 / n * (1 - 0.3 * k))));
+    }
+  return px;
+}
+
+// Fine text: lines of 3x5-pixel glyphs (random strokes of one pixel) in 4x6 cells, dark ink of
+// varying colour on a light page.
+std::vector<std::uint8_t> fine_text(int h, int w, int c) {
+  std::vector<std::uint8_t> px(static_cast<std::size_t>(h) * w * c, 245);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      const int cell = (y / 6) * (w / 4 + 1) + x / 4, gx = x % 4, gy = y % 6;
+      if (gx == 3 || gy == 5) continue;  // the gaps between letters and lines
+      if (((hash32(static_cast<std::uint32_t>(cell)) >> (gy * 3 + gx)) & 1U) == 0) continue;
+      for (int k = 0; k < c; ++k)
+        px[(static_cast<std::size_t>(y) * w + x) * c + k] =
+            static_cast<std::uint8_t>(hash32(static_cast<std::uint32_t>(cell * 3 + k)) % 90);
+    }
+  return px;
+}
+
+// The straightforward antialiased resize, in doubles: per side, output o's centre in the box is
+// (o + 0.5) * scale; source pixel i weighs max(0, 1 - |i + 0.5 - centre| / max(scale, 1)), the
+// weights normalised over the box's pixels; horizontal, then vertical, rounded once at the end.
+std::vector<std::pair<int, std::vector<double>>> triangle_weights(int len, int n) {
+  const double scale = static_cast<double>(len) / n, support = std::max(scale, 1.0);
+  std::vector<std::pair<int, std::vector<double>>> out;
+  for (int o = 0; o < n; ++o) {
+    const double centre = (o + 0.5) * scale;
+    const int lo = std::max(0, static_cast<int>(std::floor(centre - support)) - 1);
+    const int hi = std::min(len, static_cast<int>(std::ceil(centre + support)) + 1);
+    std::vector<double> w;
+    double sum = 0;
+    for (int i = lo; i < hi; ++i) {
+      w.push_back(std::max(0.0, 1.0 - std::abs(i + 0.5 - centre) / support));
+      sum += w.back();
+    }
+    for (double& v : w) v /= sum;
+    out.emplace_back(lo, std::move(w));
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> reference_antialiased(const std::vector<std::uint8_t>& px, int W, int C,
+                                                image::Box b, int oh, int ow) {
+  const auto wx = triangle_weights(b.w, ow), wy = triangle_weights(b.h, oh);
+  std::vector<double> mid(static_cast<std::size_t>(b.h) * ow * C, 0.0);
+  for (int y = 0; y < b.h; ++y)
+    for (int ox = 0; ox < ow; ++ox)
+      for (int k = 0; k < C; ++k) {
+        double v = 0;
+        const auto& [lo, w] = wx[static_cast<std::size_t>(ox)];
+        for (std::size_t t = 0; t < w.size(); ++t)
+          v += w[t] * px[(static_cast<std::size_t>(b.y + y) * W + b.x + lo + static_cast<int>(t)) * C + k];
+        mid[(static_cast<std::size_t>(y) * ow + ox) * C + k] = v;
+      }
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(oh) * ow * C);
+  for (int oy = 0; oy < oh; ++oy)
+    for (int ox = 0; ox < ow; ++ox)
+      for (int k = 0; k < C; ++k) {
+        double v = 0;
+        const auto& [lo, w] = wy[static_cast<std::size_t>(oy)];
+        for (std::size_t t = 0; t < w.size(); ++t)
+          v += w[t] * mid[(static_cast<std::size_t>(lo + static_cast<int>(t)) * ow + ox) * C + k];
+        out[(static_cast<std::size_t>(oy) * ow + ox) * C + k] =
+            static_cast<std::uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+      }
+  return out;
+}
+
+int max_difference(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  int worst = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    worst = std::max(worst, std::abs(int(a[i]) - int(b[i])));
+  return a.size() == b.size() ? worst : 256;
+}
+
 std::string fmt_name(int i) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "img_%03d.jpg", i);
@@ -172,13 +303,16 @@ TEST(ImageDecode, RegionsAndTheFusedCropEqualTheFullDecode) {
         ASSERT_EQ(0, std::memcmp(r + std::size_t(y) * b.w * C, f + (std::size_t(b.y + y) * w + b.x) * C, std::size_t(b.w) * C))
             << "trial " << trial << " box y" << b.y << " x" << b.x << " h" << b.h << " w" << b.w << " row " << y;
     }
-    const image::AugmentSpec spec{.size = 64, .seed = 3, .epoch = std::uint64_t(trial)};
-    for (std::uint64_t i = 0; i < 4; ++i) {
-      HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(jpeg.size())});
-      std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
-      const image::Image fused = image::decode_random_resized_crop({i, "f.jpg", bytes}, spec, color);
-      const image::Image two = image::RandomResizedCrop(spec)({i, "f.jpg", full});
-      ASSERT_EQ(bytes_of(fused.pixels), bytes_of(two.pixels)) << "trial " << trial << " item " << i;
+    for (bool antialias : {true, false}) {
+      const image::AugmentSpec spec{.size = 64, .seed = 3, .epoch = std::uint64_t(trial), .antialias = antialias};
+      for (std::uint64_t i = 0; i < 4; ++i) {
+        HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(jpeg.size())});
+        std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
+        const image::Image fused = image::decode_random_resized_crop({i, "f.jpg", bytes}, spec, color);
+        const image::Image two = image::RandomResizedCrop(spec)({i, "f.jpg", full});
+        ASSERT_EQ(bytes_of(fused.pixels), bytes_of(two.pixels))
+            << "trial " << trial << " item " << i << " antialias " << antialias;
+      }
     }
   }
   const auto jpeg = encode(random_pixels(50, 60, 3, 1), 50, 60, 3);
@@ -264,8 +398,9 @@ TEST(ImageDecode, AForgedHugeHeaderIsRefusedBeforeAllocating) {
             std::string::npos);
 }
 
-// "resize matches a straightforward reference": within 1 of the double-precision bilinear
-// (fixed-point rounding), for down, up, boxes and one channel; the identity is exact
+// "resize matches a straightforward reference": antialias=false is within 1 of the
+// double-precision bilinear (fixed-point rounding), for down, up, boxes and one channel; the
+// identity is exact. With the default antialias, what does not shrink is the same.
 TEST(ImageOps, ResizeMatchesTheReference) {
   struct Case {
     int H, W, C;
@@ -279,7 +414,7 @@ TEST(ImageOps, ResizeMatchesTheReference) {
     const auto px = random_pixels(c.H, c.W, c.C, seed++);
     const image::Box b = c.box.h ? c.box : image::Box{0, 0, c.H, c.W};
     const auto want = reference_resize(px, c.W, c.C, b, c.oh, c.ow);
-    const auto got = bytes_of(image::resize(tensor_of(px, c.H, c.W, c.C), c.oh, c.ow, c.box));
+    const auto got = bytes_of(image::resize(tensor_of(px, c.H, c.W, c.C), c.oh, c.ow, c.box, false));
     ASSERT_EQ(got.size(), want.size());
     int worst = 0;
     for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(int(got[i]) - int(want[i])));
@@ -287,8 +422,147 @@ TEST(ImageOps, ResizeMatchesTheReference) {
     if (c.oh == c.H && c.ow == c.W && !c.box.h) {
       EXPECT_EQ(got, px);
     }
+    if (c.oh >= b.h && c.ow >= b.w) {
+      EXPECT_EQ(bytes_of(image::resize(tensor_of(px, c.H, c.W, c.C), c.oh, c.ow, c.box)), got);
+    }
   }
   EXPECT_THROW(image::resize(tensor_of(random_pixels(10, 10, 3, 1), 10, 10, 3), 5, 5, {5, 5, 6, 2}), Error);
+}
+
+// Issue 21: "antialiased resize, the default: when shrinking, a triangle filter whose support
+// grows with the scale factor, as PIL's resize(BILINEAR) does". Generated images with
+// high-frequency content (checkerboards, a zone plate, noise, fine text; RGB and gray) shrunk
+// by 1.5x to 20x, to non-integer sizes, from boxes, mirrored: within 1 of the straightforward
+// double-precision filter at every pixel (the fixed point rounds twice, as Pillow's does).
+TEST(ImageOps, AntialiasedResizeMatchesTheReferenceAtEveryFactor) {
+  struct Pattern {
+    const char* name;
+    int H, W, C;
+    std::vector<std::uint8_t> px;
+  };
+  const Pattern patterns[] = {
+      {"checkerboard 1px", 400, 600, 3, checkerboard(400, 600, 3, 1)},
+      {"checkerboard 3px", 401, 603, 3, checkerboard(401, 603, 3, 3)},
+      {"zone plate", 400, 400, 3, zone_plate(400, 400, 3)},
+      {"noise", 300, 460, 3, noise_pixels(300, 460, 3, 9)},
+      {"fine text", 240, 480, 3, fine_text(240, 480, 3)},
+      {"gray noise", 200, 300, 1, noise_pixels(200, 300, 1, 10)},
+  };
+  for (const Pattern& p : patterns) {
+    const HostTensor img = tensor_of(p.px, p.H, p.W, p.C);
+    struct Job {
+      image::Box box;
+      int oh, ow;
+    };
+    std::vector<Job> jobs;
+    for (double f : {1.5, 2.0, 3.7, 7.0, 13.0, 20.0})
+      jobs.push_back({{0, 0, p.H, p.W}, std::max(1, int(std::lround(p.H / f))),
+                      std::max(1, int(std::lround(p.W / f)))});
+    jobs.push_back({{0, 0, p.H, p.W}, 97, 131});                        // non-integer factors
+    jobs.push_back({{11, 23, p.H - 40, p.W - 51}, 29, 33});             // a box, ~6-16x
+    jobs.push_back({{0, 0, p.H, p.W}, p.H, p.W / 3});                   // one side only
+    jobs.push_back({{0, 0, p.H / 5, p.W}, p.H / 2, p.W / 7});           // shrink x, enlarge y
+    jobs.push_back({{3, 5, p.H - 3, p.W / 9}, p.H / 6, p.W / 4});       // shrink y, enlarge x
+    for (const Job& j : jobs) {
+      const auto want = reference_antialiased(p.px, p.W, p.C, j.box, j.oh, j.ow);
+      const HostTensor got = image::resize(img, j.oh, j.ow, j.box);
+      EXPECT_LE(max_difference(bytes_of(got), want), 1)
+          << p.name << ": box " << j.box.h << "x" << j.box.w << " -> " << j.oh << "x" << j.ow;
+      // Mirrored: the same pixels, mirrored (the flip is the horizontal pass's order).
+      const HostTensor crop = image::resize(img, j.box.h, j.box.w, j.box);  // the box, as is
+      ASSERT_EQ(bytes_of(crop).size(), std::size_t(j.box.h) * j.box.w * p.C);
+      EXPECT_EQ(bytes_of(image::resize_flipped(crop, j.oh, j.ow, true)), bytes_of(image::hflip(got)))
+          << p.name << ": box " << j.box.h << "x" << j.box.w << " -> " << j.oh << "x" << j.ow
+          << " mirrored";
+    }
+  }
+}
+
+// What antialiasing is for: a 1-pixel checkerboard shrunk 3.7x is an even grey with it, and
+// moire (values from black to white) without it.
+TEST(ImageOps, AntialiasingRemovesTheMoireThatPlainBilinearMakes) {
+  const auto px = checkerboard(370, 370, 1, 1);
+  const HostTensor img = tensor_of(px, 370, 370, 1);
+  const auto range = [](const std::vector<std::uint8_t>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return int(*hi) - int(*lo);
+  };
+  EXPECT_LE(range(bytes_of(image::resize(img, 100, 100))), 4);
+  EXPECT_GE(range(bytes_of(image::resize(img, 100, 100, {}, false))), 200);
+}
+
+// Pinned outputs (white noise from hash32; FNV-1a of the result): with antialiasing, Pillow's
+// Image.crop(box).resize((w, h), Image.BILINEAR) exactly (the hashes are Pillow 9.4's output),
+// so every machine computes the same pixels; enlarging is unchanged by antialias, and
+// antialias=false is the bilinear resize that came before it, to the bit.
+TEST(ImageOps, AntialiasedResizeIsPillowsAndAntialiasFalseIsTheOldBilinear) {
+  struct Case {
+    int H, W, C;
+    std::uint32_t seed;
+    image::Box box;
+    int oh, ow;
+    std::uint64_t antialiased, plain;
+  } cases[] = {
+      {375, 500, 3, 1, {}, 224, 224, 0xc3331fce5fda27acULL, 0xc4ecc19942dfb9b2ULL},                  // shrink
+      {375, 500, 3, 2, {13, 27, 300, 411}, 61, 37, 0xcbaf90e2b5b4a8f7ULL, 0x77033a57e8c4a47aULL},    // 5-11x
+      {20, 20, 1, 5, {5, 3, 1, 7}, 9, 4, 0x091bf1d6f666379eULL, 0xbdf2b4d20517f09bULL},              // mixed
+      {40, 30, 1, 6, {}, 7, 5, 0x2978e2a6a64f81e2ULL, 0x51fa20d6e61e0f2eULL},                        // gray
+      {50, 40, 3, 3, {}, 97, 131, 0x307e50219a0cf299ULL, 0x307e50219a0cf299ULL},                     // enlarge
+      {375, 500, 3, 4, {30, 70, 200, 150}, 224, 224, 0x3947981b743b4c43ULL, 0x3947981b743b4c43ULL},  // enlarge
+  };
+  for (const Case& c : cases) {
+    const HostTensor img = tensor_of(noise_pixels(c.H, c.W, c.C, c.seed), c.H, c.W, c.C);
+    EXPECT_EQ(fnv1a(bytes_of(image::resize(img, c.oh, c.ow, c.box))), c.antialiased)
+        << c.H << "x" << c.W << " box " << c.box.h << "x" << c.box.w << " -> " << c.oh << "x" << c.ow;
+    EXPECT_EQ(fnv1a(bytes_of(image::resize(img, c.oh, c.ow, c.box, false))), c.plain)
+        << c.H << "x" << c.W << " box " << c.box.h << "x" << c.box.w << " -> " << c.oh << "x" << c.ow;
+  }
+  // Enlarging anything: antialias changes nothing.
+  const auto px = zone_plate(60, 80, 3);
+  for (auto [oh, ow] : {std::pair{60, 81}, std::pair{224, 224}, std::pair{61, 80}, std::pair{300, 97}})
+    EXPECT_EQ(bytes_of(image::resize(tensor_of(px, 60, 80, 3), oh, ow)),
+              bytes_of(image::resize(tensor_of(px, 60, 80, 3), oh, ow, {}, false)))
+        << oh << "x" << ow;
+}
+
+// A constant image stays that constant, at any factor, in both modes (the weights sum to one).
+TEST(ImageOps, ResizeKeepsAConstantImageConstant) {
+  for (int v : {0, 1, 77, 128, 254, 255})
+    for (auto [oh, ow] : {std::pair{20, 30}, std::pair{7, 333}, std::pair{224, 224}, std::pair{1, 1},
+                          std::pair{600, 41}})
+      for (bool antialias : {true, false}) {
+        const std::vector<std::uint8_t> px(std::size_t(400) * 300 * 3, static_cast<std::uint8_t>(v));
+        const auto got = bytes_of(image::resize(tensor_of(px, 400, 300, 3), oh, ow, {}, antialias));
+        EXPECT_EQ(got, std::vector<std::uint8_t>(std::size_t(oh) * ow * 3, static_cast<std::uint8_t>(v)))
+            << v << " -> " << oh << "x" << ow << " antialias " << antialias;
+      }
+}
+
+// The fused decode + crop still equals decode-then-crop when the crops shrink a lot (a large
+// JPEG of fine detail to 24x24: factors of 8 to 30), with and without antialiasing.
+TEST(ImageDecode, FusedCropEqualsDecodeThenCropAtLargeFactors) {
+  const int h = 720, w = 960;
+  std::vector<std::uint8_t> px = fine_text(h, w, 3);
+  const auto noise = noise_pixels(h, w, 3, 3);
+  for (std::size_t i = 0; i < px.size(); ++i) px[i] = static_cast<std::uint8_t>((px[i] * 3 + noise[i]) / 4);
+  const auto jpeg = encode(px, h, w, 3, 95);
+  const HostTensor full = image::decode_jpeg(jpeg.data(), jpeg.size());
+  for (bool antialias : {true, false}) {
+    const image::AugmentSpec spec{.size = 24, .seed = 11, .epoch = 2, .antialias = antialias};
+    for (std::uint64_t i = 0; i < 12; ++i) {
+      HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(jpeg.size())});
+      std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
+      const image::Image fused = image::decode_random_resized_crop({i, "big.jpg", bytes}, spec);
+      const image::Image two = image::RandomResizedCrop(spec)({i, "big.jpg", full});
+      ASSERT_EQ(fused.pixels.shape(), (std::vector<std::int64_t>{24, 24, 3}));
+      ASSERT_EQ(bytes_of(fused.pixels), bytes_of(two.pixels)) << "item " << i << " antialias " << antialias;
+      // And it is the antialiased (or plain) resize of the drawn box, mirrored when drawn.
+      const image::Augment a = image::draw_augment(h, w, i, spec);
+      HostTensor want = image::resize(full, 24, 24, a.box, antialias);
+      if (a.flip) want = image::hflip(want);
+      EXPECT_EQ(bytes_of(two.pixels), bytes_of(want)) << "item " << i;
+    }
+  }
 }
 
 // "flip matches the reference"; twice is the identity
@@ -511,6 +785,7 @@ TEST(HostCache, ReusesFreedBlocksWithinItsLimit) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "ASan builds never cache host blocks (use-after-free must stay visible)";
 #else
+  set_host_cache_limit(0);  // what earlier tests in this process left cached goes first
   set_host_cache_limit(8u << 20);
   const HostCacheStats before = host_cache_stats();
   EXPECT_EQ(before.limit, 8u << 20);

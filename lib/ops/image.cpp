@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <system_error>
 
@@ -389,7 +390,8 @@ Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color co
         a = draw_augment(H, W, file.index, spec);
         return a.box;
       });
-  return Image{file.index, std::move(file.path), resize_flipped(region, spec.size, spec.size, a.flip)};
+  return Image{file.index, std::move(file.path),
+               resize_flipped(region, spec.size, spec.size, a.flip, spec.antialias)};
 }
 
 Image decode(Encoded file, Color color) {
@@ -400,6 +402,14 @@ Image decode(Encoded file, Color color) {
 // ---- geometry ----------------------------------------------------------------------------------
 
 namespace {
+
+// Rounds `v` to a double here. Keeps a compiler from fusing a product into the add after it (an
+// FMA, on machines that have one and compilers that contract), so the resampling positions and
+// coefficients, and with them every pixel, are the same on every machine.
+inline double rounded(double v) noexcept {
+  volatile double t = v;
+  return t;
+}
 
 // Source sample positions for bilinear resampling of [start, start + len) to n outputs
 // (half-pixel centres), as (index, weight of index + 1 in 1/2048).
@@ -415,7 +425,7 @@ std::vector<Tap> taps(int start, int len, int n, int limit) {
   std::vector<Tap> t(static_cast<std::size_t>(n));
   const double scale = static_cast<double>(len) / n;
   for (int o = 0; o < n; ++o) {
-    double s = (o + 0.5) * scale - 0.5;
+    double s = rounded((o + 0.5) * scale) - 0.5;
     s = std::clamp(s, 0.0, static_cast<double>(len - 1));
     const int i0 = static_cast<int>(s);
     const int i1 = std::min(i0 + 1, len - 1);
@@ -425,20 +435,11 @@ std::vector<Tap> taps(int start, int len, int n, int limit) {
   return t;
 }
 
-}  // namespace
-
-namespace {
-// resize, optionally mirrored: a flip is the horizontal taps in reverse, so it costs nothing.
-HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, bool flip) {
-  check_hwc(img, "resize");
+// Plain bilinear (two taps per output, no antialiasing), optionally mirrored: a flip is the
+// horizontal taps in reverse, so it costs nothing. The caller has checked `box`.
+HostTensor bilinear(const HostTensor& img, int out_h, int out_w, Box box, bool flip) {
   const int H = static_cast<int>(img.dim(0)), W = static_cast<int>(img.dim(1));
   const int C = static_cast<int>(img.dim(2));
-  if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
-  if (out_h < 1 || out_w < 1 || box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 ||
-      box.y + box.h > H || box.x + box.w > W)
-    throw Error(fmt::format("splitflow::image::resize: cannot resize box (y {}, x {}, h {}, w {}) "
-                            "of a {}x{} image to {}x{}",
-                            box.y, box.x, box.h, box.w, H, W, out_h, out_w));
   HostTensor out = HostTensor::empty(DType::u8, {out_h, out_w, C});
   std::vector<Tap> xs = taps(box.x, box.w, out_w, W);
   if (flip) std::reverse(xs.begin(), xs.end());
@@ -483,6 +484,248 @@ HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, boo
   }
   return out;
 }
+
+// ---- antialiased resampling: Pillow's resize(BILINEAR) (libImaging/Resample.c) -------------
+//
+// Per dimension that changes, a triangle filter whose support is max(scale, 1) source pixels on
+// each side of the output pixel's centre: when shrinking, every source pixel under the output
+// pixel counts (antialiasing); when enlarging, it is the bilinear of two neighbours. Weights are
+// computed in doubles exactly as Pillow does, normalised, then fixed point with 22 fraction bits;
+// the horizontal pass runs first into 8-bit rows, then the vertical pass. Integer arithmetic
+// from there on: the same pixels on every machine, and Pillow's pixels.
+
+constexpr int kPrecision = 22;  // Pillow's PRECISION_BITS (32 - 8 - 2)
+constexpr std::int32_t kHalf = std::int32_t{1} << (kPrecision - 1);
+
+// One pass: output o is the sum over t < count[o] of sample start[o] + t (box-relative) times
+// k[o * ksize + t] (in 1 / 2^22; nonnegative, summing to 2^22 give or take rounding).
+struct Filter {
+  int ksize = 0;
+  std::vector<int> start, count;
+  std::vector<std::int32_t> k;
+};
+
+// Pillow's precompute_coeffs with the bilinear filter, then normalize_coeffs_8bpc.
+Filter triangle_filter(int len, int n) {
+  Filter f;
+  // Pillow takes the box's edges as floats; exact for any side under 2^24.
+  const double scale = static_cast<double>(static_cast<float>(len)) / n;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = 1.0 * filterscale;
+  const double inv = 1.0 / filterscale;
+  f.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
+  const std::size_t ksize = static_cast<std::size_t>(f.ksize);
+  f.start.resize(static_cast<std::size_t>(n));
+  f.count.resize(static_cast<std::size_t>(n));
+  f.k.assign(static_cast<std::size_t>(n) * ksize, 0);
+  std::vector<double> w(ksize);
+  for (int o = 0; o < n; ++o) {
+    const double center = rounded((o + 0.5) * scale);
+    const int lo = std::max(static_cast<int>(center - support + 0.5), 0);
+    const int hi = std::min(static_cast<int>(center + support + 0.5), len);
+    const int count = hi - lo;
+    double ww = 0.0;
+    for (int t = 0; t < count; ++t) {
+      double x = rounded((t + lo - center + 0.5) * inv);
+      if (x < 0.0) x = -x;
+      w[static_cast<std::size_t>(t)] = x < 1.0 ? 1.0 - x : 0.0;
+      ww += w[static_cast<std::size_t>(t)];
+    }
+    std::int32_t* k = &f.k[static_cast<std::size_t>(o) * ksize];
+    for (int t = 0; t < count; ++t) {
+      double v = w[static_cast<std::size_t>(t)];
+      if (ww != 0.0) v /= ww;
+      k[t] = static_cast<std::int32_t>(0.5 + v * (1 << kPrecision));  // v >= 0
+    }
+    f.start[static_cast<std::size_t>(o)] = lo;
+    f.count[static_cast<std::size_t>(o)] = count;
+  }
+  return f;
+}
+
+// Pillow's clip8 (the sums are never negative: the weights are not).
+inline std::uint8_t clip8(std::int32_t v) noexcept {
+  v >>= kPrecision;
+  return static_cast<std::uint8_t>(v > 255 ? 255 : v);
+}
+
+// The horizontal pass's taps, as its inner loop wants them: every output takes the same
+// number of samples, K (the most any takes: the windows near the box's edges are moved inside
+// it, the coefficients they gain are zero), in output order (mirrored when flipping). A fixed
+// trip count unrolls and never mispredicts; the zeros add nothing.
+struct RowTaps {
+  int K = 0;
+  std::vector<int> start;       // per output, in pixels from the box's first column
+  std::vector<std::int32_t> k;  // per output, K coefficients
+};
+
+RowTaps row_taps(const Filter& f, int len, bool flip) {
+  RowTaps r;
+  const std::size_t n = f.start.size();
+  r.K = *std::max_element(f.count.begin(), f.count.end());
+  const std::size_t K = static_cast<std::size_t>(r.K);
+  r.start.resize(n);
+  r.k.assign(n * K, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t o = flip ? n - 1 - i : i;
+    const int s = std::min(f.start[o], len - r.K);  // count <= K <= len: s >= 0
+    r.start[i] = s;
+    const std::size_t shift = static_cast<std::size_t>(f.start[o] - s);
+    const std::int32_t* k = &f.k[o * static_cast<std::size_t>(f.ksize)];
+    std::copy(k, k + f.count[o], r.k.begin() + static_cast<std::ptrdiff_t>(i * K + shift));
+  }
+  return r;
+}
+
+// One RGB row of the horizontal pass with K taps an output (K a constant: unrolled).
+template <int K>
+void row_rgb(const std::uint8_t* line, const RowTaps& r, std::uint8_t* d) {
+  const std::int32_t* k = r.k.data();
+  for (int s : r.start) {
+    const std::uint8_t* p = line + static_cast<std::size_t>(s) * 3;
+    std::int32_t s0 = kHalf, s1 = kHalf, s2 = kHalf;
+    for (int t = 0; t < K; ++t) {
+      s0 += p[3 * t] * k[t];
+      s1 += p[3 * t + 1] * k[t];
+      s2 += p[3 * t + 2] * k[t];
+    }
+    d[0] = clip8(s0);
+    d[1] = clip8(s1);
+    d[2] = clip8(s2);
+    d += 3;
+    k += K;
+  }
+}
+
+// Any channel count and K.
+void row_any(const std::uint8_t* line, const RowTaps& r, int C, std::uint8_t* d) {
+  const std::int32_t* k = r.k.data();
+  for (int s : r.start) {
+    const std::uint8_t* p = line + static_cast<std::size_t>(s) * C;
+    for (int ch = 0; ch < C; ++ch) {
+      std::int32_t acc = kHalf;
+      for (int t = 0; t < r.K; ++t) acc += p[t * C + ch] * k[t];
+      *d++ = clip8(acc);
+    }
+    k += r.K;
+  }
+}
+
+// The horizontal pass: `rows` rows from `src` (`pitch` bytes apart; pixels of C bytes, the box's
+// `len` columns) to rows of f's n pixels at `dst`, contiguous; mirrored when `flip`.
+void resample_rows(const std::uint8_t* src, std::size_t pitch, int rows, int C, int len,
+                   const Filter& f, bool flip, std::uint8_t* dst) {
+  const RowTaps r = row_taps(f, len, flip);
+  using Row = void (*)(const std::uint8_t*, const RowTaps&, std::uint8_t*);
+  static constexpr Row rgb[] = {nullptr,     row_rgb<1>,  row_rgb<2>,  row_rgb<3>,  row_rgb<4>,
+                                row_rgb<5>,  row_rgb<6>,  row_rgb<7>,  row_rgb<8>,  row_rgb<9>,
+                                row_rgb<10>, row_rgb<11>, row_rgb<12>, row_rgb<13>, row_rgb<14>};
+  const Row fixed = C == 3 && r.K < static_cast<int>(std::size(rgb)) ? rgb[r.K] : nullptr;
+  const std::size_t out_row = r.start.size() * static_cast<std::size_t>(C);
+  for (int y = 0; y < rows; ++y) {
+    const std::uint8_t* line = src + static_cast<std::size_t>(y) * pitch;
+    std::uint8_t* d = dst + static_cast<std::size_t>(y) * out_row;
+    if (fixed) {
+      fixed(line, r, d);
+    } else {
+      row_any(line, r, C, d);
+    }
+  }
+}
+
+// The vertical pass: output row o of `span` bytes at dst + o * span from rows f.start[o] + t of
+// `src` (row r at src + (r - first) * pitch). Along the row, so it vectorises.
+void resample_columns(const std::uint8_t* src, std::size_t pitch, std::size_t span, int first,
+                      const Filter& f, std::uint8_t* dst) {
+  const std::size_t n = f.start.size(), ksize = static_cast<std::size_t>(f.ksize);
+  std::vector<std::int32_t> acc(span);
+  std::int32_t* a = acc.data();
+  for (std::size_t o = 0; o < n; ++o) {
+    const std::int32_t* k = &f.k[o * ksize];
+    std::fill(acc.begin(), acc.end(), kHalf);
+    for (int t = 0; t < f.count[o]; ++t) {
+      const std::uint8_t* row = src + static_cast<std::size_t>(f.start[o] + t - first) * pitch;
+      const std::int32_t kt = k[t];
+      for (std::size_t j = 0; j < span; ++j) a[j] += row[j] * kt;
+    }
+    std::uint8_t* d = dst + o * span;
+    for (std::size_t j = 0; j < span; ++j) d[j] = clip8(a[j]);
+  }
+}
+
+// Mirrors each row of an HWC image in place.
+void mirror_rows(HostTensor& img) {
+  const std::size_t H = static_cast<std::size_t>(img.dim(0));
+  const std::size_t W = static_cast<std::size_t>(img.dim(1));
+  const std::size_t C = static_cast<std::size_t>(img.dim(2));
+  std::uint8_t* p = img.data<std::uint8_t>();
+  for (std::size_t y = 0; y < H; ++y) {
+    std::uint8_t* row = p + y * W * C;
+    for (std::size_t x = 0; x < W / 2; ++x)
+      std::swap_ranges(row + x * C, row + (x + 1) * C, row + (W - 1 - x) * C);
+  }
+}
+
+// Pillow's resize(BILINEAR) of the crop `box` (Image.crop(box).resize(...): samples outside the
+// box never count), optionally mirrored. A pass runs only for a dimension that changes; the
+// horizontal pass only over the rows the vertical pass reads.
+HostTensor antialiased(const HostTensor& img, int out_h, int out_w, Box box, bool flip) {
+  const int W = static_cast<int>(img.dim(1)), C = static_cast<int>(img.dim(2));
+  const std::size_t pitch = static_cast<std::size_t>(W) * C;
+  const std::uint8_t* base = img.data<std::uint8_t>() + static_cast<std::size_t>(box.y) * pitch +
+                             static_cast<std::size_t>(box.x) * C;
+  HostTensor out = HostTensor::empty(DType::u8, {out_h, out_w, C});
+  std::uint8_t* dst = out.data<std::uint8_t>();
+  const bool horizontal = out_w != box.w, vertical = out_h != box.h;
+  Filter fy;
+  int first = 0, last = box.h;  // the rows the vertical pass reads
+  if (vertical) {
+    fy = triangle_filter(box.h, out_h);
+    first = fy.start.front();
+    last = fy.start.back() + fy.count.back();
+  }
+  if (horizontal) {
+    const Filter fx = triangle_filter(box.w, out_w);
+    if (!vertical) {
+      resample_rows(base, pitch, box.h, C, box.w, fx, flip, dst);
+      return out;
+    }
+    const std::size_t span = static_cast<std::size_t>(out_w) * C;
+    std::vector<std::uint8_t> mid(static_cast<std::size_t>(last - first) * span);
+    resample_rows(base + static_cast<std::size_t>(first) * pitch, pitch, last - first, C, box.w, fx,
+                  flip, mid.data());
+    resample_columns(mid.data(), span, span, first, fy, dst);
+    return out;
+  }
+  const std::size_t span = static_cast<std::size_t>(box.w) * C;
+  if (vertical) {
+    resample_columns(base, pitch, span, 0, fy, dst);
+  } else {
+    for (int y = 0; y < box.h; ++y)
+      std::memcpy(dst + static_cast<std::size_t>(y) * span,
+                  base + static_cast<std::size_t>(y) * pitch, span);
+  }
+  if (flip) mirror_rows(out);
+  return out;
+}
+
+// resize, optionally mirrored. Antialiased (Pillow's filter) when shrinking either side; the
+// plain bilinear otherwise, and always without `antialias`.
+HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, bool flip,
+                       bool antialias) {
+  check_hwc(img, "resize");
+  const int H = static_cast<int>(img.dim(0)), W = static_cast<int>(img.dim(1));
+  if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
+  if (out_h < 1 || out_w < 1 || box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 ||
+      box.y + box.h > H || box.x + box.w > W)
+    throw Error(fmt::format("splitflow::image::resize: cannot resize box (y {}, x {}, h {}, w {}) "
+                            "of a {}x{} image to {}x{}",
+                            box.y, box.x, box.h, box.w, H, W, out_h, out_w));
+  if (antialias && (box.h > out_h || box.w > out_w))
+    return antialiased(img, out_h, out_w, box, flip);
+  return bilinear(img, out_h, out_w, box, flip);
+}
+
 }  // namespace
 
 void validate(const AugmentSpec& s, const char* op) {
@@ -508,12 +751,12 @@ void validate_size(int height, int width, const char* op) {
                             "per side", op, height, width, kMaxOutputSide));
 }
 
-HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box) {
-  return resize_impl(img, out_h, out_w, box, false);
+HostTensor resize(const HostTensor& img, int out_h, int out_w, Box box, bool antialias) {
+  return resize_impl(img, out_h, out_w, box, false, antialias);
 }
 
-HostTensor resize_flipped(const HostTensor& img, int out_h, int out_w, bool flip) {
-  return resize_impl(img, out_h, out_w, {}, flip);
+HostTensor resize_flipped(const HostTensor& img, int out_h, int out_w, bool flip, bool antialias) {
+  return resize_impl(img, out_h, out_w, {}, flip, antialias);
 }
 
 HostTensor hflip(const HostTensor& img) {
@@ -563,7 +806,7 @@ Image RandomResizedCrop::operator()(Image img) const {
   check_hwc(img.pixels, "RandomResizedCrop");
   const Augment a = draw_augment(static_cast<int>(img.pixels.dim(0)),
                                  static_cast<int>(img.pixels.dim(1)), img.index, spec_);
-  img.pixels = resize_impl(img.pixels, spec_.size, spec_.size, a.box, a.flip);
+  img.pixels = resize_impl(img.pixels, spec_.size, spec_.size, a.box, a.flip, spec_.antialias);
   return img;
 }
 

@@ -409,22 +409,28 @@ void bind_image_ops(py::module_& mops) {
 
   mops.def("random_resized_crop", [](int size, std::uint64_t seed, std::uint64_t epoch,
                                      std::pair<double, double> scale, std::pair<double, double> ratio,
-                                     double flip) {
-    image::RandomResizedCrop op({size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch});
+                                     double flip, bool antialias) {
+    image::RandomResizedCrop op(
+        {size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
     return CpuOp{"random_resized_crop", [op](Value v) -> Value {
       return op(image_input(std::move(v), "ops.random_resized_crop"));
     }};
   }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
+  py::arg("antialias") = true,
   "CPU op: torchvision's RandomResizedCrop + RandomHorizontalFlip on uint8 HWC pixels, with "
-  "randomness drawn from (seed, epoch, the item's index): reproducible in any thread order.");
+  "randomness drawn from (seed, epoch, the item's index): reproducible in any thread order. "
+  "antialias=True (the default): the crop is shrunk as PIL's resize(BILINEAR) does it (within 1 "
+  "at every pixel); antialias=False: the plain bilinear, which aliases when shrinking.");
 
   mops.def("decode_random_resized_crop", [](int size, std::uint64_t seed, std::uint64_t epoch,
                                             std::pair<double, double> scale,
-                                            std::pair<double, double> ratio, double flip, bool gray) {
-    image::DecodeRandomResizedCrop op({size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch},
-                                      gray ? image::Color::gray : image::Color::rgb);
+                                            std::pair<double, double> ratio, double flip, bool gray,
+                                            bool antialias) {
+    image::DecodeRandomResizedCrop op(
+        {size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias},
+        gray ? image::Color::gray : image::Color::rgb);
     return CpuOp{"decode_random_resized_crop", [op](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.decode_random_resized_crop");
       return op({in.index, std::move(in.path), std::move(in.pixels)});
@@ -432,18 +438,23 @@ void bind_image_ops(py::module_& mops) {
   }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
-  py::arg("gray") = false,
+  py::arg("gray") = false, py::arg("antialias") = true,
   "CPU op: decode_jpeg + random_resized_crop fused: the crop is drawn from the header's size "
-  "and only its region is decoded. The same pixels as the two ops, for less decoding.");
+  "and only its region is decoded. The same pixels as the two ops (with the same antialias), "
+  "for less decoding.");
 
-  mops.def("resize", [](int height, int width) {
+  mops.def("resize", [](int height, int width, bool antialias) {
     image::validate_size(height, width, "resize");
-    return CpuOp{"resize", [height, width](Value v) -> Value {
+    return CpuOp{"resize", [height, width, antialias](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.resize");
-      in.pixels = image::resize(in.pixels, height, width);
+      in.pixels = image::resize(in.pixels, height, width, {}, antialias);
       return in;
     }};
-  }, py::arg("height"), py::arg("width"), "CPU op: bilinear resize of uint8 HWC pixels.");
+  }, py::arg("height"), py::arg("width"), py::arg("antialias") = true,
+  "CPU op: bilinear resize of uint8 HWC pixels. antialias=True (the default): when shrinking, "
+  "PIL's resize(BILINEAR) (a triangle filter as wide as the scale factor; within 1 of PIL at "
+  "every pixel); when enlarging, the plain bilinear. antialias=False: the plain bilinear always "
+  "(two neighbours per side; aliases when shrinking).");
 }
 
 void bind_ops(py::module_& m) {

@@ -108,15 +108,26 @@ struct Box {
   int y = 0, x = 0, h = 0, w = 0;
 };
 
-/// Bilinear resize of `box` of an HWC u8 image to out_h x out_w (half-pixel centres, edge
-/// clamped, no antialiasing: OpenCV's INTER_LINEAR, torchvision's tensor resize without
-/// antialias). Rounds to nearest. An empty box means the whole image.
-HostTensor resize(const HostTensor& hwc, int out_h, int out_w, Box box = {});
+/// Bilinear resize of `box` of an HWC u8 image to out_h x out_w (half-pixel centres; only the
+/// box's pixels count, edges clamped). An empty box means the whole image.
+///
+/// `antialias` (the default): when a side shrinks, Pillow's resize(BILINEAR), that is
+/// Image.crop(box).resize((out_w, out_h), Image.BILINEAR), within 1 of it at every pixel (equal
+/// to it on the images tested): a triangle filter whose support grows with the scale factor, so
+/// every source pixel under an output pixel counts (torchvision's antialias=True on PIL images),
+/// separable, horizontal pass first, in fixed point (22 fraction bits; the same pixels on every
+/// machine). When no side shrinks, the plain bilinear below, which it then equals.
+///
+/// `antialias = false`: the plain bilinear of two neighbours per side whatever the scale (OpenCV's
+/// INTER_LINEAR, torchvision's tensor resize with antialias=False): faster when shrinking, but
+/// it aliases (a fine checkerboard shrunk 4x is moire). Rounds to nearest.
+HostTensor resize(const HostTensor& hwc, int out_h, int out_w, Box box = {}, bool antialias = true);
 /// Mirror left-right.
 HostTensor hflip(const HostTensor& hwc);
 
 /// The whole image resized to out_h x out_w, mirrored when `flip` (the flip costs nothing).
-HostTensor resize_flipped(const HostTensor& hwc, int out_h, int out_w, bool flip);
+HostTensor resize_flipped(const HostTensor& hwc, int out_h, int out_w, bool flip,
+                          bool antialias = true);
 
 /// torchvision's RandomResizedCrop + RandomHorizontalFlip, with per-item randomness: the box
 /// and the flip depend only on (seed, epoch, item index), so a run is reproducible whatever the
@@ -128,6 +139,9 @@ struct AugmentSpec {
   double flip_probability = 0.5;
   std::uint64_t seed = 0;
   std::uint64_t epoch = 0;
+  /// The resize of the crop: antialiased when shrinking (Pillow's BILINEAR, what torchvision's
+  /// RandomResizedCrop gives on PIL images), or the plain bilinear when false (resize()).
+  bool antialias = true;
 };
 
 /// The largest output side image ops accept (a stated bound: a 16384 x 16384 RGB output is

@@ -1,0 +1,157 @@
+"""Issue 21: the resize of ops.resize, ops.random_resized_crop and ops.decode_random_resized_crop
+is antialiased by default: when shrinking, PIL's resize(BILINEAR) (a triangle filter whose
+support grows with the scale factor), within 1 of PIL at every pixel; when enlarging, the plain
+bilinear of before; antialias=False keeps the plain bilinear always. The images are generated
+here, with high-frequency content: checkerboards, a zone plate, noise and fine text."""
+import io
+
+import numpy as np
+import pytest
+
+PIL = pytest.importorskip("PIL")
+from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+
+import splitflow as sf  # noqa: E402
+
+FACTORS = (1.5, 2, 3.7, 7, 13, 20)
+
+
+def checkerboard(h, w, period):
+    y, x = np.mgrid[0:h, 0:w]
+    v = ((y // period + x // period) % 2 * 255).astype(np.uint8)
+    return np.stack([v, 255 - v, v // 2], -1)
+
+
+def zone_plate(h, w):
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    r2 = (x - w / 2) ** 2 + (y - h / 2) ** 2
+    a = 127.5 + 127.5 * np.cos(np.pi * r2 / max(h, w))
+    b = 127.5 + 127.5 * np.cos(np.pi * r2 / max(h, w) * 0.7)
+    return np.stack([a, b, 255 - a], -1).round().astype(np.uint8)
+
+
+def noise(h, w, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def fine_text(h, w):
+    im = Image.new("RGB", (w, h), (255, 255, 240))
+    draw = ImageDraw.Draw(im)
+    font = ImageFont.load_default()
+    rng = np.random.default_rng(1)
+    for row in range(0, h, 11):
+        draw.text((2, row), "The quick brown fox jumps over the lazy dog 0123456789 " * 8,
+                  fill=tuple(int(c) for c in rng.integers(0, 120, 3)), font=font)
+    return np.asarray(im).copy()
+
+
+PATTERNS = {
+    "checkerboard-1px": lambda: checkerboard(480, 640, 1),
+    "checkerboard-3px": lambda: checkerboard(481, 643, 3),
+    "zone-plate": lambda: zone_plate(480, 480),
+    "noise": lambda: noise(400, 600),
+    "fine-text": lambda: fine_text(440, 800),
+}
+
+
+def run_op(op, arrays):
+    """The op applied to each array, in order, in a graph of its own."""
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "resize")
+    out = g.pull_sink("out")
+    g.source("images", arrays) >> g.stage("op", op, concurrency=0) >> out
+    return [np.asarray(t).copy() for t in g.iterate(out)]
+
+
+def pil_resize(a, height, width):
+    return np.asarray(Image.fromarray(a).resize((width, height), Image.BILINEAR))
+
+
+def assert_within_one(got, want, what):
+    assert got.shape == want.shape, what
+    diff = np.abs(got.astype(int) - want.astype(int))
+    where = np.argwhere(diff > 1)[:3].tolist()
+    assert diff.max() <= 1, f"{what}: max |difference| {diff.max()} at {where}"
+
+
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+def test_resize_shrinks_like_pil_at_every_factor(pattern):
+    a = PATTERNS[pattern]()
+    h, w = a.shape[:2]
+    sizes = [(max(1, round(h / f)), max(1, round(w / f))) for f in FACTORS]
+    sizes += [(97, 131), (h, w // 3), (h // 5, w), (h // 3, 2 * w)]  # uneven, one side, mixed
+    for oh, ow in sizes:
+        (got,) = run_op(sf.ops.resize(oh, ow), [a])
+        assert_within_one(got, pil_resize(a, oh, ow), f"{pattern} {h}x{w} -> {oh}x{ow}")
+
+
+@pytest.mark.parametrize("pattern", ["zone-plate", "noise", "fine-text"])
+def test_enlarging_is_unchanged_and_within_one_of_pil(pattern):
+    a = np.ascontiguousarray(PATTERNS[pattern]()[:120, :150])
+    for oh, ow in [(240, 300), (121, 150), (120, 151), (500, 700)]:
+        (got,) = run_op(sf.ops.resize(oh, ow), [a])
+        (plain,) = run_op(sf.ops.resize(oh, ow, antialias=False), [a])
+        assert np.array_equal(got, plain), f"{pattern} -> {oh}x{ow}: antialias changed it"
+        assert_within_one(got, pil_resize(a, oh, ow), f"{pattern} -> {oh}x{ow}")
+
+
+def test_antialias_false_is_the_plain_bilinear_that_aliases():
+    a = checkerboard(370, 370, 1)[:, :, :1].copy()
+    (smooth,) = run_op(sf.ops.resize(100, 100), [a])
+    (plain,) = run_op(sf.ops.resize(100, 100, antialias=False), [a])
+    assert int(smooth.max()) - int(smooth.min()) <= 4        # an even grey, as PIL's
+    assert int(plain.max()) - int(plain.min()) >= 200        # moire
+    assert_within_one(smooth[:, :, 0], pil_resize(a[:, :, 0], 100, 100), "1px checkerboard / 3.7")
+
+
+@pytest.mark.parametrize("pattern", ["checkerboard-1px", "zone-plate", "fine-text"])
+def test_random_resized_crop_shrinks_like_pil(pattern):
+    # scale (1, 1) and the image's own ratio: the box is the whole image, so the op is a resize
+    # to size x size (mirrored with flip=1).
+    a = PATTERNS[pattern]()
+    h, w = a.shape[:2]
+    for size, flip in [(224, 0.0), (64, 1.0), (24, 0.0)]:
+        op = sf.ops.random_resized_crop(size, seed=1, scale=(1.0, 1.0), ratio=(w / h, w / h),
+                                        flip=flip)
+        (got,) = run_op(op, [a])
+        want = pil_resize(a, size, size)
+        assert_within_one(got, want[:, ::-1] if flip else want, f"{pattern} -> {size} flip {flip}")
+
+
+def jpeg_bytes(a, quality=95):
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def test_decode_random_resized_crop_shrinks_like_pil_and_equals_decode_then_crop(tmp_path):
+    a = ((fine_text(720, 960).astype(int) * 3 + noise(720, 960, 5)) // 4).astype(np.uint8)
+    path = tmp_path / "big.jpg"
+    path.write_bytes(jpeg_bytes(a))
+    decoded = np.asarray(Image.open(path).convert("RGB"))
+    h, w = decoded.shape[:2]
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def run(stages, n):
+        g = sf.Graph(rt, "g")
+        node = g.indices("i", list(range(n))) >> g.stage("read", sf.ops.read_file([str(path)] * n))
+        for k, op in enumerate(stages):
+            node = node >> g.stage(f"s{k}", op, concurrency=0)
+        out = g.pull_sink("out")
+        node >> out
+        return [np.asarray(t).copy() for t in g.iterate(out)]
+
+    # The whole image (scale 1, its own ratio) to 24x24: 30x and 40x, like PIL.
+    whole = dict(scale=(1.0, 1.0), ratio=(w / h, w / h), flip=0.0)
+    (fused,) = run([sf.ops.decode_random_resized_crop(24, **whole)], 1)
+    assert_within_one(fused, pil_resize(decoded, 24, 24), "decode + crop, the whole image -> 24")
+    # Random crops (factors 8 to 40), with and without antialiasing: the fused op is exactly
+    # decode then crop.
+    for antialias in (True, False):
+        crop = dict(seed=3, epoch=1, antialias=antialias)
+        fused = run([sf.ops.decode_random_resized_crop(24, **crop)], 8)
+        split = run([sf.ops.decode_jpeg(), sf.ops.random_resized_crop(24, **crop)], 8)
+        assert len(fused) == len(split) == 8
+        for i, (x, y) in enumerate(zip(fused, split)):
+            assert np.array_equal(x, y), f"item {i}, antialias={antialias}"
+    assert not np.array_equal(fused[0], fused[1])  # different crops per item
