@@ -3,6 +3,8 @@
 // requirement of the "Telemetry" issue it checks.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -420,6 +422,31 @@ TEST(Trace, StaysWithinItsEventCapAndStatesTheSamplingRate) {
   EXPECT_LE(events, 64u);
   EXPECT_GT(events, 8u);
   EXPECT_EQ(trace.find("\"sample_every\":1,"), std::string::npos) << "it should have sampled";
+}
+
+// docs/telemetry.md, "JSON": the summary and the trace are valid JSON whatever the names hold
+// (quotes, backslashes, control characters, bytes that are not UTF-8: written as U+FFFD).
+TEST(Json, SummaryAndTraceParseWhateverTheNamesHold) {
+  const std::string quoted = "say \"hi\"\\ \x01\t", broken = "bad \xff\xfe utf-8";
+  Runtime rt({.threads = 2});
+  Graph g(rt, "names " + broken, {.trace = true});
+  auto src = g.source(quoted, counter(20));
+  auto st = g.stage(broken, [](long x) { return x; });
+  auto sink = g.sink("s", [](long) {});
+  src >> st >> sink;
+  auto run = g.run();
+  run.wait();
+  nlohmann::json summary, trace;
+  ASSERT_NO_THROW(summary = nlohmann::json::parse(to_json(run.stats()))) << to_json(run.stats());
+  ASSERT_NO_THROW(trace = nlohmann::json::parse(run.trace_json()));
+  ASSERT_EQ(summary["stages"].size(), 3u);
+  EXPECT_EQ(summary["stages"][0]["name"], quoted);
+  EXPECT_EQ(summary["stages"][1]["name"], "bad \xEF\xBF\xBD\xEF\xBF\xBD utf-8");
+  EXPECT_EQ(summary["stages"][1]["items_out"], 20);
+  std::size_t work_events = 0;
+  for (const auto& e : trace["traceEvents"])
+    if (e.value("ph", "") == "X" && e.value("name", "") == quoted) ++work_events;
+  EXPECT_GT(work_events, 0u);
 }
 
 TEST(Trace, IsEmptyWithoutTracing) {
