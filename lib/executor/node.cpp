@@ -170,7 +170,7 @@ void NodeBase::arrived_locked(int port, std::size_t n, WorkList& w, Ticks now) {
   items_in_ += n;
   max_queue_ = std::max(max_queue_, p.queued);
   collect_claims_locked(w);
-  refresh_state_locked();
+  refresh_state_locked(now);
 }
 
 void NodeBase::rejected_locked(int port, std::size_t n, WorkList& w) {
@@ -209,8 +209,10 @@ void NodeBase::end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size
   if (telemetry_ && n > 0) {
     // In clock ticks (scaled to ns when read), one record per run of arrivals; outside mu_.
     if (arrivals) {
-      for (const Arrivals& a : *arrivals)
-        latency_.record(static_cast<std::uint64_t>(std::max<Ticks>(t1 - a.ticks, 0)), a.count);
+      latency_.record_each([&](LatencyHistogram& h) {
+        for (const Arrivals& a : *arrivals)
+          h.record(static_cast<std::uint64_t>(std::max<Ticks>(t1 - a.ticks, 0)), a.count);
+      });
     } else {
       latency_.record(static_cast<std::uint64_t>((t1 - t0) / static_cast<Ticks>(n)), n);
     }

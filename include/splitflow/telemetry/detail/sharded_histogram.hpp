@@ -36,11 +36,17 @@ class ShardedHistogram {
   /// Threads that share a shard (outside the arena, or beyond kMaxShards slots) are kept
   /// correct by the shard's lock.
   void record(std::uint64_t v, std::uint64_t count = 1) noexcept {
+    record_each([&](LatencyHistogram& h) { h.record(v, count); });
+  }
+  /// Calls `f(histogram)` once, under this thread's shard's lock: several records (a claim's
+  /// runs of arrivals) for one slot lookup and one lock.
+  template <class F>
+  void record_each(F&& f) noexcept {
     const int slot = this_arena_slot();
     const std::size_t i = slot >= 0 ? static_cast<std::size_t>(slot) % (n_ - 1) : n_ - 1;
     Shard& s = shards_[i];
     std::lock_guard lk(s.mu);
-    s.h.record(v, count);
+    f(s.h);
   }
   LatencyHistogram merged() const {
     LatencyHistogram out;
