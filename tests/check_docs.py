@@ -140,10 +140,13 @@ def train_step(x):
                       "train_step(x); after: at least one step ran"},
     "jpegs": {"prelude": """import os as _os
 from PIL import Image as _Image
-_os.makedirs("data/train", exist_ok=True)
+for _c in ("cat", "dog"):
+    _os.makedirs(f"data/train/{_c}", exist_ok=True)
 for _i in range(70):
-    _Image.new("RGB", (64, 48), (_i * 3 % 256, 90, 160)).save(f"data/train/{_i:03d}.jpg")""",
-              "doc": "70 JPEGs (64x48) in data/train/ under the block's working directory"},
+    _Image.new("RGB", (64, 48), (_i * 3 % 256, 90, 160)).save(
+        f"data/train/{('cat', 'dog')[_i % 2]}/{_i:03d}.jpg")""",
+              "doc": "70 JPEGs (64x48) in data/train/cat/ and data/train/dog/ under the block's "
+                     "working directory"},
     "iterate-ds": {"after": """import torch as _torch
 _batches = list(_torch.utils.data.DataLoader(ds, batch_size=None))
 assert _batches, "the dataset yielded nothing"

@@ -31,6 +31,41 @@ from ._core import (  # noqa: F401
 )
 from ._core import _shutdown
 
+
+
+def image_folder(root):
+    """A labelled image tree laid out as torchvision's ``ImageFolder`` reads it: one folder per
+    class under ``root`` (class = folder name, classes sorted, labels 0..C-1), the JPEG files
+    anywhere below each (sorted). Returns ``(paths, labels, classes)``: feed ``paths`` and
+    ``labels`` to ``splitflow.ops.read_file(paths, labels=labels)``, whose samples are
+    ``{"image": ..., "label": ..., "index": ...}``::
+
+        paths, labels, classes = sf.image_folder("data/train")
+        idx = g.indices("idx", range(len(paths)))
+        read = g.stage("read", sf.ops.read_file(paths, labels=labels), concurrency=2)
+        crop = g.stage("crop", sf.ops.decode_random_resized_crop(224), field="image",
+                       concurrency=0, on_error="skip")
+        batch = g.batch("batch", 64)            # {"image": (64,224,224,3) uint8, "label": (64,) int64, ...}
+    """
+    import os
+
+    try:
+        entries = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    except OSError as e:
+        raise Error(f"splitflow.image_folder: cannot read '{root}': {e.strerror}") from None
+    if not entries:
+        raise Error(f"splitflow.image_folder: '{root}' has no class folders (expected "
+                    f"{root}/<class>/<image>.jpg, as torchvision's ImageFolder reads it)")
+    paths, labels = [], []
+    for label, name in enumerate(entries):
+        files = image_files(os.path.join(root, name))
+        paths.extend(files)
+        labels.extend([label] * len(files))
+    if not paths:
+        raise Error(f"splitflow.image_folder: no .jpg/.jpeg files under the class folders of '{root}'")
+    return paths, labels, entries
+
+
 # Interpreter exit with runs in flight: cancel them and let their Python stages finish while
 # the interpreter is still whole (later, threads taking the GIL would hang or be killed).
 _atexit.register(_shutdown)
@@ -38,6 +73,6 @@ _atexit.register(_shutdown)
 __all__ = [
     "DeadlineError", "Error", "Graph", "GraphError", "Node", "OverloadedError", "PullIterator",
     "Run", "Runtime", "StageError",
-    "image_files",
+    "image_files", "image_folder",
     "Tensor", "built_with_cuda", "cuda_runtime_calls", "ops",
 ]

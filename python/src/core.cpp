@@ -354,33 +354,40 @@ DeviceValue device_input(Value&& v, DeviceContext& ctx, const char* what) {
   return DeviceValue{ctx.to_device(h), ctx.backend() == BackendKind::cuda};
 }
 
-/// Stacks equal-shaped tensors (any dtype, contiguous) into one with a leading batch dimension.
-HostTensor stack(const std::vector<image::Image>& items) {
-  if (items.empty()) throw Error("Graph.batch: an empty batch");
-  const HostTensor& first = items[0].pixels;
-  if (first.dtype() == DType::u8 && first.ndim() == 3) return image::collate(items);
-  std::vector<std::int64_t> shape{static_cast<std::int64_t>(items.size())};
-  shape.insert(shape.end(), first.shape().begin(), first.shape().end());
-  HostTensor out = HostTensor::empty(first.dtype(), shape);
-  const std::size_t each = first.nbytes();
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const HostTensor& t = items[i].pixels;
-    if (t.dtype() != first.dtype() || t.shape() != first.shape() || !t.contiguous())
-      throw Error("Graph.batch: item " + std::to_string(i) + " of the batch is " + t.describe() +
-                  ", the first is " + first.describe() + "; a batch needs one shape and dtype");
-    std::memcpy(static_cast<std::uint8_t*>(out.raw()) + i * each, t.raw(), each);
-  }
-  return out;
-}
-
 image::Image image_input(Value&& v, const char* what) {
   if (auto* im = std::get_if<image::Image>(&v)) return std::move(*im);
   return image::Image{0, "", as_host(v, what)};
 }
 
 void bind_image_ops(py::module_& mops) {
-  mops.def("read_file", [](std::vector<std::string> paths) {
+  mops.def("read_file", [](std::vector<std::string> paths, std::optional<std::vector<std::int64_t>> labels) {
+    if (labels && labels->size() != paths.size())
+      throw Error("ops.read_file: " + std::to_string(labels->size()) + " labels for " +
+                  std::to_string(paths.size()) + " paths; give one label per path");
     auto kept = std::make_shared<const std::vector<std::string>>(std::move(paths));
+    if (labels) {
+      // A labelled sample: {"image": the file's bytes, "label": its label, "index": i}.
+      auto lab = std::make_shared<const std::vector<std::int64_t>>(std::move(*labels));
+      return CpuOp{"read_file", [kept, lab](Value v) -> Value {
+        const auto* i = std::get_if<std::int64_t>(&v);
+        if (!i)
+          throw Error("ops.read_file: expected an integer index into its " +
+                      std::to_string(kept->size()) + " paths (from g.indices(...) or "
+                      "g.source(...) of ints), got " + describe(v));
+        if (*i < 0 || static_cast<std::size_t>(*i) >= kept->size())
+          throw Error("ops.read_file: index " + std::to_string(*i) + " is out of range for its " +
+                      std::to_string(kept->size()) + " paths");
+        const auto at = static_cast<std::size_t>(*i);
+        image::Encoded e = image::read_file({static_cast<std::uint64_t>(*i), (*kept)[at]});
+        auto sample = std::make_shared<Sample>();
+        sample->kind = Sample::Kind::dict;
+        sample->keys = {"image", "label", "index"};
+        sample->fields.emplace_back(image::Image{e.index, std::move(e.path), std::move(e.bytes)});
+        sample->fields.emplace_back((*lab)[at]);
+        sample->fields.emplace_back(*i);
+        return sample;
+      }};
+    }
     return CpuOp{"read_file", [kept](Value v) -> Value {
       const auto* i = std::get_if<std::int64_t>(&v);
       if (!i)
@@ -393,9 +400,11 @@ void bind_image_ops(py::module_& mops) {
       image::Encoded e = image::read_file({static_cast<std::uint64_t>(*i), (*kept)[static_cast<std::size_t>(*i)]});
       return image::Image{e.index, std::move(e.path), std::move(e.bytes)};
     }};
-  }, py::arg("paths"),
+  }, py::arg("paths"), py::arg("labels") = py::none(),
   "CPU op: index i -> the bytes of paths[i] (an error names the file). Keeps the index and path "
-  "for decode_jpeg's errors and random_resized_crop's per-item randomness.");
+  "for decode_jpeg's errors and random_resized_crop's per-item randomness. With labels (one "
+  "int per path, e.g. from splitflow.image_folder): the sample {'image': bytes, 'label': "
+  "labels[i], 'index': i}; give the image ops field='image'.");
 
   mops.def("decode_jpeg", [](bool gray) {
     return CpuOp{"decode_jpeg", [gray](Value v) -> Value {
@@ -687,46 +696,68 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       "A C++ source of integers (indices into a dataset): no GIL per item.")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
                        std::size_t concurrency, bool ordered, std::size_t capacity,
-                       std::string on_error, py::object substitute, py::object order) {
+                       std::string on_error, py::object substitute, py::object order,
+                       py::object field) {
         const StageOptions o = stage_options(concurrency, order_of(ordered, order), capacity, on_error);
         std::optional<Stage<Value, Value>> s;
+        std::function<Value(Value)> fn;
         if (py::isinstance<CpuOp>(body)) {
-          auto fn = body.cast<CpuOp>().fn;
-          s = g->graph.stage<Value>(name, [fn](Value v) { return fn(std::move(v)); }, o);
+          fn = body.cast<CpuOp>().fn;
         } else {
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
-          s = g->graph.stage<Value>(name, PythonBody{PyObj(std::move(body))}, o);
+          fn = PythonBody{PyObj(std::move(body))};
         }
+        if (!field.is_none()) {
+          if (!py::isinstance<py::str>(field) && !py::isinstance<py::int_>(field))
+            throw GraphError("splitflow.Graph.stage('" + name + "'): field must be a str (a "
+                             "dict's key) or an int (a tuple's index), not " +
+                             std::string(py::repr(field)));
+          // The body takes one field of the sample; the others pass through untouched.
+          fn = [fn = std::move(fn), field = PyObj(field), who = "stage '" + name + "'"](Value v) {
+            auto* p = std::get_if<SamplePtr>(&v);
+            if (!p) {
+              py::gil_scoped_acquire gil;
+              throw Error(who + ": field=" + std::string(py::repr(field.get())) +
+                          " but the item is " + describe(v) + ", not a tuple or dict");
+            }
+            Sample& sample = writable(*p);
+            Value* slot;
+            {
+              py::gil_scoped_acquire gil;  // (reads the field's name)
+              slot = &sample.at(field.get(), who);
+            }
+            *slot = fn(std::move(*slot));
+            return v;
+          };
+        }
+        s = g->graph.stage<Value>(name, std::move(fn), o);
         if (!substitute.is_none()) s->substitute_on_error(from_python(substitute));
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
       }, py::arg("name"), py::arg("body"), py::arg("concurrency") = 1, py::arg("ordered") = true,
       py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),
-      py::arg("order") = py::none(),
+      py::arg("order") = py::none(), py::arg("field") = py::none(),
       "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "
       "splitflow.ops (no GIL). concurrency 0 means unlimited. order='in_order' (default) or "
       "'out_of_order', as in C++ (ordered=True/False says the same). on_error='skip' drops items "
       "whose body raises (counted, with their messages, in the stats: 'skipped', 'errors'); "
-      "substitute=value emits value in their place instead.")
+      "substitute=value emits value in their place instead. field='image' (a dict's key) or "
+      "field=0 (a tuple's index): the body takes that field of each sample and the others "
+      "(label, index, ...) pass through untouched; a skip drops the whole sample.")
       .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t size, bool drop_last) {
         // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
         auto b = g->graph.batch<Value>(name, size, {.drop_last = drop_last});
-        auto c = g->graph.stage(name + ".collate", [](std::vector<Value> items) -> Value {
-          std::vector<image::Image> imgs;
-          imgs.reserve(items.size());
-          for (auto& v : items) {
-            if (auto* im = std::get_if<image::Image>(&v)) {
-              imgs.push_back(std::move(*im));
-            } else {
-              imgs.push_back({0, "", as_host(v, "Graph.batch")});
-            }
-          }
-          return stack(imgs);
+        const std::string who = "Graph.batch('" + name + "')";
+        auto c = g->graph.stage(name + ".collate", [who](std::vector<Value> items) -> Value {
+          return collate(std::move(items), who);
         });
         b >> c;
         return std::make_shared<PyNode>(PyNode{g, name, &b.in_port(), &c.out_port(), std::nullopt});
       }, py::arg("name"), py::arg("size"), py::arg("drop_last") = false,
-      "Gathers `size` items (tensors or arrays of one shape) into one tensor of shape (size, ...), "
-      "in C++. The last batch may be shorter unless drop_last.")
+      "Gathers `size` items and collates them in C++, as torch's default_collate does: tensors "
+      "or arrays of one shape into one tensor (size, ...), ints into an int64 tensor, floats "
+      "into a float64 tensor, tuples and dicts field by field (labels, indices and images of "
+      "a sample each into their own), anything else into a list. The last batch may be "
+      "shorter unless drop_last.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, const GpuOp& op,
                            std::size_t concurrency, bool ordered, std::size_t capacity,
                            py::object order, std::string on_error) {

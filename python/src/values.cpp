@@ -215,6 +215,7 @@ std::string describe(const Value& v) {
     case 3: return "a tensor " + std::get<HostTensor>(v).describe();
     case 4: return "a device tensor " + std::get<DeviceValue>(v).tensor.describe();
     case 5: return "an image item (file '" + std::get<image::Image>(v).path + "')";
+    case 6: return std::get<SamplePtr>(v)->describe();
   }
   return "?";
 }
@@ -226,7 +227,33 @@ py::object to_python(Value&& v) {
     case 2: return py::int_(std::get<std::int64_t>(v));
     case 3: return py::cast(PyTensor{std::move(std::get<HostTensor>(v)), {}, false});
     case 4: return py::cast(PyTensor{{}, std::move(std::get<DeviceValue>(v)), true});
-    default: return py::cast(PyTensor{std::move(std::get<image::Image>(v).pixels), {}, false});
+    case 5: return py::cast(PyTensor{std::move(std::get<image::Image>(v).pixels), {}, false});
+    default: {
+      SamplePtr p = std::move(std::get<SamplePtr>(v));
+      const bool mine = p.use_count() == 1;  // else the fields are copied, not moved
+      const std::size_t n = p->fields.size();
+      auto field = [&](std::size_t i) {
+        return to_python(mine ? std::move(p->fields[i]) : Value(p->fields[i]));
+      };
+      switch (p->kind) {
+        case Sample::Kind::tuple: {
+          py::tuple t(n);
+          for (std::size_t i = 0; i < n; ++i) t[i] = field(i);
+          return std::move(t);
+        }
+        case Sample::Kind::dict: {
+          py::dict d;
+          for (std::size_t i = 0; i < n; ++i) d[py::str(p->keys[i])] = field(i);
+          return std::move(d);
+        }
+        case Sample::Kind::list: {
+          py::list l(n);
+          for (std::size_t i = 0; i < n; ++i) l[i] = field(i);
+          return std::move(l);
+        }
+      }
+      return py::none();
+    }
   }
 }
 
@@ -235,6 +262,27 @@ Value from_python(py::handle h) {
     const auto& t = h.cast<const PyTensor&>();
     if (t.on_device) return t.device;
     return t.host;
+  }
+  // A tuple, or a dict with str keys: a Sample, whose fields C++ ops can take without the GIL.
+  if (PyTuple_CheckExact(h.ptr())) {
+    auto p = std::make_shared<Sample>();
+    p->kind = Sample::Kind::tuple;
+    for (py::handle x : py::reinterpret_borrow<py::tuple>(h)) p->fields.push_back(from_python(x));
+    return p;
+  }
+  if (PyDict_CheckExact(h.ptr())) {
+    auto d = py::reinterpret_borrow<py::dict>(h);
+    bool str_keys = true;
+    for (auto kv : d) str_keys = str_keys && PyUnicode_CheckExact(kv.first.ptr());
+    if (str_keys) {
+      auto p = std::make_shared<Sample>();
+      p->kind = Sample::Kind::dict;
+      for (auto kv : d) {
+        p->keys.push_back(kv.first.cast<std::string>());
+        p->fields.push_back(from_python(kv.second));
+      }
+      return p;
+    }
   }
   // A plain int (not a bool) travels as an integer: C++ ops (read_file, fill) take it as an
   // index, without the GIL; Python stages get it back as an int.
@@ -263,6 +311,9 @@ HostTensor as_host(const Value& v, const char* what) {
       py::object o = std::get<PyObj>(v).get();
       return wrap_buffer(o, what);
     }
+    case 6:
+      throw Error(std::string(what) + ": expected a tensor or an array, got " + describe(v) +
+                  "; give the stage field=... to apply it to one field of the sample");
     default:
       throw Error(std::string(what) + ": expected a tensor or an array, got " +
                   (v.index() == 0 ? "None" : "an integer"));
@@ -358,6 +409,164 @@ protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view
   auto* heap = reinterpret_cast<PyHeapTypeObject*>(cls.ptr());
   pybind11_getbuffer_slot = heap->as_buffer.bf_getbuffer;
   heap->as_buffer.bf_getbuffer = tensor_getbuffer;
+}
+
+// ---- samples ------------------------------------------------------------------------------------
+
+namespace {
+const char* kind_name(Sample::Kind k) {
+  switch (k) {
+    case Sample::Kind::tuple: return "tuple";
+    case Sample::Kind::dict: return "dict";
+    case Sample::Kind::list: return "list";
+  }
+  return "?";
+}
+}  // namespace
+
+std::string Sample::describe() const {
+  std::string d = std::string("a sample (") + kind_name(kind) + " of " +
+                  std::to_string(fields.size());
+  if (kind == Kind::dict) {
+    d += ": ";
+    for (std::size_t i = 0; i < keys.size(); ++i) d += (i ? ", '" : "'") + keys[i] + "'";
+  }
+  return d + ")";
+}
+
+Value& Sample::at(const py::object& field, const std::string& who) {
+  if (kind == Kind::dict) {
+    if (!py::isinstance<py::str>(field))
+      throw Error(who + ": field=" + std::string(py::repr(field)) + " but the item is " +
+                  describe() + ": name a key");
+    const std::string key = field.cast<std::string>();
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return fields[i];
+    throw Error(who + ": the item has no field '" + key + "': it is " + describe());
+  }
+  if (!py::isinstance<py::int_>(field))
+    throw Error(who + ": field=" + std::string(py::repr(field)) + " but the item is " +
+                describe() + ": give an index");
+  const auto i = field.cast<std::int64_t>();
+  if (i < 0 || static_cast<std::size_t>(i) >= fields.size())
+    throw Error(who + ": field " + std::to_string(i) + " is out of range: the item is " +
+                describe());
+  return fields[static_cast<std::size_t>(i)];
+}
+
+Sample& writable(SamplePtr& p) {
+  if (p.use_count() > 1) p = std::make_shared<Sample>(*p);
+  return *p;
+}
+
+namespace {
+
+/// Stacks equal-shaped tensors (any dtype, contiguous) into one with a leading batch dimension.
+HostTensor stack(const std::vector<image::Image>& items, const std::string& who) {
+  const HostTensor& first = items[0].pixels;
+  if (first.dtype() == DType::u8 && first.ndim() == 3) {
+    for (std::size_t i = 1; i < items.size(); ++i)
+      if (items[i].pixels.dtype() != first.dtype() || items[i].pixels.shape() != first.shape())
+        throw Error(who + ": item " + std::to_string(i) + " of the batch is " +
+                    items[i].pixels.describe() + ", the first is " + first.describe() +
+                    "; a batch needs one shape and dtype (resize or crop first)");
+    return image::collate(items);
+  }
+  std::vector<std::int64_t> shape{static_cast<std::int64_t>(items.size())};
+  shape.insert(shape.end(), first.shape().begin(), first.shape().end());
+  HostTensor out = HostTensor::empty(first.dtype(), shape);
+  const std::size_t each = first.nbytes();
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const HostTensor& t = items[i].pixels;
+    if (t.dtype() != first.dtype() || t.shape() != first.shape() || !t.contiguous())
+      throw Error(who + ": item " + std::to_string(i) + " of the batch is " + t.describe() +
+                  ", the first is " + first.describe() + "; a batch needs one shape and dtype");
+    std::memcpy(static_cast<std::uint8_t*>(out.raw()) + i * each, t.raw(), each);
+  }
+  return out;
+}
+
+bool tensor_like(const Value& v) {
+  if (v.index() == 3 || v.index() == 5) return true;
+  if (v.index() == 4) return !std::get<DeviceValue>(v).cuda;
+  return false;
+}
+
+}  // namespace
+
+Value collate(std::vector<Value>&& items, const std::string& who) {
+  if (items.empty()) throw Error(who + ": an empty batch");
+  const std::size_t n = items.size();
+  const std::size_t kind = items[0].index();
+  bool same = true;
+  for (const Value& v : items) same = same && v.index() == kind;
+  if (same && kind == 2) {  // integers (labels, indices): an int64 tensor
+    HostTensor out = HostTensor::empty(DType::i64, {static_cast<std::int64_t>(n)});
+    auto* d = static_cast<std::int64_t*>(out.raw());
+    for (std::size_t i = 0; i < n; ++i) d[i] = std::get<std::int64_t>(items[i]);
+    return out;
+  }
+  bool tensors = true, objects = false;
+  for (const Value& v : items) {
+    objects = objects || v.index() == 1;
+    tensors = tensors && (tensor_like(v) || v.index() == 1);
+  }
+  if (tensors && objects) {  // Python objects stack when they are arrays (buffer protocol)
+    py::gil_scoped_acquire gil;
+    for (const Value& v : items)
+      if (v.index() == 1) tensors = tensors && PyObject_CheckBuffer(std::get<PyObj>(v).get().ptr());
+  }
+  if (tensors) {
+    std::vector<image::Image> imgs;
+    imgs.reserve(n);
+    for (Value& v : items) {
+      if (auto* im = std::get_if<image::Image>(&v)) {
+        imgs.push_back(std::move(*im));
+      } else {
+        imgs.push_back({0, "", as_host(v, who.c_str())});
+      }
+    }
+    return stack(imgs, who);
+  }
+  if (same && kind == 6) {  // samples: field by field
+    const Sample& first = *std::get<SamplePtr>(items[0]);
+    auto out = std::make_shared<Sample>();
+    out->kind = first.kind;
+    out->keys = first.keys;
+    for (std::size_t i = 1; i < n; ++i) {
+      const Sample& s = *std::get<SamplePtr>(items[i]);
+      if (s.kind != first.kind || s.keys != first.keys || s.fields.size() != first.fields.size())
+        throw Error(who + ": item " + std::to_string(i) + " of the batch is " + s.describe() +
+                    ", the first is " + first.describe() + "; a batch needs one structure");
+    }
+    for (std::size_t f = 0; f < first.fields.size(); ++f) {
+      std::vector<Value> column;
+      column.reserve(n);
+      for (Value& v : items) {
+        SamplePtr& p = std::get<SamplePtr>(v);
+        column.push_back(p.use_count() == 1 ? std::move(p->fields[f]) : Value(p->fields[f]));
+      }
+      const std::string name =
+          first.kind == Sample::Kind::dict ? "'" + first.keys[f] + "'" : std::to_string(f);
+      out->fields.push_back(collate(std::move(column), who + " (field " + name + ")"));
+    }
+    return out;
+  }
+  if (same && kind == 1) {  // Python floats: a float64 tensor; other objects: a list
+    py::gil_scoped_acquire gil;
+    bool floats = true;
+    for (const Value& v : items) floats = floats && PyFloat_CheckExact(std::get<PyObj>(v).get().ptr());
+    if (floats) {
+      HostTensor out = HostTensor::empty(DType::f64, {static_cast<std::int64_t>(n)});
+      auto* d = static_cast<double*>(out.raw());
+      for (std::size_t i = 0; i < n; ++i) d[i] = PyFloat_AsDouble(std::get<PyObj>(items[i]).get().ptr());
+      return out;
+    }
+  }
+  auto list = std::make_shared<Sample>();
+  list->kind = Sample::Kind::list;
+  list->fields = std::move(items);
+  return list;
 }
 
 }  // namespace splitflow::python

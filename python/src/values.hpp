@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 #include <string>
 #include <utility>
 #include <variant>
@@ -60,9 +62,39 @@ struct DeviceValue {
   bool cuda = false;
 };
 
+struct Sample;
+using SamplePtr = std::shared_ptr<Sample>;
+
 /// Image ops' items (splitflow/ops/image.hpp): a file's bytes or pixels with its index and path.
-/// Python sees the tensor.
-using Value = std::variant<std::monostate, PyObj, std::int64_t, HostTensor, DeviceValue, image::Image>;
+/// Python sees the tensor. A Python tuple or dict becomes a Sample, so that C++ ops can take
+/// one of its fields without the GIL.
+using Value = std::variant<std::monostate, PyObj, std::int64_t, HostTensor, DeviceValue,
+                           image::Image, SamplePtr>;
+
+/// A structured sample: a tuple, a dict with string keys (the fields of a training sample: an
+/// image, its label, its dataset index, ...), or a list (a batch's field whose values do not
+/// stack into a tensor). Shared between the copies of a fanned-out item: change it through
+/// writable(), which copies a shared one first.
+struct Sample {
+  enum class Kind { tuple, dict, list };
+  Kind kind = Kind::tuple;
+  std::vector<std::string> keys;  // dict: one per field, in the dict's order
+  std::vector<Value> fields;
+
+  /// The field named by `field` (an int index for a tuple, a str key for a dict); throws an
+  /// Error naming `who` and the fields there are.
+  Value& at(const py::object& field, const std::string& who);
+  std::string describe() const;
+};
+
+/// `p`, or a copy of it when another item shares it (copy-on-write).
+Sample& writable(SamplePtr& p);
+
+/// Collates a batch's items as torch's default_collate does: tensors (and image items) of one
+/// shape stack into one tensor (N, ...), integers into an int64 tensor (N,), Python floats into
+/// a float64 tensor (N,), samples field by field (the same kind and keys in every item), and
+/// anything else into a list. `who` names the batch in errors.
+Value collate(std::vector<Value>&& items, const std::string& who);
 
 /// splitflow.Tensor: a Python view of a splitflow tensor. numpy reads it through the buffer
 /// protocol (host memory), torch through DLPack; both views keep the memory alive.

@@ -190,14 +190,20 @@ def test_read_file_takes_python_ints_and_names_what_it_got(tmp_path):
         list(k.iterate(out))
 
 
-# Objects that are not arrays of numbers are named, not reported as a buffer format.
-@pytest.mark.parametrize("item, name", [("hello", "str"), ({"a": 1}, "dict"), (None, "NoneType")])
-def test_ops_name_what_they_were_given(item, name):
+# Objects that are not arrays of numbers are named, not reported as a buffer format; a sample
+# (tuple or dict) is named with its fields and the way to apply the op to one.
+@pytest.mark.parametrize("item, expect", [
+    ("hello", "expected a tensor or an array of numbers, got str"),
+    (None, "expected a tensor or an array of numbers, got NoneType"),
+    ({"a": 1}, r"expected a tensor or an array, got a sample \(dict of 1: 'a'\); give the stage "
+               r"field=\.\.\. to apply it to one field"),
+])
+def test_ops_name_what_they_were_given(item, expect):
     rt = sf.Runtime(threads=1, backend="host")
     g = sf.Graph(rt, "bad-input")
     out = g.pull_sink("out")
     g.source("n", [item]) >> g.stage("dec", sf.ops.decode_jpeg()) >> out
-    with pytest.raises(sf.StageError, match=f"expected a tensor or an array of numbers, got {name}"):
+    with pytest.raises(sf.StageError, match=expect):
         list(g.iterate(out))
 
 

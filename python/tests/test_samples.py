@@ -1,0 +1,195 @@
+"""Structured samples (docs/getting-started.md, "Samples with labels"): a tuple or dict flows
+through the graph as one item; C++ ops apply to one field (field=...) and carry the others;
+a skip drops the whole sample; Graph.batch collates field by field, as torch's
+default_collate does; labels read from an ImageFolder-like tree stay with their images."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import splitflow as sf
+import splitflow.torch as sft
+
+PIL = pytest.importorskip("PIL.Image")
+
+CLASSES = ["cat", "dog", "eel"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """root/<class>/[sub/]<i>.jpg, 7 images per class of different sizes, and one corrupt file
+    in 'dog'."""
+    root = tmp_path_factory.mktemp("samples") / "train"
+    rng = np.random.default_rng(3)
+    for c in CLASSES:
+        for i in range(7):
+            d = root / c / ("sub" if i % 3 == 0 else "")
+            d.mkdir(parents=True, exist_ok=True)
+            a = (rng.random((30 + 3 * i, 40 + i, 3)) * 255).astype(np.uint8)
+            PIL.fromarray(a).save(d / f"{c}{i}.jpg", quality=90)
+    (root / "dog" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    return str(root)
+
+
+def class_of(path):
+    """The class folder a file lies under (directly or in a sub-folder)."""
+    parts = path.split(os.sep)
+    return next(p for p in reversed(parts[:-1]) if p in CLASSES)
+
+
+def test_image_folder_lists_classes_sorted_and_labels_every_file(folder):
+    paths, labels, classes = sf.image_folder(folder)
+    assert classes == CLASSES
+    assert len(paths) == len(labels) == 3 * 7 + 1
+    assert paths == sorted(paths)
+    for p, label in zip(paths, labels):
+        assert classes[label] == class_of(p)
+
+
+def test_image_folder_names_a_folder_without_classes(tmp_path):
+    with pytest.raises(sf.Error, match="has no class folders"):
+        sf.image_folder(str(tmp_path))
+    with pytest.raises(sf.Error, match="cannot read"):
+        sf.image_folder(str(tmp_path / "missing"))
+
+
+def labelled_graph(folder, batch, size=24):
+    paths, labels, classes = sf.image_folder(folder)
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "labelled")
+    idx = g.indices("idx", list(range(len(paths))))
+    read = g.stage("read", sf.ops.read_file(paths, labels=labels), concurrency=2)
+    crop = g.stage("crop", sf.ops.decode_random_resized_crop(size, seed=1), field="image",
+                   concurrency=0, on_error="skip", ordered=False)
+    b = g.batch("batch", batch)
+    out = g.pull_sink("out")
+    idx >> read >> crop >> b >> out
+    return g, out, paths, classes
+
+
+def test_labels_stay_with_their_images_through_ops_skips_and_batches(folder):
+    g, out, paths, classes = labelled_graph(folder, batch=4)
+    seen = []
+    it = g.iterate(out)
+    for s in it:
+        assert isinstance(s, dict) and list(s) == ["image", "label", "index"]
+        images, labels, index = (np.asarray(s[k]) for k in ("image", "label", "index"))
+        assert images.dtype == np.uint8 and images.shape[1:] == (24, 24, 3)
+        assert labels.dtype == np.int64 and index.dtype == np.int64
+        assert len(images) == len(labels) == len(index) <= 4
+        for label, i in zip(labels, index):
+            assert classes[label] == class_of(paths[i]), (label, paths[i])
+        seen.extend(int(i) for i in index)
+    broken = paths.index(os.path.join(folder, "dog", "broken.jpg"))
+    # Out of order: every sample once, except the corrupt one, dropped whole (its label too).
+    assert sorted(seen) == [i for i in range(len(paths)) if i != broken]
+    crop = next(s for s in it.run.stats()["stages"] if s["name"] == "crop")
+    assert crop["skipped"] == 1 and "broken.jpg" in crop["errors"][0]["message"]
+
+
+def test_the_image_field_holds_the_same_pixels_as_the_op_on_the_bare_file(folder):
+    paths, labels, _ = sf.image_folder(folder)
+    rt = sf.Runtime(threads=2, backend="host")
+    op = sf.ops.decode_random_resized_crop(20, seed=5)
+
+    def run(labelled):
+        g = sf.Graph(rt, "same")
+        idx = g.indices("idx", list(range(len(paths))))
+        read = g.stage("read", sf.ops.read_file(paths, labels=labels if labelled else None))
+        crop = g.stage("crop", op, field="image" if labelled else None, on_error="skip")
+        out = g.pull_sink("out")
+        idx >> read >> crop >> out
+        return [np.asarray(x["image"] if labelled else x).copy() for x in g.iterate(out)]
+
+    a, b = run(True), run(False)
+    assert len(a) == len(b) == len(paths) - 1
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)  # the crop's randomness follows the file's index in both
+
+
+def test_tuples_collate_field_by_field_like_default_collate():
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "tuples")
+    src = g.source("s", [(i, i / 2, f"x{i}", np.full(3, i, np.float32)) for i in range(6)])
+    dbl = g.stage("dbl", lambda x: x * 10, field=0)
+    b = g.batch("b", 4)
+    out = g.pull_sink("out")
+    src >> dbl >> b >> out
+    got = list(g.iterate(out))
+    assert len(got) == 2 and all(isinstance(x, tuple) and len(x) == 4 for x in got)
+    first, second = got
+    assert np.asarray(first[0]).tolist() == [0, 10, 20, 30]
+    assert np.asarray(first[0]).dtype == np.int64
+    assert np.asarray(first[1]).tolist() == [0.0, 0.5, 1.0, 1.5]
+    assert np.asarray(first[1]).dtype == np.float64
+    assert first[2] == ["x0", "x1", "x2", "x3"]
+    assert np.asarray(first[3]).shape == (4, 3) and np.asarray(first[3])[3].tolist() == [3, 3, 3]
+    assert np.asarray(second[0]).tolist() == [40, 50]
+    # The same as torch's default_collate on the same samples.
+    ref = torch.utils.data.default_collate([(i * 10, i / 2, f"x{i}") for i in range(4)])
+    assert torch.equal(sft.to_torch(first[0]), ref[0])
+    assert torch.equal(sft.to_torch(first[1]), ref[1])
+    assert first[2] == list(ref[2])
+
+
+def test_field_errors_name_the_stage_and_the_fields():
+    rt = sf.Runtime(threads=1, backend="host")
+
+    def run(items, field):
+        g = sf.Graph(rt, "errors")
+        src = g.source("s", items)
+        st = g.stage("op", lambda x: x, field=field)
+        out = g.pull_sink("out")
+        src >> st >> out
+        return list(g.iterate(out))
+
+    with pytest.raises(sf.StageError, match=r"stage 'op': the item has no field 'img': it is a "
+                                             r"sample \(dict of 2: 'image', 'label'\)"):
+        run([{"image": 1, "label": 2}], "img")
+    with pytest.raises(sf.StageError, match=r"field='image' but the item is the integer 5, not a "
+                                             r"tuple or dict"):
+        run([5], "image")
+    with pytest.raises(sf.StageError, match=r"field 2 is out of range: the item is a sample "
+                                             r"\(tuple of 2\)"):
+        run([(1, 2)], 2)
+    g = sf.Graph(rt, "bad-field")
+    with pytest.raises(sf.GraphError, match="field must be a str"):
+        g.stage("op", lambda x: x, field=1.5)
+
+
+def test_a_batch_of_different_structures_is_refused_with_the_item_named():
+    rt = sf.Runtime(threads=1, backend="host")
+    g = sf.Graph(rt, "mixed")
+    src = g.source("s", [{"a": 1}, {"b": 2}])
+    b = g.batch("b", 2)
+    out = g.pull_sink("out")
+    src >> b >> out
+    with pytest.raises(sf.StageError, match=r"item 1 of the batch is a sample \(dict of 1: 'b'\), "
+                                             r"the first is a sample \(dict of 1: 'a'\)"):
+        list(g.iterate(out))
+
+
+def test_read_file_needs_one_label_per_path():
+    with pytest.raises(sf.Error, match="2 labels for 3 paths"):
+        sf.ops.read_file(["a", "b", "c"], labels=[0, 1])
+
+
+def test_a_dataloader_yields_image_and_label_tensors(folder):
+    paths, labels, classes = sf.image_folder(folder)
+
+    def build(g, indices):
+        read = g.stage("read", sf.ops.read_file(paths, labels=labels), concurrency=2)
+        crop = g.stage("crop", sf.ops.decode_random_resized_crop(16), field="image",
+                       concurrency=0, on_error="skip")
+        return indices >> read >> crop >> g.batch("batch", 5)
+
+    ds = sft.GraphDataset(build, len(paths), shuffle=True, seed=2, threads=2, backend="host")
+    loader = torch.utils.data.DataLoader(ds, batch_size=None)
+    total = 0
+    for s in loader:
+        assert s["image"].dtype == torch.uint8 and s["label"].dtype == torch.int64
+        for label, i in zip(s["label"].tolist(), s["index"].tolist()):
+            assert classes[label] == class_of(paths[i])
+        total += len(s["label"])
+    assert total == len(paths) - 1
