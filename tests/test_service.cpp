@@ -231,6 +231,59 @@ TEST(Service, ABadRequestFailsAloneUnderSkip) {
   expect_only_13_fails(svc, run);
 }
 
+// docs/api.md, services: submit with a completion callback (for event loops) calls it exactly
+// once per request, with the answer or the request's own error; a submit the graph cannot
+// take throws and never calls it.
+TEST(Service, CallbacksCompleteEachRequestOnceWithItsAnswerOrError) {
+  Runtime rt(host(3));
+  Graph g(rt, "callbacks");
+  auto svc = g.service<int, int>("requests");
+  auto parse = g.stage("parse",
+                       [](int x) {
+                         if (x == 13) throw std::invalid_argument("unlucky request");
+                         return 2 * x;
+                       },
+                       {.concurrency = 3, .on_error = OnError::skip});
+  svc.source() >> parse >> svc.sink();
+  std::atomic<int> not_running_calls{0};
+  EXPECT_THROW(svc.submit(1, std::nullopt, [&](int*, std::exception_ptr) { ++not_running_calls; }),
+               GraphError);
+  auto run = g.run();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> answers(20, -1), calls(20, 0);
+  std::string error13;
+  int done = 0;
+  for (int i = 0; i < 20; ++i)
+    svc.submit(i, std::nullopt, [&, i](int* result, std::exception_ptr error) {
+      std::lock_guard lk(mu);
+      ++calls[i];
+      if (result) answers[i] = *result;
+      if (error) {
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::invalid_argument& e) {
+          error13 = e.what();
+        }
+      }
+      ++done;
+      cv.notify_all();
+    });
+  {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done == 20; });
+  }
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(calls[i], 1) << i;
+    EXPECT_EQ(answers[i], i == 13 ? -1 : 2 * i) << i;
+  }
+  EXPECT_EQ(error13, "unlucky request");
+  EXPECT_EQ(not_running_calls.load(), 0);
+  EXPECT_EQ(svc.stats().answered, 19u);
+}
+
 // "GPU stages take on_error like CPU stages": under skip a throwing GPU-stage body fails only
 // its own request, with its own error; the service goes on.
 TEST(Service, ABadRequestFailsAloneAtAGpuStageUnderSkip) {

@@ -33,6 +33,8 @@ using namespace std::chrono_literals;
 // ---- errors --------------------------------------------------------------------------------
 
 PyObject* g_stage_error = nullptr;  // splitflow.StageError (python/splitflow/_errors.py)
+// splitflow.Error, GraphError, StageError, OverloadedError, DeadlineError: kept for the process.
+PyObject* g_error_types[5] = {};
 
 /// A Python exception raised in a Python stage, carried through the C++ run.
 class PythonStageError : public Error {
@@ -72,6 +74,39 @@ auto call_python(F&& f) {
   }
   PyErr_SetObject(g_stage_error, exc.ptr());
   throw py::error_already_set();
+}
+
+/// The Python exception object for a request's error (with the GIL): the user's own exception
+/// when a Python stage raised it, splitflow's matching error class otherwise.
+py::object python_error(std::exception_ptr p) {
+  auto make = [](int type, const char* what) {
+    return py::reinterpret_borrow<py::object>(g_error_types[type])(what);
+  };
+  try {
+    std::rethrow_exception(p);
+  } catch (const PythonStageError& e) {
+    return e.exception().get();
+  } catch (const StageError& e) {
+    py::object exc = py::reinterpret_borrow<py::object>(g_stage_error)(
+        e.what(), e.graph(), e.stage(), e.item(), e.message());
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const PythonStageError& inner) {
+      PyException_SetCause(exc.ptr(), inner.exception().get().release().ptr());  // steals
+    } catch (...) {
+    }
+    return exc;
+  } catch (const GraphError& e) {
+    return make(1, e.what());
+  } catch (const OverloadedError& e) {
+    return make(3, e.what());
+  } catch (const DeadlineError& e) {
+    return make(4, e.what());
+  } catch (const std::exception& e) {
+    return make(0, e.what());
+  } catch (...) {
+    return make(0, "splitflow: an unknown error");
+  }
 }
 
 // ---- runtime, graph, nodes ---------------------------------------------------------------------
@@ -158,6 +193,13 @@ struct PyNode {
   std::optional<PullSink<Value>> pull;
 };
 
+/// Graph.service: a graph's request entry and exit.
+struct PyService {
+  std::shared_ptr<PyGraph> graph;
+  Service<Value, Value> svc;
+  std::shared_ptr<PyNode> source, sink;
+};
+
 void connect_nodes(const PyNode& a, const PyNode& b) {
   if (!a.out) throw GraphError("splitflow.connect: '" + a.name + "' has no output (it is a sink)");
   if (!b.in) throw GraphError("splitflow.connect: '" + b.name + "' has no input (it is a source)");
@@ -204,9 +246,51 @@ struct PythonBody {
   PyObj fn;
   Value operator()(Value v) const {
     py::gil_scoped_acquire gil;
+    if (auto* b = std::get_if<BatchPtr>(&v)) return on_batch(std::move(*b));
     return call_python([&] { return from_python(fn.get()(to_python(std::move(v)))); });
   }
+
+ private:
+  // A dynamic batch: the function takes its items collated and returns one result per item
+  // (a list, a tuple, or anything with len() and indexing: a tensor's rows).
+  Value on_batch(BatchPtr b) const {
+    const std::size_t n = b->batch.size();
+    return call_python([&]() -> Value {
+      py::object out = fn.get()(to_python(Value(b)));
+      const py::ssize_t got = py::len(out);
+      if (got != static_cast<py::ssize_t>(n))
+        throw Error("the function returned " + std::to_string(got) + " results for a batch of " +
+                    std::to_string(n) + " requests; return one per request (a list, or a tensor "
+                    "whose first dimension is the batch's)");
+      auto r = std::make_shared<BatchBox>();
+      r->batch.ids = b->batch.ids;
+      r->batch.errors = b->batch.errors;
+      r->batch.items.reserve(n);
+      for (std::size_t i = 0; i < n; ++i) r->batch.items.push_back(from_python(out[py::int_(i)]));
+      return r;
+    });
+  }
 };
+
+/// A C++ op on a dynamic batch applies to each of its items; an item whose op throws fails its
+/// own request (Batch::fail), not the batch's others.
+std::function<Value(Value)> per_item(std::function<Value(Value)> op) {
+  return [op = std::move(op)](Value v) -> Value {
+    auto* b = std::get_if<BatchPtr>(&v);
+    if (!b) return op(std::move(v));
+    if (b->use_count() > 1) *b = std::make_shared<BatchBox>(**b);  // copy-on-write
+    Batch<Value>& batch = (*b)->batch;
+    for (std::size_t i = 0; i < batch.items.size(); ++i) {
+      if (i < batch.errors.size() && batch.errors[i]) continue;
+      try {
+        batch.items[i] = op(std::move(batch.items[i]));
+      } catch (...) {
+        batch.fail(i, std::current_exception());
+      }
+    }
+    return v;
+  };
+}
 
 /// Iterates a Python iterable; each run calls iter() afresh (the generator is copied per run).
 struct PythonSource {
@@ -540,7 +624,7 @@ void bind_ops(py::module_& m) {
 void bind_graph(py::module_& m) {
   // One hierarchy with C++'s (python/splitflow/_errors.py): every error is a splitflow.Error.
   py::module_ errors = py::module_::import("splitflow._errors");
-  static PyObject* error_types[5];
+  PyObject** error_types = g_error_types;
   const char* names[5] = {"Error", "GraphError", "StageError", "OverloadedError", "DeadlineError"};
   for (int i = 0; i < 5; ++i) {
     error_types[i] = py::object(errors.attr(names[i])).release().ptr();  // kept for the process
@@ -551,13 +635,13 @@ void bind_graph(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const GraphError& e) {
-      PyErr_SetString(error_types[1], e.what());
+      PyErr_SetString(g_error_types[1], e.what());
     } catch (const OverloadedError& e) {
-      PyErr_SetString(error_types[3], e.what());
+      PyErr_SetString(g_error_types[3], e.what());
     } catch (const DeadlineError& e) {
-      PyErr_SetString(error_types[4], e.what());
+      PyErr_SetString(g_error_types[4], e.what());
     } catch (const Error& e) {
-      PyErr_SetString(error_types[0], e.what());
+      PyErr_SetString(g_error_types[0], e.what());
     }
   });
 
@@ -665,6 +749,51 @@ when a GPU stage first runs, one device with a pool of `streams` streams shared 
         return false;
       });
 
+  py::class_<PyService, std::shared_ptr<PyService>>(m, "Service", R"doc(
+A graph's request entry and exit (Graph.service). submit() returns a concurrent.futures.Future
+(await it from asyncio with asyncio.wrap_future); every future completes exactly once: with the
+result, with the request's own error (a stage that skipped it), with DeadlineError, or with an
+Error when the run ends first.)doc")
+      .def_readonly("source", &PyService::source, "Connect it to the graph's first stage.")
+      .def_readonly("sink", &PyService::sink, "Connect the graph's last stage to it.")
+      .def("submit", [](PyService& s, py::object value, std::optional<double> deadline) {
+        py::object fut = py::module_::import("concurrent.futures").attr("Future")();
+        fut.attr("set_running_or_notify_cancel")();  // it cannot be cancelled: the graph owns it
+        Value v = from_python(value);
+        std::optional<std::chrono::steady_clock::time_point> when;
+        if (deadline)
+          when = std::chrono::steady_clock::now() +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(*deadline));
+        auto keep = std::make_shared<PyObj>(fut);
+        {
+          py::gil_scoped_release nogil;  // admission may wait for room
+          s.svc.submit(std::move(v), when, [keep](Value* result, std::exception_ptr error) {
+            if (!python_alive()) return;
+            py::gil_scoped_acquire gil;
+            try {
+              py::object f = keep->get();
+              if (result) f.attr("set_result")(to_python(std::move(*result)));
+              else f.attr("set_exception")(python_error(error));
+            } catch (py::error_already_set& e) {
+              e.discard_as_unraisable("splitflow.Service: completing a request's future");
+            }
+          });
+        }
+        return fut;
+      }, py::arg("item"), py::arg("deadline") = py::none(),
+      "Submits a request; returns a concurrent.futures.Future of its result. deadline: seconds "
+      "from now after which, if no GPU stage or dynamic batch has taken it yet, it is dropped "
+      "with DeadlineError. Waits for room (admission='wait') or raises OverloadedError "
+      "(admission='fail_fast') when max_pending requests are pending; GraphError when the graph "
+      "is not running or the service was closed.")
+      .def("close", [](PyService& s) { s.svc.close(); },
+           "No more requests: the run ends once every admitted one is answered.")
+      .def("stats", [](const PyService& s) {
+        return py::module_::import("json").attr("loads")(to_json(s.svc.stats()));
+      }, "The service's figures as a dict (to_json(ServiceStats)'s keys): submitted, answered, "
+         "failed, expired, rejected, pending and the latency split.");
+
   py::class_<PyGraph, std::shared_ptr<PyGraph>>(m, "Graph", R"doc(
 A job: stages joined by bounded queues. Python callables run with the GIL (they serialise on
 it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
@@ -702,7 +831,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
         std::optional<Stage<Value, Value>> s;
         std::function<Value(Value)> fn;
         if (py::isinstance<CpuOp>(body)) {
-          fn = body.cast<CpuOp>().fn;
+          fn = per_item(body.cast<CpuOp>().fn);
         } else {
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
           fn = PythonBody{PyObj(std::move(body))};
@@ -758,6 +887,54 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       "into a float64 tensor, tuples and dicts field by field (labels, indices and images of "
       "a sample each into their own), anything else into a list. The last batch may be "
       "shorter unless drop_last.")
+      .def("dynamic_batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t max_batch,
+                               double max_delay, std::size_t capacity) {
+        if (max_batch == 0) throw GraphError("splitflow.Graph.dynamic_batch('" + name + "'): max_batch must be at least 1");
+        if (!(max_delay >= 0)) throw GraphError("splitflow.Graph.dynamic_batch('" + name + "'): max_delay must be >= 0 seconds");
+        DynamicBatchOptions o;
+        o.max_batch = max_batch;
+        o.max_delay = std::chrono::nanoseconds(static_cast<std::int64_t>(max_delay * 1e9));
+        o.capacity = capacity;
+        auto d = g->graph.dynamic_batch<Value>(name, o);
+        // Its batches travel on Value edges to the Python stages and ops after it.
+        auto box = g->graph.stage(name + ".box", [](Batch<Value> b) -> Value {
+          return std::make_shared<BatchBox>(BatchBox{std::move(b)});
+        });
+        d >> box;
+        return std::make_shared<PyNode>(PyNode{g, name, &d.in_port(), &box.out_port(), std::nullopt});
+      }, py::arg("name"), py::arg("max_batch") = 32, py::arg("max_delay") = 0.002,
+      py::arg("capacity") = 0,
+      "A service's dynamic batch: gathers up to max_batch requests, or fewer once the oldest "
+      "waited max_delay seconds. A Python stage after it gets the requests' items collated "
+      "(as Graph.batch does) and returns one result per request; a C++ op applies to each "
+      "item (an item's error fails its request alone). Graph.unbatch splits it again.")
+      .def("unbatch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t max_batch) {
+        const std::string who = "unbatch '" + name + "'";
+        auto unbox = g->graph.stage(name + ".unbox", [who](Value v) -> Batch<Value> {
+          auto* b = std::get_if<BatchPtr>(&v);
+          if (!b) throw Error(who + ": expected a dynamic batch, got " + describe(v));
+          if (b->use_count() == 1) return std::move((*b)->batch);
+          return (*b)->batch;
+        });
+        auto u = g->graph.unbatch<Value>(name, max_batch);
+        unbox >> u;
+        return std::make_shared<PyNode>(PyNode{g, name, &unbox.in_port(), &u.out_port(), std::nullopt});
+      }, py::arg("name"), py::arg("max_batch") = 32,
+      "Splits a dynamic batch back into its requests' results (max_batch: the dynamic batch's).")
+      .def("service", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t max_pending,
+                         std::string admission) {
+        ServiceOptions o;
+        o.max_pending = max_pending;
+        if (admission == "wait") o.admission = Admission::wait;
+        else if (admission == "fail_fast") o.admission = Admission::fail_fast;
+        else throw GraphError("splitflow.Graph.service('" + name + "'): admission must be 'wait' or 'fail_fast', not '" + admission + "'");
+        auto svc = g->graph.service<Value, Value>(name, o);
+        auto src = std::make_shared<PyNode>(PyNode{g, name, nullptr, &svc.source().out_port(), std::nullopt});
+        auto sink = std::make_shared<PyNode>(PyNode{g, name + ".answer", &svc.sink().in_port(), nullptr, std::nullopt});
+        return std::make_shared<PyService>(PyService{g, svc, src, sink});
+      }, py::arg("name"), py::arg("max_pending") = 64, py::arg("admission") = "wait",
+      "The graph's request entry and exit (one per graph): connect svc.source >> first stage "
+      "and last stage >> svc.sink, run the graph, then svc.submit(item) from any thread.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, const GpuOp& op,
                            std::size_t concurrency, bool ordered, std::size_t capacity,
                            py::object order, std::string on_error) {

@@ -216,8 +216,16 @@ std::string describe(const Value& v) {
     case 4: return "a device tensor " + std::get<DeviceValue>(v).tensor.describe();
     case 5: return "an image item (file '" + std::get<image::Image>(v).path + "')";
     case 6: return std::get<SamplePtr>(v)->describe();
+    case 7:
+      return "a dynamic batch of " + std::to_string(std::get<BatchPtr>(v)->batch.size()) +
+             " requests";
   }
   return "?";
+}
+
+const std::vector<std::uint64_t>* item_ids(const Value& v) noexcept {
+  const auto* b = std::get_if<BatchPtr>(&v);
+  return b && *b ? &(*b)->batch.ids : nullptr;
 }
 
 py::object to_python(Value&& v) {
@@ -228,6 +236,16 @@ py::object to_python(Value&& v) {
     case 3: return py::cast(PyTensor{std::move(std::get<HostTensor>(v)), {}, false});
     case 4: return py::cast(PyTensor{{}, std::move(std::get<DeviceValue>(v)), true});
     case 5: return py::cast(PyTensor{std::move(std::get<image::Image>(v).pixels), {}, false});
+    case 7: {  // a dynamic batch: its items collated
+      const Batch<Value>& b = std::get<BatchPtr>(v)->batch;
+      std::vector<Value> items(b.items.begin(), b.items.end());
+      Value all;
+      {
+        py::gil_scoped_release nogil;
+        all = collate(std::move(items), "a dynamic batch");
+      }
+      return to_python(std::move(all));
+    }
     default: {
       SamplePtr p = std::move(std::get<SamplePtr>(v));
       const bool mine = p.use_count() == 1;  // else the fields are copied, not moved
@@ -314,6 +332,8 @@ HostTensor as_host(const Value& v, const char* what) {
     case 6:
       throw Error(std::string(what) + ": expected a tensor or an array, got " + describe(v) +
                   "; give the stage field=... to apply it to one field of the sample");
+    case 7:
+      throw Error(std::string(what) + ": expected a tensor or an array, got " + describe(v));
     default:
       throw Error(std::string(what) + ": expected a tensor or an array, got " +
                   (v.index() == 0 ? "None" : "an integer"));

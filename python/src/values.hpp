@@ -64,12 +64,26 @@ struct DeviceValue {
 
 struct Sample;
 using SamplePtr = std::shared_ptr<Sample>;
+struct BatchBox;
+using BatchPtr = std::shared_ptr<BatchBox>;
 
 /// Image ops' items (splitflow/ops/image.hpp): a file's bytes or pixels with its index and path.
 /// Python sees the tensor. A Python tuple or dict becomes a Sample, so that C++ ops can take
 /// one of its fields without the GIL.
 using Value = std::variant<std::monostate, PyObj, std::int64_t, HostTensor, DeviceValue,
-                           image::Image, SamplePtr>;
+                           image::Image, SamplePtr, BatchPtr>;
+
+/// A service's dynamic batch (Graph.dynamic_batch .. Graph.unbatch) on a Value edge: the
+/// requests' items, their ids and per-item errors. Python stages see the items collated and
+/// return one result per item; C++ ops apply to each item (an item's error fails its request
+/// alone).
+struct BatchBox {
+  Batch<Value> batch;
+};
+
+/// The request ids an error on `v` must reach (a dynamic batch's), found by the executor's
+/// ids_for_errors through argument-dependent lookup; null for other items.
+const std::vector<std::uint64_t>* item_ids(const Value& v) noexcept;
 
 /// A structured sample: a tuple, a dict with string keys (the fields of a training sample: an
 /// image, its label, its dataset index, ...), or a list (a batch's field whose values do not

@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <limits>
 #include <memory>
@@ -53,9 +54,28 @@ class RequestBook final : public ItemTracker {
       throw GraphError("splitflow: service '" + name_ + "': max_pending must be at least 1");
   }
 
+  /// Completes a request instead of its future (Service::submit with a callback): called once,
+  /// on the thread that answers or fails it, with the result or the error (the other null).
+  using Callback = std::function<void(Out* result, std::exception_ptr error)>;
+
   /// Admits a request: its id and future. Waits or throws OverloadedError when full.
   std::pair<std::uint64_t, std::future<Out>> admit(std::optional<Clock::time_point> deadline) {
     std::unique_lock lk(mu_);
+    Pending& p = admit_locked(lk, deadline);
+    return {p.id, p.promise.get_future()};
+  }
+  /// Admits a request completed through `done` instead of a future.
+  std::uint64_t admit(std::optional<Clock::time_point> deadline, Callback done) {
+    std::unique_lock lk(mu_);
+    Pending& p = admit_locked(lk, deadline);
+    p.done = std::move(done);
+    return p.id;
+  }
+
+ private:
+  struct Pending;
+  Pending& admit_locked(std::unique_lock<std::mutex>& lk,
+                        std::optional<Clock::time_point> deadline) {
     if (pending_.size() >= opts_.max_pending) {
       if (opts_.admission == Admission::fail_fast) {
         ++stats_.rejected;
@@ -67,12 +87,41 @@ class RequestBook final : public ItemTracker {
     }
     const std::uint64_t id = next_++;
     Pending& p = pending_[id];
+    p.id = id;
     p.deadline = deadline;
     p.submitted = Clock::now();
     ++stats_.submitted;
-    return {id, p.promise.get_future()};
+    return p;
+  }
+  // Without mu_. A callback's exception is not the run's: it is dropped.
+  static void complete(Pending& p, Out* value, std::exception_ptr error) noexcept {
+    if (p.done) {
+      try {
+        p.done(value, std::move(error));
+      } catch (...) {
+      }
+    } else if (value) {
+      try {
+        p.promise.set_value(std::move(*value));
+      } catch (...) {  // (a copy of Out that throws: the future gets that error)
+        p.promise.set_exception(std::current_exception());
+      }
+    } else {
+      p.promise.set_exception(std::move(error));
+    }
   }
 
+ public:
+
+  /// Drops an admitted request that never entered the graph without completing it (its
+  /// submitter gets the error by an exception instead).
+  void forget(std::uint64_t id) noexcept {
+    std::lock_guard lk(mu_);
+    if (pending_.erase(id)) {
+      ++stats_.failed;  // as a withdrawn request
+      cv_.notify_one();
+    }
+  }
   /// Withdraws an admitted request that never entered the graph (its future gets `error`).
   void withdraw(std::uint64_t id, std::exception_ptr error) noexcept { fail(id, std::move(error)); }
 
@@ -86,7 +135,7 @@ class RequestBook final : public ItemTracker {
     record_split(p);
     cv_.notify_one();
     lk.unlock();
-    p.promise.set_value(std::move(value));
+    complete(p, &value, nullptr);
   }
 
   void fail(std::uint64_t id, std::exception_ptr error, bool expired = false) noexcept {
@@ -99,7 +148,7 @@ class RequestBook final : public ItemTracker {
     ++(expired ? stats_.expired : stats_.failed);
     cv_.notify_one();
     lk.unlock();
-    p.promise.set_exception(std::move(error));
+    complete(p, nullptr, std::move(error));
   }
 
   /// The run ended: every request still pending fails.
@@ -113,7 +162,7 @@ class RequestBook final : public ItemTracker {
       cv_.notify_all();
     }
     for (auto& [id, p] : left)
-      p.promise.set_exception(std::make_exception_ptr(
+      complete(p, nullptr, std::make_exception_ptr(
           Error("splitflow: service '" + name_ + "' of graph '" + graph_ + "': the run " +
                 (stopped ? "was cancelled or failed" : "ended") + " before request " +
                 std::to_string(id) + " was answered")));
@@ -171,7 +220,9 @@ class RequestBook final : public ItemTracker {
 
  private:
   struct Pending {
+    std::uint64_t id = 0;
     std::promise<Out> promise;
+    Callback done;  // set: completes the request instead of the promise
     std::optional<Clock::time_point> deadline;
     Clock::time_point submitted;
     std::int64_t queue_ns = 0, batch_ns = 0, gpu_ns = 0;
@@ -376,6 +427,21 @@ class Service {
       throw e;
     }
     return std::move(future);
+  }
+  /// With a completion callback instead of a future (for event loops: asyncio, an RPC
+  /// server's completion queue): `done(result, nullptr)` or `done(nullptr, error)` is called
+  /// exactly once, on the thread that answers or fails the request (a oneTBB worker: keep it
+  /// short). Throws as submit() does, without calling `done`.
+  void submit(In value, std::optional<Clock::time_point> deadline,
+              typename detail::RequestBook<Out>::Callback done) {
+    const std::uint64_t id = book_->admit(deadline, std::move(done));
+    if (!src_->push(std::move(value), id)) {
+      GraphError e("splitflow: service '" + src_->name() + "' of graph '" + src_->graph().name() +
+                   "' is not accepting requests: its graph is not running (call run() first) "
+                   "or the service was closed");
+      book_->forget(id);
+      throw e;
+    }
   }
 
   /// No more requests this run: the run ends once every admitted request is answered.

@@ -155,6 +155,11 @@ template <class In>
 std::vector<std::uint64_t> ids_for_errors(const NodeBase& node, const In& item) {
   if constexpr (CarriesIds<In>) {
     if (node.on_error() != OnError::fail && node.graph().tracker()) return item.ids;
+  } else if constexpr (requires { { item_ids(item) } -> std::convertible_to<const std::vector<std::uint64_t>*>; }) {
+    // An item type that may hold a batch (a type-erased one: the Python module's Value)
+    // says so through an item_ids(item) found by argument-dependent lookup.
+    if (node.on_error() != OnError::fail && node.graph().tracker())
+      if (const std::vector<std::uint64_t>* ids = item_ids(item)) return *ids;
   }
   (void)node;
   (void)item;

@@ -1,0 +1,193 @@
+"""Services from Python (docs/api.md, "Services"): Graph.service, dynamic_batch and unbatch with
+the C++ names; submit() returns a concurrent.futures.Future that asyncio can await; every
+request completes exactly once, with its result or its own error."""
+import asyncio
+import io
+import threading
+
+import numpy as np
+import pytest
+
+import splitflow as sf
+
+
+def service_graph(rt, body, *, max_batch=8, max_delay=0.002, on_error="skip", max_pending=64,
+                  admission="wait", prep=None):
+    g = sf.Graph(rt, "svc")
+    svc = g.service("requests", max_pending=max_pending, admission=admission)
+    first = g.stage("prep", prep or (lambda x: x), on_error=on_error)
+    gather = g.dynamic_batch("gather", max_batch=max_batch, max_delay=max_delay)
+    model = g.stage("model", body, on_error=on_error)
+    split = g.unbatch("split", max_batch=max_batch)
+    svc.source >> first >> gather >> model >> split >> svc.sink
+    return g, svc
+
+
+def test_every_request_gets_its_own_answer_from_many_threads():
+    rt = sf.Runtime(threads=2, backend="host")
+    g, svc = service_graph(rt, lambda b: [int(v) * 3 for v in np.asarray(b)])
+    run = g.run()
+    answers = {}
+
+    def client(t):
+        futs = [(x, svc.submit(x)) for x in range(t * 1000, t * 1000 + 50)]
+        for x, f in futs:
+            answers[x] = f.result(timeout=30)
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    svc.close()
+    assert run.wait() == "succeeded"
+    assert len(answers) == 200 and all(v == 3 * x for x, v in answers.items())
+    st = svc.stats()
+    assert st["submitted"] == st["answered"] == 200 and st["pending"] == 0
+
+
+def test_the_model_step_sees_collated_batches_of_at_most_max_batch():
+    rt = sf.Runtime(threads=2, backend="host")
+    sizes = []
+
+    def step(batch):
+        a = np.asarray(batch)
+        sizes.append(a.shape)
+        return a.sum(axis=1)
+
+    # A long max_delay: a batch goes when full (or at the end), so 16 requests make two of 8.
+    g, svc = service_graph(rt, step, max_batch=8, max_delay=30.0)
+    run = g.run()
+    futs = [svc.submit(np.full(3, i, np.float32)) for i in range(16)]
+    got = [float(np.asarray(f.result(timeout=30))) for f in futs]
+    svc.close()
+    assert run.wait() == "succeeded"
+    assert got == [3.0 * i for i in range(16)]
+    assert sizes == [(8, 3), (8, 3)]
+
+
+def test_a_bad_request_fails_alone_with_the_users_own_exception():
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def prep(x):
+        if x == 13:
+            raise ValueError("unlucky request")
+        return x
+
+    g, svc = service_graph(rt, lambda b: [2 * int(v) for v in np.asarray(b)], prep=prep)
+    run = g.run()
+    futs = [svc.submit(i) for i in range(20)]
+    for i, f in enumerate(futs):
+        if i == 13:
+            with pytest.raises(ValueError, match="unlucky request"):
+                f.result(timeout=30)
+        else:
+            assert f.result(timeout=30) == 2 * i
+    svc.close()
+    assert run.wait() == "succeeded"
+    assert svc.stats()["failed"] == 1
+
+
+def jpeg_bytes(color):
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 6), color).save(buf, format="JPEG")
+    return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+def test_a_cpp_op_on_a_dynamic_batch_fails_only_the_item_it_failed_on():
+    pytest.importorskip("PIL")
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "decode-svc")
+    svc = g.service("requests")
+    gather = g.dynamic_batch("gather", max_batch=4, max_delay=30.0)
+    decode = g.stage("decode", sf.ops.decode_jpeg(), concurrency=0)
+    split = g.unbatch("split", max_batch=4)
+    svc.source >> gather >> decode >> split >> svc.sink
+    run = g.run()
+    items = [jpeg_bytes((10 * i, 0, 0)) for i in range(4)]
+    items[2] = np.frombuffer(b"\xff\xd8 not a jpeg", np.uint8)
+    futs = [svc.submit(x) for x in items]
+    for i, f in enumerate(futs):
+        if i == 2:
+            with pytest.raises(sf.Error, match="JPEG|jpeg"):
+                f.result(timeout=30)
+        else:
+            assert np.asarray(f.result(timeout=30)).shape == (6, 8, 3)
+    svc.close()
+    assert run.wait() == "succeeded"
+    st = svc.stats()
+    assert st["answered"] == 3 and st["failed"] == 1
+
+
+def test_a_wrong_number_of_results_fails_that_batchs_requests_and_says_why():
+    rt = sf.Runtime(threads=2, backend="host")
+    g, svc = service_graph(rt, lambda b: [0], max_batch=2, max_delay=30.0)
+    run = g.run()
+    futs = [svc.submit(i) for i in range(2)]
+    for f in futs:
+        with pytest.raises(Exception, match="returned 1 results for a batch of 2 requests"):
+            f.result(timeout=30)
+    svc.close()
+    assert run.wait() == "succeeded"
+
+
+def test_an_expired_request_gets_deadline_error_unprocessed():
+    rt = sf.Runtime(threads=2, backend="host")
+    seen = []
+
+    def step(b):
+        a = np.asarray(b)
+        seen.extend(a.tolist())
+        return a
+
+    g, svc = service_graph(rt, step, max_batch=1)
+    run = g.run()
+    late = svc.submit(7, deadline=-1.0)  # already past when the batch forms
+    ok = svc.submit(8, deadline=60.0)
+    with pytest.raises(sf.DeadlineError, match="exceeded its deadline before stage 'gather'"):
+        late.result(timeout=30)
+    assert ok.result(timeout=30) == 8
+    svc.close()
+    assert run.wait() == "succeeded"
+    assert seen == [8] and svc.stats()["expired"] == 1
+
+
+def test_fail_fast_admission_raises_overloaded_error_when_full():
+    rt = sf.Runtime(threads=2, backend="host")
+    gate = threading.Event()
+
+    def held(x):
+        gate.wait(30)
+        return x
+
+    g, svc = service_graph(rt, lambda b: np.asarray(b), prep=held, max_pending=1,
+                           admission="fail_fast", max_batch=1)
+    run = g.run()
+    first = svc.submit(1)
+    with pytest.raises(sf.OverloadedError, match="is overloaded: 1 requests pending"):
+        svc.submit(2)
+    gate.set()
+    assert first.result(timeout=30) == 1
+    svc.close()
+    assert run.wait() == "succeeded"
+    assert svc.stats()["rejected"] == 1
+
+
+def test_asyncio_awaits_the_futures_and_lifecycle_errors_are_graph_errors():
+    rt = sf.Runtime(threads=2, backend="host")
+    g, svc = service_graph(rt, lambda b: [int(v) + 1 for v in np.asarray(b)])
+    with pytest.raises(sf.GraphError, match="not accepting requests: its graph is not running"):
+        svc.submit(1)
+
+    async def serve():
+        return await asyncio.gather(*(asyncio.wrap_future(svc.submit(i)) for i in range(30)))
+
+    run = g.run()
+    assert asyncio.run(serve()) == list(range(1, 31))
+    svc.close()
+    assert run.wait() == "succeeded"
+    with pytest.raises(sf.GraphError, match="not accepting requests"):
+        svc.submit(1)
+    with pytest.raises(sf.GraphError, match="one per graph"):
+        g.service("again")
