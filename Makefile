@@ -2,7 +2,7 @@
 #   make demo    the main job: the demonstration and its report
 #   make test    every test: release, ASan+UBSan, TSan, the installed-package consumer
 #   make bench   the benchmark suite (Google Benchmark JSON under build/bench/)
-.PHONY: all deps release demo test test-release test-python test-asan test-tsan test-consumer bench clean
+.PHONY: all deps release demo test test-release test-python test-asan test-tsan test-consumer package test-package bench clean fuzz test-fuzz-smoke
 
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
@@ -31,7 +31,7 @@ demo: release
 	$(BUILD)/release/examples/consolidation $(BUILD)/demo-data/images-480 $(BUILD)/demo
 	/usr/bin/python3 scripts/plot_run.py --out $(BUILD)/demo/consolidation.png $(BUILD)/demo/job0.json $(BUILD)/demo/job1.json
 
-test: test-release test-python test-asan test-tsan test-consumer
+test: test-release test-python test-asan test-tsan test-consumer test-package test-fuzz-smoke
 	@echo "make test: all suites passed"
 
 test-release: release
@@ -83,6 +83,26 @@ test-consumer: release
 	PYTHONPATH=$(abspath $(BUILD)/install-test)/lib/python3.11/site-packages /usr/bin/python3 \
 	  tests/consumer/check_python_install.py $(abspath $(BUILD)/install-test)
 
+# The Debian package (cpack -G DEB; CMakeLists.txt): libraries, headers, CMake config under
+# /usr and the Python module in /usr/lib/python3/dist-packages. `dpkg -i` it, or unpack it.
+package: release
+	cd $(BUILD)/release && rm -f splitflow_*.deb && cpack -G DEB
+	@ls $(BUILD)/release/splitflow_*.deb
+
+# The package unpacked (no change to this machine): its Python module imports and runs from
+# dist-packages, and the consumer project builds against its CMake package and runs.
+test-package: package
+	rm -rf $(BUILD)/package-root $(BUILD)/consumer-deb
+	dpkg-deb -x $(BUILD)/release/splitflow_*.deb $(BUILD)/package-root
+	dpkg-deb -f $(BUILD)/release/splitflow_*.deb Depends | grep -q 'libtbb-dev'
+	test -f $(BUILD)/package-root/usr/lib/cmake/splitflow/splitflowConfig.cmake
+	PYTHONPATH=$(abspath $(BUILD)/package-root)/usr/lib/python3/dist-packages /usr/bin/python3 \
+	  tests/consumer/check_python_install.py $(abspath $(BUILD)/package-root)
+	$(CMAKE) -S tests/consumer -B $(BUILD)/consumer-deb -DCMAKE_PREFIX_PATH=$(abspath $(BUILD)/package-root)/usr
+	$(CMAKE) --build $(BUILD)/consumer-deb -j $(JOBS)
+	$(BUILD)/consumer-deb/consumer
+	$(BUILD)/consumer-deb/consumer_core
+
 # Every benchmark binary (Google Benchmark JSON under build/bench/; ChainHop interleaved and
 # repeated, as these machines are noisy), the loader and end-to-end image benchmarks, then one
 # table of every goal ratio (benchmarks/summary.py).
@@ -104,3 +124,20 @@ bench: release
 
 clean:
 	rm -rf $(BUILD)
+
+# Fuzzing (docs/reliability.md, "Fuzzing"): libFuzzer targets under ASan+UBSan, built with
+# clang-16 from only the sources they need (tests/fuzz/Makefile; not the project's build).
+#   make fuzz [FUZZ_SECONDS=600] [FUZZ_RUNS=N] [FUZZ_TARGETS="decode_jpeg resize"]
+# runs each target in turn for FUZZ_SECONDS (or FUZZ_RUNS executions), keeping its corpus in
+# build/fuzz/corpus/; prints executions per target and in total, written to build/fuzz/summary.txt.
+# make test runs test-fuzz-smoke: each target a few seconds, then every input checked in under
+# tests/fuzz/regressions/.
+FUZZ_MAKE = $(MAKE) --no-print-directory -f tests/fuzz/Makefile OUT=$(abspath $(BUILD))/fuzz
+
+fuzz: deps
+	$(FUZZ_MAKE) -j $(JOBS) bins
+	$(FUZZ_MAKE) fuzz
+
+test-fuzz-smoke: deps
+	$(FUZZ_MAKE) -j $(JOBS) bins
+	$(FUZZ_MAKE) smoke
