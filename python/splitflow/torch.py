@@ -25,12 +25,42 @@ not survive a fork: if this process already ran graphs, a forked worker raises
 ``multiprocessing_context="spawn"`` (or ``"forkserver"``) then.
 
 Order and sharding: each epoch's order is ``torch.randperm(length)`` seeded with
-``seed + epoch`` (or 0..length-1 without shuffle); rank r of w takes positions r, r+w, ...;
-worker k of n takes every n-th item of that. Items come out in that order.
+``seed + epoch`` (or 0..length-1 without shuffle); rank r of w takes positions r, r+w, ...
+(its "shard", in that order); worker k of n takes the shard's positions p with p % n == k
+(rotated after a resume). Items come out in that order (unless a stage runs out of order).
+
+Resume (``state_dict`` / ``load_state_dict``) records which positions of the shard the training
+loop took, so that the resumed epoch yields exactly the others:
+
+- with ``num_workers=0`` the dataset sees what it yields: nothing to pass;
+- with DataLoader workers it does not: iterate ``ds.track(loader)`` instead of ``loader``, or
+  pass ``state_dict(batches_seen=k, loader=loader)`` (DataLoader takes batches from its workers
+  round-robin, worker 0 first, skipping the ones that are done: from k, its batch_size and
+  num_workers the dataset knows how many batches each worker gave; a DataLoader of torch
+  2.6+ with ``in_order=False`` does not keep that order: then only the index field is exact).
+
+What is guaranteed:
+
+- exact (no sample repeated, none lost) when the samples carry their dataset index (a dict's
+  ``"index"`` field, as ``read_file(paths, labels=...)`` makes; ``index_field=`` names another)
+  and the dataset sees the items (num_workers=0, or ``track(loader)``), whatever the batching,
+  the skips and the stages' order;
+- otherwise the dataset counts samples (an item made by ``g.batch`` holds as many as its
+  leading dimension; with workers: the loader's batches, each worker's in turn): exact when the
+  graph keeps the order and skips nothing. Each sample skipped before the save point then makes
+  one sample already taken come again after the resume (none is lost while the graph keeps the
+  order), and a stage out of order can repeat or lose samples of its window around the save
+  point;
+- a sample skipped before the save (never yielded) is read again after the resume (and skipped
+  again if it fails again). A state saved after the whole epoch resumes to an empty epoch.
+- the resumed epoch yields the rest in the epoch's order; with DataLoader workers and the same
+  num_workers and batch_size as when saved (and a graph that keeps the order and skips
+  nothing), the very batches the unbroken epoch would have yielded.
 """
 import os
 import warnings
 
+import numpy as np
 import torch
 import torch.utils.data as _data
 
@@ -65,11 +95,294 @@ def _name_dataset_index(e, indices):
     e.args = (text,) + tuple(e.args[1:])
 
 
+class DatasetRun:
+    """``GraphDataset.last_run``: the latest epoch's ``splitflow.Run`` (every method of it), whose
+    ``stats()`` name dataset indices: each stage's ``errors[].item`` is the dataset index of the
+    item that failed or was skipped (for an item made by ``g.batch``: its first sample's), and
+    ``errors[].position`` its position in the run (the source's order), which the plain run
+    reports as ``item``."""
+
+    def __init__(self, run, indices):
+        self.run = run
+        self.indices = indices
+
+    def stats(self):
+        s = self.run.stats()
+        for stage in s.get("stages", ()):
+            for err in stage.get("errors", ()):
+                pos = err.get("item")
+                if isinstance(pos, int) and 0 <= pos < len(self.indices):
+                    err["position"], err["item"] = pos, int(self.indices[pos])
+        return s
+
+    def __getattr__(self, name):
+        return getattr(self.run, name)
+
+    def __repr__(self):
+        return f"DatasetRun({self.run!r})"
+
+
 def _distributed_rank():
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+class _Graph(_core.Graph):
+    """The graph handed to build(): a splitflow.Graph that notes the batches it makes."""
+
+    def batch(self, name, size, drop_last=False):
+        self._batches.append((int(size), bool(drop_last)))
+        return super().batch(name, size, drop_last)
+
+    def unbatch(self, *args, **kwargs):
+        self._batches.append(None)
+        return super().unbatch(*args, **kwargs)
+
+    def made_batches(self):
+        """(size, drop_last) of the graph's batching, or None when it does not batch (last)."""
+        batches = getattr(self, "_batches", [])
+        return batches[-1] if batches else None
+
+
+# -- what the loop took: positions of the rank's shard ----------------------------------------------
+
+def _index_values(v):
+    """An index field as a 1-d int64 array, or None when it does not hold integers."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, np.integer)):
+        return np.array([int(v)], dtype=np.int64)
+    try:
+        if isinstance(v, torch.Tensor):
+            a = v.detach().cpu().numpy()
+        elif isinstance(v, (_core.Tensor, np.ndarray, list, tuple)):
+            a = np.asarray(v)
+        else:
+            return None
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        return None
+    if a.dtype.kind not in "iu":
+        return None
+    return a.reshape(-1).astype(np.int64, copy=False)
+
+
+def _field(item, key):
+    if key is None:
+        return None
+    if isinstance(item, dict):
+        return item.get(key)
+    if isinstance(item, (tuple, list)) and isinstance(key, int) and not isinstance(key, bool) \
+            and -len(item) <= key < len(item):
+        return item[key]
+    return None
+
+
+def _leading(x):
+    """How many samples an item made by g.batch holds: its tensors' leading dimension (a dict
+    or a tuple: its first field's), a list's length."""
+    if isinstance(x, (_core.Tensor, torch.Tensor, np.ndarray)):
+        return int(x.shape[0]) if len(x.shape) else None
+    if isinstance(x, dict):
+        x = list(x.values())
+    elif isinstance(x, list):
+        return len(x)
+    if isinstance(x, (tuple, list)):
+        for v in x:
+            n = _leading(v)
+            if n is not None:
+                return n
+    return None
+
+
+def _ranges(done):
+    """[[start, stop), ...] of the True runs of a bool array."""
+    d = np.diff(np.concatenate(([0], done.astype(np.int8), [0])))
+    return [[int(a), int(b)] for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1))]
+
+
+class _Resume:
+    """A loaded state: the shard's positions done, and the worker whose batch was next."""
+
+    def __init__(self, done, workers=1, next_worker=0):
+        self.done, self.workers, self.next_worker = done, int(workers), int(next_worker)
+
+
+def _rotation(base, remaining, workers):
+    """Worker k takes the remaining positions p with p % workers == (k + rotation) % workers.
+    Resumed with the saving loader's num_workers, worker 0 continues the one whose batch was
+    next (the same batches as without the break); else the first remaining position's
+    (samples taken one at a time then continue in order)."""
+    if workers <= 1:
+        return 0
+    if base is not None and base.workers == workers:
+        return base.next_worker % workers
+    return int(remaining[0]) % workers if len(remaining) else 0
+
+
+def _assign(remaining, workers, worker, rotation):
+    if workers <= 1:
+        return remaining
+    return remaining[remaining % workers == (worker + rotation) % workers]
+
+
+def _round_robin(batches, taken):
+    """DataLoader asks its workers in turn, 0, 1, ..., skipping those that are done: after
+    `taken` batches, how many each worker gave, and the worker asked next."""
+    workers = len(batches)
+    counts = [0] * workers
+    t = 0  # full rounds
+    while taken > 0:
+        active = [j for j in range(workers) if batches[j] > t]
+        if not active:
+            break
+        full = min(min(batches[j] for j in active) - t, taken // len(active))
+        if full > 0:
+            for j in active:
+                counts[j] += full
+            t += full
+            taken -= full * len(active)
+            continue
+        for j in active[:taken]:
+            counts[j] += 1
+        return counts, active[taken]
+    active = [j for j in range(workers) if batches[j] > t]
+    return counts, (active[0] if active else 0)
+
+
+class _Progress:
+    """What the training loop took of one epoch's shard, as positions in the rank's order:
+    from the items' index field (exact) or by counting samples."""
+
+    def __init__(self, ds, base, workers):
+        self.epoch = ds.epoch
+        self.length = ds.length
+        self.index_field = ds.index_field
+        self.order = np.asarray(ds.rank_indices(), dtype=np.int64)
+        self.base = base
+        self.base_done = base.done if base is not None else np.zeros(len(self.order), bool)
+        if len(self.base_done) != len(self.order):
+            raise ValueError("GraphDataset: the loaded state's shard has "
+                             f"{len(self.base_done)} positions, this one {len(self.order)}")
+        remaining = np.flatnonzero(~self.base_done)
+        self.workers = max(1, int(workers))
+        self.rotation = _rotation(base, remaining, self.workers)
+        self.lists = [_assign(remaining, self.workers, j, self.rotation)
+                      for j in range(self.workers)]
+        self.taken = self.base_done.copy()  # base + the positions the index field named
+        self.by_index = None   # None: no item yet; True: every item named its indices
+        self.samples = 0       # samples counted (num_workers=0)
+        self.batches = 0       # batches the loop took (track())
+        self.complete = False  # the iteration ended: every position settled
+        self._pos_of = None
+        self._dups = None
+
+    # index field -> positions
+    def _positions(self, idx):
+        if idx.size == 0:
+            return idx
+        if idx.min() < 0 or idx.max() >= self.length:
+            return None
+        if self._pos_of is None:
+            uniq, first = np.unique(self.order, return_index=True)
+            self._pos_of = np.full(self.length, -1, np.int64)
+            self._pos_of[uniq] = first
+            self._dups = {}
+            if len(uniq) < len(self.order):  # even_shards="pad": an index at two positions
+                values, counts = np.unique(self.order, return_counts=True)
+                for x in values[counts > 1].tolist():
+                    self._dups[x] = np.flatnonzero(self.order == x).tolist()
+        p = self._pos_of[idx]
+        if (p < 0).any():
+            return None
+        if self._dups:
+            p = p.copy()
+            for k, x in enumerate(idx.tolist()):
+                if x in self._dups:
+                    free = [q for q in self._dups[x] if not self.taken[q] and q not in p[:k]]
+                    if not free:
+                        return None
+                    p[k] = free[0]
+        if self.taken[p].any() or len(np.unique(p)) != len(p):
+            return None
+        return p
+
+    def _note_indices(self, item):
+        """Records the item's indices; False when it names none (or not this shard's)."""
+        if self.by_index is False:
+            return False
+        v = _field(item, self.index_field)
+        if self._pos_of is not None and isinstance(v, int) and not isinstance(v, bool) \
+                and not self._dups and 0 <= v < self.length:  # one sample: the quick way
+            p = int(self._pos_of[v])
+            if p >= 0 and not self.taken[p]:
+                self.taken[p] = True
+                return 1
+        idx = _index_values(v) if v is not None else None
+        p = self._positions(idx) if idx is not None else None
+        if p is None:
+            if v is not None or self.by_index:
+                warnings.warn(
+                    f"GraphDataset: an item's {self.index_field!r} field is "
+                    f"{'missing' if v is None else 'not an unseen dataset index of this shard'}"
+                    ": state_dict() counts samples instead (exact only when the graph keeps "
+                    "the order and skips nothing); index_field=None says the samples carry "
+                    "no index", stacklevel=4)
+            self.by_index = False
+            return False
+        self.by_index = True
+        self.taken[p] = True
+        return len(p)
+
+    def took_item(self, item, batch_size):
+        """num_workers=0: the dataset yielded `item`."""
+        n = self._note_indices(item)
+        if n is False:
+            n = 1
+            if batch_size is not None:
+                n = _leading(item)
+                n = batch_size if n is None else n
+        self.samples += n
+
+    def took_batch(self, batch):
+        """track(): the loop took one of the DataLoader's batches."""
+        self._note_indices(batch)
+        self.batches += 1
+
+    def state(self, batches=None, loader_batch=1, loader_drop_last=False, graph_batch=None,
+              items=None):
+        """(done: bool array of the shard's positions, next worker, by_index)."""
+        workers = self.workers
+        next_worker = 0
+        if items is not None:  # samples taken one at a time, in order: a prefix of the shard
+            done = np.zeros(len(self.order), bool)
+            done[:max(0, int(items))] = True
+            return done, 1, 0, False
+        if self.complete:
+            return np.ones(len(self.order), bool), workers, 0, bool(self.by_index)
+        size, drop = graph_batch if graph_batch is not None else (1, False)
+        if batches is None and workers == 1:  # counted here, one item at a time
+            if self.by_index:
+                return self.taken.copy(), 1, 0, True
+            done = self.base_done.copy()
+            done[self.lists[0][:self.samples]] = True
+            return done, 1, 0, False
+        if batches is None:
+            batches = self.batches
+        lens = [len(lst) for lst in self.lists]
+        items_of = [n // size if drop else -(-n // size) for n in lens]
+        loader_batch = max(1, int(loader_batch or 1))
+        per_worker = [n // loader_batch if loader_drop_last else -(-n // loader_batch)
+                      for n in items_of]
+        counts, nxt = _round_robin(per_worker, int(batches))
+        next_worker = (nxt + self.rotation) % workers
+        if self.by_index and batches == self.batches:
+            return self.taken.copy(), workers, next_worker, True
+        done = self.base_done.copy()
+        for lst, c, n_items in zip(self.lists, counts, items_of):
+            done[lst[:min(c * loader_batch, n_items) * size]] = True
+        return done, workers, next_worker, False
 
 
 class GraphDataset(_data.IterableDataset):
@@ -87,6 +400,13 @@ class GraphDataset(_data.IterableDataset):
     reads floor(length / world), the epoch's last items left out): with DDP, every rank must
     take the same number of steps or the last collective hangs.
 
+    batch_size, drop_last: when build ends with ``g.batch(name, batch_size, drop_last)``, its
+    items are batches: say so here, and ``len()`` is the number of batches (without it, the
+    first iteration in this process finds the batch out; before it, and in DataLoader workers'
+    parents, ``len()`` counts samples). index_field: the samples' field that holds their
+    dataset index ("index", as ``read_file(paths, labels=...)`` makes it; an int for tuple
+    samples; None: none): state_dict then records the indices the loop took, exactly.
+
     With ``persistent_workers=True`` the DataLoader keeps its workers' copies of the dataset,
     so ``set_epoch`` on this object does not reach them: a worker that sees the same epoch
     twice warns. Build the DataLoader anew each epoch, or keep persistent_workers off.
@@ -94,12 +414,15 @@ class GraphDataset(_data.IterableDataset):
 
     def __init__(self, build, length, *, shuffle=False, seed=0, rank=None, world_size=None,
                  threads=0, backend="auto", streams=8, capacity=0, max_in_flight=256,
-                 to_torch=True, name="dataset", even_shards=None):
+                 to_torch=True, name="dataset", even_shards=None, batch_size=None,
+                 drop_last=False, index_field="index"):
         super().__init__()
         if length < 0:
             raise ValueError("GraphDataset: length must be >= 0")
         if even_shards not in (None, "pad", "drop"):
             raise ValueError(f"GraphDataset: even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"GraphDataset: batch_size must be >= 1 (or None), not {batch_size!r}")
         self.even_shards = even_shards
         self._build = build
         self.length = int(length)
@@ -113,11 +436,24 @@ class GraphDataset(_data.IterableDataset):
         self._capacity = capacity
         self._to_torch = to_torch
         self.name = name
-        self._consumed = 0   # items this process yielded in the current epoch (num_workers=0)
-        self._resume = 0     # items to skip at the next iteration (load_state_dict)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.index_field = index_field
+        self._found_batch = None  # (size, drop_last) the build's g.batch made, seen here
+        self._pending = None      # a loaded state, for the next iteration (_Resume)
+        self._progress = None     # what the loop took in the latest iteration (_Progress)
+        self._pickled = False     # sent to DataLoader workers (spawn) since set_epoch
         self._runtime = None
         self._runtime_pid = None
         self.last_run = None
+
+    def __getstate__(self):
+        # A copy for a DataLoader worker: without this process's runtime and runs.
+        self._pickled = True
+        state = dict(self.__dict__)
+        for k in ("_runtime", "_runtime_pid", "last_run", "_progress"):
+            state[k] = None
+        return state
 
     # -- sharding -------------------------------------------------------------------------------
     def shard(self):
@@ -146,8 +482,7 @@ class GraphDataset(_data.IterableDataset):
             order = (order * (total // len(order) + 1))[:total]
         return order[rank::world]
 
-    def __len__(self):
-        """Samples this rank reads per epoch (what DataLoader(batch_size=None) yields)."""
+    def _samples(self):
         rank, world = self.shard()
         if self.even_shards == "drop":
             return self.length // world
@@ -155,31 +490,127 @@ class GraphDataset(_data.IterableDataset):
             return -(-self.length // world)
         return len(range(rank, self.length, world))
 
+    def _graph_batch(self):
+        """(size, drop_last) of the graph's batches, or None when its items are samples."""
+        if self.batch_size is not None:
+            return self.batch_size, self.drop_last
+        return self._found_batch
+
+    def __len__(self):
+        """Items this rank yields per epoch (what DataLoader(batch_size=None) yields): samples,
+        or batches when the graph batches (batch_size=, or found by an earlier iteration here).
+        With DataLoader workers each worker batches its own share: up to num_workers - 1 more,
+        shorter, batches. Skipped samples make fewer."""
+        n = self._samples()
+        batch = self._graph_batch()
+        if batch is not None:
+            size, drop = batch
+            return n // size if drop else -(-n // size)
+        return n
+
     def set_epoch(self, epoch):
         """Selects the epoch's (deterministic) order; call before iterating, as with
-        DistributedSampler."""
+        DistributedSampler. Forgets any progress and loaded state."""
         self.epoch = int(epoch)
-        self._consumed = 0
-        self._resume = 0
+        self._pending = None
+        self._progress = None
+        self._pickled = False
 
     # -- resume ---------------------------------------------------------------------------------
-    def state_dict(self, items_seen=None):
-        """Where this epoch stands. With num_workers=0 the dataset counts the samples it
-        yielded; with workers, pass items_seen (the samples the loop took so far)."""
-        seen = self._consumed if items_seen is None else int(items_seen)
-        return {"epoch": self.epoch, "seed": self.seed, "items_seen": seen,
-                "length": self.length, "shuffle": self.shuffle}
+    def track(self, loader):
+        """Iterates ``loader`` (a DataLoader of this dataset), noting what the loop takes, so that
+        ``state_dict()`` knows it with DataLoader workers too: from the batches' index field
+        (exact), else from their count. With num_workers=0, the same as iterating ``loader``::
+
+            for batch in ds.track(loader): ...
+        """
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        if workers == 0:
+            yield from loader
+            return
+        it = iter(loader)  # the workers take their copies (with any loaded state) here
+        progress = _Progress(self, self._pending, workers)
+        progress.loader = loader
+        self._pending, self._progress = None, progress
+        for batch in it:
+            if progress is self._progress:
+                progress.took_batch(batch)
+            yield batch
+        progress.complete = True
+
+    def state_dict(self, batches_seen=None, loader=None, *, items_seen=None):
+        """Where this epoch stands: the positions of the rank's shard the loop took.
+
+        With num_workers=0 (or when iterating ``track(loader)``) the dataset knows: no argument.
+        With DataLoader workers otherwise: batches_seen (the batches this loader's iteration
+        gave the loop so far) and loader (its batch_size, num_workers and drop_last are read).
+        items_seen: the epoch's first items_seen samples are done (samples taken one at a time,
+        in order). What the loop took is what the loader gave it: if something between them
+        reads ahead (a prefetcher), pass batches_seen. The state holds the shard's positions
+        done as ranges (``done``), their count (``samples_seen``) and whether they come from the
+        samples' indices (``by_index``: exact)."""
+        progress = self._progress
+        if progress is not None and progress.epoch != self.epoch:
+            progress = None
+        base = self._pending
+        if base is None and progress is not None:
+            base = progress.base
+        workers = None
+        if batches_seen is not None:
+            if loader is None:
+                raise TypeError("GraphDataset.state_dict(batches_seen=...): pass loader= too "
+                                "(its batch_size, num_workers and drop_last)")
+            workers = max(1, int(getattr(loader, "num_workers", 0) or 0))
+            if progress is None or progress.workers != workers or progress.base is not base \
+                    or progress.batches != int(batches_seen):
+                progress = _Progress(self, base, workers)
+        elif items_seen is None and progress is None:
+            if self._pickled:
+                warnings.warn(
+                    "GraphDataset.state_dict(): this dataset went to DataLoader workers and did "
+                    "not see what they yielded: iterate ds.track(loader), or pass "
+                    "state_dict(batches_seen=..., loader=loader); this state says the loop took "
+                    "nothing of the epoch since it began (or since load_state_dict)", stacklevel=2)
+            progress = _Progress(self, base, 1)
+        elif progress is None:
+            progress = _Progress(self, base, 1)
+        if loader is None:
+            loader = getattr(progress, "loader", None)
+        done, workers, next_worker, by_index = progress.state(
+            batches=None if batches_seen is None else int(batches_seen),
+            loader_batch=getattr(loader, "batch_size", 1) if loader is not None else 1,
+            loader_drop_last=bool(getattr(loader, "drop_last", False)),
+            graph_batch=self._graph_batch(), items=items_seen)
+        rank, world = self.shard()
+        return {"epoch": self.epoch, "seed": self.seed, "length": self.length,
+                "shuffle": self.shuffle, "even_shards": self.even_shards, "rank": rank,
+                "world_size": world, "samples_seen": int(done.sum()), "done": _ranges(done),
+                "workers": workers, "next_worker": next_worker, "by_index": by_index}
 
     def load_state_dict(self, state):
-        """The next iteration continues the saved epoch after its items_seen samples: none
-        repeated, none skipped."""
+        """The next iteration continues the saved epoch: the shard's positions not done, none
+        repeated, none skipped (the state of another rank of the same world size loads too:
+        exact when the ranks took the same positions)."""
         if state["length"] != self.length or state["shuffle"] != self.shuffle:
             raise ValueError("GraphDataset.load_state_dict: the state is of a different dataset "
                              f"(length {state['length']}, shuffle {state['shuffle']})")
+        rank, world = self.shard()
+        if state.get("world_size", world) != world or \
+                state.get("even_shards", self.even_shards) != self.even_shards:
+            raise ValueError("GraphDataset.load_state_dict: the state is of another sharding "
+                             f"(world_size {state.get('world_size')}, even_shards "
+                             f"{state.get('even_shards')!r}; here {world}, {self.even_shards!r})")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
-        self._resume = int(state["items_seen"])
-        self._consumed = self._resume
+        done = np.zeros(self._samples(), bool)
+        if "done" in state:
+            for a, b in state["done"]:
+                done[int(a):int(b)] = True
+        else:  # a state of earlier versions: the first items_seen samples
+            done[:int(state["items_seen"])] = True
+        self._pending = _Resume(done, state.get("workers", 1), state.get("next_worker", 0))
+        self._progress = None
+        self._pickled = False
 
     # -- iteration ------------------------------------------------------------------------------
     def runtime(self):
@@ -189,19 +620,9 @@ class GraphDataset(_data.IterableDataset):
             self._runtime_pid = os.getpid()
         return self._runtime
 
-    def _my_indices(self):
-        indices = self.rank_indices()
-        info = _data.get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        # DataLoader takes samples from its workers round-robin, so after `resume` samples
-        # shard j has yielded resume // n (+1 for the first resume % n shards), and shard
-        # resume % n is next: the loader's worker k continues shard (k + resume) % n.
-        shard = (worker + self._resume) % workers
-        skip = self._resume // workers + (1 if shard < self._resume % workers else 0)
-        return indices[shard::workers][skip:], info is None
-
     def __iter__(self):
-        if _data.get_worker_info() is not None:
+        info = _data.get_worker_info()
+        if info is not None:
             if getattr(self, "_worker_epoch", None) == self.epoch:
                 warnings.warn(
                     f"GraphDataset: a DataLoader worker iterates epoch {self.epoch} again: with "
@@ -209,26 +630,47 @@ class GraphDataset(_data.IterableDataset):
                     "reach the workers' copies (each epoch repeats the same order); build the "
                     "DataLoader anew each epoch or set persistent_workers=False", stacklevel=2)
             self._worker_epoch = self.epoch
-        indices, counting = self._my_indices()
-        self._resume = 0
-        graph = _core.Graph(self.runtime(), self.name, **self._graph_args)
+        base, self._pending = self._pending, None
+        if info is None:  # the loop takes what this process yields: count it
+            progress = _Progress(self, base, 1)
+            self._progress = progress
+            order, positions = progress.order, progress.lists[0]
+        else:
+            progress = None
+            order = np.asarray(self.rank_indices(), dtype=np.int64)
+            done = base.done if base is not None else np.zeros(len(order), bool)
+            remaining = np.flatnonzero(~done)
+            rotation = _rotation(base, remaining, info.num_workers)
+            positions = _assign(remaining, info.num_workers, info.id, rotation)
+        indices = order[positions].tolist()
+        graph = _Graph(self.runtime(), self.name, **self._graph_args)
+        graph._batches = []
         source = graph.indices("indices", indices)
         last = self._build(graph, source)
         if last is None:
             last = source
+        made = graph.made_batches()
+        if made is not None:
+            if self.batch_size is not None and made != (self.batch_size, self.drop_last):
+                raise ValueError(
+                    f"GraphDataset(batch_size={self.batch_size}, drop_last={self.drop_last}) but "
+                    f"the graph batches by {made[0]} (drop_last={made[1]})")
+            self._found_batch = made
         out = graph.pull_sink("samples", self._capacity)
         last >> out
+        batch = self._graph_batch()
+        batch_size = batch[0] if batch is not None else None
         it = graph.iterate(out)
-        self.last_run = it.run  # stats() and report() of the latest epoch
+        self.last_run = DatasetRun(it.run, indices)  # stats() and report() of the latest epoch
         try:
             for item in it:
-                if counting:
-                    self._consumed += 1
+                if progress is not None:
+                    progress.took_item(item, batch_size)
                 yield to_torch(item) if self._to_torch else item
         except StageError as e:
             _name_dataset_index(e, indices)
             raise
         finally:
             it.close()  # an early break or an exception cancels the run
-        if counting:
-            self._consumed = 0  # the epoch is complete
+        if progress is not None:
+            progress.complete = True  # the epoch's shard is settled

@@ -102,7 +102,7 @@ def test_resume_mid_epoch_from_state_dict():
         if len(first) == 37:
             break
     state = ds.state_dict()
-    assert state["items_seen"] == 37 and state["epoch"] == 4
+    assert state["samples_seen"] == 37 and state["epoch"] == 4
 
     resumed = sft.GraphDataset(build_identity, N, shuffle=True, seed=0, threads=2, backend="host")
     resumed.load_state_dict(state)
