@@ -1,13 +1,24 @@
-// Test helpers: CPU work that does not sleep, and types that count their own copies and lives.
+// The shared test harness (like oneTBB's test/common), for every tests/test_*.cpp: CPU work that
+// does not sleep, types that count their own copies and lives, item generators and expected
+// sequences, and, for the device-layer suites (test_gpu_stage, test_stream_pool,
+// test_pinned_ring), a host-backend runtime and the check that every lease, ring byte and pool
+// byte came back (docs/architecture.md, "The device layer").
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <numeric>
 #include <optional>
+#include <random>
+#include <splitflow/splitflow.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace testing_helpers {
 
@@ -89,6 +100,61 @@ inline auto counter(long n) {
     if (n >= 0 && i >= n) return std::nullopt;
     return i++;
   };
+}
+
+/// 0, 1, ..., n-1 (two names: the tests that use them were written with both).
+inline std::vector<long> iota_vec(long n) {
+  std::vector<long> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 0L);
+  return v;
+}
+inline std::vector<long> iota_vector(long n) { return iota_vec(n); }
+
+/// The items of a run of batches, in order.
+inline std::vector<long> flatten(const std::vector<std::vector<long>>& batches) {
+  std::vector<long> all;
+  for (const auto& b : batches) all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+
+/// Random work per item (microseconds, for spin_us), seeded by the item so that runs are
+/// repeatable in what they do.
+inline double work_for(long item) {
+  std::mt19937 rng(static_cast<unsigned>(item) * 2654435761u);
+  return std::uniform_real_distribution<double>(0.0, 30.0)(rng);
+}
+
+/// A runtime on the host backend (the modelled device): `streams` in the stream pool, `slots`
+/// compute slots.
+inline splitflow::RuntimeConfig host_device(int threads, std::size_t streams, int slots = 1) {
+  splitflow::RuntimeConfig c{.threads = threads};
+  c.device.backend = splitflow::BackendKind::host;
+  c.device.streams = streams;
+  c.device.host_compute_slots = slots;
+  return c;
+}
+
+/// Every lease, ring byte and device pool byte back to its total (ring capacity stays
+/// allocated with the graph's GPU stages; nothing in use).
+/// `all` holds the stats of every graph alive on the runtime (their rings share the pool).
+inline void expect_returned(const splitflow::Runtime& rt,
+                            const std::vector<splitflow::RunStats>& all) {
+  auto d = rt.device_stats();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->leases_in_use, 0u) << "a stream lease was not returned";
+  EXPECT_EQ(d->lease_waiters, 0u);
+  EXPECT_EQ(d->device_bytes_in_use, 0u) << "device pool bytes were not returned";
+  std::size_t rings = 0;
+  for (const splitflow::RunStats& st : all)
+    for (const auto& s : st.stages) {
+      rings += s.ring_capacity;
+      EXPECT_EQ(s.ring_budgets, 0u) << s.name << ": ring budgets were not returned";
+      EXPECT_EQ(s.ring_in_use, 0u) << s.name << ": ring bytes were not returned";
+    }
+  EXPECT_EQ(d->pinned_bytes_in_use, rings) << "pinned pool bytes were not returned";
+}
+inline void expect_returned(const splitflow::Runtime& rt, const splitflow::RunStats& st) {
+  expect_returned(rt, std::vector<splitflow::RunStats>{st});
 }
 
 }  // namespace testing_helpers

@@ -1,5 +1,6 @@
-// The public API as a user sees it (docs/api.md): the umbrella header alone gives every public
-// name, the version macro agrees with the CMake project, and every error is a splitflow::Error.
+// The public API as a user sees it: the umbrella header alone gives every public name, the
+// version macro agrees with the CMake project, and every error is a splitflow::Error. Checks
+// docs/api.md, "Objects and options", "Versions" and "Errors: one hierarchy".
 #include <gtest/gtest.h>
 
 #include <splitflow/splitflow.hpp>  // the only splitflow include: the umbrella must suffice

@@ -1,6 +1,9 @@
-// Dynamic batching (splitflow/serving/batching.hpp) inside a service: batch bounds, the max_delay timer
-// on an injected clock (no sleeps), results back to the right requests, errors per batch and
-// per item, deadlines. Each test names the requirement it checks.
+// The dynamic batch and unbatch nodes (Graph::dynamic_batch, Graph::unbatch;
+// splitflow/serving/batching.hpp) inside a service: batch bounds, the max_delay timer on an
+// injected clock (no sleeps), results back to the right requests, errors per batch and per
+// item, deadlines. Checks docs/architecture.md, "How an item flows" (9. Dynamic batching), and
+// docs/api.md, "Objects and options" (dynamic batching). Each test quotes the requirement it
+// checks. (The fixed-size batch node, Graph::batch: test_batch.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,5 +1,7 @@
-// The CUDA backend on a real device. Every test skips with "no CUDA device" where there is none
-// (or without a CUDA build); scripts/gpu-check.sh runs them on a GPU machine.
+// GPU stages on the CUDA backend, on a real device. Every test skips with "no CUDA device" where
+// there is none (or without a CUDA build); scripts/gpu-check.sh runs them on a GPU machine.
+// Checks docs/architecture.md, "Backends" (CUDA) and "Accounting". The same node kind on the
+// host backend: test_gpu_stage.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,5 +1,7 @@
-// Failure, cancellation, reruns, several graphs on one runtime, runtime shutdown. Every test
-// also checks that nothing leaks: items (live instance counts) return to zero.
+// Runs (Graph::run, Run, Runtime): failure, cancellation, reruns, several graphs on one runtime,
+// runtime shutdown. Every test also checks that nothing leaks: items (live instance counts)
+// return to zero. Checks docs/architecture.md, "Run lifecycle" and "Objects" (Runtime, Run), and
+// docs/api.md, "Errors: one hierarchy" (StageError, GraphError).
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -1,11 +1,13 @@
-// Flow control: concurrency limits, bounded queues, max_in_flight, and the rule that no arena
-// thread ever waits for queue space or input.
+// Flow control across a graph: bounded queues, GraphOptions::max_in_flight, merges of many
+// producers, pull sinks nobody reads, and the rule that no arena thread ever waits for queue
+// space or input. Checks docs/architecture.md, "How an item flows" (1. Slots before work,
+// 2. Blocked producers wait as data, not as threads; 10. Fan-out, merge, zip: a merge's queue and
+// its wake-ups), and docs/api.md, "Conventions" (Capacity). A stage's own concurrency limit and
+// claims: test_stage.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <splitflow/splitflow.hpp>
 #include <string>
 #include <thread>
@@ -17,59 +19,6 @@ using namespace splitflow;
 using testing_helpers::counter;
 using testing_helpers::raise_max;
 using testing_helpers::spin_us;
-
-namespace {
-
-// Bodies that hold until `limit` of them run at once (the first time only), so that the
-// observed maximum reaches the limit if and only if the runtime allows it.
-struct Rendezvous {
-  explicit Rendezvous(long limit) : limit(limit) {}
-  void enter() {
-    std::unique_lock lk(mu);
-    ++current;
-    max_seen = std::max(max_seen, current);
-    if (current >= limit) met = true;
-    cv.notify_all();
-    cv.wait_for(lk, std::chrono::seconds(20), [&] { return met; });
-  }
-  void leave() {
-    std::lock_guard lk(mu);
-    --current;
-  }
-  const long limit;
-  std::mutex mu;
-  std::condition_variable cv;
-  long current = 0;
-  long max_seen = 0;
-  bool met = false;
-};
-
-}  // namespace
-
-// "observed max concurrency equals the limit (never more)"
-TEST(Concurrency, ObservedMaximumEqualsTheLimit) {
-  for (std::size_t limit : {1u, 3u, 5u}) {
-    Runtime rt({.threads = 8});
-    Graph g(rt, "limit");
-    Rendezvous rv(static_cast<long>(limit));
-    auto src = g.source("n", counter(400));
-    auto work = g.stage("work", [&](long x) {
-      rv.enter();
-      spin_us(20);
-      rv.leave();
-      return x;
-    }, {.concurrency = limit, .order = Order::out_of_order});
-    long n = 0;
-    auto sink = g.sink("count", [&](long) { ++n; });
-    src >> work >> sink;
-    auto run = g.run();
-    run.wait();
-    EXPECT_TRUE(rv.met) << "limit " << limit << " never reached";
-    EXPECT_EQ(rv.max_seen, static_cast<long>(limit));
-    EXPECT_EQ(run.stats().find("work")->max_concurrency, limit);
-    EXPECT_EQ(n, 400);
-  }
-}
 
 // "bounded queues bound items in flight under a slow sink (measure the maximum)"
 TEST(Backpressure, BoundedQueuesBoundItemsInFlightUnderASlowSink) {
@@ -263,61 +212,3 @@ TEST(Scheduling, OneThreadRuntimeWithTinyQueuesFinishesEveryGraph) {
   }
 }
 
-// Concurrency::unlimited is bounded by the consumer's capacity (each invocation holds a slot).
-TEST(Concurrency, UnlimitedIsBoundedByTheConsumersCapacity) {
-  Runtime rt({.threads = 8});
-  Graph g(rt, "unlimited");
-  std::atomic<long> now{0}, max{0};
-  auto src = g.source("n", counter(300));
-  auto st = g.stage("st", [&](long x) {
-    raise_max(max, ++now);
-    spin_us(200);
-    --now;
-    return x;
-  }, {.concurrency = Concurrency::unlimited, .order = Order::out_of_order, .capacity = 16});
-  auto sink = g.sink("s", [](long) {}, {.capacity = 3});
-  src >> st >> sink;
-  g.run().wait();
-  EXPECT_LE(max.load(), 3);
-  EXPECT_GE(max.load(), 2);
-}
-
-// Claims carry about 20 us of work: cheap bodies share invocations, expensive ones run one item
-// per invocation and a backlog of them spreads over the stage's concurrency. (Behind a
-// bottleneck slots free one at a time, so claims there hold one item: batches only form from
-// backlogs, never by waiting.)
-TEST(Claims, CheapBodiesShareInvocations) {
-  Runtime rt({.threads = 4});
-  Graph g(rt, "cheap");
-  auto src = g.source("n", counter(20000));
-  auto cheap = g.stage("cheap", [](long x) { return x + 1; }, {.concurrency = 4});
-  long sum = 0;
-  auto sink = g.sink("s", [&](long x) { sum += x; });
-  src >> cheap >> sink;
-  auto run = g.run();
-  run.wait();
-  const RunStats st = run.stats();
-  EXPECT_EQ(sum, 20000L * 20001 / 2);
-  EXPECT_LT(st.find("n")->invocations, 20000u / 4) << "cheap items were not batched";
-  EXPECT_LT(st.find("cheap")->invocations, 20000u / 4) << "cheap items were not batched";
-}
-
-TEST(Claims, ExpensiveBodiesRunOneItemPerInvocationAcrossTheConcurrency) {
-  Runtime rt({.threads = 4});
-  Graph g(rt, "dear");
-  auto src = g.source("n", counter(600));
-  auto dear = g.stage("dear", [](long x) { spin_us(100); return x; },
-                      {.concurrency = 3, .order = Order::out_of_order});
-  long n = 0;
-  auto sink = g.sink("s", [&](long) { ++n; });
-  src >> dear >> sink;
-  auto run = g.run();
-  run.wait();
-  const RunStats st = run.stats();
-  EXPECT_EQ(n, 600);
-  EXPECT_EQ(st.find("dear")->invocations, 600u) << "100 us items should run one per claim";
-  // Never above the limit, and really parallel. (Reaching exactly the limit depends on when
-  // the OS wakes workers; Concurrency.ObservedMaximumEqualsTheLimit proves it deterministically.)
-  EXPECT_LE(st.find("dear")->max_concurrency, 3u);
-  EXPECT_GE(st.find("dear")->max_concurrency, 2u);
-}

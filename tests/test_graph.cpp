@@ -1,11 +1,14 @@
-// Graph semantics: ordering, fan-out / merge / zip, sources, move-only items, validation.
-// Each test names the requirement of the "Foundation" issue it checks.
+// The graph (Graph, connect / >> / fan_out, Graph::run): topology (fan-out, merge), sources
+// (a generator, an iterator range), callback sinks, move-only and copied items, and the
+// validation of run() and connect() (every port connected, acyclic, unique names, edges within
+// one graph, a copyable type for a second consumer). Checks docs/architecture.md, "Objects"
+// (Graph, what run() validates) and "How an item flows" (10. Fan-out, merge, zip), and
+// docs/api.md, "Objects and options" (a source, sinks, edges).
+// CPU stages: test_stage.cpp; zip: test_zip.cpp; pull sinks: test_pull_sink.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <splitflow/splitflow.hpp>
 #include <string>
 #include <vector>
@@ -14,57 +17,9 @@
 
 using namespace splitflow;
 using testing_helpers::counter;
+using testing_helpers::iota_vec;
 using testing_helpers::MoveOnly;
-using testing_helpers::spin_us;
 using testing_helpers::Tracked;
-
-namespace {
-
-std::vector<long> iota_vec(long n) {
-  std::vector<long> v(static_cast<std::size_t>(n));
-  std::iota(v.begin(), v.end(), 0L);
-  return v;
-}
-
-// Random work per item, seeded by the item so that runs are repeatable in what they do.
-double work_for(long item) {
-  std::mt19937 rng(static_cast<unsigned>(item) * 2654435761u);
-  return std::uniform_real_distribution<double>(0.0, 30.0)(rng);
-}
-
-}  // namespace
-
-// "ordering: in-order: output order equals input order even when parallel"
-TEST(Ordering, InOrderParallelStagesPreserveSourceOrder) {
-  Runtime rt({.threads = 4});
-  Graph g(rt, "ordered");
-  auto src = g.source("n", counter(3000));
-  auto a = g.stage("a", [](long x) { spin_us(work_for(x)); return x * 3; }, {.concurrency = 4});
-  auto b = g.stage("b", [](long x) { spin_us(work_for(x + 7)); return x + 1; },
-                   {.concurrency = Concurrency::unlimited});
-  std::vector<long> got;
-  auto sink = g.sink("collect", [&](long x) { got.push_back(x); });
-  src >> a >> b >> sink;
-  EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
-  ASSERT_EQ(got.size(), 3000u);
-  for (long i = 0; i < 3000; ++i) ASSERT_EQ(got[i], i * 3 + 1) << "at position " << i;
-}
-
-// "out-of-order" delivers every item exactly once; with random work the order does change.
-TEST(Ordering, OutOfOrderDeliversEveryItemOnce) {
-  Runtime rt({.threads = 4});
-  Graph g(rt, "unordered");
-  auto src = g.source("n", counter(2000));
-  auto a = g.stage("a", [](long x) { spin_us(work_for(x)); return x; },
-                   {.concurrency = 4, .order = Order::out_of_order});
-  std::vector<long> got;
-  auto sink = g.sink("collect", [&](long x) { got.push_back(x); });
-  src >> a >> sink;
-  g.run().wait();
-  std::vector<long> sorted = got;
-  std::sort(sorted.begin(), sorted.end());
-  EXPECT_EQ(sorted, iota_vec(2000));
-}
 
 // "fan-out (one output feeding several stages, each getting every item)"
 TEST(Topology, FanOutGivesEveryConsumerEveryItem) {
@@ -111,29 +66,6 @@ TEST(Topology, MergeTakesEveryItemOfEveryProducer) {
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, want);
   // Each producer's own items keep their order through an in-order merge stage.
-}
-
-// "zip (pair the i-th items of two branches into a std::pair)"
-TEST(Topology, ZipPairsTheIthItemsOfTwoBranches) {
-  Runtime rt({.threads = 4});
-  Graph g(rt, "zip");
-  auto src = g.source("n", counter(1500));
-  auto doubled = g.stage("doubled", [](long x) { spin_us(work_for(x)); return 2 * x; },
-                         {.concurrency = 3});
-  auto named = g.stage("named", [](long x) { return std::to_string(x); }, {.concurrency = 2});
-  auto pair = g.zip<long, std::string>("pair");
-  std::vector<std::pair<long, std::string>> got;
-  auto sink = g.sink("collect", [&](std::pair<long, std::string> p) { got.push_back(p); });
-  fan_out(src, doubled, named);
-  connect(doubled, pair.first());
-  connect(named, pair.second());
-  pair >> sink;
-  g.run().wait();
-  ASSERT_EQ(got.size(), 1500u);
-  for (long i = 0; i < 1500; ++i) {
-    ASSERT_EQ(got[i].first, 2 * i);
-    ASSERT_EQ(got[i].second, std::to_string(i));
-  }
 }
 
 // "sources (from a generator callable, or from an iterator range)"
@@ -288,21 +220,6 @@ TEST(Validation, MalformedGraphsAreRejectedWithTheStageNamed) {
   Graph g(rt, "names");
   g.source("x", counter(1));
   EXPECT_THROW(g.stage("x", [](long v) { return v; }), GraphError);
-}
-
-// docs/api.md, "Concurrency": 0 means unlimited, in C++ as in Python.
-TEST(Validation, ConcurrencyZeroMeansUnlimited) {
-  Runtime rt({.threads = 2});
-  Graph g(rt, "zero");
-  auto src = g.source("n", counter(100));
-  auto st = g.stage("any", [](long v) { return v; }, {.concurrency = 0});
-  long n = 0;
-  auto sink = g.sink("s", [&](long) { ++n; });
-  src >> st >> sink;
-  auto run = g.run();
-  ASSERT_EQ(run.wait(), RunStatus::succeeded);
-  EXPECT_EQ(n, 100);
-  EXPECT_EQ(run.stats().find("any")->concurrency_limit, Concurrency::unlimited);
 }
 
 // Fan-out of a move-only type through connect() is refused at the second edge, with advice.

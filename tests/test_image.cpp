@@ -1,6 +1,8 @@
-// Image input ops (splitflow/ops/image.hpp). The data is made here, at test time: random images
-// encoded with libturbojpeg, plus truncated, garbage and empty files. Each test names what it
-// checks.
+// Image input ops (splitflow/ops/image.hpp), the bodies of CPU stages that read images. The
+// data is made here, at test time: random images encoded with libturbojpeg, plus truncated,
+// garbage and empty files. Checks docs/api.md, "Objects and options" (image resize) and
+// "Conventions" (Resize filter), and docs/architecture.md, "Targets" (splitflow::ops). Each
+// test names what it checks.
 #include <gtest/gtest.h>
 #include <turbojpeg.h>
 #include <unistd.h>

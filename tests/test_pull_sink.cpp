@@ -1,5 +1,6 @@
-// The pull sink: a sink read by the caller's thread (README, "A graph in C++"; graph.hpp,
-// PullSink). Leaving its loop early ends the run; its final stats count what the reader took.
+// The pull sink (Graph::pull_sink): a sink read by the caller's thread (README, "A graph in
+// C++"; graph.hpp, PullSink). Leaving its loop early ends the run; its final stats count what
+// the reader took. Checks docs/api.md, "Objects and options" (sinks, reading a pull sink).
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -1,6 +1,9 @@
-// Services (splitflow/serving/service.hpp): push sources with a future per request, bounded admission,
-// deadlines. Each test names the requirement it checks; every one also checks that each future
-// completes exactly once (a second completion would throw std::future_error).
+// Services (Graph::service, splitflow/serving/service.hpp): push sources with a future per
+// request, bounded admission, deadlines. Checks docs/architecture.md, "How an item flows"
+// (8. Requests), docs/api.md, "Objects and options" (a service), and docs/telemetry.md, "Per
+// service (`Service::stats()`, `ServiceStats`)". Each test quotes the requirement it checks;
+// every one also checks that each future completes exactly once (a second completion would
+// throw std::future_error).
 #include <gtest/gtest.h>
 
 #include <atomic>

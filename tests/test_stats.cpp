@@ -1,5 +1,6 @@
-// Per-stage statistics: counts, the busy / starved / blocked partition of wall time, and what
-// they show for a planted bottleneck.
+// Per-stage statistics (a policy of every node kind): counts, the busy / starved / blocked
+// partition of wall time, and what they show for a planted bottleneck. Checks
+// docs/architecture.md, "Statistics", and docs/telemetry.md, "Per stage (`StageStats`)".
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -1,6 +1,9 @@
-// Telemetry: latency histograms, queue occupancy, the diagnosis of planted bottlenecks, the
-// observer interface, bounded traces, and the consistency of the figures. Each test names the
-// requirement of the "Telemetry" issue it checks.
+// Telemetry (a policy of every node kind): latency histograms, queue occupancy, the diagnosis
+// of planted bottlenecks, the observer interface, bounded traces, and the consistency of the
+// figures. Checks docs/telemetry.md, "Figures", "JSON summary (`to_json`)", "Chrome trace
+// (`Run::trace_json`, with `GraphOptions::trace`)", "Prometheus text (`prometheus_text`)",
+// "Observer" and "Diagnosis (`diagnose`, the end of `report`)", and docs/architecture.md,
+// "Statistics". Each test quotes the requirement it checks.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

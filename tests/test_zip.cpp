@@ -1,5 +1,6 @@
-// The zip node: pairs by item, not by arrival (docs/architecture.md, "Zip"), drops the partner
-// of an item a branch dropped, and refuses graphs where items cannot be told apart.
+// The zip node (Graph::zip): pairs the i-th items of two branches by item, not by arrival,
+// drops the partner of an item a branch dropped, and refuses graphs where items cannot be told
+// apart. Checks docs/architecture.md, "How an item flows" (10. Fan-out, merge, zip).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +15,30 @@ using namespace splitflow;
 using testing_helpers::counter;
 using testing_helpers::refusal;
 using testing_helpers::spin_us;
+using testing_helpers::work_for;
+
+// "zip (pair the i-th items of two branches into a std::pair)"
+TEST(Topology, ZipPairsTheIthItemsOfTwoBranches) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "zip");
+  auto src = g.source("n", counter(1500));
+  auto doubled = g.stage("doubled", [](long x) { spin_us(work_for(x)); return 2 * x; },
+                         {.concurrency = 3});
+  auto named = g.stage("named", [](long x) { return std::to_string(x); }, {.concurrency = 2});
+  auto pair = g.zip<long, std::string>("pair");
+  std::vector<std::pair<long, std::string>> got;
+  auto sink = g.sink("collect", [&](std::pair<long, std::string> p) { got.push_back(p); });
+  fan_out(src, doubled, named);
+  connect(doubled, pair.first());
+  connect(named, pair.second());
+  pair >> sink;
+  g.run().wait();
+  ASSERT_EQ(got.size(), 1500u);
+  for (long i = 0; i < 1500; ++i) {
+    ASSERT_EQ(got[i].first, 2 * i);
+    ASSERT_EQ(got[i].second, std::to_string(i));
+  }
+}
 
 // "a zip pairs the items that came from the same upstream item, whatever order they arrive in"
 TEST(Zip, PairsByItemWhenABranchRunsOutOfOrder) {
