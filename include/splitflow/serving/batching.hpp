@@ -185,7 +185,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
       this->graph().retire_items(popped, w);
     }
     const Ticks body_end = now_ticks();
-    const std::size_t emitted = this->emit(0, popped > 0 ? 1 : 0, *out, w);
+    const std::size_t emitted = this->emit(0, popped > 0 ? 1 : 0, *out, w, body_end);
     this->end_invocation(t0, body_end, popped, emitted, w, nullptr, first);
   }
 
@@ -210,9 +210,9 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
   class Port final : public Receiver<T> {
    public:
     explicit Port(DynamicBatchNode& n) : Receiver<T>(n, 0), node_(&n) {}
-    void push(std::vector<Envelope<T>>& items, WorkList& w) override {
+    void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced) override {
       const time_point now = node_->opts_.clock->now();
-      const Ticks ticks = node_->stamps() ? now_ticks() : 0;
+      const Ticks ticks = node_->stamps() ? (produced ? produced : now_ticks()) : 0;
       std::lock_guard lk(node_->mu_);
       if (node_->graph().stopping()) {
         node_->rejected_locked(0, items.size(), w);
@@ -320,7 +320,7 @@ class UnbatchNode final : public OneInputNode<UnbatchNode<T>, Emitter<T>, Batch<
     else if (made < in.size())
       this->graph().retire_items(in.size() - made, w);
     const Ticks body_end = now_ticks();
-    return ClaimResult{this->emit(0, slots, *out, w), body_end};
+    return ClaimResult{this->emit(0, slots, *out, w, body_end), body_end};
   }
 
  protected:

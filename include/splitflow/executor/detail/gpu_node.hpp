@@ -190,13 +190,13 @@ class GpuStageNode final : public Emitter<Out> {
   class Port final : public Receiver<In> {
    public:
     Port(GpuStageNode& n, int port) : Receiver<In>(n, port), node_(&n) {}
-    void push(std::vector<Envelope<In>>& items, WorkList& w) override {
+    void push(std::vector<Envelope<In>>& items, WorkList& w, Ticks produced) override {
       std::lock_guard lk(node_->mu_);
       if (node_->graph().stopping()) {
         node_->rejected_locked(this->port_, items.size(), w);
         return;
       }
-      const Ticks now = node_->stamps() ? now_ticks() : 0;
+      const Ticks now = node_->stamps() ? (produced ? produced : now_ticks()) : 0;
       for (auto& e : items) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 0, now});
       node_->arrived_locked(this->port_, items.size(), w, now);
     }
@@ -210,7 +210,7 @@ class GpuStageNode final : public Emitter<Out> {
    public:
     explicit HostPort(GpuStageNode& n) : Receiver<HostTensor>(n, 1), node_(&n) {}
     PinnedRing* ring() const noexcept override { return node_->ring_.get(); }
-    void push(std::vector<Envelope<HostTensor>>& items, WorkList& w) override {
+    void push(std::vector<Envelope<HostTensor>>& items, WorkList& w, Ticks produced) override {
       if constexpr (kRing) {
         // Items come in ring memory (written there by the producer) or are copied there now;
         // either way their budget turns into a counted block.
@@ -233,12 +233,13 @@ class GpuStageNode final : public Emitter<Out> {
           node_->rejected_locked(1, in_ring.size(), w);
           return;  // the tensors (and their ring blocks) go after the lock is released
         }
-        const Ticks now = node_->stamps() ? now_ticks() : 0;
+        const Ticks now = node_->stamps() ? (produced ? produced : now_ticks()) : 0;
         for (auto& e : in_ring) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 1, now});
         node_->arrived_locked(1, in_ring.size(), w, now);
       } else {
         (void)items;
         (void)w;
+        (void)produced;
       }
     }
 

@@ -108,7 +108,9 @@ class Receiver {
  public:
   Receiver(NodeBase& node, int port) : node_(&node), port_(port) {}
   virtual ~Receiver() = default;
-  virtual void push(std::vector<Envelope<T>>& items, WorkList& w) = 0;
+  /// Pushes `items` into reserved slots. `produced`: when the producer made them (its claim's
+  /// end, read anyway), their arrival time for latencies; 0: read the clock here if stamping.
+  virtual void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced) = 0;
   /// The pinned ring behind this entry, if it is a CPU-to-GPU edge (producers write into it).
   virtual PinnedRing* ring() const noexcept { return nullptr; }
   NodeBase& node() const noexcept { return *node_; }

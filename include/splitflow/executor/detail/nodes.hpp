@@ -31,9 +31,10 @@ class InputPort final : public Receiver<T> {
   using value_type = T;
   using Receiver<T>::Receiver;
 
-  void push(std::vector<Envelope<T>>& items, WorkList& w) override {
-    // The items' arrival time, for their latency; read before locking to keep the lock short.
-    const Ticks now = this->node_->stamps() ? now_ticks() : 0;
+  void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced) override {
+    // The items' arrival time, for their latency: when the producer made them, or read now,
+    // before locking to keep the lock short.
+    const Ticks now = this->node_->stamps() ? (produced ? produced : now_ticks()) : 0;
     std::lock_guard lk(this->node_->mutex());
     if (this->node_->graph().stopping()) {
       this->node_->rejected_locked(this->port_, items.size(), w);
@@ -241,12 +242,14 @@ class Emitter : public NodeBase {
   /// Emits the outputs of a claim that popped tickets [ticket, ticket + slots): `out` holds the
   /// outputs of the first out.size() of them (fewer than `slots` only when a body failed).
   /// Returns how many of `out` count as emitted (none once the run is stopping).
+  /// `produced`: when the claim made them (its body_end), their consumers' arrival time; 0:
+  /// read by the consumers if they stamp arrivals.
   std::size_t emit(std::uint64_t ticket, std::size_t slots, std::vector<Envelope<Out>>& out,
-                   WorkList& w) {
+                   WorkList& w, Ticks produced = 0) {
     const std::size_t emitted = graph().stopping() ? 0 : out.size();
     if (!sequenced()) {
       release_successors(slots - out.size(), w);
-      deliver(out, w);
+      deliver(out, w, produced);
       return emitted;
     }
     std::lock_guard lk(mu_);
@@ -270,14 +273,14 @@ class Emitter : public NodeBase {
       s.full = false;
       ++next_emit_;
     }
-    deliver(out, w);  // consumers are downstream: pushing under our lock is in order
+    deliver(out, w, produced);  // consumers are downstream: pushing under our lock is in order
     return emitted;
   }
 
  private:
   /// Pushes `out` (one reserved slot per item in every consumer) to every consumer: copies for
   /// all but the last.
-  void deliver(std::vector<Envelope<Out>>& out, WorkList& w) {
+  void deliver(std::vector<Envelope<Out>>& out, WorkList& w, Ticks produced) {
     const std::size_t n = out.size();
     if (n == 0) return;
     if (graph().stopping()) {
@@ -293,12 +296,12 @@ class Emitter : public NodeBase {
         Scratch<Envelope<Out>> copy;
         for (std::size_t i = 0; i + 1 < consumers; ++i) {
           copy->assign(out.begin(), out.end());
-          targets_[i]->push(*copy, w);
+          targets_[i]->push(*copy, w, produced);
           copy->clear();
         }
       }
     }
-    targets_[consumers - 1]->push(out, w);
+    targets_[consumers - 1]->push(out, w, produced);
     out.clear();
   }
 
@@ -379,7 +382,7 @@ class SourceNode final : public Emitter<T> {
     const Ticks body_end = now_ticks();
     const std::size_t made = out->size();
     if (made < k) this->graph().retire_items(k - made, w);  // admitted, not made
-    const std::size_t emitted = this->emit(0, k, *out, w);
+    const std::size_t emitted = this->emit(0, k, *out, w, body_end);
     if (done) finish();
     this->end_invocation(t0, body_end, made, emitted, w, nullptr, first);
   }
@@ -471,7 +474,7 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
       next += made + 1;
     }
     const Ticks body_end = now_ticks();
-    emitted += this->emit(next, ticket + n - next, *out, w);  // after a failure: empty slots
+    emitted += this->emit(next, ticket + n - next, *out, w, body_end);  // then empty slots
     return {emitted, body_end};
   }
 
@@ -561,7 +564,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     for (std::uint64_t seq : lost) this->dropped(seq);
     const Ticks body_end = now_ticks();
     this->graph().retire_items(n + lost.size(), w);  // two items became one; lost ones left
-    const std::size_t emitted = this->emit(0, k, *out, w);
+    const std::size_t emitted = this->emit(0, k, *out, w, body_end);
     this->end_invocation(t0, body_end, n, emitted, w, &*pairs, first);
   }
 
@@ -737,7 +740,7 @@ class BatchNode final : public OneInputNode<BatchNode<T>, Emitter<std::vector<T>
       this->graph().retire_items(n, w);
     }
     const Ticks body_end = now_ticks();
-    return {this->emit(0, n > 0 ? 1 : 0, *out, w), body_end};
+    return {this->emit(0, n > 0 ? 1 : 0, *out, w, body_end), body_end};
   }
 
  protected:
@@ -846,7 +849,7 @@ class PullSinkNode final : public NodeBase {
   class Port final : public Receiver<T> {
    public:
     explicit Port(PullSinkNode& n) : Receiver<T>(n, 0), sink_(&n) {}
-    void push(std::vector<Envelope<T>>& items, WorkList& w) override {
+    void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks) override {
       const std::size_t n = items.size();
       {
         std::lock_guard lk(sink_->mu_);
