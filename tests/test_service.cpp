@@ -86,6 +86,17 @@ void expect_only_13_fails(Service<int, int>& svc, Run& run) {
   EXPECT_EQ(svc.stats().failed, 1u);
 }
 
+// A stage answering 2 * x that throws std::invalid_argument("unlucky request") on 13, under
+// OnError::skip.
+Stage<int, int> unlucky_13(Graph& g) {
+  return g.stage("parse",
+                 [](int x) {
+                   if (x == 13) throw std::invalid_argument("unlucky request");
+                   return 2 * x;
+                 },
+                 {.concurrency = 3, .on_error = OnError::skip});
+}
+
 }  // namespace
 
 // "Many threads submit at once"; "results return to the right requests under concurrency"
@@ -223,13 +234,7 @@ TEST(Service, ABadRequestFailsAloneUnderSkip) {
   Runtime rt(host(3));
   Graph g(rt, "skip");
   auto svc = g.service<int, int>("requests");
-  auto parse = g.stage("parse",
-                       [](int x) {
-                         if (x == 13) throw std::invalid_argument("unlucky request");
-                         return 2 * x;
-                       },
-                       {.concurrency = 3, .on_error = OnError::skip});
-  svc.source() >> parse >> svc.sink();
+  svc.source() >> unlucky_13(g) >> svc.sink();
   auto run = g.run();
   expect_only_13_fails(svc, run);
 }
@@ -241,13 +246,7 @@ TEST(Service, CallbacksCompleteEachRequestOnceWithItsAnswerOrError) {
   Runtime rt(host(3));
   Graph g(rt, "callbacks");
   auto svc = g.service<int, int>("requests");
-  auto parse = g.stage("parse",
-                       [](int x) {
-                         if (x == 13) throw std::invalid_argument("unlucky request");
-                         return 2 * x;
-                       },
-                       {.concurrency = 3, .on_error = OnError::skip});
-  svc.source() >> parse >> svc.sink();
+  svc.source() >> unlucky_13(g) >> svc.sink();
   std::atomic<int> not_running_calls{0};
   EXPECT_THROW(svc.submit(1, std::nullopt, [&](int*, std::exception_ptr) { ++not_running_calls; }),
                GraphError);

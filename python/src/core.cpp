@@ -449,30 +449,9 @@ void bind_image_ops(py::module_& mops) {
       throw Error("ops.read_file: " + std::to_string(labels->size()) + " labels for " +
                   std::to_string(paths.size()) + " paths; give one label per path");
     auto kept = std::make_shared<const std::vector<std::string>>(std::move(paths));
-    if (labels) {
-      // A labelled sample: {"image": the file's bytes, "label": its label, "index": i}.
-      auto lab = std::make_shared<const std::vector<std::int64_t>>(std::move(*labels));
-      return CpuOp{"read_file", [kept, lab](Value v) -> Value {
-        const auto* i = std::get_if<std::int64_t>(&v);
-        if (!i)
-          throw Error("ops.read_file: expected an integer index into its " +
-                      std::to_string(kept->size()) + " paths (from g.indices(...) or "
-                      "g.source(...) of ints), got " + describe(v));
-        if (*i < 0 || static_cast<std::size_t>(*i) >= kept->size())
-          throw Error("ops.read_file: index " + std::to_string(*i) + " is out of range for its " +
-                      std::to_string(kept->size()) + " paths");
-        const auto at = static_cast<std::size_t>(*i);
-        image::Encoded e = image::read_file({static_cast<std::uint64_t>(*i), (*kept)[at]});
-        auto sample = std::make_shared<Sample>();
-        sample->kind = Sample::Kind::dict;
-        sample->keys = {"image", "label", "index"};
-        sample->fields.emplace_back(image::Image{e.index, std::move(e.path), std::move(e.bytes)});
-        sample->fields.emplace_back((*lab)[at]);
-        sample->fields.emplace_back(*i);
-        return sample;
-      }};
-    }
-    return CpuOp{"read_file", [kept](Value v) -> Value {
+    std::shared_ptr<const std::vector<std::int64_t>> lab;
+    if (labels) lab = std::make_shared<const std::vector<std::int64_t>>(std::move(*labels));
+    return CpuOp{"read_file", [kept, lab](Value v) -> Value {
       const auto* i = std::get_if<std::int64_t>(&v);
       if (!i)
         throw Error("ops.read_file: expected an integer index into its " +
@@ -481,8 +460,18 @@ void bind_image_ops(py::module_& mops) {
       if (*i < 0 || static_cast<std::size_t>(*i) >= kept->size())
         throw Error("ops.read_file: index " + std::to_string(*i) + " is out of range for its " +
                     std::to_string(kept->size()) + " paths");
-      image::Encoded e = image::read_file({static_cast<std::uint64_t>(*i), (*kept)[static_cast<std::size_t>(*i)]});
-      return image::Image{e.index, std::move(e.path), std::move(e.bytes)};
+      const auto at = static_cast<std::size_t>(*i);
+      image::Encoded e = image::read_file({static_cast<std::uint64_t>(*i), (*kept)[at]});
+      image::Image bytes{e.index, std::move(e.path), std::move(e.bytes)};
+      if (!lab) return bytes;
+      // A labelled sample: {"image": the file's bytes, "label": its label, "index": i}.
+      auto sample = std::make_shared<Sample>();
+      sample->kind = Sample::Kind::dict;
+      sample->keys = {"image", "label", "index"};
+      sample->fields.emplace_back(std::move(bytes));
+      sample->fields.emplace_back((*lab)[at]);
+      sample->fields.emplace_back(*i);
+      return sample;
     }};
   }, py::arg("paths"), py::arg("labels") = py::none(),
   "CPU op: index i -> the bytes of paths[i] (an error names the file). Keeps the index and path "
