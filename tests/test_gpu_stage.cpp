@@ -168,20 +168,23 @@ TEST(Ops, NormalizeEqualsTheCpuReference) {
   }
 }
 
-// The fast CPU version (ops.normalize in Python) computes the same values.
+// The CPU form, ops::normalize(HostTensor) (ops.normalize in a Python CPU stage), computes the
+// same values; normalize_host is its older name.
 TEST(Ops, NormalizeHostEqualsTheReference) {
   const std::vector<float> mean{0.485f, 0.456f, 0.406f, 0.5f}, stddev{0.229f, 0.224f, 0.225f, 0.3f};
   HostTensor t = HostTensor::empty(DType::u8, {2, 19, 7, 4});
   std::mt19937 rng(7);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::uint8_t>()[i] = rng() & 0xff;
   const HostTensor want = ops::normalize_reference(t, mean, stddev);
-  const HostTensor got = ops::normalize_host(t, mean, stddev);
+  const HostTensor got = ops::normalize(t, mean, stddev);
   ASSERT_EQ(got.shape(), (std::vector<std::int64_t>{2, 4, 19, 7}));
+  const HostTensor old_name = ops::normalize_host(t, mean, stddev);
+  EXPECT_EQ(std::memcmp(old_name.raw(), got.raw(), got.nbytes()), 0);
   double worst = 0;
   for (std::int64_t i = 0; i < want.numel(); ++i)
     worst = std::max(worst, std::abs(double(got.data<float>()[i]) - want.data<float>()[i]));
   EXPECT_LE(worst, 1e-5);
-  EXPECT_THROW(ops::normalize_host(HostTensor::empty(DType::f32, {1, 2, 2, 3}), mean, stddev), Error);
+  EXPECT_THROW(ops::normalize(HostTensor::empty(DType::f32, {1, 2, 2, 3}), mean, stddev), Error);
 }
 
 TEST(Ops, NormalizeRejectsBadInputNamingStageAndItem) {

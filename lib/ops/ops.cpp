@@ -80,15 +80,20 @@ HostTensor normalize_reference(const HostTensor& images, const std::vector<float
   return out;
 }
 
-HostTensor normalize_host(const HostTensor& images, const std::vector<float>& mean,
-                          const std::vector<float>& stddev, float scale) {
-  check_images(images, "normalize_host", 0);
+HostTensor normalize(const HostTensor& images, const std::vector<float>& mean,
+                     const std::vector<float>& stddev, float scale) {
+  check_images(images, "normalize", 0);
   const std::int64_t n = images.dim(0), h = images.dim(1), w = images.dim(2), c = images.dim(3);
-  const detail::NormalizeParams p = params("normalize_host", 0, c, mean, stddev, scale);
+  const detail::NormalizeParams p = params("normalize", 0, c, mean, stddev, scale);
   HostTensor out = HostTensor::empty(DType::f32, {n, c, h, w});
   // The host backend's build of the one Thrust normalize, run on the calling thread.
   detail::normalize_host(images.data<std::uint8_t>(), out.data<float>(), n, h, w, c, p);
   return out;
+}
+
+HostTensor normalize_host(const HostTensor& images, const std::vector<float>& mean,
+                          const std::vector<float>& stddev, float scale) {
+  return normalize(images, mean, stddev, scale);
 }
 
 void busy_kernel(DeviceContext& ctx, std::chrono::nanoseconds duration) {

@@ -207,14 +207,18 @@ void connect_nodes(const PyNode& a, const PyNode& b) {
 }
 
 /// A C++ op for a CPU stage (runs without the GIL).
-struct CpuOp {
-  std::string name;
-  std::function<Value(Value)> fn;
-};
 /// A C++ op for a GPU stage: enqueues its work on the leased stream.
 struct GpuOp {
   std::string name;
   std::function<Value(Value, DeviceContext&)> fn;
+};
+/// An op with a CPU form (for g.stage) and, for ops that have one, the GPU form of the same
+/// computation (for g.gpu_stage): one name whatever the stage, as in C++, where the argument
+/// (a HostTensor or a DeviceContext) picks the form.
+struct CpuOp {
+  std::string name;
+  std::function<Value(Value)> fn;
+  std::function<Value(Value, DeviceContext&)> gpu;  // empty: CPU only
 };
 
 /// The stage's order: `order` ("in_order" / "out_of_order", C++'s names) when given, else the
@@ -548,25 +552,30 @@ void bind_ops(py::module_& m) {
     return "<splitflow.ops.GpuOp " + o.name + ">";
   });
 
-  mops.def("normalize", [](std::vector<float> mean, std::vector<float> stddev, float scale) {
-    return CpuOp{"normalize", [=](Value v) -> Value {
-      const HostTensor in = as_host(v, "ops.normalize");
-      const bool single = in.ndim() == 3;
-      HostTensor out = splitflow::ops::normalize_host(single ? batched(in) : in, mean, stddev, scale);
-      return single ? unbatched(out) : out;
-    }};
-  }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
-  R"doc(CPU op: uint8 HWC image (or NHWC batch) -> float32 CHW (NCHW), (x*scale - mean) / std.)doc");
-
-  mops.def("gpu_normalize", [](std::vector<float> mean, std::vector<float> stddev, float scale) {
-    return GpuOp{"normalize", [=](Value v, DeviceContext& ctx) -> Value {
-      DeviceValue d = device_input(std::move(v), ctx, "ops.gpu_normalize");
+  auto gpu_normalize = [](std::vector<float> mean, std::vector<float> stddev, float scale) {
+    return [=](Value v, DeviceContext& ctx) -> Value {
+      DeviceValue d = device_input(std::move(v), ctx, "ops.normalize");
       const bool single = d.tensor.ndim() == 3;
       DeviceTensor out = splitflow::ops::normalize(ctx, single ? batched(d.tensor) : d.tensor, mean, stddev, scale);
       return DeviceValue{single ? unbatched(out) : out, d.cuda};
-    }};
+    };
+  };
+  mops.def("normalize", [gpu_normalize](std::vector<float> mean, std::vector<float> stddev, float scale) {
+    return CpuOp{"normalize", [=](Value v) -> Value {
+      const HostTensor in = as_host(v, "ops.normalize");
+      const bool single = in.ndim() == 3;
+      HostTensor out = splitflow::ops::normalize(single ? batched(in) : in, mean, stddev, scale);
+      return single ? unbatched(out) : out;
+    }, gpu_normalize(mean, stddev, scale)};
   }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
-  R"doc(GPU op: the same normalize on the leased stream (host input is copied H2D first).)doc");
+  R"doc(uint8 HWC image (or NHWC batch) -> float32 CHW (NCHW), (x*scale - mean) / std, as C++'s
+ops::normalize: in g.stage it runs on the CPU thread, in g.gpu_stage on the leased stream (host
+input copied H2D first).)doc");
+
+  mops.def("gpu_normalize", [gpu_normalize](std::vector<float> mean, std::vector<float> stddev, float scale) {
+    return GpuOp{"normalize", gpu_normalize(mean, stddev, scale)};
+  }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
+  R"doc(The GPU form of ops.normalize alone (ops.normalize in g.gpu_stage is the same).)doc");
 
   mops.def("busy_kernel", [](double microseconds) {
     const auto d = std::chrono::nanoseconds(static_cast<std::int64_t>(microseconds * 1000));
@@ -924,9 +933,20 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       }, py::arg("name"), py::arg("max_pending") = 64, py::arg("admission") = "wait",
       "The graph's request entry and exit (one per graph): connect svc.source >> first stage "
       "and last stage >> svc.sink, run the graph, then svc.submit(item) from any thread.")
-      .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, const GpuOp& op,
+      .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object op_object,
                            std::size_t concurrency, bool ordered, std::size_t capacity,
                            py::object order, std::string on_error) {
+        GpuOp op;
+        if (py::isinstance<GpuOp>(op_object)) {
+          op = op_object.cast<GpuOp>();
+        } else if (py::isinstance<CpuOp>(op_object) && op_object.cast<const CpuOp&>().gpu) {
+          const CpuOp& c = op_object.cast<const CpuOp&>();
+          op = GpuOp{c.name, c.gpu};
+        } else {
+          throw GraphError("splitflow.Graph.gpu_stage('" + name + "'): the op must be a splitflow.ops "
+                           "op with a GPU form (ops.normalize, ops.to_device, ...), not " +
+                           std::string(py::repr(op_object)) + "; CPU-only ops go in g.stage");
+        }
         GpuStageOptions o;
         o.concurrency = concurrency == 0 ? Concurrency::unlimited : concurrency;
         o.order = order_of(ordered, order);

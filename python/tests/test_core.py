@@ -127,10 +127,13 @@ def test_cpp_ops_and_a_gpu_stage_match_the_reference(rt):
     src >> cpu >> out_cpu
     got_cpu = [np.asarray(t) for t in g.iterate(out_cpu)]
     g2 = sf.Graph(rt, "gpu-ops")
-    gpu = g2.gpu_stage("normalize", sf.ops.gpu_normalize(mean, std))
+    # The same op, ops.normalize, in a GPU stage (docs/api.md: one name whatever the stage).
+    gpu = g2.gpu_stage("normalize", sf.ops.normalize(mean, std))
     out_gpu = g2.pull_sink("gpu")
     g2.source("images", images) >> gpu >> out_gpu
     got_gpu = [t.torch() for t in g2.iterate(out_gpu)]
+    with pytest.raises(sf.GraphError, match="must be a splitflow.ops op with a GPU form"):
+        sf.Graph(rt, "cpu-only").gpu_stage("decode", sf.ops.decode_jpeg())
     for img, c, d in zip(images, got_cpu, got_gpu):
         ref = (img.astype(np.float32) / 255.0 - np.array(mean, np.float32)) / np.array(std, np.float32)
         ref = ref.transpose(2, 0, 1)

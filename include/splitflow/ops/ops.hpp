@@ -25,8 +25,12 @@ DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images, const std
 HostTensor normalize_reference(const HostTensor& images, const std::vector<float>& mean,
                                const std::vector<float>& stddev, float scale = 1.0f / 255.0f);
 
-/// normalize on the calling CPU thread: the same Thrust code as the host backend's kernel
-/// (Thrust's CPP system), for CPU stages (the Python module's ops.normalize).
+/// normalize on the calling CPU thread, for CPU stages: the same Thrust code as the host
+/// backend's kernel (Thrust's CPP system). The same name as the GPU form: the argument picks
+/// where it runs (Python's ops.normalize does the same by the stage it is given to).
+HostTensor normalize(const HostTensor& images, const std::vector<float>& mean,
+                     const std::vector<float>& stddev, float scale = 1.0f / 255.0f);
+/// The CPU form's older name.
 HostTensor normalize_host(const HostTensor& images, const std::vector<float>& mean,
                           const std::vector<float>& stddev, float scale = 1.0f / 255.0f);
 
