@@ -69,7 +69,15 @@ auto call_python(F&& f) {
     std::rethrow_if_nested(e);
   } catch (const PythonStageError& inner) {
     py::object cause = inner.exception().get();
+    // KeyboardInterrupt, SystemExit: not errors of the item but requests to stop; they reach
+    // the caller as themselves (the run was cancelled), not wrapped in a StageError.
+    if (!PyObject_IsInstance(cause.ptr(), PyExc_Exception)) {
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(cause.ptr())), cause.ptr());
+      throw py::error_already_set();
+    }
     PyException_SetCause(exc.ptr(), cause.release().ptr());  // steals
+  } catch (const py::error_already_set&) {
+    throw;
   } catch (...) {
   }
   PyErr_SetObject(g_stage_error, exc.ptr());

@@ -1,0 +1,73 @@
+"""Python under faults (docs/architecture.md, "The Python layer"): a stage that raises
+MemoryError or KeyboardInterrupt, returns objects the next C++ op cannot take, or a generator
+source that raises midway: a clear error naming the stage and item (or the interrupt itself),
+the run ended, the interpreter and the runtime usable afterwards."""
+import numpy as np
+import pytest
+
+import splitflow as sf
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return sf.Runtime(threads=2, backend="host")
+
+
+def run(rt, items, body, *, on_error="fail", op=None):
+    g = sf.Graph(rt, "faults")
+    node = g.source("s", items) >> g.stage("py", body, on_error=on_error)
+    if op is not None:
+        node = node >> g.stage("op", op)
+    out = g.pull_sink("out")
+    node >> out
+    return list(g.iterate(out))
+
+
+def fail_at(n, exc):
+    def body(x):
+        if x == n:
+            raise exc
+        return x
+    return body
+
+
+def test_memory_error_names_the_stage_and_item_and_skip_drops_only_it(rt):
+    with pytest.raises(sf.StageError, match=r"stage 'py' failed on item 3: MemoryError: no room") as e:
+        run(rt, range(6), fail_at(3, MemoryError("no room")))
+    assert isinstance(e.value.__cause__, MemoryError)
+    assert run(rt, range(6), fail_at(3, MemoryError("no room")), on_error="skip") == [0, 1, 2, 4, 5]
+
+
+def test_keyboard_interrupt_in_a_body_reaches_the_caller_as_itself(rt):
+    with pytest.raises(KeyboardInterrupt):
+        run(rt, range(100), fail_at(2, KeyboardInterrupt()))
+    # The runtime goes on: the next run is whole.
+    assert run(rt, range(5), lambda x: x * 2) == [0, 2, 4, 6, 8]
+
+
+def test_objects_a_cpp_op_cannot_take_are_named(rt):
+    with pytest.raises(sf.StageError, match=r"stage 'op' failed on item 0: ops.decode_jpeg: "
+                                             r"expected a tensor or an array of numbers, got object"):
+        run(rt, range(3), lambda x: object(), op=sf.ops.decode_jpeg())
+    with pytest.raises(sf.StageError, match=r"stage 'op' failed on item 0: .*got a sample "
+                                             r"\(dict of 1: 'a'\); give the stage field="):
+        run(rt, range(3), lambda x: {"a": np.zeros(3, np.uint8)}, op=sf.ops.decode_jpeg())
+
+
+def test_a_generator_source_that_raises_midway_fails_the_run_naming_the_item(rt):
+    def gen():
+        yield 1
+        yield 2
+        raise RuntimeError("source broke")
+
+    g = sf.Graph(rt, "gen")
+    out = g.pull_sink("o")
+    g.source("s", gen()) >> out
+    got = []
+    with pytest.raises(sf.StageError, match=r"stage 's' failed on item 2: RuntimeError: source broke") as e:
+        for x in g.iterate(out):
+            got.append(x)
+    # The failure cancels the run: items made before it and not yet taken are dropped, never
+    # reordered or repeated.
+    assert got in ([], [1], [1, 2]) and isinstance(e.value.__cause__, RuntimeError)
+    assert run(rt, [7], lambda x: x) == [7]
