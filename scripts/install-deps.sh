@@ -10,6 +10,8 @@ packages=(
   libtbb-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   # JPEG decode for the image ops (libjpeg-turbo: the TurboJPEG API, and libjpeg's for regions)
   libturbojpeg0-dev libjpeg62-turbo-dev
+  # the fuzz targets (tests/fuzz/): clang 16's libFuzzer, ASan and UBSan
+  clang-16 libclang-rt-16-dev
   # the TSan build of oneTBB is built from Debian's own source package (scripts/build-tsan-tbb.sh)
   dpkg-dev xz-utils
   # telemetry checks (tests/check_telemetry.py) and scripts/plot_run.py, run with /usr/bin/python3

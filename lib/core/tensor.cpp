@@ -11,6 +11,15 @@
 
 #include "splitflow/core/error.hpp"
 
+// Under ASan (GCC defines __SANITIZE_ADDRESS__; Clang says so through __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define SPLITFLOW_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SPLITFLOW_ASAN 1
+#endif
+#endif
+
 namespace splitflow {
 
 std::size_t itemsize(DType t) noexcept {
@@ -170,7 +179,7 @@ class HostBlockCache {
   }
 
  private:
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SPLITFLOW_ASAN)
   static constexpr bool kEnabled = false;  // reuse would hide use-after-free from ASan
 #else
   static constexpr bool kEnabled = true;

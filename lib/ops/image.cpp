@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -64,7 +65,10 @@ std::string lower(std::string s) {
 }
 
 void check_hwc(const HostTensor& t, const char* op) {
-  if (t.dtype() != DType::u8 || t.ndim() != 3 || !t.contiguous())
+  // Sides past an int and zero channels are refused too (image ops index with int; an
+  // (H, W, 0) tensor holds no bytes whatever H and W claim).
+  if (t.dtype() != DType::u8 || t.ndim() != 3 || !t.contiguous() || t.dim(0) > INT_MAX ||
+      t.dim(1) > INT_MAX || t.dim(2) > INT_MAX || t.dim(2) < 1)
     throw Error(fmt::format("splitflow::image::{}: takes a contiguous u8 HWC image, got {}", op,
                             t.describe()));
 }
@@ -79,16 +83,11 @@ struct TjHandle {
   TjHandle& operator=(const TjHandle&) = delete;
 };
 
-// One decompressor per thread: creating one costs more than decoding a small image's header.
-// A handle that saw bad data is replaced: after a tables-only stream, libjpeg-turbo 2.1's
-// handle reads the next file's header as empty.
-thread_local std::unique_ptr<TjHandle> t_decompressor;
-tjhandle decompressor() {
-  if (!t_decompressor) t_decompressor = std::make_unique<TjHandle>();
-  return t_decompressor->h;
-}
+// A decompressor per decode, not one per thread: a reused one keeps the tables of the files it
+// decoded, so a file that lacks its own (no DQT: an error on a fresh one) decoded with the
+// previous file's and its pixels depended on what the thread decoded before (found by
+// tests/fuzz/fuzz_decode_region.cpp). Creating one costs under a microsecond.
 [[noreturn]] void decode_failed(std::string message) {
-  t_decompressor.reset();
   throw Error(std::move(message));
 }
 
@@ -224,10 +223,14 @@ void check_pixels(std::int64_t width, std::int64_t height, const std::string& wh
                             "over the decode limit of {} (splitflow::image::kMaxDecodePixels)",
                             what, width, height, kMaxDecodePixels));
 }
+// Progressive and multi-scan files decode through libjpeg's whole-image buffer of coefficients
+// (2 bytes a sample), allocated before any scan is read: held to the output's budget too.
+void check_coefficients(const std::uint8_t* data, std::size_t size, const std::string& what);
 }  // namespace
 
 HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, const std::string& what) {
-  tjhandle tj = decompressor();
+  TjHandle handle;
+  tjhandle tj = handle.h;
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (size == 0 || tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &width, &height,
                                        &subsamp, &colorspace) != 0)
@@ -239,12 +242,14 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
                             "before the frame header?)",
                             what));
   check_pixels(width, height, what);
+  check_coefficients(data, size, what);
   const int channels = color == Color::rgb ? 3 : 1;
   HostTensor out = HostTensor::empty(DType::u8, {height, width, channels});
   const int rc = tjDecompress2(tj, data, static_cast<unsigned long>(size),
                                static_cast<unsigned char*>(out.raw()), width, 0, height,
-                               color == Color::rgb ? TJPF_RGB : TJPF_GRAY, 0);
-  // A truncated file decodes with a warning (the rest grey): an error here, not a quiet image.
+                               color == Color::rgb ? TJPF_RGB : TJPF_GRAY, TJFLAG_STOPONWARNING);
+  // A truncated file decodes with a warning (the rest grey): an error here, not a quiet image,
+  // and at the first warning (a forged size is not decoded to its end first).
   if (rc != 0)
     decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
                             tjGetErrorStr2(tj), width, height));
@@ -299,6 +304,30 @@ bool read_header(JpegDecoder& d, const std::uint8_t* data, std::size_t size, boo
   return true;
 }
 
+// After read_header: the coefficient buffer a progressive or multi-scan file needs (jdcoefct.c's
+// whole_image arrays), refused over kMaxDecodePixels * 3 bytes before it is allocated.
+void check_coefficient_buffer(JpegDecoder& d, const std::string& what) {
+  if (!jpeg_has_multiple_scans(&d.cinfo)) return;
+  const auto up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
+  std::int64_t bytes = 0;
+  for (int i = 0; i < d.cinfo.num_components; ++i) {
+    const jpeg_component_info& c = d.cinfo.comp_info[i];
+    bytes += up(c.width_in_blocks, c.h_samp_factor) * up(c.height_in_blocks, c.v_samp_factor) *
+             DCTSIZE2 * static_cast<std::int64_t>(sizeof(JCOEF));
+  }
+  if (bytes > kMaxDecodePixels * 3)
+    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': a {}x{} progressive or multi-scan "
+                            "JPEG needs {} bytes of coefficient buffer, over the decode limit of {} "
+                            "(splitflow::image::kMaxDecodePixels * 3)",
+                            what, d.cinfo.image_width, d.cinfo.image_height, bytes,
+                            kMaxDecodePixels * 3));
+}
+
+void check_coefficients(const std::uint8_t* data, std::size_t size, const std::string& what) {
+  JpegDecoder d;
+  if (read_header(d, data, size, false)) check_coefficient_buffer(d, what);
+}
+
 // Decodes rows [y, y + h) of columns [*x, *x + *w) (widened by libjpeg to whole iMCUs: *x and
 // *w are updated) into `out`, whose rows are `pitch` bytes. Rows after the region are never
 // decoded.
@@ -307,11 +336,14 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
   if (setjmp(d.errors.jump)) return false;
   jpeg_start_decompress(&d.cinfo);
   // Columns too: upsampling the region's edge columns needs their neighbours, so ask for one
-  // iMCU more on each side (libjpeg then aligns the start down to an iMCU).
-  const unsigned imcu_w = static_cast<unsigned>(d.cinfo.max_h_samp_factor * DCTSIZE);
+  // iMCU more on each side (libjpeg then aligns the start down to an iMCU); two for a
+  // progressive file, whose block smoothing reads blocks two away (libjpeg-turbo 2.1; found by
+  // tests/fuzz/fuzz_decode_region.cpp).
+  const unsigned margin = (d.cinfo.progressive_mode ? 2u : 1u) *
+                          static_cast<unsigned>(d.cinfo.max_h_samp_factor * DCTSIZE);
   const unsigned width = d.cinfo.output_width;
-  const unsigned lo = *x > imcu_w ? *x - imcu_w : 0;
-  const unsigned hi = std::min(width, *x + *w + imcu_w);
+  const unsigned lo = *x > margin ? *x - margin : 0;
+  const unsigned hi = std::min(width, *x + *w + margin);
   *out_x = lo;
   *out_w = hi - lo;
   if (lo > 0 || hi < width) jpeg_crop_scanline(&d.cinfo, out_x, out_w);
@@ -344,9 +376,11 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
                             size == 0 ? "empty" : d.errors.message));
   const int H = static_cast<int>(d.cinfo.image_height), W = static_cast<int>(d.cinfo.image_width);
   check_pixels(W, H, what);
+  check_coefficient_buffer(d, what);
   Box box = choose(H, W);
   if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
-  if (box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 || box.y + box.h > H || box.x + box.w > W)
+  if (box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 || std::int64_t{box.y} + box.h > H ||
+      std::int64_t{box.x} + box.w > W)
     throw Error(fmt::format("splitflow::image::decode_jpeg_region: '{}': box (y {}, x {}, h {}, w "
                             "{}) is outside the {}x{} image",
                             what, box.y, box.x, box.h, box.w, H, W));
@@ -717,7 +751,7 @@ HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, boo
   const int H = static_cast<int>(img.dim(0)), W = static_cast<int>(img.dim(1));
   if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
   if (out_h < 1 || out_w < 1 || box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 ||
-      box.y + box.h > H || box.x + box.w > W)
+      std::int64_t{box.y} + box.h > H || std::int64_t{box.x} + box.w > W)
     throw Error(fmt::format("splitflow::image::resize: cannot resize box (y {}, x {}, h {}, w {}) "
                             "of a {}x{} image to {}x{}",
                             box.y, box.x, box.h, box.w, H, W, out_h, out_w));

@@ -149,7 +149,9 @@ struct AugmentSpec {
 inline constexpr int kMaxOutputSide = 16384;
 /// Decoders refuse images whose header claims more pixels than this (2^28: 768 MiB of RGB),
 /// before allocating anything for them: a forged 65535 x 65535 header fails with an error
-/// naming the file, not an allocation of gigabytes.
+/// naming the file, not an allocation of gigabytes. A progressive (or multi-scan) file also needs
+/// libjpeg's whole-image coefficient buffer (2 bytes a sample); it is held to the same
+/// kMaxDecodePixels * 3 bytes, checked from the header too: at most 1.5 GiB in all.
 inline constexpr std::int64_t kMaxDecodePixels = std::int64_t{1} << 28;
 /// read_file refuses files larger than this (and anything but a regular file).
 inline constexpr std::int64_t kMaxFileBytes = std::int64_t{1} << 30;
