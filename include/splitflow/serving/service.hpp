@@ -420,9 +420,7 @@ class Service {
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
     if (!src_->push(std::move(value), id)) {
-      GraphError e("splitflow: service '" + src_->name() + "' of graph '" + src_->graph().name() +
-                   "' is not accepting requests: its graph is not running (call run() first) "
-                   "or the service was closed");
+      const GraphError e = not_accepting();
       book_->withdraw(id, std::make_exception_ptr(e));
       throw e;
     }
@@ -436,11 +434,8 @@ class Service {
               typename detail::RequestBook<Out>::Callback done) {
     const std::uint64_t id = book_->admit(deadline, std::move(done));
     if (!src_->push(std::move(value), id)) {
-      GraphError e("splitflow: service '" + src_->name() + "' of graph '" + src_->graph().name() +
-                   "' is not accepting requests: its graph is not running (call run() first) "
-                   "or the service was closed");
       book_->forget(id);
-      throw e;
+      throw not_accepting();
     }
   }
 
@@ -450,6 +445,13 @@ class Service {
   ServiceStats stats() const { return book_->stats(); }
 
  private:
+  GraphError not_accepting() const {
+    return GraphError("splitflow: service '" + src_->name() + "' of graph '" +
+                      src_->graph().name() +
+                      "' is not accepting requests: its graph is not running (call run() first) "
+                      "or the service was closed");
+  }
+
   detail::PushSourceNode<In>* src_;
   detail::AnswerSinkNode<Out>* sink_;
   std::shared_ptr<detail::RequestBook<Out>> book_;
