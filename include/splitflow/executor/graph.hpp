@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "splitflow/core/config.hpp"
+#include "splitflow/executor/detail/async_node.hpp"
 #include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/executor/detail/gpu_node.hpp"
 #include "splitflow/executor/detail/nodes.hpp"
@@ -399,6 +400,25 @@ class Graph {
     static_assert(!std::is_void_v<Out>, "splitflow::Graph::gpu_stage: the body returns nothing");
     auto& n = add<detail::GpuStageNode<I, Out, F>>(std::move(name), std::move(body), options);
     return GpuStage<I, Out>(n, &n.input(), &n, &n.host_input());
+  }
+
+  /// An asynchronous stage: `void(In, Completion<Out>)` hands each item on (to worker
+  /// processes, a remote service, an I/O engine) and returns its thread at once; whoever holds
+  /// the Completion answers it later, from any thread, with done(out) or fail(error). Like a
+  /// stage otherwise: `concurrency` bounds the items out at once (each counts until answered),
+  /// outputs leave in order when `order` is in_order, and on_error applies to a failed answer.
+  /// The external completion of oneTBB's async_node; no arena thread waits for an answer.
+  ///
+  ///     auto s = g.async_stage<int, int>("remote", [&](int x, Completion<int> c) {
+  ///       workers.post([x, c = std::move(c)]() mutable { c.done(x * 2); });
+  ///     }, {.concurrency = 8});
+  template <class In, class Out, class F>
+  Stage<In, Out> async_stage(std::string name, F body, StageOptions options = {}) {
+    static_assert(std::is_invocable_v<F&, In&&, Completion<Out>&&>,
+                  "splitflow::Graph::async_stage: the body must be callable as void(In, "
+                  "Completion<Out>)");
+    auto& n = add<detail::AsyncStageNode<In, Out, F>>(std::move(name), std::move(body), options);
+    return Stage<In, Out>(n, &n.input(), &n);
   }
 
   /// Gathers `size` items of T into one std::vector<T>, in arrival order. At the end of the

@@ -1,0 +1,236 @@
+// The asynchronous stage node: an external completion, as oneTBB's async_node. An invocation
+// pops one item, hands it to the body together with a Completion, and returns its thread; the
+// item's work runs elsewhere (a worker process, a remote service, an I/O engine) and whoever
+// holds the Completion answers it from any thread. The answer is emitted (in order, when the
+// stage is in order) as a new arena task. The invocation counts against the stage's
+// concurrency until it is answered, so concurrency bounds the items out at once.
+#pragma once
+
+#include <atomic>
+#include <exception>
+#include <optional>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "splitflow/core/error.hpp"
+#include "splitflow/executor/detail/nodes.hpp"
+
+namespace splitflow {
+
+namespace detail {
+/// What a Completion answers: the node's in-flight invocation.
+class AsyncAnswer {
+ public:
+  /// Returns whether this was the item's answer (false: it was answered already).
+  virtual bool answer(std::exception_ptr error, void* value) noexcept = 0;
+
+ protected:
+  ~AsyncAnswer() = default;
+};
+}  // namespace detail
+
+/// The answer to one item of an async_stage: call exactly one of done() or fail(), from any
+/// thread, once (a later call, or one after the body threw and so failed the item, does nothing
+/// and returns false). A Completion dropped
+/// unanswered fails its item ("dropped without an answer"), so an item is never lost.
+///
+///     auto s = g.async_stage<int, int>("remote", [&](int x, splitflow::Completion<int> c) {
+///       pool.post([x, c = std::move(c)]() mutable { c.done(x * 2); });
+///     }, {.concurrency = 8});
+template <class Out>
+class Completion {
+ public:
+  Completion() = default;
+  explicit Completion(detail::AsyncAnswer* to) noexcept : to_(to) {}
+  Completion(Completion&& o) noexcept : to_(std::exchange(o.to_, nullptr)) {}
+  Completion& operator=(Completion&& o) noexcept {
+    if (this != &o) {
+      drop();
+      to_ = std::exchange(o.to_, nullptr);
+    }
+    return *this;
+  }
+  Completion(const Completion&) = delete;
+  Completion& operator=(const Completion&) = delete;
+  ~Completion() { drop(); }
+
+  /// The item's result. Returns false if it was already answered.
+  bool done(Out value) noexcept {
+    detail::AsyncAnswer* to = std::exchange(to_, nullptr);
+    if (!to) return false;
+    return to->answer(nullptr, &value);
+  }
+  /// The item failed with `error`: the stage's on_error applies (fail the run, skip the item,
+  /// or substitute), as for an exception from a synchronous body.
+  bool fail(std::exception_ptr error) noexcept {
+    detail::AsyncAnswer* to = std::exchange(to_, nullptr);
+    if (!to) return false;
+    if (!error) error = std::make_exception_ptr(Error("failed with no error given"));
+    return to->answer(std::move(error), nullptr);
+  }
+  /// Whether it still waits for its answer.
+  explicit operator bool() const noexcept { return to_ != nullptr; }
+
+ private:
+  void drop() noexcept {
+    if (to_)
+      fail(std::make_exception_ptr(Error(
+          "its Completion was dropped without an answer; call done() or fail() exactly once")));
+  }
+  detail::AsyncAnswer* to_ = nullptr;
+};
+
+namespace detail {
+
+template <class In, class Out, class F>
+class AsyncStageNode final : public Emitter<Out> {
+ public:
+  AsyncStageNode(GraphCore& g, std::string name, F f, const StageOptions& o)
+      : Emitter<Out>(g, std::move(name), StageKind::stage, o, 1), f_(std::move(f)), in_(*this, 0) {
+    this->max_claim_ = 1;  // one item per invocation: each waits for its own answer
+  }
+
+  Receiver<In>& input() noexcept { return in_; }
+
+  void run_claim(WorkList& w, std::size_t k) override {
+    auto* inv = new Invocation(*this);
+    Scratch<Envelope<In>> in;
+    Scratch<Arrivals> arrivals;
+    std::size_t queued = 0;
+    {
+      std::lock_guard lk(this->mu_);
+      this->took_locked(k, in_.pop(*in, *arrivals, k), w);
+      if (in->empty()) {  // dropped by a cancel
+        --this->running_;
+        this->refresh_state_locked();
+        delete inv;
+        return;
+      }
+      inv->t0 = now_ticks();
+      this->begin_invocation_locked(inv->t0);
+      this->popped_locked(0, 1, w, inv->t0);
+      queued = in_.size();
+      inv->ticket = this->next_ticket_++;
+      out_.insert(inv);
+    }
+    inv->seq = in->front().seq;
+    inv->arrived = arrivals->front().ticks;
+    report_waits(this->graph(), *in, *arrivals, inv->t0);
+    this->notify_begin(inv->t0, inv->seq, 1, queued);
+    inv->ids = ids_for_errors(*this, in->front().value);
+    this->graph().add_unit();  // the invocation keeps the run open until it is answered
+    In item = std::move(in->front().value);
+    in->clear();
+    try {
+      std::invoke(f_, std::move(item), Completion<Out>(inv));
+    } catch (...) {
+      // The body threw before handing its Completion on (whose drop then answered it with its
+      // own error) or after: the item fails with what was thrown, if it is not answered yet.
+      inv->answer_once(std::current_exception(), nullptr);
+    }
+    inv->release();
+  }
+
+  std::size_t clear_queues_locked() override { return in_.clear(); }
+
+  /// A cancel (or a failure) withdraws the items out at once: the run need not wait for their
+  /// answers, which then find them answered (done() and fail() return false).
+  void drop_queued(WorkList& w) override {
+    Emitter<Out>::drop_queued(w);
+    std::vector<Invocation*> out;
+    {
+      std::lock_guard lk(this->mu_);
+      for (Invocation* inv : out_) {
+        inv->holders.fetch_add(1, std::memory_order_relaxed);  // alive while we withdraw it
+        out.push_back(inv);
+      }
+    }
+    for (Invocation* inv : out) {
+      inv->answer_once(nullptr, nullptr);
+      inv->release();
+    }
+  }
+
+ protected:
+  std::size_t ready_locked() const override { return in_.size(); }
+
+ private:
+  // Owned by three holders: the claim (until run_claim returns), the Completion (until it is
+  // answered or dropped) and the finish (posted by the first answer); the last release deletes
+  // it. So a body that answers synchronously, or throws after handing its Completion on, is
+  // safe.
+  struct Invocation final : AsyncAnswer {
+    explicit Invocation(AsyncStageNode& n) : node(&n) {}
+    bool answer(std::exception_ptr error, void* value) noexcept override {
+      const bool first = answer_once(std::move(error), value);
+      release();  // the Completion's hold
+      return first;
+    }
+    bool answer_once(std::exception_ptr error, void* value) noexcept {
+      if (answered.exchange(true, std::memory_order_acq_rel)) return false;
+      try {
+        if (value) {
+          out.emplace(std::move(*static_cast<Out*>(value)));
+        } else if (error) {
+          this->error = std::move(error);
+        }  // neither: withdrawn by a cancel
+      } catch (...) {  // moving the result threw
+        this->error = std::current_exception();
+      }
+      AsyncStageNode* n = node;
+      Invocation* self = this;
+      n->graph().post([n, self](WorkList& w) { n->finish(self, w); });
+      return true;
+    }
+    void release() noexcept {
+      if (holders.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+    }
+    AsyncStageNode* node;
+    std::atomic<bool> answered{false};
+    std::atomic<int> holders{3};
+    std::uint64_t seq = 0;
+    std::uint64_t ticket = 0;
+    Ticks arrived = 0;
+    Ticks t0 = 0;
+    std::vector<std::uint64_t> ids;  // a batch's, for its error (ids_for_errors)
+    std::exception_ptr error;
+    std::optional<Out> out;
+  };
+
+  void finish(Invocation* inv, WorkList& w) {
+    {
+      std::lock_guard lk(this->mu_);
+      out_.erase(inv);
+    }
+    if (inv->error) {
+      std::optional<Out> replacement;
+      inv->out.reset();
+      if (this->absorb_item_error(inv->seq, inv->ids, inv->error, replacement) && replacement)
+        inv->out = std::move(replacement);
+      inv->error = nullptr;
+    }
+    const Ticks body_end = now_ticks();
+    Scratch<Envelope<Out>> out;
+    if (inv->out) {
+      out->push_back(Envelope<Out>{std::move(*inv->out), inv->seq});
+      inv->out.reset();
+    } else {
+      this->graph().retire_items(1, w);  // failed or skipped: it leaves the graph here
+    }
+    const std::size_t emitted = this->emit(inv->ticket, 1, *out, w, body_end);
+    const std::vector<Arrivals> arrived{{1, inv->arrived}};
+    const Ticks t0 = inv->t0;
+    const std::uint64_t seq = inv->seq;
+    inv->release();
+    this->end_invocation(t0, body_end, 1, emitted, w, &arrived, seq);
+    this->graph().release_unit();
+  }
+
+  F f_;
+  InputPort<In> in_;
+  std::unordered_set<Invocation*> out_;  // under mu_: items out, not yet finished
+};
+
+}  // namespace detail
+}  // namespace splitflow
