@@ -531,15 +531,18 @@ def compile_cpp(entries, work, settings, verbose):
     return (binary, {e[0].where for e in remaining}), failed, time.time() - t0
 
 
+# (Guarded: a block that starts worker processes under the spawn start method, as
+# processes=N does, makes them import this file again as __mp_main__.)
 PY_DRIVER = r'''
 import json, sys
-spec = json.load(open(sys.argv[1]))
-ns = {"__name__": "__main__", "__builtins__": __builtins__}
-for name, code in spec["prelude"]:
-    exec(compile(code, "<filler %s>" % name, "exec"), ns)
-exec(compile("\n" * (spec["line"] - 1) + spec["code"], spec["file"], "exec"), ns)
-for name, code in spec["after"]:
-    exec(compile(code, "<filler %s>" % name, "exec"), ns)
+if __name__ == "__main__":
+    spec = json.load(open(sys.argv[1]))
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
+    for name, code in spec["prelude"]:
+        exec(compile(code, "<filler %s>" % name, "exec"), ns)
+    exec(compile("\n" * (spec["line"] - 1) + spec["code"], spec["file"], "exec"), ns)
+    for name, code in spec["after"]:
+        exec(compile(code, "<filler %s>" % name, "exec"), ns)
 '''
 
 

@@ -199,6 +199,7 @@ struct PyNode {
   detail::Receiver<Value>* in = nullptr;
   detail::Emitter<Value>* out = nullptr;
   std::optional<PullSink<Value>> pull;
+  PyObj pool = {};  // a process stage's worker pool (splitflow._procs.ProcessPool)
 };
 
 /// Graph.service: a graph's request entry and exit.
@@ -226,7 +227,7 @@ struct GpuOp {
 struct CpuOp {
   std::string name;
   std::function<Value(Value)> fn;
-  std::function<Value(Value, DeviceContext&)> gpu;  // empty: CPU only
+  std::function<Value(Value, DeviceContext&)> gpu = {};  // empty: CPU only
 };
 
 /// The stage's order: `order` ("in_order" / "out_of_order", C++'s names) when given, else the
@@ -254,6 +255,25 @@ StageOptions stage_options(std::size_t concurrency, Order order, std::size_t cap
 // ---- the Python stage and source bodies ----------------------------------------------------------
 
 /// Calls a Python callable on each item, with the GIL held only around the call.
+/// The answer to one item of a process stage (splitflow/_procs.py calls it from its reader
+/// thread): done(value) or fail(exception), once.
+struct PyCompletion {
+  std::shared_ptr<Completion<Value>> c;
+  bool done(py::handle value) { return c->done(from_python(value)); }
+  bool fail(py::handle exc) {
+    if (!PyExceptionInstance_Check(exc.ptr()))
+      return c->fail(std::make_exception_ptr(Error("failed with " + std::string(py::repr(exc)))));
+    // splitflow.Error (a worker died, the pool closed): its message, as the item's error.
+    // Anything else is the function's own exception, the StageError's __cause__.
+    if (PyObject_IsInstance(exc.ptr(), g_error_types[0]) == 1)
+      return c->fail(std::make_exception_ptr(Error(py::str(exc).cast<std::string>())));
+    std::string what = std::string(py::str(exc.get_type().attr("__name__"))) + ": " +
+                       py::str(exc).cast<std::string>();
+    return c->fail(std::make_exception_ptr(
+        PythonStageError(std::move(what), PyObj(py::reinterpret_borrow<py::object>(exc)))));
+  }
+};
+
 struct PythonBody {
   PyObj fn;
   Value operator()(Value v) const {
@@ -690,7 +710,12 @@ when a GPU stage first runs, one device with a pool of `streams` streams shared 
         it->node = n;
         return make_released(std::move(it));
       }, "Iterates the items of the graph's current run (pull sinks only).")
-      .def("__repr__", [](const PyNode& n) { return "<splitflow.Node " + n.name + ">"; });
+      .def("__repr__", [](const PyNode& n) { return "<splitflow.Node " + n.name + ">"; })
+      .def_property_readonly("pool", [](const PyNode& n) { return n.pool.get(); },
+                             "A process stage's worker pool (pids, stats()); None for others.");
+  py::class_<PyCompletion>(m, "_Completion")
+      .def("done", &PyCompletion::done)
+      .def("fail", &PyCompletion::fail);
 
   py::class_<PullIterator, std::shared_ptr<PullIterator>>(m, "PullIterator")
       .def("__iter__", [](py::object self) { return self; })
@@ -832,10 +857,40 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
                        std::size_t concurrency, bool ordered, std::size_t capacity,
                        std::string on_error, py::object substitute, py::object order,
-                       py::object field) {
-        const StageOptions o = stage_options(concurrency, order_of(ordered, order), capacity, on_error);
+                       py::object field, long long processes) {
+        StageOptions o = stage_options(concurrency, order_of(ordered, order), capacity, on_error);
         std::optional<Stage<Value, Value>> s;
         std::function<Value(Value)> fn;
+        if (processes < 0)
+          throw GraphError("splitflow.Graph.stage('" + name + "'): processes=" +
+                           std::to_string(processes) + " is negative; give the number of worker "
+                           "processes (0: run in a thread of the runtime)");
+        if (processes > 0) {
+          // Past the GIL: the function runs in `processes` spawned worker processes
+          // (splitflow/_procs.py); this stage hands each item on and is answered by the pool's
+          // reader thread, so no arena thread waits. Two items per worker are out at once.
+          if (py::isinstance<CpuOp>(body))
+            throw GraphError("splitflow.Graph.stage('" + name + "', processes=" +
+                             std::to_string(processes) + "): " + body.cast<CpuOp>().name +
+                             " is a C++ op, which runs without the GIL already; processes= is "
+                             "for Python functions");
+          if (!PyCallable_Check(body.ptr()))
+            throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable");
+          constexpr std::size_t kDepth = 2;
+          py::object pool = py::module_::import("splitflow._procs").attr("ProcessPool")(
+              body, processes, name, field, py::arg("depth") = kDepth);
+          o.concurrency = static_cast<std::size_t>(processes) * kDepth;
+          auto submit = [pool = PyObj(pool)](Value v, Completion<Value> c) {
+            py::gil_scoped_acquire gil;
+            PyCompletion pc{std::make_shared<Completion<Value>>(std::move(c))};
+            call_python([&] { pool.get().attr("submit")(to_python(std::move(v)), pc); });
+          };
+          auto a = g->graph.async_stage<Value, Value>(name, std::move(submit), o);
+          if (!substitute.is_none()) a.substitute_on_error(from_python(substitute));
+          auto node = std::make_shared<PyNode>(PyNode{g, name, &a.in_port(), &a.out_port(), std::nullopt});
+          node->pool = PyObj(pool);
+          return node;
+        }
         if (py::isinstance<CpuOp>(body)) {
           fn = per_item(body.cast<CpuOp>().fn);
         } else {
@@ -870,14 +925,18 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
       }, py::arg("name"), py::arg("body"), py::arg("concurrency") = 1, py::arg("ordered") = true,
       py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),
-      py::arg("order") = py::none(), py::arg("field") = py::none(),
+      py::arg("order") = py::none(), py::arg("field") = py::none(), py::arg("processes") = 0,
       "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "
       "splitflow.ops (no GIL). concurrency 0 means unlimited. order='in_order' (default) or "
       "'out_of_order', as in C++ (ordered=True/False says the same). on_error='skip' drops items "
       "whose body raises (counted, with their messages, in the stats: 'skipped', 'errors'); "
       "substitute=value emits value in their place instead. field='image' (a dict's key) or "
       "field=0 (a tuple's index): the body takes that field of each sample and the others "
-      "(label, index, ...) pass through untouched; a skip drops the whole sample.")
+      "(label, index, ...) pass through untouched; a skip drops the whole sample. "
+      "processes=N runs a Python function in N spawned worker processes (past the GIL, as "
+      "DataLoader workers; the function must be importable by name), arrays moving through "
+      "shared memory; same order, error and skip semantics; a worker that dies fails (or skips) "
+      "only the item it held and is replaced.")
       .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t size, bool drop_last) {
         // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
         auto b = g->graph.batch<Value>(name, size, {.drop_last = drop_last});

@@ -257,17 +257,17 @@ py::object to_python(Value&& v) {
         case Sample::Kind::tuple: {
           py::tuple t(n);
           for (std::size_t i = 0; i < n; ++i) t[i] = field(i);
-          return std::move(t);
+          return t;
         }
         case Sample::Kind::dict: {
           py::dict d;
           for (std::size_t i = 0; i < n; ++i) d[py::str(p->keys[i])] = field(i);
-          return std::move(d);
+          return d;
         }
         case Sample::Kind::list: {
           py::list l(n);
           for (std::size_t i = 0; i < n; ++i) l[i] = field(i);
-          return std::move(l);
+          return l;
         }
       }
       return py::none();
@@ -420,6 +420,11 @@ protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view
         return to_dlpack(t);
       }, py::arg("stream") = py::none())
       .def("__dlpack_device__", [](const PyTensor& t) { return py::make_tuple(dlpack_device(t).first, dlpack_device(t).second); })
+      .def("__len__", [](const PyTensor& t) {
+        const auto& shape = t.tensor().shape();
+        if (shape.empty()) throw py::type_error("len() of a 0-d splitflow.Tensor");
+        return static_cast<py::ssize_t>(shape[0]);
+      }, "The size of the first dimension (as len() of a torch tensor or numpy array).")
       .def("numpy", [](py::object self) { return py::module_::import("numpy").attr("asarray")(self); },
            "A numpy array viewing the same memory (host memory only).")
       .def("torch", [](py::object self) {
@@ -531,10 +536,29 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     objects = objects || v.index() == 1;
     tensors = tensors && (tensor_like(v) || v.index() == 1);
   }
-  if (tensors && objects) {  // Python objects stack when they are arrays (buffer protocol)
+  if (tensors && objects) {
+    // Python objects stack when they are arrays (buffer protocol) or torch CPU tensors (what a
+    // Python stage returns: viewed through numpy, no copy before the stack).
     py::gil_scoped_acquire gil;
-    for (const Value& v : items)
-      if (v.index() == 1) tensors = tensors && PyObject_CheckBuffer(std::get<PyObj>(v).get().ptr());
+    for (Value& v : items) {
+      if (v.index() != 1) continue;
+      py::object o = std::get<PyObj>(v).get();
+      if (PyObject_CheckBuffer(o.ptr())) continue;
+      const py::handle type = reinterpret_cast<PyObject*>(Py_TYPE(o.ptr()));
+      bool torch_cpu = false;
+      try {
+        torch_cpu = py::str(type.attr("__module__")).cast<std::string>() == "torch" &&
+                    py::hasattr(o, "device") &&
+                    py::str(o.attr("device").attr("type")).cast<std::string>() == "cpu";
+        if (torch_cpu) v = Value(PyObj(py::module_::import("numpy").attr("asarray")(o.attr("detach")())));
+      } catch (const py::error_already_set&) {  // (bfloat16: numpy has no such type)
+        torch_cpu = false;
+      }
+      if (!torch_cpu) {
+        tensors = false;
+        break;
+      }
+    }
   }
   if (tensors) {
     std::vector<image::Image> imgs;

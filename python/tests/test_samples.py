@@ -193,3 +193,21 @@ def test_a_dataloader_yields_image_and_label_tensors(folder):
             assert classes[label] == class_of(paths[i])
         total += len(s["label"])
     assert total == len(paths) - 1
+
+
+def test_torch_tensors_from_python_stages_stack_like_default_collate():
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "torch-collate")
+    src = g.source("s", list(range(6)))
+    make = g.stage("make", lambda i: {"x": torch.full((2, 3), float(i)), "label": i})
+    b = g.batch("batch", 3)
+    out = g.pull_sink("out")
+    src >> make >> b >> out
+    got = list(g.iterate(out))
+    assert len(got) == 2
+    for k, batch in enumerate(got):
+        assert isinstance(batch["x"], sf.Tensor) and tuple(batch["x"].shape) == (3, 2, 3)
+        x = torch.as_tensor(np.asarray(batch["x"]))
+        want = torch.utils.data.default_collate([torch.full((2, 3), float(3 * k + j)) for j in range(3)])
+        assert torch.equal(x, want)
+        assert np.asarray(batch["label"]).tolist() == [3 * k, 3 * k + 1, 3 * k + 2]

@@ -1,0 +1,53 @@
+"""Functions that process stages (Graph.stage(..., processes=N)) run in worker processes: a
+worker imports them by name, as DataLoader workers do, so they live in a module, not a test."""
+import os
+import signal
+import time
+
+import numpy as np
+
+
+def square(x):
+    return x * x
+
+
+def pid_and_value(x):
+    return (os.getpid(), x)
+
+
+def flip(image):
+    """A Python augmentation on a decoded image (H, W, C) uint8: a horizontal flip, + 1."""
+    a = np.asarray(image)
+    return np.ascontiguousarray(a[:, ::-1, :]) + np.uint8(1)
+
+
+def raise_on_five(x):
+    if x == 5:
+        raise ValueError(f"five is not allowed (got {x})")
+    return x
+
+
+def die_on_seven(x):
+    """Kills its own worker with SIGSEGV on item 7 (the first time only: a flag file)."""
+    if x == 7:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+def exit_on_seven(x):
+    if x == 7:
+        os._exit(3)
+    return x
+
+
+def sleepy(x):
+    time.sleep(30)
+    return x
+
+
+def spin(x):
+    """CPU-bound pure Python (holds the GIL in a thread stage)."""
+    t = 0
+    for i in range(200_000):
+        t += i * x
+    return t

@@ -1,0 +1,167 @@
+"""Python stages past the GIL (docs/python.md, "Process stages"): Graph.stage(fn,
+processes=N) runs fn in N spawned worker processes with the thread stage's order, error and
+skip semantics; arrays move through shared memory; a worker that dies fails or skips only the
+item it held and is replaced; nothing is left behind (processes, /dev/shm files)."""
+import glob
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import procs_fns as fns
+import splitflow as sf
+
+
+def shm_files():
+    return glob.glob(f"/dev/shm/sf-{os.getpid()}-*")
+
+
+def run_list(items, fn, processes=2, **kw):
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "procs")
+    src = g.source("src", items)
+    st = g.stage("py", fn, processes=processes, **kw)
+    out = g.pull_sink("out")
+    src >> st >> out
+    got = list(g.iterate(out))
+    return got, g, st
+
+
+def test_results_come_back_in_order_from_two_workers():
+    got, g, st = run_list(list(range(200)), fns.pid_and_value)
+    assert [v for _, v in got] == list(range(200))
+    pids = {p for p, _ in got}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert set(st.pool.pids) == pids
+    stats = g.last_run.stats() if hasattr(g, "last_run") else None
+    del stats
+    assert st.pool.stats()["completed"] == 200
+
+
+def test_arrays_travel_through_shared_memory_and_samples_keep_their_other_fields():
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 255, (224, 224, 3), dtype=np.uint8) for _ in range(12)]
+    samples = [{"image": im, "label": i % 3, "index": i} for i, im in enumerate(images)]
+    got, _, _ = run_list(samples, fns.flip, field="image")
+    assert [s["index"] for s in got] == list(range(12))
+    for s, im in zip(got, images):
+        assert s["label"] == s["index"] % 3
+        np.testing.assert_array_equal(np.asarray(s["image"]), fns.flip(im))
+    # tuples too, with an int field
+    got, _, _ = run_list([(im, i) for i, im in enumerate(images[:4])], fns.flip, field=0)
+    for (a, i), im in zip(got, images):
+        np.testing.assert_array_equal(np.asarray(a), fns.flip(im))
+    assert [i for _, i in got] == [0, 1, 2, 3]
+    assert shm_files() == []
+
+
+def test_a_c_plus_plus_tensor_goes_to_a_worker_and_back():
+    # splitflow.Tensor (from a C++ op) in, numpy array out: the next C++ op takes it.
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "mixed")
+    src = g.indices("i", list(range(6)))
+    fill = g.stage("fill", sf.ops.fill([64, 64, 3], "uint8"))
+    py = g.stage("flip", fns.flip, processes=2)
+    norm = g.stage("norm", sf.ops.normalize([0.0, 0.0, 0.0], [1.0, 1.0, 1.0], 1.0))
+    out = g.pull_sink("out")
+    src >> fill >> py >> norm >> out
+    got = [np.asarray(t) for t in g.iterate(out)]
+    assert len(got) == 6
+    for i, t in enumerate(got):  # fill(i) is i everywhere; flip adds 1; normalize makes CHW
+        assert t.shape == (3, 64, 64) and t.dtype == np.float32
+        np.testing.assert_array_equal(t, np.full((3, 64, 64), i + 1, np.float32))
+
+
+def test_an_exception_names_stage_and_item_and_keeps_the_workers_traceback():
+    with pytest.raises(sf.StageError) as info:
+        run_list(list(range(20)), fns.raise_on_five)
+    e = info.value
+    assert (e.graph, e.stage, e.item) == ("procs", "py", 5)
+    assert isinstance(e.__cause__, ValueError)
+    assert "five is not allowed" in str(e)
+    notes = "\n".join(getattr(e.__cause__, "__notes__", []))
+    assert "raise_on_five" in notes and "worker process" in notes
+
+
+def test_skip_drops_only_the_failing_item():
+    got, g, st = run_list(list(range(20)), fns.raise_on_five, on_error="skip")
+    assert got == [x for x in range(20) if x != 5]
+
+
+@pytest.mark.parametrize("fn,how", [(fns.die_on_seven, "SIGSEGV"), (fns.exit_on_seven, "exit code 3")])
+def test_a_worker_that_dies_fails_only_its_item_and_is_replaced(fn, how):
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "deaths")
+    src = g.source("src", list(range(40)))
+    st = g.stage("py", fn, processes=2, on_error="skip")
+    out = g.pull_sink("out")
+    src >> st >> out
+    run = g.run()
+    got = list(out)
+    run.wait()
+    assert got == [x for x in range(40) if x != 7]
+    stats = run.stats()
+    py = next(s for s in stats["stages"] if s["name"] == "py")
+    assert py["skipped"] == 1
+    [err] = py["errors"]
+    assert err["item"] == 7
+    assert how in err["message"] and "died" in err["message"] and "replaces it" in err["message"]
+    assert st.pool.stats()["restarts"] == 1
+    assert len(st.pool.pids) == 2
+    # and under on_error="fail" the run fails naming the signal
+    g2 = sf.Graph(rt, "deaths2")
+    s2 = g2.source("src", list(range(40)))
+    p2 = g2.stage("py", fn, processes=2)
+    o2 = g2.pull_sink("out")
+    s2 >> p2 >> o2
+    with pytest.raises(sf.StageError, match=how) as info:
+        list(g2.iterate(o2))
+    assert info.value.item == 7
+
+
+def test_a_lambda_or_a_cpp_op_is_refused_when_the_stage_is_built():
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "refused")
+    with pytest.raises(sf.GraphError, match="module level"):
+        g.stage("py", lambda x: x, processes=2)
+    with pytest.raises(sf.GraphError, match="runs without the GIL already"):
+        g.stage("op", sf.ops.fill([2], "uint8"), processes=2)
+    with pytest.raises(sf.GraphError, match="is negative"):
+        g.stage("py", fns.square, processes=-1)
+
+
+def test_nothing_is_left_behind_after_the_graph_goes():
+    got, g, st = run_list(list(range(50)), fns.square)
+    assert got == [x * x for x in range(50)]
+    pids = st.pool.pids
+    st.pool.close()
+    del st, g
+    import gc
+    gc.collect()
+    for p in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(p, 0)
+    assert shm_files() == []
+    assert multiprocessing.active_children() == []
+
+
+def test_ctrl_c_reaches_the_main_thread_while_a_worker_runs_a_slow_body():
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "interrupt")
+    src = g.source("src", list(range(4)))
+    st = g.stage("slow", fns.sleepy, processes=2)
+    out = g.pull_sink("out")
+    src >> st >> out
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in g.iterate(out):
+            pass
+    waited = time.monotonic() - t0
+    assert waited < 10, f"KeyboardInterrupt took {waited:.1f} s (the body sleeps 30 s)"
+    st.pool.close()
