@@ -54,6 +54,7 @@ def main():
     images = load(os.path.join(d, "bench_images.json"))
     inf = load(os.path.join(d, "bench_inference.json"))
     merge = load(os.path.join(d, "bench_merge.json"))
+    procs = load(os.path.join(d, "bench_process_stage.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -91,6 +92,12 @@ def main():
          images and images.get("python_of_ceiling"), ">= 0.7", lambda v: v >= 0.7),
         ("6", "Images, C++ with full decode: of the ceiling",
          images and images.get("cpp_full_decode_of_ceiling"), "(stated)", None),
+        ("15", "Python transform, processes=2 / DataLoader(2)",
+         procs and procs.get("processes_vs_dataloader"), ">= 1.0", lambda v: v >= 1.0),
+        ("15", "C++ decode + Python transform, processes=2 / DL(2)",
+         procs and procs.get("mixed_vs_dataloader"), ">= 1.5", lambda v: v >= 1.5),
+        ("15", "Pure-Python work: processes=2 / thread stage",
+         procs and procs.get("gil_processes_vs_gil_thread"), "(stated)", None),
         ("7", "Inference at a p99 target: dynamic / no batching",
          ratio(counter(inf, "BM_InferenceAtTarget/dynamic", "rate_at_target"),
                counter(inf, "BM_InferenceAtTarget/unbatched", "rate_at_target")), ">= 3", lambda v: v >= 3),
