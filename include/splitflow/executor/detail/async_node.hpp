@@ -112,14 +112,16 @@ class AsyncStageNode final : public Emitter<Out> {
       this->popped_locked(0, 1, w, inv->t0);
       queued = in_.size();
       inv->ticket = this->next_ticket_++;
+      inv->seq = in->front().seq;
+      inv->arrived = arrivals->front().ticks;
+      inv->ids = ids_for_errors(*this, in->front().value);
+      // From here a cancel may withdraw it (its finish then runs on another thread): every
+      // field finish reads is set above.
       out_.insert(inv);
+      this->graph().add_unit();  // the invocation keeps the run open until it is answered
     }
-    inv->seq = in->front().seq;
-    inv->arrived = arrivals->front().ticks;
     report_waits(this->graph(), *in, *arrivals, inv->t0);
     this->notify_begin(inv->t0, inv->seq, 1, queued);
-    inv->ids = ids_for_errors(*this, in->front().value);
-    this->graph().add_unit();  // the invocation keeps the run open until it is answered
     In item = std::move(in->front().value);
     in->clear();
     try {
