@@ -16,6 +16,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <splitflow/ops/image.hpp>
@@ -185,12 +187,54 @@ RunRegistry& registry() {
   return *r;
 }
 
+/// The threads running a graph's Python stage bodies now, so that Ctrl-C can interrupt them
+/// (each gets a KeyboardInterrupt at its next bytecode, as the main thread would) instead of
+/// the run waiting for them to return. Used only with the GIL held: the GIL is its lock.
+struct BodyThreads {
+  std::unordered_map<unsigned long, int> running;  // thread id -> bodies running (nested: > 1)
+  std::unordered_set<unsigned long> interrupted;
+
+  /// Raises KeyboardInterrupt in every thread running a body of the graph (with the GIL).
+  void interrupt() {
+    for (const auto& [tid, n] : running)
+      if (n > 0 && PyThreadState_SetAsyncExc(tid, PyExc_KeyboardInterrupt) > 0) interrupted.insert(tid);
+  }
+};
+
+/// A Python body running on this thread (construct and destroy with the GIL held). On leaving,
+/// an interruption that arrived after the body's last bytecode is withdrawn, so that it cannot
+/// reach other code on the thread.
+class BodyScope {
+ public:
+  explicit BodyScope(BodyThreads* t) : t_(t), tid_(PyThread_get_thread_ident()) {
+    if (t_) ++t_->running[tid_];
+  }
+  ~BodyScope() {
+    if (!t_) return;
+    if (--t_->running[tid_] == 0) t_->running.erase(tid_);
+    if (t_->interrupted.erase(tid_)) PyThreadState_SetAsyncExc(tid_, nullptr);
+  }
+  BodyScope(const BodyScope&) = delete;
+  BodyScope& operator=(const BodyScope&) = delete;
+
+ private:
+  BodyThreads* t_;
+  unsigned long tid_;
+};
+
 struct PyGraph {
   PyGraph(std::shared_ptr<PyRuntime> r, std::string name, GraphOptions o)
       : runtime(std::move(r)), graph(runtime->rt, std::move(name), std::move(o)) {}
   std::shared_ptr<PyRuntime> runtime;  // outlives the graph
+  std::shared_ptr<BodyThreads> bodies = std::make_shared<BodyThreads>();
   Graph graph;
 };
+
+/// A signal handler raised `KeyboardInterrupt` (pending, with the GIL): interrupt the graph's
+/// Python bodies too, so that the cancel that follows does not wait for them to return.
+void interrupt_bodies_on_ctrl_c(const std::shared_ptr<PyGraph>& g) {
+  if (g && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) g->bodies->interrupt();
+}
 
 /// A node handle: its Value input and output ends (either may be null), and the graph.
 struct PyNode {
@@ -276,8 +320,10 @@ struct PyCompletion {
 
 struct PythonBody {
   PyObj fn;
+  std::shared_ptr<BodyThreads> threads = {};  // the graph's (Ctrl-C interrupts its bodies)
   Value operator()(Value v) const {
     py::gil_scoped_acquire gil;
+    BodyScope scope(threads.get());
     if (auto* b = std::get_if<BatchPtr>(&v)) return on_batch(std::move(*b));
     return call_python([&] { return from_python(fn.get()(to_python(std::move(v)))); });
   }
@@ -350,7 +396,8 @@ struct PyRun {
   std::shared_ptr<PyGraph> graph;  // keeps the graph (and its runtime) alive while referenced
 };
 
-RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done) {
+RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
+                   const std::shared_ptr<PyGraph>& graph) {
   // Wait in slices so that Ctrl-C reaches Python promptly; a KeyboardInterrupt cancels the run.
   const auto deadline = timeout_s ? std::chrono::steady_clock::now() +
                                         std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -373,6 +420,7 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done) 
       }
     }
     if (PyErr_CheckSignals() != 0) {
+      interrupt_bodies_on_ctrl_c(graph);
       {
         py::gil_scoped_release nogil;
         drain(run);
@@ -409,6 +457,7 @@ struct PullIterator {
       }
       if (PyErr_CheckSignals() != 0) {
         finished = true;
+        interrupt_bodies_on_ctrl_c(node->graph);
         cancel_and_wait();
         throw py::error_already_set();
       }
@@ -736,7 +785,7 @@ when a GPU stage first runs, one device with a pool of `streams` streams shared 
   py::class_<PyRun, std::shared_ptr<PyRun>>(m, "Run", "A run of a graph: wait(), cancel(), stats().")
       .def("wait", [](PyRun& r, std::optional<double> timeout) -> py::object {
         bool done = false;
-        const RunStatus s = wait_run(r.run, timeout, done);
+        const RunStatus s = wait_run(r.run, timeout, done, r.graph);
         if (!done) return py::none();
         return py::str(to_string(s));
       }, py::arg("timeout") = py::none(),
@@ -895,7 +944,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
           fn = per_item(body.cast<CpuOp>().fn);
         } else {
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
-          fn = PythonBody{PyObj(std::move(body))};
+          fn = PythonBody{PyObj(std::move(body)), g->bodies};
         }
         if (!field.is_none()) {
           if (!py::isinstance<py::str>(field) && !py::isinstance<py::int_>(field))
@@ -1027,7 +1076,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst. order and "
       "on_error as for stage().")
       .def("sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object body) {
-        PythonBody b{PyObj(std::move(body))};
+        PythonBody b{PyObj(std::move(body)), g->bodies};
         auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });
         return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, std::nullopt});
       }, py::arg("name"), py::arg("body"), "A sink calling a Python callable on each item.")

@@ -2,6 +2,11 @@
 MemoryError or KeyboardInterrupt, returns objects the next C++ op cannot take, or a generator
 source that raises midway: a clear error naming the stage and item (or the interrupt itself),
 the run ended, the interpreter and the runtime usable afterwards."""
+import os
+import signal
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -71,3 +76,40 @@ def test_a_generator_source_that_raises_midway_fails_the_run_naming_the_item(rt)
     # reordered or repeated.
     assert got in ([], [1], [1, 2]) and isinstance(e.value.__cause__, RuntimeError)
     assert run(rt, [7], lambda x: x) == [7]
+
+
+def busy(seconds):
+    """A pure-Python body that runs `seconds` (it holds the GIL but for switch intervals)."""
+    def body(x):
+        end = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+        return x
+    return body
+
+
+@pytest.mark.parametrize("how", ["iterate", "wait"])
+def test_ctrl_c_interrupts_a_running_python_body_promptly(rt, how):
+    # Before: the run's cancel waited for the 20 s body to return (19-29 s measured).
+    g = sf.Graph(rt, "ctrl-c")
+    out = g.pull_sink("out")
+    g.source("s", [1, 2, 3]) >> g.stage("slow", busy(20)) >> out
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        if how == "iterate":
+            for _ in g.iterate(out):
+                pass
+        else:
+            r = g.run()
+            r.wait()
+    waited = time.monotonic() - t0
+    timer.join()
+    assert waited < 8, f"KeyboardInterrupt took {waited:.1f} s (the body runs 20 s)"
+    # The graph runs again at once, and no stray interrupt reaches later bodies.
+    h = sf.Graph(rt, "after")
+    o2 = h.pull_sink("out")
+    h.source("s", list(range(50))) >> h.stage("py", busy(0.002), concurrency=2) >> o2
+    assert sorted(h.iterate(o2)) == list(range(50))
