@@ -117,6 +117,8 @@ bench: release
 	done
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_loader.py \
 	  --json $(BUILD)/bench/bench_loader.json
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_large_photos.py \
+	  --data $(BUILD)/bench-data/large --json $(BUILD)/bench/bench_large_photos.json
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_process_stage.py \
 	  --data $(BUILD)/bench-data/images --json $(BUILD)/bench/bench_process_stage.json
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images.py \

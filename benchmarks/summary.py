@@ -55,6 +55,7 @@ def main():
     inf = load(os.path.join(d, "bench_inference.json"))
     merge = load(os.path.join(d, "bench_merge.json"))
     procs = load(os.path.join(d, "bench_process_stage.json"))
+    large = load(os.path.join(d, "bench_large_photos.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -92,6 +93,16 @@ def main():
          images and images.get("python_of_ceiling"), ">= 0.7", lambda v: v >= 0.7),
         ("6", "Images, C++ with full decode: of the ceiling",
          images and images.get("cpp_full_decode_of_ceiling"), "(stated)", None),
+        ("21", "Large photos: scaled decode / full decode",
+         large and large.get("scaled_vs_full"), ">= 1.5", lambda v: v >= 1.5),
+        ("21", "Large photos: scaled decode / best DataLoader",
+         large and large.get("scaled_vs_best_dataloader"), ">= 2.5", lambda v: v >= 2.5),
+        ("21", "Large photos: scaled decode PSNR vs full (min dB)",
+         large and large.get("psnr_min"), "(stated)", None),
+        ("15", "Labelled images, Python / C++ pipeline",
+         images and images.get("labelled_python_vs_cpp"), ">= 0.9", lambda v: v >= 0.9),
+        ("15", "Labelled images, Python / best DataLoader",
+         images and images.get("labelled_python_vs_best_dataloader"), ">= 3", lambda v: v >= 3),
         ("15", "Python transform, processes=2 / DataLoader(2)",
          procs and procs.get("processes_vs_dataloader"), ">= 1.0", lambda v: v >= 1.0),
         ("15", "C++ decode + Python transform, processes=2 / DL(2)",

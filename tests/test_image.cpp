@@ -567,6 +567,67 @@ TEST(ImageDecode, FusedCropEqualsDecodeThenCropAtLargeFactors) {
   }
 }
 
+// Scaled decode (issue 21): the DCT scale is the largest the crop's shrink allows (the decoded
+// crop stays at least the output's size), only for large photos by default; a crop decoded at
+// 1/2-1/8 stays close to full decode + antialiased resize (PSNR), and a crop that shrinks less
+// than 2x is decoded in full, the same pixels as never.
+TEST(ImageDecode, ScaledDecodeIsChosenByTheShrinkAndStaysCloseToFullDecode) {
+  using SD = image::AugmentSpec::ScaledDecode;
+  const image::AugmentSpec always{.size = 224, .scaled_decode = SD::always};
+  EXPECT_EQ(image::decode_denominator(always, 3000, 4000, {0, 0, 1800, 1800}), 8);
+  EXPECT_EQ(image::decode_denominator(always, 3000, 4000, {0, 0, 1000, 1200}), 4);
+  EXPECT_EQ(image::decode_denominator(always, 3000, 4000, {0, 0, 447, 2000}), 1);  // 447 / 2 < 224
+  EXPECT_EQ(image::decode_denominator(always, 3000, 4000, {0, 0, 448, 2000}), 2);
+  const image::AugmentSpec large{.size = 224};  // the default: large_photos
+  EXPECT_EQ(image::decode_denominator(large, 2000, 3999, {0, 0, 1800, 1800}), 1);  // < 8 MP
+  EXPECT_EQ(image::decode_denominator(large, 2000, 4000, {0, 0, 1800, 1800}), 8);  // 8 MP
+  const image::AugmentSpec never{.size = 224, .scaled_decode = SD::never};
+  EXPECT_EQ(image::decode_denominator(never, 3000, 4000, {0, 0, 1800, 1800}), 1);
+
+  // A photo-like image (smooth shading, edges, grain), 4:2:0.
+  const int h = 1200, w = 1600;
+  std::vector<std::uint8_t> px(std::size_t(h) * w * 3);
+  const auto noise = noise_pixels(h, w, 3, 9);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const std::size_t i = (std::size_t(y) * w + x) * 3 + c;
+        double v = 120 + 60 * std::sin(x / 90.0 + c) * std::cos(y / 70.0);
+        if ((x / 160 + y / 120) % 3 == 0) v += 50;  // blocks with sharp edges
+        px[i] = static_cast<std::uint8_t>(std::clamp(v + (noise[i] - 128) / 16.0, 0.0, 255.0));
+      }
+  const auto jpeg = encode(px, h, w, 3, 92);
+  auto bytes = [&] {
+    HostTensor b = HostTensor::empty(DType::u8, {std::int64_t(jpeg.size())});
+    std::memcpy(b.raw(), jpeg.data(), jpeg.size());
+    return b;
+  };
+  int scaled = 0, full = 0;
+  for (std::uint64_t i = 0; i < 24; ++i) {
+    image::AugmentSpec a{.size = 224, .seed = 4, .scaled_decode = SD::always};
+    image::AugmentSpec n = a;
+    n.scaled_decode = SD::never;
+    const image::Image got = image::decode_random_resized_crop({i, "p.jpg", bytes()}, a);
+    const image::Image ref = image::decode_random_resized_crop({i, "p.jpg", bytes()}, n);
+    ASSERT_EQ(got.pixels.shape(), (std::vector<std::int64_t>{224, 224, 3}));
+    const image::Augment drawn = image::draw_augment(h, w, i, a);
+    if (image::decode_denominator(a, h, w, drawn.box) == 1) {
+      ++full;
+      EXPECT_EQ(bytes_of(got.pixels), bytes_of(ref.pixels)) << "item " << i;
+      continue;
+    }
+    ++scaled;
+    const auto g = bytes_of(got.pixels), r = bytes_of(ref.pixels);
+    double mse = 0;
+    for (std::size_t k = 0; k < g.size(); ++k) mse += (double(g[k]) - r[k]) * (double(g[k]) - r[k]);
+    mse /= static_cast<double>(g.size());
+    const double psnr = mse == 0 ? 99 : 10 * std::log10(255.0 * 255.0 / mse);
+    EXPECT_GE(psnr, 32.0) << "item " << i << " box " << drawn.box.h << "x" << drawn.box.w;
+  }
+  EXPECT_GT(scaled, 4);  // both kinds of crop were drawn
+  EXPECT_GT(full, 0);
+}
+
 // "flip matches the reference"; twice is the identity
 TEST(ImageOps, FlipMirrorsColumns) {
   const auto px = random_pixels(7, 9, 3, 4);

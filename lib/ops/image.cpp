@@ -11,6 +11,7 @@
 #include <jpeglib.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -339,8 +340,14 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
   // iMCU more on each side (libjpeg then aligns the start down to an iMCU); two for a
   // progressive file, whose block smoothing reads blocks two away (libjpeg-turbo 2.1; found by
   // tests/fuzz/fuzz_decode_region.cpp).
+  // (In output pixels: at a reduced DCT scale a block is DCTSIZE / denominator pixels wide.)
+#if JPEG_LIB_VERSION >= 70
+  const int dct_w = d.cinfo.min_DCT_h_scaled_size, dct_h = d.cinfo.min_DCT_v_scaled_size;
+#else
+  const int dct_w = d.cinfo.min_DCT_scaled_size, dct_h = d.cinfo.min_DCT_scaled_size;
+#endif
   const unsigned margin = (d.cinfo.progressive_mode ? 2u : 1u) *
-                          static_cast<unsigned>(d.cinfo.max_h_samp_factor * DCTSIZE);
+                          static_cast<unsigned>(d.cinfo.max_h_samp_factor * dct_w);
   const unsigned width = d.cinfo.output_width;
   const unsigned lo = *x > margin ? *x - margin : 0;
   const unsigned hi = std::min(width, *x + *w + margin);
@@ -350,7 +357,7 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
   // Fancy upsampling of a row needs its neighbours: after a skip to the middle of an iMCU row
   // the first rows would lack them. Skip only to the start of the iMCU row before, and read
   // (into the first output row, overwritten) the rows up to y.
-  const int imcu = d.cinfo.max_v_samp_factor * DCTSIZE;
+  const int imcu = d.cinfo.max_v_samp_factor * dct_h;
   int start = y / imcu * imcu - imcu;
   if (start < 0) start = 0;
   if (start > 0) jpeg_skip_scanlines(&d.cinfo, static_cast<JDIMENSION>(start));
@@ -367,9 +374,12 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
 }
 
 // Reads the header once, asks `choose(H, W)` for the box, decodes it.
+// `choose` may set *denom (1, 2, 4, 8): the box, in full-size pixels, is then decoded at that
+// DCT scale, widened outwards to whole scaled pixels.
 template <class Choose>
 HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color color,
-                              const std::string& what, Choose&& choose) {
+                              const std::string& what, Choose&& choose, const int* denom = nullptr,
+                              Box* decoded = nullptr) {
   JpegDecoder d;
   if (size == 0 || !read_header(d, data, size, color == Color::gray))
     throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
@@ -385,9 +395,21 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
                             "{}) is outside the {}x{} image",
                             what, box.y, box.x, box.h, box.w, H, W));
   const int C = color == Color::rgb ? 3 : 1;
+  unsigned max_w = static_cast<unsigned>(W);
+  if (denom && *denom > 1) {
+    const int k = *denom;
+    d.cinfo.scale_num = 1;
+    d.cinfo.scale_denom = static_cast<unsigned>(k);
+    jpeg_calc_output_dimensions(&d.cinfo);
+    const int sh = static_cast<int>(d.cinfo.output_height), sw = static_cast<int>(d.cinfo.output_width);
+    const int y0 = box.y / k, x0 = box.x / k;
+    const int y1 = std::min(sh, (box.y + box.h + k - 1) / k), x1 = std::min(sw, (box.x + box.w + k - 1) / k);
+    box = {y0, x0, std::max(1, y1 - y0), std::max(1, x1 - x0)};
+    max_w = static_cast<unsigned>(sw);
+  }
+  if (decoded) *decoded = box;
   // Rows are decoded at the iMCU-aligned width libjpeg picks, into a buffer that wide; then the
   // box's columns are the result (a view: no copy).
-  const unsigned max_w = static_cast<unsigned>(W);
   HostTensor rows = HostTensor::empty(DType::u8, {box.h, static_cast<std::int64_t>(max_w), C});
   unsigned x = static_cast<unsigned>(box.x), w = static_cast<unsigned>(box.w), out_x = 0, out_w = 0;
   if (!decode_rows(d, box.y, box.h, &x, &w, static_cast<std::uint8_t*>(rows.raw()),
@@ -415,17 +437,53 @@ HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box bo
   });
 }
 
+namespace {
+// Pillow's resize(BILINEAR) of a crop, optionally mirrored, optionally over a sub-pixel span
+// (defined with the resampling below).
+HostTensor antialiased(const HostTensor& img, int out_h, int out_w, Box box, bool flip,
+                       const std::array<double, 4>* sub = nullptr);
+}  // namespace
+
 Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color color) {
   // The header gives the size the crop is drawn for; only the crop's rows and (iMCU-widened)
   // columns are decoded. One header read serves both.
   Augment a;
+  int denom = 1;
+  Box decoded;
   HostTensor region = decode_region_with(
-      file.bytes.data<std::uint8_t>(), file.bytes.nbytes(), color, file.path, [&](int H, int W) {
+      file.bytes.data<std::uint8_t>(), file.bytes.nbytes(), color, file.path,
+      [&](int H, int W) {
         a = draw_augment(H, W, file.index, spec);
+        denom = decode_denominator(spec, H, W, a.box);
         return a.box;
-      });
+      },
+      &denom, &decoded);
+  if (denom > 1) {
+    // The crop's exact edges at 1/denom scale, in the decoded region (widened to whole pixels):
+    // the resize covers that span, not the widened one (decode_denominator keeps it a shrink,
+    // so the antialiased filter applies whatever spec.antialias says).
+    const double k = denom;
+    const std::array<double, 4> sub{a.box.y / k - decoded.y, (a.box.y + a.box.h) / k - decoded.y,
+                                    a.box.x / k - decoded.x, (a.box.x + a.box.w) / k - decoded.x};
+    return Image{file.index, std::move(file.path),
+                 antialiased(region, spec.size, spec.size, {0, 0, decoded.h, decoded.w}, a.flip, &sub)};
+  }
   return Image{file.index, std::move(file.path),
                resize_flipped(region, spec.size, spec.size, a.flip, spec.antialias)};
+}
+
+int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept {
+  using S = AugmentSpec::ScaledDecode;
+  if (spec.scaled_decode == S::never) return 1;
+  if (spec.scaled_decode == S::large_photos &&
+      std::int64_t{height} * width < kScaledDecodeMinPixels)
+    return 1;
+  const int h = box.h > 0 ? box.h : height, w = box.w > 0 ? box.w : width;
+  // The largest denominator that still leaves the decoded crop at least the output's size: the
+  // resize after it then still shrinks (antialiased), never enlarges.
+  for (int k : {8, 4, 2})
+    if (h / k >= spec.size && w / k >= spec.size) return k;
+  return 1;
 }
 
 Image decode(Encoded file, Color color) {
@@ -539,11 +597,14 @@ struct Filter {
   std::vector<std::int32_t> k;
 };
 
-// Pillow's precompute_coeffs with the bilinear filter, then normalize_coeffs_8bpc.
-Filter triangle_filter(int len, int n) {
+// Pillow's precompute_coeffs with the bilinear filter, then normalize_coeffs_8bpc: n outputs
+// from the span [in0, in1) of `len` samples (in1 < 0: the whole, [0, len)); samples outside
+// the span but inside [0, len) count, as in Pillow's resize(..., box=).
+Filter triangle_filter(int len, int n, double in0 = 0.0, double in1 = -1.0) {
   Filter f;
   // Pillow takes the box's edges as floats; exact for any side under 2^24.
-  const double scale = static_cast<double>(static_cast<float>(len)) / n;
+  if (in1 < 0) in1 = static_cast<double>(static_cast<float>(len));
+  const double scale = (in1 - in0) / n;
   const double filterscale = std::max(scale, 1.0);
   const double support = 1.0 * filterscale;
   const double inv = 1.0 / filterscale;
@@ -554,7 +615,7 @@ Filter triangle_filter(int len, int n) {
   f.k.assign(static_cast<std::size_t>(n) * ksize, 0);
   std::vector<double> w(ksize);
   for (int o = 0; o < n; ++o) {
-    const double center = rounded((o + 0.5) * scale);
+    const double center = rounded(in0 + rounded((o + 0.5) * scale));
     const int lo = std::max(static_cast<int>(center - support + 0.5), 0);
     const int hi = std::min(static_cast<int>(center + support + 0.5), len);
     const int count = hi - lo;
@@ -703,23 +764,29 @@ void mirror_rows(HostTensor& img) {
 // Pillow's resize(BILINEAR) of the crop `box` (Image.crop(box).resize(...): samples outside the
 // box never count), optionally mirrored. A pass runs only for a dimension that changes; the
 // horizontal pass only over the rows the vertical pass reads.
-HostTensor antialiased(const HostTensor& img, int out_h, int out_w, Box box, bool flip) {
+//
+// `sub` (y0, y1, x0, x1), when given: the output covers that sub-pixel span of the whole image
+// (`box` is then the whole image), whose pixels around it count too (a crop decoded at a reduced
+// DCT scale, whose exact edges fall between the decoded pixels).
+HostTensor antialiased(const HostTensor& img, int out_h, int out_w, Box box, bool flip,
+                       const std::array<double, 4>* sub) {
   const int W = static_cast<int>(img.dim(1)), C = static_cast<int>(img.dim(2));
   const std::size_t pitch = static_cast<std::size_t>(W) * C;
   const std::uint8_t* base = img.data<std::uint8_t>() + static_cast<std::size_t>(box.y) * pitch +
                              static_cast<std::size_t>(box.x) * C;
   HostTensor out = HostTensor::empty(DType::u8, {out_h, out_w, C});
   std::uint8_t* dst = out.data<std::uint8_t>();
-  const bool horizontal = out_w != box.w, vertical = out_h != box.h;
+  const bool horizontal = sub || out_w != box.w, vertical = sub || out_h != box.h;
   Filter fy;
   int first = 0, last = box.h;  // the rows the vertical pass reads
   if (vertical) {
-    fy = triangle_filter(box.h, out_h);
+    fy = sub ? triangle_filter(box.h, out_h, (*sub)[0], (*sub)[1]) : triangle_filter(box.h, out_h);
     first = fy.start.front();
     last = fy.start.back() + fy.count.back();
   }
   if (horizontal) {
-    const Filter fx = triangle_filter(box.w, out_w);
+    const Filter fx =
+        sub ? triangle_filter(box.w, out_w, (*sub)[2], (*sub)[3]) : triangle_filter(box.w, out_w);
     if (!vertical) {
       resample_rows(base, pitch, box.h, C, box.w, fx, flip, dst);
       return out;

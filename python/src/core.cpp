@@ -590,9 +590,21 @@ void bind_image_ops(py::module_& mops) {
   mops.def("decode_random_resized_crop", [](int size, std::uint64_t seed, std::uint64_t epoch,
                                             std::pair<double, double> scale,
                                             std::pair<double, double> ratio, double flip, bool gray,
-                                            bool antialias) {
+                                            bool antialias, std::string scaled_decode) {
+    using SD = image::AugmentSpec::ScaledDecode;
+    SD sd;
+    if (scaled_decode == "large") {
+      sd = SD::large_photos;
+    } else if (scaled_decode == "always") {
+      sd = SD::always;
+    } else if (scaled_decode == "never") {
+      sd = SD::never;
+    } else {
+      throw GraphError("splitflow.ops.decode_random_resized_crop: scaled_decode='" + scaled_decode +
+                       "'; use 'large' (the default: photos of 8 megapixels or more), 'always' or 'never'");
+    }
     image::DecodeRandomResizedCrop op(
-        {size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias},
+        {size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias, sd},
         gray ? image::Color::gray : image::Color::rgb);
     return CpuOp{"decode_random_resized_crop", [op](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.decode_random_resized_crop");
@@ -601,10 +613,13 @@ void bind_image_ops(py::module_& mops) {
   }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
-  py::arg("gray") = false, py::arg("antialias") = true,
+  py::arg("gray") = false, py::arg("antialias") = true, py::arg("scaled_decode") = "large",
   "CPU op: decode_jpeg + random_resized_crop fused: the crop is drawn from the header's size "
   "and only its region is decoded. The same pixels as the two ops (with the same antialias), "
-  "for less decoding.");
+  "for less decoding, unless the crop is decoded at a reduced scale: scaled_decode='large' (the "
+  "default) decodes a crop that shrinks by 2x or more at libjpeg's 1/2, 1/4 or 1/8 DCT scale "
+  "(PIL's Image.draft) for photos of 8 megapixels or more, 'always' for any image, 'never' "
+  "keeps full decode.");
 
   mops.def("resize", [](int height, int width, bool antialias) {
     image::validate_size(height, width, "resize");

@@ -155,3 +155,33 @@ def test_decode_random_resized_crop_shrinks_like_pil_and_equals_decode_then_crop
         for i, (x, y) in enumerate(zip(fused, split)):
             assert np.array_equal(x, y), f"item {i}, antialias={antialias}"
     assert not np.array_equal(fused[0], fused[1])  # different crops per item
+
+
+def test_scaled_decode_is_an_option_close_to_full_decode(tmp_path):
+    # Issue 21: scaled_decode='always' decodes a crop that shrinks 2x or more at a reduced DCT
+    # scale (PIL's draft); 'large' (the default) only for photos of 8 MP or more, so this
+    # 720x960 image is decoded in full by default; a bad value is refused when the op is built.
+    a = ((fine_text(720, 960).astype(int) + noise(720, 960, 5) * 3) // 4).astype(np.uint8)
+    path = tmp_path / "p.jpg"
+    path.write_bytes(jpeg_bytes(a, quality=92))
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def run(mode, n=6):
+        g = sf.Graph(rt, "g")
+        out = g.pull_sink("out")
+        kw = {} if mode is None else {"scaled_decode": mode}
+        (g.indices("i", list(range(n))) >> g.stage("read", sf.ops.read_file([str(path)] * n))
+         >> g.stage("crop", sf.ops.decode_random_resized_crop(32, seed=2, **kw)) >> out)
+        return [np.asarray(t).astype(np.float64) for t in g.iterate(out)]
+
+    never, default, always = run("never"), run(None), run("always")
+    for x, y in zip(never, default):
+        assert np.array_equal(x, y)
+    differ = 0
+    for x, z in zip(never, always):
+        mse = ((x - z) ** 2).mean()
+        differ += mse > 0
+        assert mse == 0 or 10 * np.log10(255 ** 2 / mse) >= 25, "scaled decode far from full decode"
+    assert differ > 0  # it was used
+    with pytest.raises(sf.GraphError, match="scaled_decode='sometimes'"):
+        sf.ops.decode_random_resized_crop(32, scaled_decode="sometimes")

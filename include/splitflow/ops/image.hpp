@@ -142,7 +142,22 @@ struct AugmentSpec {
   /// The resize of the crop: antialiased when shrinking (Pillow's BILINEAR, what torchvision's
   /// RandomResizedCrop gives on PIL images), or the plain bilinear when false (resize()).
   bool antialias = true;
+  /// Scaled decode (decode_random_resized_crop only): when the crop shrinks by 2x or more, decode
+  /// it at libjpeg's reduced DCT scale (1/2, 1/4 or 1/8, the largest the shrink allows: what
+  /// PIL's Image.draft does) and resize the rest of the way. large_photos (the default): only
+  /// for images of kScaledDecodeMinPixels or more, where full decode is most of the cost;
+  /// always; never (the same pixels as decode then RandomResizedCrop). Its quality cost against
+  /// full decode is stated in docs/benchmarks.md.
+  enum class ScaledDecode { never, large_photos, always };
+  ScaledDecode scaled_decode = ScaledDecode::large_photos;
 };
+
+/// ScaledDecode::large_photos applies to images of at least this many pixels (8 megapixels).
+inline constexpr std::int64_t kScaledDecodeMinPixels = 8'000'000;
+
+/// The DCT scale denominator (1, 2, 4 or 8) decode_random_resized_crop decodes a `box` of an
+/// `height` x `width` image at, for an output of `size` x `size` under `spec`.
+int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept;
 
 /// The largest output side image ops accept (a stated bound: a 16384 x 16384 RGB output is
 /// 768 MiB); larger sizes are refused when the op is built.
@@ -190,7 +205,8 @@ HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box bo
 
 /// decode + RandomResizedCrop fused, the way DALI's decoders.image_random_crop does it: the
 /// crop is drawn from the header's size, and only its region is decoded. The same pixels as
-/// RandomResizedCrop(spec)(decode(file)), for a fraction of the decode.
+/// RandomResizedCrop(spec)(decode(file)), for a fraction of the decode, unless the crop is
+/// decoded at a reduced scale (AugmentSpec::scaled_decode).
 Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color color = Color::rgb);
 
 /// A stage body for decode_random_resized_crop.
