@@ -3,11 +3,13 @@
 // bytes and augmentation specs. The input is the file, then 12 bytes: the item index (uint32,
 // little-endian), the output size (1 + byte % 64), scale and ratio ranges (each end a byte
 // picking one of a table of values from 1e-6 to 1e6; the smaller first), the flip probability
-// (byte / 255), the seed and epoch (one byte), and a mode byte: bit 0 gray, bit 1 antialias off.
+// (byte / 255), the seed and epoch (one byte), and a mode byte: bit 0 gray, bit 1 antialias off,
+// bit 2 scaled decode always (a crop that shrinks 2x or more decoded at a reduced DCT scale).
 //
 // Checks beyond "no sanitizer report": the spec is valid (validate() accepts it); the result
 // is size x size with the asked channels; it equals RandomResizedCrop(spec)(decode(file))
-// whenever the whole file decodes and that succeeds (the documented contract); errors name the
+// whenever the whole file decodes and that succeeds and the crop was decoded in full (the
+// documented contract); errors name the
 // file; the heap stays under fuzz::kDecodeHeapBound; the decoders work after an error.
 #include <cstring>
 
@@ -50,6 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   spec.seed = t[10] & 15;
   spec.epoch = t[10] >> 4;
   spec.antialias = !(t[11] & 2);
+  spec.scaled_decode = t[11] & 4 ? image::AugmentSpec::ScaledDecode::always
+                                 : image::AugmentSpec::ScaledDecode::never;
   const image::Color color = t[11] & 1 ? image::Color::gray : image::Color::rgb;
   const int C = color == image::Color::rgb ? 3 : 1;
   image::validate(spec, "fuzz");  // throws (and the fuzzer reports it) if a spec here is refused
@@ -81,6 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::check_names(e);
     return 0;
   }
+  const std::int64_t whole_h = whole.pixels.dim(0), whole_w = whole.pixels.dim(1);
   image::Image want;
   try {
     want = image::RandomResizedCrop(spec)(std::move(whole));
@@ -95,6 +100,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::abort();
   }
   FUZZ_CHECK(want.pixels.shape() == fused.pixels.shape());
+  // A crop decoded at a reduced scale differs from the full decode (by its stated PSNR).
+  const image::Augment drawn = image::draw_augment(static_cast<int>(whole_h), static_cast<int>(whole_w), index, spec);
+  if (image::decode_denominator(spec, static_cast<int>(whole_h), static_cast<int>(whole_w), drawn.box) > 1)
+    return 0;
   FUZZ_CHECK(std::memcmp(want.pixels.raw(), fused.pixels.raw(), want.pixels.nbytes()) == 0);
   return 0;
 }
