@@ -10,7 +10,12 @@
 #include <cstdio>  // before jpeglib.h, which uses FILE
 #include <jpeglib.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <cctype>
 #include <cerrno>
@@ -692,6 +697,70 @@ void row_rgb(const std::uint8_t* line, const RowTaps& r, std::uint8_t* d) {
   }
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The RGB rows with AVX2, two outputs at a time (eight 32-bit lanes: R, G, B and a spare of
+// each): the same integer sums as row_rgb, so the same pixels on every machine. `k2` holds the
+// coefficients of each pair of outputs interleaved, each broadcast to its four lanes. Outputs
+// whose 4-byte loads would pass the box's last byte (`limit`), and an odd last one, go through
+// the scalar loop.
+__attribute__((target("avx2"))) void row_rgb_avx2(const std::uint8_t* line, const RowTaps& r,
+                                                  const std::int32_t* k2, int limit,
+                                                  std::uint8_t* d) {
+  const int K = r.K;
+  const std::size_t n = r.start.size();
+  const __m256i half = _mm256_set1_epi32(kHalf), top = _mm256_set1_epi32(255);
+  std::size_t i = 0;
+  for (; i + 1 < n; i += 2) {
+    const int s0 = r.start[i], s1 = r.start[i + 1];
+    if ((std::max(s0, s1) + K) * 3 + 1 > limit) break;
+    const std::uint8_t* p0 = line + static_cast<std::size_t>(s0) * 3;
+    const std::uint8_t* p1 = line + static_cast<std::size_t>(s1) * 3;
+    const std::int32_t* kk = k2 + i / 2 * static_cast<std::size_t>(K) * 8;
+    __m256i acc = half;
+    for (int t = 0; t < K; ++t) {
+      std::uint32_t a, b;
+      std::memcpy(&a, p0 + 3 * t, 4);
+      std::memcpy(&b, p1 + 3 * t, 4);
+      const __m256i px = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(
+          static_cast<long long>(a | static_cast<std::uint64_t>(b) << 32)));
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kk + 8 * t));
+      acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, w));
+    }
+    acc = _mm256_min_epi32(_mm256_srai_epi32(acc, kPrecision), top);  // clip8 (sums are >= 0)
+    alignas(32) std::int32_t o[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(o), acc);
+    d[0] = static_cast<std::uint8_t>(o[0]);
+    d[1] = static_cast<std::uint8_t>(o[1]);
+    d[2] = static_cast<std::uint8_t>(o[2]);
+    d[3] = static_cast<std::uint8_t>(o[4]);
+    d[4] = static_cast<std::uint8_t>(o[5]);
+    d[5] = static_cast<std::uint8_t>(o[6]);
+    d += 6;
+  }
+  const std::int32_t* k = r.k.data() + i * static_cast<std::size_t>(K);
+  for (; i < n; ++i, k += K) {  // the rest, as row_rgb
+    const std::uint8_t* p = line + static_cast<std::size_t>(r.start[i]) * 3;
+    std::int32_t s0 = kHalf, s1 = kHalf, s2 = kHalf;
+    for (int t = 0; t < K; ++t) {
+      s0 += p[3 * t] * k[t];
+      s1 += p[3 * t + 1] * k[t];
+      s2 += p[3 * t + 2] * k[t];
+    }
+    *d++ = clip8(s0);
+    *d++ = clip8(s1);
+    *d++ = clip8(s2);
+  }
+}
+
+// SPLITFLOW_DISABLE_AVX2=1 in the environment (read once) takes the scalar path: to compare the
+// two (tests, benchmarks) on one machine.
+bool has_avx2() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx2") && !std::getenv("SPLITFLOW_DISABLE_AVX2");
+  return yes;
+}
+#define SPLITFLOW_ROW_AVX2 1
+#endif
+
 // Any channel count and K.
 void row_any(const std::uint8_t* line, const RowTaps& r, int C, std::uint8_t* d) {
   const std::int32_t* k = r.k.data();
@@ -717,6 +786,21 @@ void resample_rows(const std::uint8_t* src, std::size_t pitch, int rows, int C, 
                                 row_rgb<10>, row_rgb<11>, row_rgb<12>, row_rgb<13>, row_rgb<14>};
   const Row fixed = C == 3 && r.K < static_cast<int>(std::size(rgb)) ? rgb[r.K] : nullptr;
   const std::size_t out_row = r.start.size() * static_cast<std::size_t>(C);
+#ifdef SPLITFLOW_ROW_AVX2
+  if (C == 3 && has_avx2()) {
+    // Each pair of outputs' coefficients, interleaved and broadcast: [t][4 x k0[t], 4 x k1[t]].
+    const std::size_t n = r.start.size(), K = static_cast<std::size_t>(r.K);
+    std::vector<std::int32_t> k2(n / 2 * K * 8);
+    for (std::size_t i = 0; i + 1 < n; i += 2)
+      for (std::size_t t = 0; t < K; ++t)
+        for (std::size_t l = 0; l < 8; ++l)
+          k2[(i / 2 * K + t) * 8 + l] = r.k[(i + l / 4) * K + t];
+    for (int y = 0; y < rows; ++y)
+      row_rgb_avx2(src + static_cast<std::size_t>(y) * pitch, r, k2.data(), len * 3,
+                   dst + static_cast<std::size_t>(y) * out_row);
+    return;
+  }
+#endif
   for (int y = 0; y < rows; ++y) {
     const std::uint8_t* line = src + static_cast<std::size_t>(y) * pitch;
     std::uint8_t* d = dst + static_cast<std::size_t>(y) * out_row;
