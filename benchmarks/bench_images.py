@@ -13,7 +13,10 @@ image: decode, random-resized-crop to 224, horizontal flip (p=0.5), batches of 6
                        decode and crop fused (only the crop's region of each JPEG is decoded)
   splitflow C++, full  the same with a full decode, then the crop (two stages)
   splitflow Python     splitflow.torch.GraphDataset (C++ ops, fused) into DataLoader(batch_size=None)
-  DataLoader w0 / w2   torchvision transforms on PIL decode, num_workers 0 and 2, batch_size 64
+  ..., labelled        the same on samples {"image", "label", "index"} (read_file(paths, labels=),
+                       the ops on field="image", batches collated field by field)
+  DataLoader w0 / w2   torchvision transforms on PIL decode, num_workers 0 and 2, batch_size 64,
+                       (image, label) samples as ImageFolder's
   decode-only ceiling  libjpeg-turbo full decode of the same files on all cores, nothing else
 
 Each timed figure is the best of --epochs epochs (after the first, which warms caches), in
@@ -76,7 +79,8 @@ class TorchvisionFolder(torch.utils.data.Dataset):
         with Image.open(self.paths[i]) as im:
             # torchvision's ImageFolder loader converts unconditionally; that copy costs PIL 9.4
             # several times the decode, so the baseline skips it for RGB files (a fair fight).
-            return self.transform(im if im.mode == "RGB" else im.convert("RGB"))
+            # (image, label), as ImageFolder yields (the label: a class per 10 files here).
+            return self.transform(im if im.mode == "RGB" else im.convert("RGB")), i % 10
 
 
 def timed_epochs(make_loader, epochs, n):
@@ -86,8 +90,14 @@ def timed_epochs(make_loader, epochs, n):
         start = time.perf_counter()
         count = 0
         for batch in loader:
+            labels = None
+            if isinstance(batch, dict):  # a labelled sample batch: {"image", "label", "index"}
+                batch, labels = batch["image"], batch["label"]
+            elif isinstance(batch, (list, tuple)):  # DataLoader's (images, labels)
+                batch, labels = batch
             count += batch.shape[0]
             assert batch.shape[1:] == (3, SIZE, SIZE), batch.shape
+            assert labels is None or len(labels) == batch.shape[0]
         elapsed = time.perf_counter() - start
         assert count == n, (count, n)
         best = max(best, count / elapsed)
@@ -165,13 +175,30 @@ def main():
     results["splitflow_python"] = timed_epochs(sf_loader, args.epochs, n)
     print(f"  splitflow_python: {results['splitflow_python']:.0f} images/s", flush=True)
 
+    # The labelled pipeline (issue 15): samples {"image", "label", "index"} from read_file's
+    # labels, the ops on the "image" field, batches of 64 collated field by field.
+    labels = [i % 10 for i in range(n)]
+
+    def build_labelled(g, indices):
+        epoch = holder["ds"].epoch
+        read = g.stage("read", sf.ops.read_file(paths, labels=labels), concurrency=2)
+        crop = g.stage("decode+augment", sf.ops.decode_random_resized_crop(SIZE, seed=1, epoch=epoch),
+                       field="image", concurrency=0, on_error="skip")
+        norm = g.stage("normalize", sf.ops.normalize(MEAN, STD), field="image", concurrency=0)
+        return indices >> read >> crop >> g.batch("batch", BATCH) >> norm
+
+    ds = sft.GraphDataset(build_labelled, n, shuffle=True, seed=1)
+    holder["ds"] = ds
+    results["splitflow_python_labelled"] = timed_epochs(sf_loader, args.epochs, n)
+    print(f"  splitflow_python_labelled: {results['splitflow_python_labelled']:.0f} images/s", flush=True)
+
     results["decode_ceiling"], _ = run_cpp(args.bin, "ceiling", root, args.epochs)
     print(f"  decode_ceiling: {results['decode_ceiling']:.0f} images/s", flush=True)
 
     best_dl = max(results["dataloader_w0"], results["dataloader_w2"])
     ceiling = results["decode_ceiling"]
     print(f"\n{'':22s} {'images/s':>9s} {'vs best DataLoader':>19s} {'of ceiling':>11s}")
-    for k in ("dataloader_w0", "dataloader_w2", "splitflow_python", "splitflow_cpp",
+    for k in ("dataloader_w0", "dataloader_w2", "splitflow_python", "splitflow_python_labelled", "splitflow_cpp",
               "splitflow_cpp_full_decode", "decode_ceiling"):
         v = results[k]
         print(f"{k:22s} {v:9.0f} {v / best_dl:18.2f}x {v / ceiling:11.2f}")
@@ -186,6 +213,8 @@ def main():
         "ratio_python_vs_best_dataloader": results["splitflow_python"] / best_dl,
         "cpp_of_ceiling": results["splitflow_cpp"] / ceiling,
         "python_of_ceiling": results["splitflow_python"] / ceiling,
+        "labelled_python_vs_cpp": results["splitflow_python_labelled"] / results["splitflow_cpp"],
+        "labelled_python_vs_best_dataloader": results["splitflow_python_labelled"] / best_dl,
     }
     if args.json:
         with open(args.json, "w") as f:
