@@ -677,21 +677,25 @@ RowTaps row_taps(const Filter& f, int len, bool flip) {
   return r;
 }
 
+// One RGB output of the horizontal pass: K taps from the pixels at p, coefficients k.
+inline void rgb_output(const std::uint8_t* p, const std::int32_t* k, int K, std::uint8_t* d) {
+  std::int32_t s0 = kHalf, s1 = kHalf, s2 = kHalf;
+  for (int t = 0; t < K; ++t) {
+    s0 += p[3 * t] * k[t];
+    s1 += p[3 * t + 1] * k[t];
+    s2 += p[3 * t + 2] * k[t];
+  }
+  d[0] = clip8(s0);
+  d[1] = clip8(s1);
+  d[2] = clip8(s2);
+}
+
 // One RGB row of the horizontal pass with K taps an output (K a constant: unrolled).
 template <int K>
 void row_rgb(const std::uint8_t* line, const RowTaps& r, std::uint8_t* d) {
   const std::int32_t* k = r.k.data();
   for (int s : r.start) {
-    const std::uint8_t* p = line + static_cast<std::size_t>(s) * 3;
-    std::int32_t s0 = kHalf, s1 = kHalf, s2 = kHalf;
-    for (int t = 0; t < K; ++t) {
-      s0 += p[3 * t] * k[t];
-      s1 += p[3 * t + 1] * k[t];
-      s2 += p[3 * t + 2] * k[t];
-    }
-    d[0] = clip8(s0);
-    d[1] = clip8(s1);
-    d[2] = clip8(s2);
+    rgb_output(line + static_cast<std::size_t>(s) * 3, k, K, d);
     d += 3;
     k += K;
   }
@@ -738,18 +742,8 @@ __attribute__((target("avx2"))) void row_rgb_avx2(const std::uint8_t* line, cons
     d += 6;
   }
   const std::int32_t* k = r.k.data() + i * static_cast<std::size_t>(K);
-  for (; i < n; ++i, k += K) {  // the rest, as row_rgb
-    const std::uint8_t* p = line + static_cast<std::size_t>(r.start[i]) * 3;
-    std::int32_t s0 = kHalf, s1 = kHalf, s2 = kHalf;
-    for (int t = 0; t < K; ++t) {
-      s0 += p[3 * t] * k[t];
-      s1 += p[3 * t + 1] * k[t];
-      s2 += p[3 * t + 2] * k[t];
-    }
-    *d++ = clip8(s0);
-    *d++ = clip8(s1);
-    *d++ = clip8(s2);
-  }
+  for (; i < n; ++i, k += K, d += 3)  // the rest, as row_rgb
+    rgb_output(line + static_cast<std::size_t>(r.start[i]) * 3, k, K, d);
 }
 
 // SPLITFLOW_DISABLE_AVX2=1 in the environment (read once) takes the scalar path: to compare the
