@@ -18,6 +18,9 @@ packages=(
   python3 python3-matplotlib
   # the Python module (python/): Debian's interpreter, pybind11, numpy, torch (CPU), pytest
   python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
+  # the property tests of the executor (python/tests/test_properties.py) and remote stages on
+  # Dask distributed (python/splitflow/dask.py: real scheduler and worker processes)
+  python3-hypothesis python3-distributed
   # the end-to-end image benchmark's baseline: DataLoader with torchvision transforms, PIL decode
   python3-torchvision python3-pil
 )
