@@ -86,6 +86,29 @@ TEST(Sources, IteratorRangeAndGeneratorRestartOnEveryRun) {
   }
 }
 
+// Graph::running(): true from run() until that run has ended, whatever the way it ends.
+TEST(Runs, RunningIsTrueFromRunUntilTheRunHasEnded) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "running");
+  auto src = g.source("n", counter(5));
+  auto out = g.pull_sink<long>("out", 1);
+  src >> out;
+  EXPECT_FALSE(g.running());
+  for (const bool cancel : {false, true}) {
+    auto run = g.run();
+    EXPECT_TRUE(g.running());  // the pull sink holds the items: the run cannot end yet
+    if (cancel) {
+      run.cancel();
+    } else {
+      long n = 0;
+      for (long v : out) n += v;
+      EXPECT_EQ(n, 0 + 1 + 2 + 3 + 4);
+    }
+    EXPECT_EQ(run.wait(), cancel ? RunStatus::cancelled : RunStatus::succeeded);
+    EXPECT_FALSE(g.running()) << (cancel ? "after a cancel" : "after a run");
+  }
+}
+
 // "Movable-only item types work ... no item is copied by the runtime outside fan-out"
 TEST(Items, MoveOnlyItemsFlowWithZeroCopies) {
   Tracked::reset_counts();

@@ -81,6 +81,11 @@ void GraphCore::check_mutable() const {
     throw GraphError("splitflow::Graph '" + name_ + "': cannot change the graph while it runs");
 }
 
+bool GraphCore::running() const {
+  std::lock_guard lk(mu_);
+  return active_;
+}
+
 void GraphCore::validate() {
   if (sources_.empty()) throw GraphError("splitflow::Graph '" + name_ + "': it has no source");
   if (tracker_ && sources_.size() > 1)
@@ -521,5 +526,7 @@ Graph::Graph(Graph&&) noexcept = default;
 Graph& Graph::operator=(Graph&&) noexcept = default;
 
 Run Graph::run() { return Run(core_->start()); }
+
+bool Graph::running() const { return core_->running(); }
 
 }  // namespace splitflow

@@ -222,13 +222,67 @@ class BodyScope {
   unsigned long tid_;
 };
 
+/// A Python object that a graph's bodies call or iterate (a stage's function, a source's
+/// iterable, a process pool), held once by the graph however often the C++ body holding it is
+/// copied, so that the graph can report it to Python's cycle collector (Graph's tp_traverse).
+struct Held {
+  PyObj obj;
+};
+using HeldRef = std::shared_ptr<Held>;
+
 struct PyGraph {
   PyGraph(std::shared_ptr<PyRuntime> r, std::string name, GraphOptions o)
       : runtime(std::move(r)), graph(runtime->rt, std::move(name), std::move(o)) {}
   std::shared_ptr<PyRuntime> runtime;  // outlives the graph
   std::shared_ptr<BodyThreads> bodies = std::make_shared<BodyThreads>();
+  /// What the bodies hold (before `graph`: destroying the graph waits for its run, whose
+  /// bodies may still call these).
+  std::vector<HeldRef> held;
   Graph graph;
+
+  /// Holds `o` for a body (with the GIL).
+  HeldRef hold(py::object o) {
+    held.push_back(std::make_shared<Held>(Held{PyObj(std::move(o))}));
+    return held.back();
+  }
 };
+
+/// The graph a Python Graph object holds, if that object is its only owner and it is not
+/// running: then what its bodies hold is reachable only through this object, and the cycle
+/// collector may see (and break) a cycle through it, e.g. a bound method of the object that
+/// holds the graph. Nodes, runs and iterators share the graph too; while any exists the graph
+/// reports nothing (it is kept, as it may run).
+PyGraph* solely_owned_graph(PyObject* self) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  auto vh = inst->get_value_and_holder();
+  if (!vh.holder_constructed()) return nullptr;
+  const auto& holder = vh.holder<std::shared_ptr<PyGraph>>();
+  if (!holder || holder.use_count() != 1 || holder->graph.running()) return nullptr;
+  return holder.get();
+}
+
+/// Graph takes part in Python's cycle collection (see solely_owned_graph).
+void collectable_graph(PyHeapTypeObject* heap_type) {
+  PyTypeObject* type = &heap_type->ht_type;
+  type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+  type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+    Py_VISIT(Py_TYPE(self));
+    if (PyGraph* g = solely_owned_graph(self))
+      for (const HeldRef& h : g->held) Py_VISIT(h->obj.ptr());
+    return 0;
+  };
+  type->tp_clear = [](PyObject* self) -> int {
+    if (PyGraph* g = solely_owned_graph(self))
+      for (const HeldRef& h : g->held) h->obj.reset();
+    return 0;
+  };
+  // Untracked before the C++ object goes: its destructor may release the GIL (to wait for a
+  // run), and a collection meanwhile must not traverse it.
+  type->tp_dealloc = [](PyObject* self) {
+    PyObject_GC_UnTrack(self);
+    py::detail::pybind11_object_dealloc(self);
+  };
+}
 
 /// A signal handler raised `KeyboardInterrupt` (pending, with the GIL): interrupt the graph's
 /// Python bodies too, so that the cancel that follows does not wait for them to return.
@@ -319,13 +373,13 @@ struct PyCompletion {
 };
 
 struct PythonBody {
-  PyObj fn;
+  HeldRef fn;  // the graph's (PyGraph::hold)
   std::shared_ptr<BodyThreads> threads = {};  // the graph's (Ctrl-C interrupts its bodies)
   Value operator()(Value v) const {
     py::gil_scoped_acquire gil;
     BodyScope scope(threads.get());
     if (auto* b = std::get_if<BatchPtr>(&v)) return on_batch(std::move(*b));
-    return call_python([&] { return from_python(fn.get()(to_python(std::move(v)))); });
+    return call_python([&] { return from_python(fn->obj.get()(to_python(std::move(v)))); });
   }
 
  private:
@@ -334,7 +388,7 @@ struct PythonBody {
   Value on_batch(BatchPtr b) const {
     const std::size_t n = b->batch.size();
     return call_python([&]() -> Value {
-      py::object out = fn.get()(to_python(Value(b)));
+      py::object out = fn->obj.get()(to_python(Value(b)));
       const py::ssize_t got = py::len(out);
       if (got != static_cast<py::ssize_t>(n))
         throw Error("the function returned " + std::to_string(got) + " results for a batch of " +
@@ -372,12 +426,12 @@ std::function<Value(Value)> per_item(std::function<Value(Value)> op) {
 
 /// Iterates a Python iterable; each run calls iter() afresh (the generator is copied per run).
 struct PythonSource {
-  PyObj iterable;
+  HeldRef iterable;  // the graph's (PyGraph::hold)
   PyObj iterator;
   std::optional<Value> operator()() {
     py::gil_scoped_acquire gil;
     return call_python([&]() -> std::optional<Value> {
-      if (!iterator) iterator = PyObj(py::iter(iterable.get()));
+      if (!iterator) iterator = PyObj(py::iter(iterable->obj.get()));
       PyObject* next = PyIter_Next(iterator.get().ptr());
       if (!next) {
         if (PyErr_Occurred()) throw py::error_already_set();
@@ -891,7 +945,7 @@ Error when the run ends first.)doc")
 
   py::class_<PyGraph, std::shared_ptr<PyGraph>>(m, "Graph", R"doc(
 A job: stages joined by bounded queues. Python callables run with the GIL (they serialise on
-it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
+it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_setup(collectable_graph))
       .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, std::size_t max_in_flight,
                        std::size_t capacity, bool trace) {
              GraphOptions o;
@@ -904,7 +958,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
            py::arg("capacity") = 32, py::arg("trace") = false)
       .def_property_readonly("name", [](const PyGraph& g) { return g.graph.name(); })
       .def("source", [](std::shared_ptr<PyGraph> g, std::string name, py::object iterable) {
-        auto s = g->graph.source(name, PythonSource{PyObj(std::move(iterable)), {}});
+        auto s = g->graph.source(name, PythonSource{g->hold(std::move(iterable)), {}});
         return std::make_shared<PyNode>(PyNode{g, name, nullptr, &s.out_port(), std::nullopt});
       }, py::arg("name"), py::arg("iterable"),
       "A source from a Python iterable (iter() is called afresh for each run).")
@@ -944,10 +998,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
           py::object pool = py::module_::import("splitflow._procs").attr("ProcessPool")(
               body, processes, name, field, py::arg("depth") = kDepth);
           o.concurrency = static_cast<std::size_t>(processes) * kDepth;
-          auto submit = [pool = PyObj(pool)](Value v, Completion<Value> c) {
+          auto submit = [pool = g->hold(pool)](Value v, Completion<Value> c) {
             py::gil_scoped_acquire gil;
             PyCompletion pc{std::make_shared<Completion<Value>>(std::move(c))};
-            call_python([&] { pool.get().attr("submit")(to_python(std::move(v)), pc); });
+            call_python([&] { pool->obj.get().attr("submit")(to_python(std::move(v)), pc); });
           };
           auto a = g->graph.async_stage<Value, Value>(name, std::move(submit), o);
           if (!substitute.is_none()) a.substitute_on_error(from_python(substitute));
@@ -959,7 +1013,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
           fn = per_item(body.cast<CpuOp>().fn);
         } else {
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
-          fn = PythonBody{PyObj(std::move(body)), g->bodies};
+          fn = PythonBody{g->hold(std::move(body)), g->bodies};
         }
         if (!field.is_none()) {
           if (!py::isinstance<py::str>(field) && !py::isinstance<py::int_>(field))
@@ -1091,7 +1145,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc")
       "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst. order and "
       "on_error as for stage().")
       .def("sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object body) {
-        PythonBody b{PyObj(std::move(body)), g->bodies};
+        PythonBody b{g->hold(std::move(body)), g->bodies};
         auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });
         return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, std::nullopt});
       }, py::arg("name"), py::arg("body"), "A sink calling a Python callable on each item.")

@@ -50,6 +50,8 @@ class PyObj {
   /// A new reference (call with the GIL).
   py::object get() const { return py::reinterpret_borrow<py::object>(p_ ? p_ : Py_None); }
   explicit operator bool() const noexcept { return p_ != nullptr; }
+  /// The object, borrowed (null when empty); for the GC's traversal.
+  PyObject* ptr() const noexcept { return p_; }
 
  private:
   PyObject* p_ = nullptr;

@@ -469,6 +469,15 @@ class Graph {
   /// or already running, or if its runtime was destroyed.
   Run run();
 
+  /// True while a run is active: from run() until that run has ended (finished, failed or
+  /// cancelled and drained). A graph that is not running can be changed or run again.
+  /// \code
+  ///   splitflow::Run r = g.run();
+  ///   r.wait();
+  ///   assert(!g.running());
+  /// \endcode
+  bool running() const;
+
  private:
   template <class N, class... A>
   N& add(A&&... args) {

@@ -67,6 +67,8 @@ class GraphCore {
   NodeBase& adopt(std::unique_ptr<NodeBase> node);
   /// Throws GraphError if a run is active (the structure is frozen while running).
   void check_mutable() const;
+  /// True from start() until the run has ended.
+  bool running() const;
 
   // ---- running -------------------------------------------------------------------------------
   std::shared_ptr<RunState> start();
