@@ -758,7 +758,7 @@ def test_random_graphs_match_the_model(spec):
 # Python's garbage collector could not see, so the graph, its runtime reference and everything the
 # body held were never freed. The binding's Graph now reports what its bodies hold to the
 # collector (tp_traverse / tp_clear) when it is the graph's only owner and not running.
-@pytest.mark.parametrize("kind", ["sink", "stage", "source", "batch_stage"])
+@pytest.mark.parametrize("kind", ["sink", "stage", "source", "closure"])
 def test_a_graph_whose_body_refers_back_to_it_is_collected(kind):
     class Owner:
         def __init__(self, rt):
