@@ -19,25 +19,48 @@ Design
   * submit() never blocks on a worker: a message the pipe does not take at once is queued and
     the reader thread sends it when the worker has read. The pool's lock is never held across
     anything that waits on another process.
-  * One daemon reader thread per pool waits on every worker's pipe and process sentinel
-    (multiprocessing.connection.wait), reads the results and calls the completions, outside the
-    pool's lock. Completions are never called from inside submit(): a failure found there (an
-    item that cannot be pickled, a missing field, a closed pool) goes to the reader thread (to a
-    shared daemon thread once the pool is closed).
-  * Arrays travel through shared memory: a numpy array, a CPU torch tensor (torch already
-    imported) or a host splitflow.Tensor of >= 64 KiB is written (os.write: a full /dev/shm is an
-    error, not a SIGBUS) to a new file ``/dev/shm/sf-{parent_pid}-{pool_id}-w{worker}-g{generation}
-    -{in|out}-{counter}`` and only (name, dtype, shape, kind) is pickled; the receiver maps the
-    file, unlinks it at once and wraps the mapping without a copy (``np.frombuffer(mm).reshape``,
-    ``torch.from_numpy``); the mapping lives as long as the array. A splitflow.Tensor arrives as a
-    numpy array. Smaller arrays are pickled inline; a pickled message still over 32 KiB (large
-    bytes, strings, ...) travels as one such file, so pipes only carry small messages.
+  * One daemon reader thread per pool waits on every worker's pipe and process sentinel (one
+    select.poll object, registered again only when a worker changes), takes all a pipe holds with
+    one recv() and calls the completions, outside the pool's lock. Completions are never called
+    from inside submit(): a failure found there (an item that cannot be pickled, a missing field,
+    a closed pool) goes to the reader thread (to a shared daemon thread once the pool is closed).
+  * Arrays travel through reusable shared memory: a numpy array, a CPU torch tensor (torch
+    already imported) or a host splitflow.Tensor of >= 64 KiB is copied (one pass, any strides)
+    into a slot of the sender's arena and only (offset, dtype, shape, kind) is pickled; the
+    receiver wraps the slot's memory without a copy (``np.frombuffer``, ``torch.from_numpy``; a
+    splitflow.Tensor arrives as a numpy array), writable, and the slot is not reused while any
+    array (or view) made from it is alive. The arenas' pages stay mapped and resident, so an item
+    costs one memcpy each way: no page faults, no map/unmap/unlink calls, no new files.
+      - Each worker generation has two arenas, ``/dev/shm/sf-{parent_pid}-{pool_id}-w{worker}
+        -g{generation}-arena-{in|out}`` (parent -> worker, worker -> parent): sparse files that
+        the parent creates and maps before it starts the worker, which maps them and unlinks
+        them at once. An arena has 2 * (depth + 1) slots of 32 MiB (address space only): a
+        message's arrays (and its pickled bytes when over 32 KiB) go into one free slot, whose
+        memory is reserved with posix_fallocate when a message first needs it (a full /dev/shm
+        is then an error, not a SIGBUS), kept for the next messages, given back (MADV_REMOVE)
+        when a much smaller message follows a large one; at most 64 MiB per arena.
+      - The receiver names the slots it is done with on its next message the other way (a
+        result, those of the items before it; an item, those of the results before it; a
+        freed-slots message of its own when results free several and no item goes out), and the
+        sender reuses them. A slot is done with once its message is read and its arrays are
+        gone (a finalizer on the one base array per message, on any thread). The receiver holds
+        at most depth + 1 slots that way: past that it copies arrays out, so the sender always
+        has slots for the messages in flight, however long the receiver keeps what it got.
+      - Bounded, never waiting: an array that finds no free slot, no room in its slot or no
+        memory travels as before, in a new file ``...-g{generation}-{in|out}-{counter}``
+        written with os.write, which the receiver maps, unlinks at once and wraps without a copy
+        (the mapping lives as long as the array); with no room there either it is pickled
+        inline, as are smaller arrays and small messages. Pipes only carry small messages: a
+        header (kind, sequence, the sender's slot, the freed slots) and the pickle, or where it
+        lies.
+      - Closing the pool (or a worker's death) unmaps its arenas; one that received arrays still
+        use stays mapped until the last of them goes (the file is gone already).
   * A worker that dies (a signal, os._exit) fails the item it held, the oldest one sent to it,
-    with an Error naming the signal or exit code; a replacement worker (generation + 1) takes the
-    rest of its items, re-sent from the objects the parent keeps until each item completes; the
-    dead worker's files are removed. A function that cannot be loaded in a worker, or workers
-    that die three times in a row while they start, break the pool: every item then fails with
-    that error.
+    with an Error naming the signal or exit code; a replacement worker (generation + 1, with new
+    arenas) takes the rest of its items, re-serialized from the objects the parent keeps until
+    each item completes; the dead worker's files are removed and the parent unmaps its arenas. A
+    function that cannot be loaded in a worker, or workers that die three times in a row while
+    they start, break the pool: every item then fails with that error.
   * Workers ignore SIGINT (Ctrl-C stops the parent only); they exit on a stop message (skipping
     the items queued behind it) or when their pipe closes, and remove the pool's files when the
     parent is gone. As DataLoader workers do, a worker sets torch's intra-op threads to 1 once
@@ -49,11 +72,11 @@ import io
 import itertools
 import mmap
 import multiprocessing
-import multiprocessing.connection
 import multiprocessing.util  # noqa: F401  (its exit hook registers before ours: ours runs first)
 import os
 import pickle
 import queue
+import select
 import signal
 import socket
 import struct
@@ -67,33 +90,56 @@ __all__ = ["ProcessPool"]
 
 _SHM_DIR = "/dev/shm"
 _ARRAY_MIN = 64 * 1024  # arrays (numpy, torch, splitflow) of at least this size: shared memory
-_INLINE_MAX = 32 * 1024  # a pickled message over this many bytes travels as one shared-memory file
+_INLINE_MAX = 32 * 1024  # a pickled message over this many bytes travels through shared memory
+_ARENA_BYTES = 64 << 20  # each direction's arena of each worker: at most this much memory
+_ARENA_SPAN = 32 << 20  # an arena slot: the arrays of one message up to this many bytes
+_ARENA_MAX_SLOTS = 64
+_GRAIN = 256 << 10  # an arena slot's memory grows in steps of this many bytes
+_TRIM_MIN = 4 << 20  # a slot holding more than this, 4 times what a message used, gives it back
+_ALIGN = 64  # arrays start at this alignment inside a slot
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _JOIN_S = 2.0  # close(): how long workers get to exit before they are killed
 _START_FAILURES = 3  # workers dying before they are ready this many times in a row break the pool
 
-# A message: kind (1 byte, | _VIA_SHM when the body is the name of a file holding it), sequence.
-_HEAD = struct.Struct("<Bq")
+# A message: kind (1 byte, | _VIA_SHM when the body is the name of a file holding it, | _VIA_ARENA
+# when the body is the (offset, length) of its bytes in the sender's arena), sequence, the sender's
+# arena slot the message occupies (_NO_SLOT: none), how many slot ids follow: slots of the
+# receiver's arena the sender has read, which the receiver may reuse; then the body.
+_HEAD = struct.Struct("<BqBB")
+_SPAN = struct.Struct("<QQ")
 _VIA_SHM = 0x80
-_ITEM, _STOP, _READY, _INIT_ERROR, _RESULT, _ERROR = range(1, 7)
+_VIA_ARENA = 0x40
+_KIND = 0x3F
+_NO_SLOT = 0xFF
+_ITEM, _STOP, _READY, _INIT_ERROR, _RESULT, _ERROR, _FREED = range(1, 8)
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MADV_REMOVE = getattr(mmap, "MADV_REMOVE", None)
 _SEND_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
+_READ_BYTES = 1 << 16  # one recv() takes up to this much of a pipe (several small messages)
 _BACKLOG_POLL_S = 0.005  # how often the reader retries messages a full pipe did not take
 _pool_ids = itertools.count(1)
 _live = weakref.WeakSet()  # open pools' states: closed at interpreter exit
 _exiting = False
+_tls = threading.local()  # .reading: the message being unpickled on this thread (a _Reading)
 
 
 def _errors():
-    from ._errors import Error, GraphError
-    return Error, GraphError
+    global _error_types
+    if _error_types is None:
+        from ._errors import Error, GraphError
+        _error_types = Error, GraphError
+    return _error_types
+
+
+_error_types = None
 
 
 # ---- shared memory ------------------------------------------------------------------------------
 
 class _Files:
-    """Creates the shared-memory files of one direction of one worker (one thread at a time)."""
+    """Creates the shared-memory files of one direction of one worker (one thread at a time): the
+    way for arrays that find no room in the arena, and for all of them without one."""
 
     __slots__ = ("prefix", "counter", "created")
 
@@ -212,14 +258,332 @@ def _plain_dtype(dt):
     return not dt.hasobject and dt.fields is None and dt.itemsize > 0
 
 
-# ---- pickling -----------------------------------------------------------------------------------
+class _Arena:
+    """One direction's shared-memory arena of one worker generation: ``count`` slots of ``span``
+    bytes in one sparse file (unlinked once both processes mapped it), at most _ARENA_BYTES of
+    memory in all. The sender fills a free slot with one message's arrays (and its pickled bytes
+    when they are large); the receiver hands the slot back once it has read the message and no
+    array it made from the slot is alive any more, naming it on its next message the other way.
+
+    Sender's side: ``fd``, ``free`` (slot ids), ``committed`` (bytes reserved per slot: with
+    posix_fallocate, so a full /dev/shm is an error, not a SIGBUS; kept for the next messages).
+    Receiver's side: ``freed`` (slots to name on the next message; appended to by finalizers on
+    any thread, hence a deque), ``held`` (slots that arrays still use), ``limit`` (at most this
+    many held at once: past it arrays are copied out, so the sender always has slots for the
+    messages in flight)."""
+
+    __slots__ = ("mm", "size", "_view", "fd", "span", "count", "free", "committed", "total",
+                 "freed", "held", "limit")
+
+    def __init__(self, fd, count, span, limit, sender):
+        self.size = count * span
+        self.mm = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self._view = None
+        self.fd = fd if sender else None
+        self.count, self.span, self.limit = count, span, limit
+        self.free = list(range(count - 1, -1, -1)) if sender else None
+        self.committed = [0] * count
+        self.total = 0
+        self.freed = collections.deque()
+        self.held = set()
+
+    def view(self, offset, nbytes):
+        """The arena's bytes [offset, offset + nbytes) as a numpy uint8 array (no copy)."""
+        v = self._view
+        if v is None:
+            if self.mm is None:
+                raise ValueError("splitflow: a shared-memory arena that was closed")
+            import numpy as np
+
+            v = self._view = np.frombuffer(self.mm, np.uint8)
+        return v[offset:offset + nbytes]
+
+    def commit(self, slot, end):
+        """Whether bytes [0, end) of the slot are backed by memory (reserved now if need be)."""
+        have = self.committed[slot]
+        if end <= have:
+            return True
+        want = min(self.span, -(-end // _GRAIN) * _GRAIN)
+        if self.total + want - have > _ARENA_BYTES:
+            return False
+        try:
+            os.posix_fallocate(self.fd, slot * self.span + have, want - have)
+        except (OSError, AttributeError):  # no memory (or no posix_fallocate): a file instead
+            return False
+        self.committed[slot] = want
+        self.total += want - have
+        return True
+
+    def trim(self, slot, used):
+        """After a burst of large messages, a small one gives the slot's memory back."""
+        have = self.committed[slot]
+        keep = -(-used // _GRAIN) * _GRAIN
+        if have <= _TRIM_MIN or have <= 4 * keep or _MADV_REMOVE is None:
+            return
+        try:
+            self.mm.madvise(_MADV_REMOVE, slot * self.span + keep, have - keep)
+        except (OSError, ValueError, AttributeError):
+            return
+        self.committed[slot] = keep
+        self.total -= have - keep
+
+    def reuse(self, ids):
+        """Sender: the receiver is done with these slots (ids from the peer: checked)."""
+        free = self.free
+        for i in ids:
+            if i < self.count and i not in free:
+                free.append(i)
+
+    def release(self, slot):
+        """Receiver: done with a slot (on any thread: a finalizer)."""
+        self.held.discard(slot)
+        self.freed.append(slot)
+
+    def take_freed(self):
+        out = []
+        q = self.freed
+        while q and len(out) < 255:
+            try:
+                out.append(q.popleft())
+            except IndexError:
+                break
+        return out
+
+    def close(self):
+        mm, self.mm, self._view = self.mm, None, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # arrays still use it: it is unmapped when the last one goes
+                pass
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+
+def _arena_shape(depth):
+    """(slots, slots the receiver may hold): the messages in flight one way (depth, and one
+    spare) plus as many the receiver's arrays may keep."""
+    held = max(1, min(depth + 1, _ARENA_MAX_SLOTS // 2))
+    return 2 * held, held
+
+
+def _create_arenas(prefix, depth):
+    """The parent's side of a worker's two arenas, as files ``{prefix}arena-in`` and
+    ``{prefix}arena-out`` for the worker to open (it unlinks them): (in: sent, out: received,
+    what the worker needs to open them)."""
+    count, limit = _arena_shape(depth)
+    made, arenas = [], []
+    try:
+        for direction, sender in (("in", True), ("out", False)):
+            name = f"{prefix}arena-{direction}"
+            path = os.path.join(_SHM_DIR, name)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            made.append(name)
+            try:
+                os.ftruncate(fd, count * _ARENA_SPAN)  # sparse: memory comes with commit()
+                arenas.append(_Arena(fd, count, _ARENA_SPAN, limit, sender))
+            except BaseException:
+                os.close(fd)
+                raise
+            if not sender:
+                os.close(fd)
+    except BaseException:
+        for a in arenas:
+            a.close()
+        for name in made:
+            _unlink(os.path.join(_SHM_DIR, name))
+        raise
+    return arenas[0], arenas[1], (made[0], made[1], count, _ARENA_SPAN, limit)
+
+
+def _open_arenas(names):
+    """The worker's side: (in: received, out: sent); the files are unlinked here, whatever
+    happens. None, None when they cannot be opened (items then fail, results use files)."""
+    in_name, out_name, count, span, limit = names
+    paths = [_shm_path(in_name), _shm_path(out_name)]
+    arenas = []
+    try:
+        for path, sender in zip(paths, (False, True)):
+            fd = os.open(path, os.O_RDWR)
+            try:
+                arenas.append(_Arena(fd, count, span, limit, sender))
+            except BaseException:
+                os.close(fd)
+                raise
+            if not sender:
+                os.close(fd)
+        return arenas[0], arenas[1]
+    except (OSError, ValueError):
+        for a in arenas:
+            a.close()
+        return None, None
+    finally:
+        for path in paths:
+            _unlink(path)
+
+
+class _Reading:
+    """The message being unpickled from a slot of arena (on this thread: _tls.reading)."""
+
+    __slots__ = ("arena", "slot", "base", "share")
+
+    def __init__(self, arena, slot):
+        self.arena, self.slot, self.base = arena, slot, None
+        # Arrays use the slot's memory without a copy unless the receiver holds too many slots.
+        self.share = arena is not None and len(arena.held) < arena.limit
+
+    def array(self, offset, nbytes):
+        """The message's bytes [offset, offset + nbytes) (arena offsets) as a uint8 array that
+        keeps the slot from being reused while it (or any view of it) is alive."""
+        arena, slot = self.arena, self.slot
+        if arena is None or slot == _NO_SLOT:
+            raise ValueError("splitflow: an array in a shared-memory arena that this process does "
+                             "not have open")
+        start = slot * arena.span
+        if not (start <= offset and offset + nbytes <= start + arena.span):
+            raise ValueError("splitflow: an array outside its shared-memory slot")
+        base = self.base
+        if base is None:
+            import numpy as np
+
+            if arena.mm is None:
+                raise ValueError("splitflow: a shared-memory arena that was closed")
+            # One base array per message: all its arrays are views of it (numpy keeps the base
+            # alive), so the slot is released once, when the last of them goes.
+            base = self.base = np.frombuffer(arena.mm, np.uint8, arena.span, start)
+            weakref.finalize(base, arena.release, slot).atexit = False
+            if self.share:
+                arena.held.add(slot)
+        return base[offset - start:offset - start + nbytes]
+
+
+def _arena_numpy(offset, dtype, shape):
+    """An array read from the arena: a view of its slot (writable; the slot is reused when the
+    array and its views are gone), or a copy when the receiver already holds enough slots."""
+    import numpy as np
+
+    reading = getattr(_tls, "reading", None)
+    if reading is None:
+        raise ValueError("splitflow: an array in a shared-memory arena outside of a message")
+    dt = np.dtype(dtype)
+    count = 1
+    for n in shape:
+        count *= n
+    a = reading.array(offset, count * dt.itemsize).view(dt).reshape(shape)
+    return a if reading.share else a.copy()
+
+
+def _arena_torch(offset, dtype, shape, view_as, requires_grad):
+    import torch
+
+    t = torch.from_numpy(_arena_numpy(offset, dtype, shape))
+    if view_as:
+        t = t.view(getattr(torch, view_as))
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+# ---- pickling and messages ----------------------------------------------------------------------
+
+class _Sender:
+    """Builds the messages of one direction of one worker (one thread at a time): large arrays go
+    into a slot of ``arena``, else into files; each message names the slots of ``inbox`` (the
+    peer's arena, which this process reads) that this process is done with."""
+
+    __slots__ = ("files", "arena", "inbox", "slot", "used")
+
+    def __init__(self, files, arena=None, inbox=None):
+        self.files = files
+        self.arena = arena
+        self.inbox = inbox
+        self.slot = _NO_SLOT  # the slot of the message being built
+        self.used = 0
+
+    def reserve(self, nbytes):
+        """The arena offset of nbytes for the message being built, or None (no arena, no free
+        slot, no room left in the slot, no memory)."""
+        a = self.arena
+        if a is None:
+            return None
+        if self.slot == _NO_SLOT:
+            if not a.free:
+                return None
+            self.slot, self.used = a.free.pop(), 0
+        start = -(-self.used // _ALIGN) * _ALIGN
+        end = start + nbytes
+        if end > a.span or not a.commit(self.slot, end):
+            if self.used == 0:  # nothing in it: free again
+                self._unreserve()
+            return None
+        self.used = end
+        return self.slot * a.span + start
+
+    def encode(self, kind, seq, obj):
+        """The message carrying obj; raises what pickling raises (then nothing stays reserved)."""
+        self.slot = _NO_SLOT
+        self.files.created = []
+        buf = io.BytesIO()
+        try:
+            _Pickler(buf, self).dump(obj)
+            return self._frame(kind, seq, buf.getbuffer())
+        except BaseException:
+            self.files.discard()
+            self._unreserve()
+            raise
+        finally:
+            self.files.created = []
+
+    def encode_bytes(self, kind, seq, payload):
+        """The message carrying payload (bytes already pickled, or b"")."""
+        self.slot = _NO_SLOT
+        self.files.created = []
+        try:
+            return self._frame(kind, seq, payload)
+        finally:
+            self.files.created = []
+
+    def _frame(self, kind, seq, payload):
+        n = len(payload)
+        if n > _INLINE_MAX:  # pipes only carry small messages
+            offset = self.reserve(n)
+            if offset is not None:
+                self.arena.mm[offset:offset + n] = payload
+                kind, payload = kind | _VIA_ARENA, _SPAN.pack(offset, n)
+            else:
+                name = self.files.write(payload)
+                if name is not None:
+                    kind, payload = kind | _VIA_SHM, name.encode()
+        freed = self.inbox.take_freed() if self.inbox is not None else ()
+        slot, self.slot = self.slot, _NO_SLOT
+        if slot != _NO_SLOT:
+            self.arena.trim(slot, self.used)
+        return _HEAD.pack(kind, seq, slot, len(freed)) + bytes(freed) + payload
+
+    def _unreserve(self):
+        if self.slot != _NO_SLOT:
+            self.arena.free.append(self.slot)
+            self.slot = _NO_SLOT
+
+    def close(self):
+        for a in (self.arena, self.inbox):
+            if a is not None:
+                a.close()
+        self.arena = self.inbox = None
+
 
 class _Pickler(pickle.Pickler):
-    """Sends large arrays through shared memory: only (name, dtype, shape) is pickled."""
+    """Sends large arrays through shared memory: only (offset or file name, dtype, shape) is
+    pickled."""
 
-    def __init__(self, file, files):
+    def __init__(self, file, sender):
         super().__init__(file, _PROTOCOL)
-        self._files = files
+        self._tx = sender
 
     def reducer_override(self, obj):
         t = type(obj)
@@ -245,12 +609,23 @@ class _Pickler(pickle.Pickler):
             return _identity, (a,)
         return NotImplemented
 
+    def _put(self, np, a):
+        """Copies a (any strides) into the arena; its offset, or None."""
+        offset = self._tx.reserve(a.nbytes)
+        if offset is None:
+            return None
+        dst = self._tx.arena.view(offset, a.nbytes).view(a.dtype).reshape(a.shape)
+        np.copyto(dst, a, casting="no")
+        return offset
+
     def _numpy(self, np, a):
-        shape = a.shape
-        name = self._files.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        offset = self._put(np, a)
+        if offset is not None:
+            return _arena_numpy, (offset, a.dtype.str, a.shape)
+        name = self._tx.files.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
         if name is None:
             return NotImplemented
-        return _shm_numpy, (name, a.dtype.str, shape)
+        return _shm_numpy, (name, a.dtype.str, a.shape)
 
     def _torch(self, torch, t):
         try:
@@ -260,44 +635,19 @@ class _Pickler(pickle.Pickler):
             x, view_as = t.detach(), None
             if x.dtype == torch.bfloat16:
                 x, view_as = x.view(torch.int16), "bfloat16"
-            a = x.resolve_conj().resolve_neg().contiguous().numpy()
+            a = x.resolve_conj().resolve_neg().numpy()  # any strides: copied once, below
         except Exception:  # a dtype numpy lacks, a tensor subclass's oddity: torch's own pickling
             return NotImplemented
         import numpy as np
 
-        name = self._files.write(a.reshape(-1).view(np.uint8))
+        shape, requires_grad = tuple(t.shape), bool(t.requires_grad)
+        offset = self._put(np, a)
+        if offset is not None:
+            return _arena_torch, (offset, a.dtype.str, shape, view_as, requires_grad)
+        name = self._tx.files.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
         if name is None:
             return NotImplemented
-        return _shm_torch, (name, a.dtype.str, tuple(t.shape), view_as, bool(t.requires_grad))
-
-
-def _dumps(obj, files):
-    buf = io.BytesIO()
-    files.created = []
-    try:
-        _Pickler(buf, files).dump(obj)
-    except BaseException:
-        files.discard()
-        raise
-    files.created = []
-    return buf.getbuffer()
-
-
-def _body(kind, seq, payload, files):
-    """One message's bytes: a large payload goes into a shared-memory file, named instead."""
-    if len(payload) > _INLINE_MAX:
-        files.created = []
-        name = files.write(payload)
-        files.created = []
-        if name is not None:
-            return _HEAD.pack(kind | _VIA_SHM, seq) + name.encode()
-    return _HEAD.pack(kind, seq) + payload
-
-
-def _send(conn, kind, seq, payload, files):
-    """The worker's send (blocking: the parent's reader thread always reads). Raises OSError on
-    a closed pipe."""
-    conn.send_bytes(_body(kind, seq, payload, files))
+        return _shm_torch, (name, a.dtype.str, shape, view_as, requires_grad)
 
 
 def _framed(body):
@@ -308,12 +658,65 @@ def _framed(body):
     return memoryview(prefix + body)
 
 
-def _parse(data):
-    kind, seq = _HEAD.unpack_from(data)
-    body = memoryview(data)[_HEAD.size:]
+def _frames(buf):
+    """Takes the whole messages off the front of buf (a bytearray of what the pipe gave), framed
+    as Connection.send_bytes frames them."""
+    out, pos, end = [], 0, len(buf)
+    with memoryview(buf) as view:
+        while end - pos >= 4:
+            n = int.from_bytes(view[pos:pos + 4], "big", signed=True)
+            start = pos + 4
+            if n == -1:
+                if end - pos < 12:
+                    break
+                n = int.from_bytes(view[start:start + 8], "big")
+                start += 8
+            if end - start < n:
+                break
+            out.append(bytes(view[start:start + n]))
+            pos = start + n
+    del buf[:pos]
+    return out
+
+
+def _head(data):
+    """(kind with its flags, seq, the sender's slot, the receiver's slots it frees)."""
+    kind, seq, slot, nfreed = _HEAD.unpack_from(data)
+    return kind, seq, slot, bytes(data[_HEAD.size:_HEAD.size + nfreed])
+
+
+def _body(data, arena):
+    """A message's pickled bytes: in the pipe's message, or read from the arena or a file."""
+    kind, _, _, nfreed = _HEAD.unpack_from(data)
+    body = memoryview(data)[_HEAD.size + nfreed:]
     if kind & _VIA_SHM:
-        return kind & ~_VIA_SHM, seq, _read_whole(bytes(body).decode())
-    return kind, seq, body
+        return _read_whole(bytes(body).decode())
+    if kind & _VIA_ARENA:
+        offset, n = _SPAN.unpack(body)
+        mm = arena.mm if arena is not None else None
+        if mm is None or offset + n > arena.size:
+            raise ValueError("splitflow: a message in a shared-memory arena that this process "
+                             "does not have open")
+        return mm[offset:offset + n]
+    return body
+
+
+def _loads(body, arena, slot):
+    """Unpickles a message whose arrays may be in a slot of arena; the slot is released once the
+    message is read and no array made from it is alive."""
+    reading = _tls.reading = _Reading(arena, slot)
+    try:
+        return pickle.loads(body)
+    finally:
+        _tls.reading = None
+        if reading.base is None:
+            _release(arena, slot)
+        reading.base = None  # the slot's finalizer runs now, unless arrays still use it
+
+
+def _release(arena, slot):
+    if slot != _NO_SLOT and arena is not None:
+        arena.release(slot)
 
 
 def _exception_payload(e, text=None):
@@ -335,11 +738,19 @@ def _exception_payload(e, text=None):
 
 # ---- the worker ---------------------------------------------------------------------------------
 
-def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation):
+def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation, arenas=None):
     """A worker process: loads fn, then answers each item in order until its pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pid = os.getpid()
-    files = _Files(f"sf-{parent_pid}-{pool_id}-w{index}-g{generation}-out-")
+    rx = None  # the parent's arena: items' arrays
+    tx = _Sender(_Files(f"sf-{parent_pid}-{pool_id}-w{index}-g{generation}-out-"))
+    if arenas is not None:
+        try:
+            rx, tx.arena = _open_arenas(arenas)
+        except Exception:
+            pass
+        tx.inbox = rx
+    pending = collections.deque()  # messages read ahead: a stop behind them skips them
     torch_threads = [False]
 
     def one_thread_for_torch():
@@ -350,40 +761,68 @@ def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation):
             except Exception:
                 pass
 
+    def send(kind, seq, payload):  # blocking: the parent's reader thread always reads
+        conn.send_bytes(tx.encode_bytes(kind, seq, payload))
+
+    sock = socket.socket(fileno=os.dup(conn.fileno()))  # reads: one recv() per wakeup
+    rbuf = bytearray()
+
+    def read(block):
+        """Appends the messages the pipe holds to pending; block: waits for one."""
+        while True:
+            try:
+                chunk = sock.recv(_READ_BYTES, 0 if block else socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not chunk:
+                raise EOFError
+            rbuf.extend(chunk)
+            for data in _frames(rbuf):
+                kind, seq, slot, freed = _head(data)
+                if freed and tx.arena is not None:
+                    tx.arena.reuse(freed)  # our slots the parent is done with
+                if kind != _FREED:
+                    pending.append((kind, seq, slot, data))
+            if pending:
+                block = False
+            if not block and len(chunk) < _READ_BYTES:
+                return
+
     try:
         fn = pickle.loads(fn_blob)
     except BaseException as e:
         try:
-            _send(conn, _INIT_ERROR, 0, _exception_payload(e, f"{type(e).__name__}: {e}"), files)
+            send(_INIT_ERROR, 0, _exception_payload(e, f"{type(e).__name__}: {e}"))
         except OSError:
             pass
         return
     del fn_blob
     one_thread_for_torch()
-    pending = collections.deque()  # messages read ahead: a stop behind them skips them
     try:
-        _send(conn, _READY, 0, b"", files)
+        send(_READY, 0, b"")
         while True:
             try:
-                if not pending:
-                    pending.append(conn.recv_bytes())
-                while conn.poll(0):
-                    pending.append(conn.recv_bytes())
+                read(not pending)
             except (EOFError, OSError):  # the parent closed the pipe or is gone
                 break
-            if any(data[0] == _STOP for data in pending):
+            if any(kind & _KIND == _STOP for kind, _, _, _ in pending):
                 break
-            data = pending.popleft()
-            kind, seq = _HEAD.unpack_from(data)
+            _, seq, slot, data = pending.popleft()
             try:
-                _, _, body = _parse(data)
+                try:
+                    body = _body(data, rx)
+                except BaseException:
+                    _release(rx, slot)
+                    raise
                 del data
-                item = pickle.loads(body)
+                item = _loads(body, rx, slot)  # its arrays: views of the parent's slot
                 del body
             except BaseException as e:
                 text = (f"stage '{stage}': worker process {pid} could not unpickle the item "
                         f"({type(e).__name__}: {e})")
-                _send(conn, _ERROR, seq, _exception_payload(e, text), files)
+                payload = _exception_payload(e, text)
+                del e
+                send(_ERROR, seq, payload)
                 continue
             try:
                 result = fn(item)
@@ -391,21 +830,21 @@ def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation):
                 del item
                 payload = _exception_payload(e)
                 del e
-                _send(conn, _ERROR, seq, payload, files)
+                send(_ERROR, seq, payload)
                 continue
             del item
             one_thread_for_torch()
             try:
-                payload = _dumps(result, files)
+                message = tx.encode(_RESULT, seq, result)
             except BaseException as e:
                 text = (f"stage '{stage}': the function's result cannot be sent back from worker "
                         f"process {pid} ({type(e).__name__}: {e})")
-                _send(conn, _ERROR, seq, _exception_payload(e, text), files)
+                send(_ERROR, seq, _exception_payload(e, text))
                 continue
             finally:
                 del result
-            _send(conn, _RESULT, seq, payload, files)
-            del payload
+            conn.send_bytes(message)
+            del message
     except OSError:  # the parent closed the pipe or is gone
         pass
     if os.getppid() != parent_pid:  # the parent died: nobody else removes this pool's files
@@ -478,16 +917,24 @@ class _Entry:
 class _Slot:
     """One worker: its process, pipe and items in flight (seq -> _Entry, oldest first)."""
 
-    __slots__ = ("index", "generation", "process", "conn", "sock", "outq", "pid", "outstanding",
-                 "files", "ready", "eof", "dead")
+    __slots__ = ("index", "generation", "prefix", "process", "conn", "sock", "outq", "pid",
+                 "outstanding", "tx", "rx", "rbuf", "ready", "eof", "dead")
 
     def __init__(self, index, generation, prefix):
         self.index, self.generation = index, generation
+        self.prefix = f"{prefix}w{index}-g{generation}-"  # its files: removed when it dies
         self.process = self.conn = self.sock = self.pid = None
         self.outq = collections.deque()  # framed messages the pipe did not take yet
         self.outstanding = {}
-        self.files = _Files(f"{prefix}w{index}-g{generation}-in-")
+        self.tx = _Sender(_Files(f"{self.prefix}in-"))  # items; its arena made with the process
+        self.rx = None  # the worker's arena: results' arrays
+        self.rbuf = bytearray()  # what the pipe gave past the last whole message
         self.ready = self.eof = self.dead = False
+
+    def close_arenas(self):
+        """Unmaps both arenas (one that arrays still use: when the last of them goes)."""
+        self.tx.close()
+        self.rx = None
 
 
 class _State:
@@ -532,18 +979,36 @@ class _State:
 
     def _spawn(self, slot):
         ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
+        names = None
+        try:  # the worker opens (and unlinks) them; without them arrays travel in files
+            slot.tx.arena, slot.rx, names = _create_arenas(slot.prefix, self.depth)
+            slot.tx.inbox = slot.rx
+        except Exception:
+            pass
+        try:
+            parent, child = ctx.Pipe(duplex=True)
+        except BaseException:
+            self._drop_arenas(slot)
+            raise
         p = ctx.Process(target=_worker_main, name=f"splitflow-{self.stage}-w{slot.index}",
                         args=(child, self.fn_blob, self.stage, self.owner, self.pool_id,
-                              slot.index, slot.generation), daemon=True)
+                              slot.index, slot.generation, names), daemon=True)
         try:
             p.start()
+        except BaseException:
+            parent.close()
+            self._drop_arenas(slot)
+            raise
         finally:
             child.close()
         slot.process, slot.conn, slot.pid = p, parent, p.pid
-        # The same socket, for sends that never wait (MSG_DONTWAIT); reads stay blocking.
+        # The same socket, for sends and reads that never wait (MSG_DONTWAIT).
         slot.sock = socket.socket(fileno=os.dup(parent.fileno()))
         self._wake()
+
+    def _drop_arenas(self, slot):
+        slot.close_arenas()
+        _remove_files(f"{slot.prefix}arena-")
 
     def _post(self, slot, body):
         """Queues one message for a worker and sends what the pipe takes now, without waiting:
@@ -584,7 +1049,7 @@ class _State:
         that is already closed is no error here: the reader thread re-sends the item. Never waits
         on the worker."""
         try:
-            payload = _dumps(entry.value, slot.files)
+            body = slot.tx.encode(_ITEM, seq, entry.value)
         except BaseException as e:
             if isinstance(e, Exception):
                 Error, _ = _errors()
@@ -593,7 +1058,7 @@ class _State:
                 err.__cause__ = e
                 return err
             return e
-        self._post(slot, _body(_ITEM, seq, payload, slot.files))
+        self._post(slot, body)
         return None
 
     def _wake(self):
@@ -681,42 +1146,53 @@ class _State:
     # -- the reader thread ------------------------------------------------------------------------
 
     def _reader(self):
+        poller = select.poll()  # kept: registered again only when the descriptors change
+        registered = set()
         try:
             while True:
                 with self.lock:
                     if self.closed:
                         break
-                    waits = {}
+                    waits = {self.wake_r: (None, False)}  # fd -> (slot, is the sentinel)
                     for slot in self.slots:
                         if slot.process is not None:
                             if not slot.eof:
-                                waits[slot.conn] = slot
-                            waits[slot.process.sentinel] = slot
+                                try:
+                                    waits[slot.conn.fileno()] = (slot, False)
+                                except OSError:
+                                    slot.eof = True
+                            waits[slot.process.sentinel] = (slot, True)
                     deferred, self.deferred = self.deferred, []
                     wake_r = self.wake_r
                     backlog = any(slot.outq for slot in self.slots)
                 self._finish_all(deferred)
                 del deferred
-                ready = multiprocessing.connection.wait(
-                    [wake_r, *waits], _BACKLOG_POLL_S if backlog else None)
+                for fd in registered - waits.keys():
+                    poller.unregister(fd)
+                for fd in waits.keys() - registered:
+                    poller.register(fd, select.POLLIN)
+                registered = set(waits)
+                ready = poller.poll(_BACKLOG_POLL_S * 1000 if backlog else None)
                 if backlog:
                     with self.lock:
                         for slot in self.slots:
                             if slot.outq and not slot.dead:
                                 self._flush(slot)
-                for obj in ready:
-                    if obj == wake_r:
+                # the pipes first: a sentinel's turn drains its pipe, then replaces the worker
+                ready.sort(key=lambda r: waits[r[0]][1])
+                for fd, _ in ready:
+                    slot, sentinel = waits[fd]
+                    if slot is None:
                         try:
                             while os.read(wake_r, 4096):
                                 pass
                         except OSError:
                             pass
                         continue
-                    slot = waits[obj]
                     if slot.dead or self.closed:
                         continue
                     self._drain(slot)
-                    if obj is not slot.conn:  # the sentinel: the process ended
+                    if sentinel:  # the process ended
                         self._on_death(slot)
         except BaseException as e:  # a bug here must not leave completions waiting forever
             if not self.closed:
@@ -731,27 +1207,61 @@ class _State:
                     self._close_wake()
 
     def _drain(self, slot):
+        """Handles the messages the worker's pipe holds, without waiting: one recv() takes all
+        that is there (a short read: the pipe is empty, or wait() says when it is not)."""
         while not slot.eof:
             try:
-                if not slot.conn.poll(0):
-                    return
-                data = slot.conn.recv_bytes()
-            except (EOFError, OSError):
+                chunk = slot.sock.recv(_READ_BYTES, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
                 slot.eof = True
                 return
-            self._on_message(slot, data)
-            del data
+            slot.rbuf += chunk
+            for data in _frames(slot.rbuf):
+                self._on_message(slot, data)
+            data = None
+            rx = slot.rx
+            if rx is not None and len(rx.freed) >= 2:
+                # Items name the worker's slots we are done with; with none going out while the
+                # worker has items left, a message of its own does.
+                with self.lock:
+                    if slot.outstanding and len(rx.freed) >= 2 and not slot.dead:
+                        self._post(slot, slot.tx.encode_bytes(_FREED, 0, b""))
+            if len(chunk) < _READ_BYTES:
+                return
 
     def _on_message(self, slot, data):
         Error, GraphError = _errors()
+        kind, seq, used, freed = _head(data)
+        kind &= _KIND
+        if freed:
+            with self.lock:
+                if slot.tx.arena is not None:
+                    slot.tx.arena.reuse(freed)  # slots of ours the worker is done with
         try:
-            kind, seq, body = _parse(data)
+            body = _body(data, slot.rx)
         except (OSError, ValueError) as e:  # a file removed meanwhile
-            kind, seq = _HEAD.unpack_from(data)
-            kind &= ~_VIA_SHM
             body = None
             lost = Error(f"stage '{self.stage}': a message from worker process {slot.pid} was "
                          f"lost ({type(e).__name__}: {e})")
+        del data
+        result = ok = None
+        if kind == _RESULT and body is not None:
+            try:
+                result = _loads(body, slot.rx, used)  # its arrays: views of the worker's slot
+            except BaseException as e:
+                result, ok = Error(f"stage '{self.stage}': the result from worker process "
+                                   f"{slot.pid} could not be unpickled ({type(e).__name__}: "
+                                   f"{e})"), False
+                result.__cause__ = e
+            else:
+                ok = True
+            body = None
+        else:
+            _release(slot.rx, used)  # nothing of this message stays in the worker's slot
         if kind == _READY:
             with self.lock:
                 slot.ready = True
@@ -769,24 +1279,13 @@ class _State:
             return
         with self.lock:
             entry = slot.outstanding.pop(seq, None)
-        if body is None:
-            if entry is not None:
-                self._finish(entry.completion, False, lost)
-            return
-        if kind == _RESULT:
-            try:
-                result = pickle.loads(body)
-            except BaseException as e:
-                result, ok = Error(f"stage '{self.stage}': the result from worker process "
-                                   f"{slot.pid} could not be unpickled ({type(e).__name__}: "
-                                   f"{e})"), False
-                result.__cause__ = e
+        if ok is None:
+            if body is None:
+                ok, result = False, lost
             else:
-                ok = True
-                if entry is not None and self.field is not None:
-                    result = _with_field(entry.item, self.field, result)
-        else:
-            ok, result = False, self._exception(slot, body)
+                ok, result = False, self._exception(slot, body)
+        elif ok and entry is not None and self.field is not None:
+            result = _with_field(entry.item, self.field, result)
         del body
         if entry is not None:  # None: failed already (the pool closed)
             self._finish(entry.completion, ok, result)
@@ -862,6 +1361,7 @@ class _State:
                         del new.outstanding[seq]
                         failures.append((entry.completion, err))
         _close_pipe(slot)
+        slot.close_arenas()
         try:
             p.close()
         except ValueError:
@@ -922,7 +1422,7 @@ class _State:
             thread.join(_JOIN_S)
         with self.lock:
             for slot in slots:
-                self._post(slot, _HEAD.pack(_STOP, 0))
+                self._post(slot, _HEAD.pack(_STOP, 0, _NO_SLOT, 0))
         deadline = time.monotonic() + _JOIN_S
         for slot in slots:
             if slot.process is not None:
@@ -934,6 +1434,7 @@ class _State:
                 p.join(_JOIN_S)
         for slot in slots:
             _close_pipe(slot)
+            slot.close_arenas()
             if slot.process is not None and slot.process.exitcode is not None:
                 try:
                     slot.process.close()
