@@ -2,7 +2,7 @@
 #   make demo    the main job: the demonstration and its report
 #   make test    every test: release, ASan+UBSan, TSan, the installed-package consumer
 #   make bench   the benchmark suite (Google Benchmark JSON under build/bench/)
-.PHONY: all deps release demo test test-release test-python test-asan test-tsan test-consumer package test-package bench clean fuzz test-fuzz-smoke
+.PHONY: all deps release demo soak test test-release test-python test-asan test-tsan test-consumer package test-package bench clean fuzz test-fuzz-smoke
 
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
@@ -30,6 +30,12 @@ demo: release
 	  --images 480 --data $(BUILD)/demo-data/images
 	$(BUILD)/release/examples/consolidation $(BUILD)/demo-data/images-480 $(BUILD)/demo
 	/usr/bin/python3 scripts/plot_run.py --out $(BUILD)/demo/consolidation.png $(BUILD)/demo/job0.json $(BUILD)/demo/job1.json
+
+# The soak with injected faults (docs/reliability.md): MINUTES of four graphs on one runtime;
+# its figures go to build/soak.json. (make test runs a 2-minute one: ctest soak.smoke.)
+MINUTES ?= 60
+soak: release
+	$(BUILD)/release/tests/soak --minutes $(MINUTES) --json $(BUILD)/soak.json
 
 test: test-release test-python test-asan test-tsan test-consumer test-package test-fuzz-smoke
 	@echo "make test: all suites passed"

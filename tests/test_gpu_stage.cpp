@@ -7,11 +7,13 @@
 // pinned ring have their own suites: test_stream_pool.cpp, test_pinned_ring.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
@@ -429,6 +431,97 @@ TEST(Failures, CancelWithBurstsInFlightAndWaitersReturnsEverything) {
   const RunStats st = run.stats();
   EXPECT_EQ(st.find("model")->ring_in_use, 0u);
   expect_returned(rt, st);
+}
+
+// DeviceConfig::faults: each kind injected at its rate, counted in DeviceStats::injected, the
+// failures going through the stage's on_error like any kernel error (skipped items named, every
+// other item delivered once), everything returned.
+TEST(Failures, InjectedDeviceFaultsFollowOnErrorAndAreCounted) {
+  struct Outcome {
+    std::vector<long> delivered;
+    std::vector<std::uint64_t> skipped;
+    DeviceStats::Injected injected;
+    std::vector<std::string> messages;
+  };
+  auto run_once = [](std::uint64_t seed) {
+    RuntimeConfig c = host_device(2, 2);
+    c.device.faults = {.alloc_failure = 0.05, .burst_failure = 0.05, .slow_kernel = 0.2,
+                       .slow_by = 200us, .stall = 0.05, .stall_for = 2ms, .seed = seed};
+    Runtime rt(c);
+    Graph g(rt, "faulty");
+    auto src = g.source("n", counter(400));
+    auto make = g.stage("make", [](long i, HostAllocator& a) {
+      HostTensor t = a.empty(DType::i64, {1});
+      t.data<std::int64_t>()[0] = i;
+      return t;
+    });
+    GpuStageOptions o;
+    o.concurrency = 2;
+    o.on_error = OnError::skip;
+    o.ring_bytes = 64 * 1024;
+    o.ring_item_bytes = 1024;
+    auto gpu = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+      DeviceTensor out = ctx.alloc(DType::f32, {4});
+      ops::busy_kernel(ctx, 20us);
+      (void)out;
+      return ctx.to_host(t);
+    }, o);
+    Outcome r;
+    auto sink = g.sink("s", [&](HostTensor t) { r.delivered.push_back(t.data<std::int64_t>()[0]); });
+    src >> make >> gpu >> sink;
+    auto run = g.run();
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    const RunStats st = run.stats();
+    for (const auto& e : st.find("model")->errors) {
+      r.skipped.push_back(e.item);
+      r.messages.push_back(e.message);
+    }
+    r.injected = rt.device_stats()->injected;
+    EXPECT_EQ(st.find("model")->items_skipped, r.skipped.size());
+    EXPECT_LT(r.skipped.size(), StageStats::kMaxItemErrors) << "errors keeps only the first ones";
+    expect_returned(rt, st);
+    return r;
+  };
+  const Outcome a = run_once(7);
+  // Every item once: delivered in order or skipped, none both.
+  std::vector<long> all(a.delivered);
+  for (auto i : a.skipped) all.push_back(static_cast<long>(i));
+  std::sort(all.begin(), all.end());
+  std::vector<long> want(400);
+  std::iota(want.begin(), want.end(), 0L);
+  EXPECT_EQ(all, want);
+  EXPECT_TRUE(std::is_sorted(a.delivered.begin(), a.delivered.end()));
+  // Each failure skipped one item, with a message naming the kind, the stage and the item.
+  EXPECT_EQ(a.skipped.size(), a.injected.alloc_failures + a.injected.burst_failures);
+  std::size_t alloc_msgs = 0, burst_msgs = 0;
+  for (std::size_t k = 0; k < a.messages.size(); ++k) {
+    const std::string& m = a.messages[k];
+    const std::string item = "item " + std::to_string(a.skipped[k]);
+    EXPECT_NE(m.find("stage 'model', " + item), std::string::npos) << m;
+    alloc_msgs += m.find("faults.alloc_failure") != std::string::npos;
+    burst_msgs += m.find("faults.burst_failure") != std::string::npos;
+  }
+  EXPECT_EQ(alloc_msgs, a.injected.alloc_failures);
+  EXPECT_EQ(burst_msgs, a.injected.burst_failures);
+  // Rates near the configured ones (400 draws each; bounds at about 4 standard deviations).
+  EXPECT_GT(a.injected.alloc_failures, 4u);
+  EXPECT_LT(a.injected.alloc_failures, 40u);
+  EXPECT_GT(a.injected.burst_failures, 4u);  // drawn only for bursts whose alloc succeeded
+  EXPECT_LT(a.injected.burst_failures, 40u);
+  EXPECT_GT(a.injected.slow_kernels, 40u);
+  EXPECT_LT(a.injected.slow_kernels, 125u);
+  EXPECT_GT(a.injected.stalls, 3u);
+  EXPECT_LT(a.injected.stalls, 40u);
+  // Off by default.
+  Runtime plain(host_device(1, 1));
+  Graph g(plain, "plain");
+  auto s = g.source("n", counter(3));
+  auto m = g.stage("make", [](long) { return HostTensor::empty(DType::u8, {4}); });
+  auto d = g.gpu_stage("id", [](DeviceTensor t, DeviceContext& ctx) { return ctx.to_host(t); });
+  auto k = g.sink("s", [](HostTensor) {});
+  s >> m >> d >> k;
+  EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
+  EXPECT_EQ(plain.device_stats()->injected.total(), 0u);
 }
 
 TEST(DevicePool, ExceedingTheCapIsAClearErrorAndLeavesTheRuntimeUsable) {

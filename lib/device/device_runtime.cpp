@@ -190,6 +190,7 @@ DeviceRuntime::DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const Devic
       pool_(*backend_, config.streams),
       device_bytes_("device", config.device_pool_bytes),
       pinned_bytes_("pinned", config.pinned_pool_bytes),
+      faults_(config.faults),
       start_ns_(steady_now_ns()) {}
 
 DeviceRuntime::~DeviceRuntime() { drain_deferred(); }
@@ -250,6 +251,7 @@ DeviceTensor DeviceRuntime::alloc(DType dtype, std::vector<std::int64_t> shape, 
                                   const std::string& stage, std::uint64_t item) {
   drain_deferred();
   const std::size_t n = bytes_of(dtype, shape);
+  if (faults_.active()) faults_.on_alloc(n, stage, item);
   device_bytes_.take(n, stage, item);
   void* p = nullptr;
   try {
@@ -299,7 +301,58 @@ DeviceStats DeviceRuntime::stats() const {
   s.device_bytes_cap = device_bytes_.cap();
   s.pinned_bytes_in_use = pinned_bytes_.used();
   s.pinned_bytes_cap = pinned_bytes_.cap();
+  s.injected = faults_.counts();
   return s;
+}
+
+// ---- FaultInjector -----------------------------------------------------------------------------
+
+bool FaultInjector::draw(double p) noexcept {
+  if (p <= 0) return false;
+  std::uint64_t z;
+  {
+    std::lock_guard lk(mu_);
+    z = (state_ += 0x9e3779b97f4a7c15ULL);  // splitmix64
+  }
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < p;
+}
+
+void FaultInjector::on_alloc(std::size_t bytes, const std::string& stage, std::uint64_t item) {
+  if (!draw(f_.alloc_failure)) return;
+  alloc_.fetch_add(1, std::memory_order_relaxed);
+  throw Error(fmt::format("splitflow: injected device fault (DeviceConfig::faults.alloc_failure): "
+                          "stage '{}', item {}: the allocation of {} bytes failed",
+                          stage, item, bytes));
+}
+
+void FaultInjector::on_burst_end(Burst& b) {
+  DeviceBackend& backend = b.device().backend();
+  if (draw(f_.slow_kernel)) {
+    slow_.fetch_add(1, std::memory_order_relaxed);
+    backend.timed_kernel(b.stream(), f_.slow_by, b.exec_sink());
+  }
+  if (draw(f_.stall)) {
+    stall_.fetch_add(1, std::memory_order_relaxed);
+    backend.timed_kernel(b.stream(), f_.stall_for, nullptr);  // the stream waits; no work runs
+  }
+  if (draw(f_.burst_failure)) {
+    burst_.fetch_add(1, std::memory_order_relaxed);
+    b.set_device_error(std::make_exception_ptr(Error(fmt::format(
+        "splitflow: injected device fault (DeviceConfig::faults.burst_failure): stage '{}', "
+        "item {}: the burst's device work failed", b.stage(), b.item()))));
+  }
+}
+
+DeviceStats::Injected FaultInjector::counts() const noexcept {
+  DeviceStats::Injected c;
+  c.alloc_failures = alloc_.load(std::memory_order_relaxed);
+  c.burst_failures = burst_.load(std::memory_order_relaxed);
+  c.slow_kernels = slow_.load(std::memory_order_relaxed);
+  c.stalls = stall_.load(std::memory_order_relaxed);
+  return c;
 }
 
 // ---- GpuAccount --------------------------------------------------------------------------------
@@ -420,6 +473,7 @@ ExecutionSink* Burst::exec_sink() const noexcept { return sink_.get(); }
 void Burst::begin() { timer_ = dev_->backend().burst_begin(lease_->stream); }
 
 void Burst::end(std::function<void()> done) {
+  if (dev_->faults().active()) dev_->faults().on_burst_end(*this);
   dev_->backend().burst_end(lease_->stream, timer_, [this, done = std::move(done)] {
     const std::int64_t now = steady_now_ns();
     if (account_) account_->lease_end(now);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend.hpp"
@@ -80,6 +81,26 @@ class CappedBytes {
   std::atomic<std::size_t> used_{0};
 };
 
+/// DeviceConfig::faults, drawn per event from one seeded generator (any thread), with counts.
+class FaultInjector {
+ public:
+  explicit FaultInjector(const DeviceFaults& f) : f_(f), state_(f.seed) {}
+  bool active() const noexcept { return active_; }
+  /// Throws Error when an allocation failure is drawn.
+  void on_alloc(std::size_t bytes, const std::string& stage, std::uint64_t item);
+  /// Before the burst's end: may add a slow kernel or a stall to its stream, or fail it.
+  void on_burst_end(Burst& b);
+  DeviceStats::Injected counts() const noexcept;
+
+ private:
+  bool draw(double p) noexcept;
+  const DeviceFaults f_;
+  const bool active_ = f_.any();
+  std::mutex mu_;
+  std::uint64_t state_;
+  std::atomic<std::uint64_t> alloc_{0}, burst_{0}, slow_{0}, stall_{0};
+};
+
 class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
  public:
   DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const DeviceConfig& config);
@@ -89,6 +110,7 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
   StreamPool& pool() noexcept { return pool_; }
   CappedBytes& device_bytes() noexcept { return device_bytes_; }
   CappedBytes& pinned_bytes() noexcept { return pinned_bytes_; }
+  FaultInjector& faults() noexcept { return faults_; }
 
   /// Device memory in stream order on `s`, freed with the tensor.
   DeviceTensor alloc(DType dtype, std::vector<std::int64_t> shape, Stream* s,
@@ -119,6 +141,7 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
   StreamPool pool_;
   CappedBytes device_bytes_;
   CappedBytes pinned_bytes_;
+  FaultInjector faults_;
   std::int64_t start_ns_;
 };
 

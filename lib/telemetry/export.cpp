@@ -130,6 +130,10 @@ Json device_json(const DeviceStats& d) {
   j["device_bytes_cap"] = std::uint64_t{d.device_bytes_cap};
   j["pinned_bytes_in_use"] = std::uint64_t{d.pinned_bytes_in_use};
   j["pinned_bytes_cap"] = std::uint64_t{d.pinned_bytes_cap};
+  j["injected_faults"] = Json{{"alloc_failures", d.injected.alloc_failures},
+                              {"burst_failures", d.injected.burst_failures},
+                              {"slow_kernels", d.injected.slow_kernels},
+                              {"stalls", d.injected.stalls}};
   return j;
 }
 

@@ -1,7 +1,9 @@
 // Policies for runtimes, graphs and stages, in one place (the DALI way: small enums, one Config).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 
@@ -90,6 +92,31 @@ const char* to_string(BackendKind k) noexcept;
 
 /// The device a runtime's GPU stages share. Nothing here touches the CUDA runtime until a graph
 /// with a GPU stage first runs (a CPU-only process never initialises CUDA).
+/// Faults injected into the device layer's work, for soaks and fault-tolerance tests (off by
+/// default). Each is drawn per event with its probability from a generator seeded by `seed`, on
+/// any backend: an allocation failure makes DeviceContext::alloc throw; a failed burst fails
+/// its item as a kernel error would (the stage's on_error applies); a slow kernel adds `slow_by`
+/// of device time to a burst; a stall holds the burst's stream for `stall_for`. The counts are
+/// in DeviceStats::injected.
+/// \code
+///   splitflow::RuntimeConfig c;
+///   c.device.backend = splitflow::BackendKind::host;
+///   c.device.faults = {.burst_failure = 0.01, .slow_kernel = 0.05};
+///   splitflow::Runtime rt(c);
+/// \endcode
+struct DeviceFaults {
+  double alloc_failure = 0;  ///< probability per device allocation
+  double burst_failure = 0;  ///< probability per burst
+  double slow_kernel = 0;    ///< probability per burst
+  std::chrono::nanoseconds slow_by = std::chrono::milliseconds(5);
+  double stall = 0;          ///< probability per burst
+  std::chrono::nanoseconds stall_for = std::chrono::milliseconds(100);
+  std::uint64_t seed = 1;
+  bool any() const noexcept {
+    return alloc_failure > 0 || burst_failure > 0 || slow_kernel > 0 || stall > 0;
+  }
+};
+
 struct DeviceConfig {
   BackendKind backend = BackendKind::automatic;
   int ordinal = 0;                                   ///< CUDA device index
@@ -97,6 +124,7 @@ struct DeviceConfig {
   std::size_t device_pool_bytes = std::size_t{2} << 30;  ///< cap of device allocations
   std::size_t pinned_pool_bytes = std::size_t{1} << 30;  ///< cap of pinned host memory (rings too)
   int host_compute_slots = 1;  ///< host backend: kernels running at once (like one full-size kernel)
+  DeviceFaults faults{};       ///< injected faults (none by default)
 };
 
 /// Per-runtime policy.

@@ -51,6 +51,13 @@ struct DeviceStats {
   std::size_t pinned_bytes_in_use = 0, pinned_bytes_cap = 0;
   /// lease_time_ns[k]: time with exactly k streams leased (k = 0 .. streams).
   std::vector<std::int64_t> lease_time_ns;
+  /// Faults injected by DeviceConfig::faults so far, by kind (all zero unless it is set).
+  struct Injected {
+    std::uint64_t alloc_failures = 0, burst_failures = 0, slow_kernels = 0, stalls = 0;
+    std::uint64_t total() const noexcept {
+      return alloc_failures + burst_failures + slow_kernels + stalls;
+    }
+  } injected;
   /// Streams leased, averaged over the time since the device was created.
   double mean_leases() const noexcept {
     std::int64_t total = 0;
