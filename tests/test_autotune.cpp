@@ -289,6 +289,52 @@ TEST(Autotune, HillClimbKeepsImprovementsAndRevertsTheRest) {
   EXPECT_EQ(u.allocation().stages[1].capacity, deeper);
 }
 
+// "Once the GPU is the limit, extra cores are released": one invocation fewer at a time, kept
+// while the device stays gpu_busy_target busy.
+TEST(Autotune, HillClimbReleasesCoresWhileTheGpuStaysBusy) {
+  auto tuner = [] {
+    return Autotuner({.settle_windows = 0, .min_items = 1'000'000}, {.cores = 32});
+  };
+  // decode (CPU) feeds model (GPU, 1 ms of device time per item). The first window's three
+  // items overstate decode's cost: 12 ms instead of 10 (and min_items keeps that model).
+  auto window = [](std::int64_t at, double rate, double decode_ms, std::size_t k) {
+    const auto items = static_cast<std::uint64_t>(rate);
+    Sample s{.end_ns = at * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = items};
+    s.stages.push_back({.name = "decode", .items = items,
+                        .work_ns = static_cast<std::int64_t>(rate * decode_ms * 1e6),
+                        .cpu_ns = static_cast<std::int64_t>(rate * decode_ms * 1e6),
+                        .concurrency = k});
+    s.stages.push_back({.name = "model", .gpu = true, .producers = {0}, .items = items,
+                        .work_ns = static_cast<std::int64_t>(rate * 1e5),
+                        .cpu_ns = static_cast<std::int64_t>(rate * 1e5),
+                        .gpu_busy_ns = static_cast<std::int64_t>(rate * 1e6), .concurrency = 3});
+    return s;
+  };
+  Autotuner t = tuner();
+  Decision d = t.observe(window(1, 3, 12, 1));
+  EXPECT_EQ(t.bound().limit, Limit::gpu);
+  EXPECT_EQ(d.allocation.stages[0].concurrency, 12u);  // 960/s (96% of the GPU) x 12 ms
+  // The GPU is 99% busy and decode 82.5%: one core fewer is tried, and kept at 98.5%.
+  d = t.observe(window(2, 990, 10, 12));
+  ASSERT_TRUE(d.changed);
+  EXPECT_EQ(d.events[0].text(), "decode 12 -> 11: GPU busy 99% (target 95%); decode busy 82%: "
+                                "trying one core fewer");
+  d = t.observe(window(3, 985, 10, 11));
+  ASSERT_FALSE(d.events.empty());
+  EXPECT_EQ(d.events[0].action, Action::release);
+  EXPECT_EQ(t.allocation().stages[0].concurrency, 11u);
+  // With 11, decode would be 98.5% busy at 10: the climb stops there.
+  EXPECT_TRUE(t.converged());
+  // Had the GPU dropped to 93%, the core would have come back.
+  Autotuner u = tuner();
+  u.observe(window(1, 3, 12, 1));
+  u.observe(window(2, 990, 10, 12));
+  d = u.observe(window(3, 930, 10, 11));
+  ASSERT_TRUE(d.changed);
+  EXPECT_EQ(d.events[0].action, Action::revert);
+  EXPECT_EQ(d.allocation.stages[0].concurrency, 12u);
+}
+
 // ---- the policy online, against the simulator -------------------------------------------------
 
 namespace {
@@ -500,7 +546,7 @@ TEST(Autotune, RandomPipelinesAt128CoresAnd8GpusWithin5PercentOfTheOptimum) {
                                .gpu_s = gpu_scale * uniform(0.3, 1.0), .device = d,
                                .max_concurrency = 8});
     p = with_start(p, 1, 1);
-    SimOptions o{.cores = 128, .duration_s = 30, .seed = static_cast<std::uint64_t>(n + 1)};
+    SimOptions o{.cores = 128, .duration_s = 20, .seed = static_cast<std::uint64_t>(n + 1)};
     const Outcome out = run(p, o);
     const std::vector<TrueStage> m = true_model(p);
     const Allocation& a = out.r.final_allocation[0];

@@ -722,17 +722,18 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
                                : rate >= bound_.rate * (1 - noise());
 
   // 1. Release: a non-core limit binds and the graph keeps up with it: give back a core from
-  //    the stage with the most slack.
+  //    the stage with the most slack, measured (its busy fraction with one invocation fewer
+  //    stays below 95%).
   if (non_core_limit && (gpu_limited ? busy >= opt_.gpu_busy_target + 0.01 : fed)) {
     std::size_t best = n;
-    double best_rate = 0;
+    double best_util = 0.95;
     for (std::size_t i = 0; i < n; ++i) {
       const StageModel& m = models_[i];
       const std::size_t k = alloc_.stages[i].concurrency;
       if (!tunable(m) || m.resource == Resource::gpu || k <= 1 || is_tabu("release:" + m.name))
         continue;
-      const double r = stage_rate(m, k - 1);
-      if (r >= rate && r > best_rate) best_rate = r, best = i;
+      const double projected = util(i) * static_cast<double>(k) / static_cast<double>(k - 1);
+      if (projected < best_util) best_util = projected, best = i;
     }
     if (best < n) {
       const StageModel& m = models_[best];
