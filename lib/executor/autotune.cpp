@@ -774,11 +774,14 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
       step = std::min(step, ceiling_of(m) - k);
       const std::size_t c = consumer_of(b);
       const std::string why =
-          c < n ? fmt::format("'{}' waited {} of the last {} for input; {} busy {}", models_[c].name,
-                              percent(frac(s.stages[c].starved_ns)), seconds(win_s), m.name,
-                              percent(util(b)))
-                : fmt::format("{} busy {}, {:.4g} items/s at {}", m.name, percent(util(b)),
-                              stage_rate(m, k), k);
+          c < n && frac(s.stages[c].starved_ns) >= 0.01
+              ? fmt::format("'{}' waited {} of the last {} for input; {} busy {}", models_[c].name,
+                            percent(frac(s.stages[c].starved_ns)), seconds(win_s), m.name,
+                            percent(util(b)))
+              : fmt::format("{:.4g} items/s, {:.2f} of the bound; {} busy {}, {:.4g} items/s at {} "
+                            "on the model",
+                            rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, m.name,
+                            percent(util(b)), stage_rate(m, k), k);
       Move mv;
       mv.key = "raise:" + m.name;
       mv.changes.push_back({s.end_ns, Action::probe, m.name, "concurrency", k, k + step, why});
