@@ -16,6 +16,8 @@
 #include "splitflow/core/error.hpp"
 #include "splitflow/core/tensor.hpp"
 #include "splitflow/device/device.hpp"
+#include "splitflow/executor/autotune.hpp"
+#include "splitflow/executor/autotune_sim.hpp"
 #include "splitflow/executor/graph.hpp"
 #include "splitflow/executor/run.hpp"
 #include "splitflow/executor/runtime.hpp"

@@ -1,0 +1,322 @@
+// Autotune's policy (issue 17): a function of measurements to an allocation. From what a graph's
+// stages did over a window (items, body time, CPU time, GPU time, waits, queue occupancy) it
+// estimates each stage's cost per item, computes the rate the graph can reach under a core and a
+// memory budget, sets concurrency, queue capacities, ring depth and items in flight from that
+// model, and then improves them online by a hill climb whose every step is an event with its
+// reason. Nothing here runs a graph: the executor (or autotune_sim.hpp's simulator) feeds it
+// samples and applies what it returns. docs/autotune.md describes the model.
+//
+//     splitflow::autotune::Autotuner tuner({}, {.cores = 16, .memory_bytes = 1 << 30});
+//     for (;;) {                                   // once per window (about a second)
+//       auto d = tuner.observe(sample_of_last_window());
+//       if (d.changed) apply(d.allocation);       // concurrency, capacities, ring, in flight
+//       for (auto& e : d.events) log(e.text());   // "decode 2 -> 3: 'model' waited 41% ..."
+//     }
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace splitflow::autotune {
+
+/// No ceiling (a concurrency or capacity the stage itself does not bound).
+inline constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max();
+
+/// What a stage's time per item goes to, as estimated from its figures.
+enum class Resource {
+  cpu,  ///< computes: each invocation in flight holds a core for its whole body
+  io,   ///< waits (a read from a slow file system, an object store): latency without CPU
+  gpu,  ///< a GPU stage: bursts on a device shared with the other stages on it
+};
+const char* to_string(Resource r) noexcept;
+
+/// What the tuner may use. Several graphs sharing one runtime get a share each (split_budget).
+struct Budget {
+  /// CPU cores (the runtime's arena threads) the graph's bodies may hold at once.
+  double cores = 1;
+  /// Host bytes the graph's items may hold: queued, in flight, and in pinned rings.
+  std::size_t memory_bytes = std::numeric_limits<std::size_t>::max();
+};
+
+/// One stage over one measurement window: differences of its StageStats (and GPU figures)
+/// between the window's start and end, and the settings the window ran with.
+struct StageSample {
+  std::string name{};
+  bool gpu = false;      ///< a GPU stage (its device time is gpu_busy_ns)
+  int device = 0;        ///< GPU stages: the device; stages on one device share its time
+  /// Indices (into Sample::stages) of the stages feeding this one; empty: fed by a source.
+  std::vector<std::size_t> producers{};
+  /// Items through this stage per item delivered, when the graph's shape says it (a chain: 1;
+  /// after a batch of 64: 1/64). 0: measured, items over delivered, which the filling of the
+  /// queues biases in the first windows.
+  double visits = 0;
+  std::uint64_t items = 0;       ///< items its bodies finished in the window
+  /// Summed body wall time, I/O waits included (a GPU stage: the host time of its bodies,
+  /// which enqueue the bursts; the device's time is gpu_busy_ns).
+  std::int64_t work_ns = 0;
+  std::int64_t cpu_ns = -1;      ///< summed body CPU time; -1: unknown (work_ns is taken as CPU)
+  std::int64_t gpu_busy_ns = 0;  ///< GPU stages: time the device executed its kernels and copies
+  std::int64_t busy_ns = 0;      ///< time with at least one body executing
+  std::int64_t starved_ns = 0;   ///< time without input (or without a thread): its input wait
+  std::int64_t blocked_ns = 0;   ///< time with input but a full consumer queue
+  double mean_queue = 0;         ///< items queued at its input, averaged over the window
+  std::size_t item_bytes = 0;    ///< host bytes one input item holds (0: negligible)
+  std::size_t concurrency = 1;   ///< the concurrency the window ran with
+  std::size_t capacity = 1;      ///< its input queue's capacity during the window
+  /// A number the user set: kept as it is, the rest is tuned around it.
+  std::optional<std::size_t> fixed_concurrency{};
+  std::optional<std::size_t> fixed_capacity{};
+  /// A ceiling the stage itself has (a GPU stage: the device's streams; a store's request
+  /// limit). CPU stages are also held to the core budget.
+  std::size_t max_concurrency = kUnlimited;
+};
+
+/// One window of one graph.
+struct Sample {
+  std::int64_t end_ns = 0;      ///< when the window ended (clock of the caller's choice)
+  std::int64_t window_ns = 0;   ///< its length
+  std::uint64_t delivered = 0;  ///< items consumed by the graph's sinks in the window
+  std::vector<StageSample> stages{};
+};
+
+/// A stage's estimated costs: what the model and the solver work with.
+struct StageModel {
+  std::string name{};
+  Resource resource = Resource::cpu;
+  double visits = 1;   ///< items through this stage per item delivered (a batch of 64: 1/64)
+  double cpu_s = 0;    ///< CPU seconds per item
+  double wall_s = 0;   ///< body seconds per item (>= cpu_s; a GPU stage: enqueue + device)
+  double gpu_s = 0;    ///< device seconds per item (GPU stages)
+  int device = 0;
+  std::size_t item_bytes = 0;
+  std::size_t max_concurrency = kUnlimited;
+  std::optional<std::size_t> fixed_concurrency{}, fixed_capacity{};
+  std::vector<std::size_t> producers{};
+  /// Cores one invocation in flight holds on average (1 for a CPU stage).
+  double cores_per_slot() const noexcept { return wall_s > 0 ? cpu_s / wall_s : 1.0; }
+};
+
+/// One stage's settings.
+struct StageSetting {
+  std::size_t concurrency = 1;  ///< invocations (GPU stages: bursts) in flight at once
+  std::size_t capacity = 1;     ///< input queue capacity, in items
+  std::size_t ring_items = 0;   ///< GPU stages: pinned ring depth in items (x the ring item bytes)
+};
+
+/// What the tuner sets for one graph, with the figures it was judged by.
+struct Allocation {
+  std::vector<StageSetting> stages{};  ///< one per stage, in the Sample's order
+  std::size_t max_in_flight = 0;     ///< the graph's GraphOptions::max_in_flight
+  double cores = 0;       ///< cores charged: sum of concurrency x cores_per_slot
+  /// Host bytes the items can hold at most: capacity x item bytes, summed, plus what an
+  /// invocation's input holds beyond its output's (reserved) slot.
+  std::size_t bytes = 0;
+  double rate = 0;        ///< items per second the model predicts
+};
+
+/// What bounds a graph's rate.
+enum class Limit {
+  none,     ///< no stage measured yet
+  cores,    ///< the core budget over the summed CPU cost per item
+  stage,    ///< a stage at its concurrency ceiling (serial, user-fixed, a request limit)
+  gpu,      ///< a device's time per item
+  memory,   ///< the memory budget (queues of one item already)
+};
+const char* to_string(Limit l) noexcept;
+
+/// The rate a graph can reach and what bounds it.
+struct Bound {
+  double rate = 0;         ///< items per second delivered, at best (integer concurrency)
+  double fluid_rate = 0;   ///< the same without rounding: min(cores / sum cost, stages, GPUs)
+  Limit limit = Limit::none;
+  std::size_t stage = 0;   ///< Limit::stage or gpu: the (first) stage at fault
+  std::string why{};         ///< "cores: 126 / 0.380 s of CPU per item"
+};
+
+/// Charged cores of `k` invocations of `m` in flight.
+double cores_of(const StageModel& m, std::size_t k) noexcept;
+/// Items per second stage `m` sustains with concurrency `k` (its device not shared).
+double stage_rate(const StageModel& m, std::size_t k) noexcept;
+/// Concurrency stage `m` needs to sustain `rate` items delivered per second (at least 1).
+std::size_t slots_for(const StageModel& m, double rate) noexcept;
+/// The model's rate of an allocation: the slowest stage, device or core share.
+double predicted_rate(const std::vector<StageModel>& models, const Allocation& a);
+/// Recomputes a.cores, a.bytes and a.rate from its settings.
+void account(const std::vector<StageModel>& models, Allocation& a);
+
+/// The best rate under `budget` and what bounds it. The integer concurrencies that reach it
+/// are allocate()'s (with the fewest cores).
+Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget);
+
+/// The policy's constants.
+struct PolicyOptions {
+  /// A change is kept when the rate improves by more than this fraction (or the noise seen
+  /// between windows of one allocation, if larger); otherwise it is reverted.
+  double min_gain = 0.01;
+  /// A stage's cost per item that moves by more than this fraction (two windows running)
+  /// re-tunes the graph from its new model.
+  double drift = 0.2;
+  /// GPU-limited graphs keep each limiting device at least this busy with the fewest cores.
+  double gpu_busy_target = 0.95;
+  /// Windows skipped after a change before the rate is judged (queues refill).
+  int settle_windows = 1;
+  /// Queue capacity at least (unless memory forbids), beyond the producers' reserved slots.
+  std::size_t min_capacity = 2;
+  /// Items per stage an estimate needs to be firm. The first allocation comes from the first
+  /// window in which every stage finished an item; it is computed again, once, when every
+  /// stage has finished this many (after a drift too).
+  std::uint64_t min_items = 32;
+};
+
+/// The initial allocation: the integer concurrencies that reach the bound with the fewest
+/// cores (CPU-bound: all cores, split in proportion to cost, rounded optimally; GPU-limited:
+/// the fewest that keep the device gpu_busy_target busy), then queue capacities, ring depths and
+/// max_in_flight within the memory left.
+Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
+                    const PolicyOptions& options = {});
+
+/// Sets capacities (the slots producers' invocations reserve, plus a buffer of min_capacity or
+/// half this stage's concurrency), ring depths and max_in_flight, halving the buffer of the
+/// queue holding the most bytes until the allocation fits the memory budget.
+void size_buffers(const std::vector<StageModel>& models, Allocation& a, const Budget& budget,
+                  const PolicyOptions& options = {});
+
+/// What one graph asks of a shared budget.
+struct GraphDemand {
+  /// Cores it uses at its bound with no core limit (CPU-bound graphs: kUnlimited as a double),
+  /// one more when its hill climb wanted a core its share did not have.
+  double cores = 0;
+  std::size_t memory_bytes = 0;  ///< bytes it would hold at that allocation
+  int priority = 0;              ///< GraphOptions::priority: weight 1 + p (p >= 0), 1/(1 - p)
+};
+/// Splits `total` between graphs: each gets its demand when that is below its weighted fair
+/// share, the rest is shared by weight (water-filling; what is left when every demand is met
+/// goes to all by weight), cores rounded to whole cores.
+std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const Budget& total);
+
+/// What a tuner event did.
+enum class Action {
+  initial,    ///< the first allocation, from the model
+  retune,     ///< a new allocation from a changed model (a cost drifted) or budget
+  probe,      ///< a change under trial
+  keep,       ///< a trial kept: the rate improved (or held, for a release)
+  revert,     ///< a trial undone: the rate did not improve
+  release,    ///< cores given back: the GPU (or another non-core limit) binds
+  converged,  ///< no move left improves the rate
+};
+const char* to_string(Action a) noexcept;
+
+/// One decision, with its reason.
+struct TuneEvent {
+  std::int64_t at_ns = 0;  ///< end of the window it was decided on
+  Action action = Action::initial;
+  std::string stage{};       ///< "" for the graph as a whole
+  std::string knob{};        ///< "concurrency", "capacity", or "" for the graph
+  std::size_t from = 0, to = 0;
+  std::string reason{};      ///< "'model' waited 41% of the last 1.0 s for input; decode busy 98%"
+  /// "decode 2 -> 3: 'model' waited 41% ..." (stage and knob changes), or the reason.
+  std::string text() const;
+};
+
+/// The result of one observe().
+struct Decision {
+  bool changed = false;          ///< the allocation differs from the one the window ran with
+  Allocation allocation{};       ///< the settings to run the next window with
+  std::vector<TuneEvent> events; ///< decided on this window
+};
+
+/// Per-window estimates of stage costs: sums over the windows since the last reset, and a drift
+/// test of the last window against them.
+class CostEstimator {
+ public:
+  explicit CostEstimator(double drift = 0.2) : drift_(drift) {}
+  /// Adds a window. Returns the stages whose cost per item drifted (two windows running).
+  std::vector<std::size_t> add(const Sample& s);
+  /// True once every stage has finished an item.
+  bool ready() const noexcept;
+  /// The fewest items a stage finished in the windows the estimates are from.
+  std::uint64_t min_items() const noexcept;
+  /// The current estimates (visits from the items each stage processed per item delivered).
+  std::vector<StageModel> models() const;
+  /// Forgets all windows but the last two (after a drift: they measured the new cost).
+  void restart();
+
+ private:
+  struct Raw {
+    double items = 0, work = 0, cpu = 0, gpu = 0;  // cpu < 0: unknown
+  };
+  struct Window {
+    double delivered = 0;
+    std::vector<Raw> stages;
+  };
+  double drift_;
+  std::vector<StageSample> shape_;  // names, kinds and limits of the last sample
+  std::vector<Window> history_;     // the windows since the last restart (30 at most)
+  std::vector<int> drifting_;
+};
+
+/// The online tuner of one graph: observe() once per window with what the window measured;
+/// apply the returned allocation. Deterministic: the same samples give the same decisions.
+class Autotuner {
+ public:
+  explicit Autotuner(PolicyOptions options = {}, Budget budget = {});
+
+  /// Takes one window's figures and returns what to run the next window with.
+  Decision observe(const Sample& sample);
+  /// A new share of a shared budget (split_budget); the next observe() re-tunes if it changed.
+  void set_budget(const Budget& budget);
+  const Budget& budget() const noexcept { return budget_; }
+  /// Every event so far, in order.
+  const std::vector<TuneEvent>& events() const noexcept { return events_; }
+  /// The allocation in force (empty until the first observe() with every stage measured).
+  const Allocation& allocation() const noexcept { return alloc_; }
+  /// The current cost model (empty until measured).
+  const std::vector<StageModel>& models() const noexcept { return models_; }
+  /// The bound of the current model and budget.
+  const Bound& bound() const noexcept { return bound_; }
+  /// What this graph asks of a shared budget (split_budget), with `priority`.
+  GraphDemand demand(int priority = 0) const;
+  /// True when the hill climb has no move left (until a drift, a budget change or a rate drop).
+  bool converged() const noexcept { return phase_ == Phase::converged; }
+
+ private:
+  enum class Phase { warmup, settle, baseline, trial, converged };
+  struct Move {
+    std::string key;       // tabu key
+    bool release = false;  // judged by "held", not "improved"
+    std::vector<TuneEvent> changes;
+  };
+  void retune(const Sample& s, Action action, std::string reason, Decision& d);
+  std::optional<Move> propose(const Sample& s);
+  void apply(const Move& m);
+  void emit(Decision& d, TuneEvent e);
+  double gpu_busy(const Sample& s) const;
+  double noise() const;
+
+  PolicyOptions opt_;
+  Budget budget_;
+  bool budget_changed_ = false;
+  bool refined_ = false;  // the model is from min_items per stage
+  bool short_of_cores_ = false;  // the last climb step wanted a core the budget lacked
+  Budget old_budget_;
+  CostEstimator est_;
+  std::vector<StageModel> models_;
+  Bound bound_;
+  Allocation alloc_, base_;
+  Phase phase_ = Phase::warmup;
+  int settle_left_ = 0;
+  double base_rate_ = 0, base_busy_ = 0;
+  double converged_rate_ = 0;
+  double noise_ewma_ = 0;
+  double prev_rate_ = -1;  // the previous window's rate, same allocation
+  int low_windows_ = 0;
+  std::optional<Move> trial_;
+  std::vector<std::string> tabu_;
+  std::vector<TuneEvent> events_;
+};
+
+}  // namespace splitflow::autotune

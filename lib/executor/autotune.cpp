@@ -1,0 +1,1004 @@
+// Autotune's policy: the cost model, the bound, the integer solver, buffer sizing, budget
+// sharing and the online hill climb (include/splitflow/executor/autotune.hpp).
+#include "splitflow/executor/autotune.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <utility>
+
+namespace splitflow::autotune {
+
+namespace {
+
+constexpr double kEps = 1e-9;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool tunable(const StageModel& m) noexcept { return !m.fixed_concurrency.has_value(); }
+
+std::size_t ceiling_of(const StageModel& m) noexcept {
+  return m.fixed_concurrency ? *m.fixed_concurrency : std::max<std::size_t>(1, m.max_concurrency);
+}
+
+// Devices' rates: 1 / (summed visits x device seconds of the stages on each).
+std::map<int, double> device_rates(const std::vector<StageModel>& models) {
+  std::map<int, double> load;
+  for (const StageModel& m : models)
+    if (m.resource == Resource::gpu) load[m.device] += m.visits * m.gpu_s;
+  std::map<int, double> rates;
+  for (auto [d, l] : load) rates[d] = l > 0 ? 1.0 / l : kInf;
+  return rates;
+}
+
+std::size_t sat_add(std::size_t a, std::size_t b) noexcept {
+  return a > kUnlimited - b ? kUnlimited : a + b;
+}
+
+std::size_t sat_mul(std::size_t a, std::size_t b) noexcept {
+  return (b != 0 && a > kUnlimited / b) ? kUnlimited : a * b;
+}
+
+// Slots the producers of stage i reserve in its queue: one per invocation in flight.
+std::size_t reserve_of(const std::vector<StageModel>& models, const std::vector<std::size_t>& k,
+                       std::size_t i) {
+  std::size_t r = 0;
+  for (std::size_t p : models[i].producers)
+    if (p < k.size()) r = sat_add(r, k[p]);
+  return r;
+}
+
+// The most host bytes items can hold: queued ones (at most the capacity, less the slots that
+// producers' invocations reserve) and invocations in flight (each holds its input; its output
+// goes into a reserved slot). An upper bound: sum of capacity x item bytes, plus, for each
+// invocation in flight, what its input holds beyond its outputs' slots.
+std::size_t bytes_with(const std::vector<StageModel>& models, const std::vector<std::size_t>& k,
+                       const std::vector<std::size_t>& cap) {
+  const std::size_t n = models.size();
+  std::vector<std::size_t> out_bytes(n, 0);
+  for (std::size_t c = 0; c < n; ++c)
+    for (std::size_t p : models[c].producers)
+      if (p < n) out_bytes[p] = sat_add(out_bytes[p], models[c].item_bytes);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    total = sat_add(total, sat_mul(cap[i], models[i].item_bytes));
+    if (models[i].item_bytes > out_bytes[i])
+      total = sat_add(total, sat_mul(k[i], models[i].item_bytes - out_bytes[i]));
+  }
+  return total;
+}
+
+// The smallest capacities that let every producer invocation run: its reserve and one more.
+std::vector<std::size_t> min_capacities(const std::vector<StageModel>& models,
+                                        const std::vector<std::size_t>& k) {
+  std::vector<std::size_t> cap(models.size());
+  for (std::size_t i = 0; i < models.size(); ++i)
+    cap[i] = models[i].fixed_capacity ? *models[i].fixed_capacity
+                                      : sat_add(reserve_of(models, k, i), 1);
+  return cap;
+}
+
+// Why a rate is out of reach, or Limit::none when it is feasible; k gets the concurrency it needs.
+Limit check(const std::vector<StageModel>& models, const Budget& budget, double r,
+            std::vector<std::size_t>& k, std::size_t& at) {
+  k.assign(models.size(), 1);
+  for (auto [d, rate] : device_rates(models))
+    if (r > rate * (1 + kEps)) {
+      for (std::size_t i = 0; i < models.size(); ++i)
+        if (models[i].resource == Resource::gpu && models[i].device == d) at = i;
+      return Limit::gpu;
+    }
+  double cores = 0;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const StageModel& m = models[i];
+    k[i] = m.fixed_concurrency ? *m.fixed_concurrency : std::min(slots_for(m, r), ceiling_of(m));
+    if (stage_rate(m, k[i]) < r * (1 - kEps)) {
+      at = i;
+      return Limit::stage;
+    }
+    cores += cores_of(m, k[i]);
+  }
+  if (cores > budget.cores + kEps) return Limit::cores;
+  if (bytes_with(models, k, min_capacities(models, k)) > budget.memory_bytes) return Limit::memory;
+  return Limit::none;
+}
+
+std::string seconds(double s) {
+  if (s >= 1) return fmt::format("{:.3g} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3g} ms", s * 1e3);
+  return fmt::format("{:.3g} us", s * 1e6);
+}
+
+std::string percent(double f) { return fmt::format("{:.0f}%", 100 * f); }
+
+}  // namespace
+
+// Ring depths and max_in_flight follow from concurrency and capacities.
+static void finish_settings(const std::vector<StageModel>& models, Allocation& a) {
+  a.max_in_flight = 0;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    StageSetting& s = a.stages[i];
+    // A GPU stage's ring holds its queued items and those its bursts are copying.
+    s.ring_items = models[i].resource == Resource::gpu ? sat_add(s.capacity, s.concurrency) : 0;
+    // Items in the graph: queued (reserved slots included) and in the last stages' bodies.
+    a.max_in_flight = sat_add(a.max_in_flight, s.capacity);
+    bool feeds = false;
+    for (const StageModel& c : models)
+      feeds |= std::find(c.producers.begin(), c.producers.end(), i) != c.producers.end();
+    if (!feeds) a.max_in_flight = sat_add(a.max_in_flight, s.concurrency);
+  }
+  account(models, a);
+}
+
+const char* to_string(Resource r) noexcept {
+  switch (r) {
+    case Resource::cpu: return "cpu";
+    case Resource::io: return "io";
+    case Resource::gpu: return "gpu";
+  }
+  return "?";
+}
+
+const char* to_string(Limit l) noexcept {
+  switch (l) {
+    case Limit::none: return "none";
+    case Limit::cores: return "cores";
+    case Limit::stage: return "stage";
+    case Limit::gpu: return "gpu";
+    case Limit::memory: return "memory";
+  }
+  return "?";
+}
+
+const char* to_string(Action a) noexcept {
+  switch (a) {
+    case Action::initial: return "initial";
+    case Action::retune: return "retune";
+    case Action::probe: return "probe";
+    case Action::keep: return "keep";
+    case Action::revert: return "revert";
+    case Action::release: return "release";
+    case Action::converged: return "converged";
+  }
+  return "?";
+}
+
+double cores_of(const StageModel& m, std::size_t k) noexcept {
+  return static_cast<double>(k) * m.cores_per_slot();
+}
+
+double stage_rate(const StageModel& m, std::size_t k) noexcept {
+  const double per_slot = m.visits * m.wall_s;
+  double r = per_slot > 0 ? static_cast<double>(k) / per_slot : kInf;
+  if (m.resource == Resource::gpu && m.gpu_s > 0) r = std::min(r, 1.0 / (m.visits * m.gpu_s));
+  return r;
+}
+
+std::size_t slots_for(const StageModel& m, double rate) noexcept {
+  const double x = rate * m.visits * m.wall_s;
+  if (!(x < 1e15)) return kUnlimited;
+  auto k = static_cast<std::size_t>(std::ceil(x - 1e-9));
+  if (m.resource == Resource::gpu) k = std::max<std::size_t>(2, k + 1);  // one enqueues, one runs
+  return std::max<std::size_t>(1, k);
+}
+
+double predicted_rate(const std::vector<StageModel>& models, const Allocation& a) {
+  double r = kInf;
+  for (std::size_t i = 0; i < models.size() && i < a.stages.size(); ++i)
+    r = std::min(r, stage_rate(models[i], a.stages[i].concurrency));
+  for (auto [d, rate] : device_rates(models)) r = std::min(r, rate);
+  return r;
+}
+
+void account(const std::vector<StageModel>& models, Allocation& a) {
+  a.cores = 0;
+  std::vector<std::size_t> k(models.size()), cap(models.size());
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    k[i] = a.stages[i].concurrency;
+    cap[i] = a.stages[i].capacity;
+    a.cores += cores_of(models[i], k[i]);
+  }
+  a.bytes = bytes_with(models, k, cap);
+  a.rate = predicted_rate(models, a);
+}
+
+Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
+  Bound b;
+  if (models.empty()) return b;
+  // The fluid bound: cores over the summed CPU cost, each stage's ceiling, each device.
+  double cpu_per_item = 0;
+  for (const StageModel& m : models) cpu_per_item += m.visits * m.cpu_s;
+  b.fluid_rate = cpu_per_item > 0 ? budget.cores / cpu_per_item : kInf;
+  std::string why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu_per_item));
+  Limit fluid_limit = Limit::cores;
+  std::size_t fluid_at = 0;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const StageModel& m = models[i];
+    const std::size_t c = ceiling_of(m);
+    if (c == kUnlimited || m.resource == Resource::gpu) continue;
+    const double r = stage_rate(m, c);
+    if (r < b.fluid_rate) {
+      b.fluid_rate = r;
+      fluid_limit = Limit::stage;
+      fluid_at = i;
+      why = fmt::format("'{}' at concurrency {} ({}{} per item)", m.name, c, seconds(m.wall_s),
+                        m.visits != 1 ? fmt::format(" x {:.3g} visits", m.visits) : "");
+    }
+  }
+  for (auto [d, rate] : device_rates(models)) {
+    if (rate < b.fluid_rate) {
+      b.fluid_rate = rate;
+      fluid_limit = Limit::gpu;
+      for (std::size_t i = 0; i < models.size(); ++i)
+        if (models[i].resource == Resource::gpu && models[i].device == d) fluid_at = i;
+      why = fmt::format("GPU {} ('{}': {} of device time per item)", d, models[fluid_at].name,
+                        seconds(1.0 / rate));
+    }
+  }
+  // The integer bound: the largest rate whose concurrencies fit (feasibility is monotone).
+  std::vector<std::size_t> k;
+  std::size_t at = 0;
+  double hi = std::isfinite(b.fluid_rate) ? b.fluid_rate : 1e12;
+  Limit why_not = check(models, budget, hi, k, at);
+  double lo = 0;
+  if (why_not == Limit::none) {
+    lo = hi;
+  } else {
+    for (int it = 0; it < 200 && hi - lo > 1e-12 * hi; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      std::size_t a2 = 0;
+      if (check(models, budget, mid, k, a2) == Limit::none) lo = mid;
+      else {
+        hi = mid;
+        why_not = check(models, budget, mid, k, at);
+      }
+    }
+  }
+  std::size_t a2 = 0;
+  check(models, budget, lo, k, a2);
+  Allocation a;
+  a.stages.resize(models.size());
+  for (std::size_t i = 0; i < models.size(); ++i) a.stages[i].concurrency = k[i];
+  b.rate = lo > 0 ? std::max(lo, std::min(predicted_rate(models, a), b.fluid_rate)) : 0.0;
+  if (lo >= b.fluid_rate * (1 - 1e-9) && fluid_limit != Limit::cores) {
+    b.limit = fluid_limit;
+    b.stage = fluid_at;
+    b.why = why;
+  } else {
+    b.limit = why_not == Limit::none ? fluid_limit : why_not;
+    b.stage = why_not == Limit::none ? fluid_at : at;
+    if (b.limit == Limit::cores)
+      b.why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu_per_item));
+    else if (b.limit == Limit::memory)
+      b.why = fmt::format("memory: {} bytes", budget.memory_bytes);
+    else if (b.limit == Limit::stage)
+      b.why = fmt::format("'{}' at concurrency {}", models[b.stage].name, ceiling_of(models[b.stage]));
+    else
+      b.why = why;
+  }
+  return b;
+}
+
+void size_buffers(const std::vector<StageModel>& models, Allocation& a, const Budget& budget,
+                  const PolicyOptions& options) {
+  const std::size_t n = models.size();
+  std::vector<std::size_t> k(n), reserve(n), buffer(n);
+  for (std::size_t i = 0; i < n; ++i) k[i] = a.stages[i].concurrency;
+  for (std::size_t i = 0; i < n; ++i) {
+    // A producer's invocation reserves its output's slot before its body runs, so the queue
+    // holds every producer invocation in flight plus a buffer for this stage's own.
+    reserve[i] = reserve_of(models, k, i);
+    buffer[i] = std::max(options.min_capacity, (std::min<std::size_t>(k[i], 1u << 30) + 1) / 2);
+    a.stages[i].capacity = models[i].fixed_capacity ? *models[i].fixed_capacity
+                                                    : sat_add(reserve[i], buffer[i]);
+  }
+  // Halve the buffer of the queue holding the most bytes until the allocation fits.
+  account(models, a);
+  while (a.bytes > budget.memory_bytes) {
+    std::size_t worst = n;
+    std::size_t worst_bytes = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (models[i].fixed_capacity || buffer[i] <= 1) continue;
+      const std::size_t b = sat_mul(buffer[i], models[i].item_bytes);
+      if (b > worst_bytes) worst_bytes = b, worst = i;
+    }
+    if (worst == n) break;
+    buffer[worst] = std::max<std::size_t>(1, buffer[worst] / 2);
+    a.stages[worst].capacity = sat_add(reserve[worst], buffer[worst]);
+    account(models, a);
+  }
+  finish_settings(models, a);
+}
+
+Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
+                    const PolicyOptions& options) {
+  const Bound b = rate_bound(models, budget);
+  double target = b.rate;
+  if (b.limit == Limit::gpu && options.gpu_busy_target < 1) {
+    // The fewest cores that keep the device gpu_busy_target busy (a point above it, for the
+    // losses of queueing that the model does not see).
+    const double device = device_rates(models).at(models[b.stage].device);
+    target = std::min(target, device * std::min(1.0, options.gpu_busy_target + 0.01));
+  }
+  Allocation a;
+  a.stages.resize(models.size());
+  std::vector<std::size_t> k;
+  std::size_t at = 0;
+  check(models, budget, target, k, at);
+  for (std::size_t i = 0; i < models.size(); ++i) a.stages[i].concurrency = k[i];
+  if (b.limit == Limit::cores || b.limit == Limit::memory) {
+    // Spend the cores left after rounding, slowest stage first: they cost nothing here and
+    // absorb the variance of the costs.
+    account(models, a);
+    for (bool more = true; more;) {
+      more = false;
+      std::vector<std::size_t> order(models.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+        return stage_rate(models[x], a.stages[x].concurrency) <
+               stage_rate(models[y], a.stages[y].concurrency);
+      });
+      for (std::size_t i : order) {
+        const StageModel& m = models[i];
+        if (!tunable(m) || m.resource == Resource::gpu || a.stages[i].concurrency >= ceiling_of(m))
+          continue;
+        if (a.cores + m.cores_per_slot() > budget.cores + kEps) continue;
+        std::vector<std::size_t> kk(models.size());
+        for (std::size_t j = 0; j < models.size(); ++j) kk[j] = a.stages[j].concurrency + (j == i);
+        if (bytes_with(models, kk, min_capacities(models, kk)) > budget.memory_bytes) continue;
+        ++a.stages[i].concurrency;
+        a.cores += m.cores_per_slot();
+        more = true;
+        break;
+      }
+    }
+  }
+  size_buffers(models, a, budget, options);
+  return a;
+}
+
+std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const Budget& total) {
+  const std::size_t n = demands.size();
+  std::vector<Budget> out(n);
+  if (n == 0) return out;
+  std::vector<double> w(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int p = demands[i].priority;
+    w[i] = p >= 0 ? 1.0 + p : 1.0 / (1.0 - p);
+  }
+  // Water-filling: a graph asking less than its weighted share gets what it asks; the others
+  // share what is left by weight.
+  auto fill = [&](auto want, double amount, std::vector<double>& got) {
+    got.assign(n, 0);
+    std::vector<bool> done(n, false);
+    double left = amount;
+    for (bool again = true; again;) {
+      again = false;
+      double wsum = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        if (!done[i]) wsum += w[i];
+      if (wsum == 0) break;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (done[i]) continue;
+        const double share = left * w[i] / wsum;
+        if (want(i) <= share) {
+          got[i] = want(i);
+          left -= got[i];
+          done[i] = true;
+          again = true;
+          break;
+        }
+      }
+      if (!again) {
+        for (std::size_t i = 0; i < n; ++i)
+          if (!done[i]) got[i] = left * w[i] / wsum;
+        left = 0;
+      }
+    }
+    // Every demand met: what is left goes to all by weight (a graph that cannot use it
+    // releases it again).
+    if (left > 0) {
+      double wsum = 0;
+      for (std::size_t i = 0; i < n; ++i) wsum += w[i];
+      const double share_left = left;
+      for (std::size_t i = 0; i < n; ++i) got[i] += share_left * w[i] / wsum;
+    }
+  };
+  std::vector<double> cores, bytes;
+  fill([&](std::size_t i) { return std::ceil(demands[i].cores - 1e-9); }, total.cores, cores);
+  fill([&](std::size_t i) { return static_cast<double>(demands[i].memory_bytes); },
+       static_cast<double>(total.memory_bytes), bytes);
+  // Whole cores: floors, then the remainder to the largest fractions (at least one each where
+  // there are enough).
+  double given = 0;
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i].cores = std::floor(cores[i] + 1e-9);
+    given += out[i].cores;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return cores[a] - out[a].cores > cores[b] - out[b].cores;
+  });
+  for (std::size_t i : order)
+    if (given + 1 <= std::floor(total.cores + 1e-9) && cores[i] - out[i].cores > 1e-9) {
+      out[i].cores += 1;
+      given += 1;
+    }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (out[i].cores < 1 && total.cores >= static_cast<double>(n)) {
+      auto richest = std::max_element(out.begin(), out.end(),
+                                      [](const Budget& a, const Budget& b) { return a.cores < b.cores; });
+      richest->cores -= 1;
+      out[i].cores = 1;
+    }
+    out[i].memory_bytes = static_cast<std::size_t>(std::floor(bytes[i]));
+  }
+  return out;
+}
+
+std::string TuneEvent::text() const {
+  std::string head;
+  if (!stage.empty() && !knob.empty()) {
+    auto number = [](std::size_t x) { return x == kUnlimited ? std::string("unlimited") : std::to_string(x); };
+    head = knob == "concurrency" ? fmt::format("{} {} -> {}", stage, number(from), number(to))
+                                 : fmt::format("{} {} {} -> {}", stage, knob, number(from), number(to));
+    return reason.empty() ? head : head + ": " + reason;
+  }
+  return reason;
+}
+
+// ---- CostEstimator ---------------------------------------------------------------------------
+
+namespace {
+constexpr std::size_t kHistory = 30;  // windows an estimate averages at most
+}
+
+std::vector<std::size_t> CostEstimator::add(const Sample& s) {
+  bool same = shape_.size() == s.stages.size();
+  for (std::size_t i = 0; same && i < s.stages.size(); ++i)
+    same = shape_[i].name == s.stages[i].name && shape_[i].gpu == s.stages[i].gpu;
+  if (!same) {
+    history_.clear();
+    drifting_.assign(s.stages.size(), 0);
+  }
+  shape_ = s.stages;
+  Window w;
+  w.delivered = static_cast<double>(s.delivered);
+  for (const StageSample& st : s.stages)
+    w.stages.push_back({static_cast<double>(st.items), static_cast<double>(st.work_ns),
+                        st.cpu_ns < 0 ? -1.0 : static_cast<double>(st.cpu_ns),
+                        static_cast<double>(st.gpu_busy_ns)});
+  history_.push_back(std::move(w));
+  if (history_.size() > kHistory) history_.erase(history_.begin());
+
+  // Drift: the last two windows' cost per item both off the older windows' by more than
+  // `drift`, in the same direction.
+  std::vector<std::size_t> drifted;
+  if (history_.size() < 3) return drifted;
+  auto cost = [&](const Raw& r, bool gpu) { return (gpu ? r.gpu : r.work) / r.items; };
+  for (std::size_t i = 0; i < s.stages.size(); ++i) {
+    const bool gpu = s.stages[i].gpu;
+    Raw ref;
+    for (std::size_t w2 = 0; w2 + 2 < history_.size(); ++w2) {
+      ref.items += history_[w2].stages[i].items;
+      ref.work += history_[w2].stages[i].work;
+      ref.gpu += history_[w2].stages[i].gpu;
+    }
+    const Raw& a = history_[history_.size() - 2].stages[i];
+    const Raw& b = history_.back().stages[i];
+    if (ref.items < 4 || a.items < 4 || b.items < 4) continue;
+    const double r0 = cost(ref, gpu);
+    if (!(r0 > 0)) continue;
+    const double ra = cost(a, gpu) / r0 - 1, rb = cost(b, gpu) / r0 - 1;
+    if (std::abs(ra) > drift_ && std::abs(rb) > drift_ && (ra > 0) == (rb > 0))
+      drifted.push_back(i);
+  }
+  return drifted;
+}
+
+bool CostEstimator::ready() const noexcept {
+  if (history_.empty()) return false;
+  double delivered = 0;
+  std::vector<double> items(shape_.size(), 0);
+  for (const Window& w : history_) {
+    delivered += w.delivered;
+    for (std::size_t i = 0; i < items.size(); ++i) items[i] += w.stages[i].items;
+  }
+  if (delivered <= 0) return false;
+  for (double x : items)
+    if (x <= 0) return false;
+  return true;
+}
+
+std::uint64_t CostEstimator::min_items() const noexcept {
+  double fewest = kInf;
+  for (std::size_t i = 0; i < shape_.size(); ++i) {
+    double items = 0;
+    for (const Window& w : history_) items += w.stages[i].items;
+    fewest = std::min(fewest, items);
+  }
+  return std::isfinite(fewest) ? static_cast<std::uint64_t>(fewest) : 0;
+}
+
+std::vector<StageModel> CostEstimator::models() const {
+  std::vector<StageModel> out;
+  double delivered = 0;
+  for (const Window& w : history_) delivered += w.delivered;
+  for (std::size_t i = 0; i < shape_.size(); ++i) {
+    const StageSample& st = shape_[i];
+    Raw sum;
+    bool cpu_known = true;
+    for (const Window& w : history_) {
+      const Raw& r = w.stages[i];
+      sum.items += r.items;
+      sum.work += r.work;
+      sum.gpu += r.gpu;
+      if (r.cpu < 0) cpu_known = false;
+      else sum.cpu += r.cpu;
+    }
+    StageModel m;
+    m.name = st.name;
+    m.device = st.device;
+    m.item_bytes = st.item_bytes;
+    m.max_concurrency = st.max_concurrency;
+    m.fixed_concurrency = st.fixed_concurrency;
+    m.fixed_capacity = st.fixed_capacity;
+    m.producers = st.producers;
+    m.visits = st.visits > 0 ? st.visits : delivered > 0 && sum.items > 0 ? sum.items / delivered : 1.0;
+    const double items = std::max(sum.items, 1.0);
+    const double work = sum.work / items * 1e-9;
+    const double cpu = cpu_known ? std::min(sum.cpu / items * 1e-9, work) : work;
+    if (st.gpu) {
+      m.resource = Resource::gpu;
+      m.cpu_s = cpu;
+      m.gpu_s = sum.gpu / items * 1e-9;
+      m.wall_s = m.cpu_s + m.gpu_s;
+    } else {
+      m.resource = cpu < 0.5 * work ? Resource::io : Resource::cpu;
+      m.cpu_s = cpu;
+      m.wall_s = work;
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+void CostEstimator::restart() {
+  while (history_.size() > 2) history_.erase(history_.begin());
+}
+
+// ---- Autotuner -------------------------------------------------------------------------------
+
+Autotuner::Autotuner(PolicyOptions options, Budget budget)
+    : opt_(options), budget_(budget), est_(options.drift) {}
+
+void Autotuner::set_budget(const Budget& budget) {
+  if (std::abs(budget.cores - budget_.cores) >= 0.5 || budget.memory_bytes != budget_.memory_bytes) {
+    if (!budget_changed_) old_budget_ = budget_;
+    budget_changed_ = true;
+  }
+  budget_ = budget;
+}
+
+double Autotuner::noise() const { return std::max(opt_.min_gain, 3 * noise_ewma_); }
+
+double Autotuner::gpu_busy(const Sample& s) const {
+  // The busy fraction of the device that bounds the rate (the least busy device, if none does).
+  std::map<int, double> busy;
+  for (const StageSample& st : s.stages)
+    if (st.gpu) busy[st.device] += static_cast<double>(st.gpu_busy_ns);
+  if (busy.empty() || s.window_ns <= 0) return 0;
+  if (bound_.limit == Limit::gpu && bound_.stage < models_.size())
+    return busy[models_[bound_.stage].device] / static_cast<double>(s.window_ns);
+  double least = kInf;
+  for (auto [d, b] : busy) least = std::min(least, b / static_cast<double>(s.window_ns));
+  return least;
+}
+
+void Autotuner::emit(Decision& d, TuneEvent e) {
+  d.events.push_back(e);
+  events_.push_back(std::move(e));
+}
+
+GraphDemand Autotuner::demand(int priority) const {
+  GraphDemand g;
+  g.priority = priority;
+  if (models_.empty()) {
+    g.cores = budget_.cores;
+    g.memory_bytes = budget_.memory_bytes;
+    return g;
+  }
+  Budget unlimited{1e9, budget_.memory_bytes};
+  const Bound b = rate_bound(models_, unlimited);
+  if (b.limit == Limit::cores) {
+    g.cores = static_cast<double>(kUnlimited);
+  } else {
+    const Allocation a = allocate(models_, unlimited, opt_);
+    // What it holds (the climb may have added to the model's), and a core more when the
+    // climb wanted one that the budget did not have.
+    g.cores = std::max(a.cores, alloc_.cores) + (short_of_cores_ ? 1.0 : 0.0);
+  }
+  g.memory_bytes = std::max(alloc_.bytes, std::size_t{1});
+  return g;
+}
+
+void Autotuner::retune(const Sample& s, Action action, std::string reason, Decision& d) {
+  models_ = est_.models();
+  refined_ = est_.min_items() >= opt_.min_items;
+  bound_ = rate_bound(models_, budget_);
+  Allocation next = allocate(models_, budget_, opt_);
+  std::string costs;
+  for (const StageModel& m : models_) {
+    if (!costs.empty()) costs += ", ";
+    costs += fmt::format("{} {}", m.name, m.resource == Resource::gpu
+                                              ? seconds(m.gpu_s) + " GPU"
+                                              : seconds(m.wall_s) + " " + to_string(m.resource));
+  }
+  emit(d, {s.end_ns, action, "", "",
+           0, 0,
+           fmt::format("{}model per item: {}; bound {:.4g} items/s ({}); {:.4g} of {:g} cores",
+                       reason.empty() ? "" : reason + "; ", costs, bound_.rate, bound_.why,
+                       next.cores, budget_.cores)});
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    const std::size_t k0 = alloc_.stages.empty() ? s.stages[i].concurrency : alloc_.stages[i].concurrency;
+    const std::size_t c0 = alloc_.stages.empty() ? s.stages[i].capacity : alloc_.stages[i].capacity;
+    const StageModel& m = models_[i];
+    const StageSetting& n = next.stages[i];
+    if (n.concurrency != k0)
+      emit(d, {s.end_ns, action, m.name, "concurrency", k0, n.concurrency,
+               fmt::format("{} per item{}, {:.4g} items/s at {}", seconds(m.resource == Resource::gpu ? m.gpu_s : m.wall_s),
+                           m.resource == Resource::io ? fmt::format(" ({} CPU)", seconds(m.cpu_s)) : "",
+                           stage_rate(m, n.concurrency), n.concurrency)});
+    if (n.capacity != c0)
+      emit(d, {s.end_ns, action, m.name, "capacity", c0, n.capacity,
+               m.producers.empty() || m.producers[0] >= next.stages.size()
+                   ? fmt::format("fed by the source; concurrency {} here", n.concurrency)
+                   : fmt::format("{} invocations of '{}' reserve a slot each, and a buffer for "
+                                 "concurrency {} here",
+                                 next.stages[m.producers[0]].concurrency,
+                                 models_[m.producers[0]].name, n.concurrency)});
+  }
+  if ((bound_.limit == Limit::gpu || bound_.limit == Limit::stage) && next.cores + 1 <= budget_.cores)
+    emit(d, {s.end_ns, Action::release, "", "", 0, 0,
+             fmt::format("{} bounds the rate: {:.4g} of {:g} cores used, the rest released",
+                         bound_.why, next.cores, budget_.cores)});
+  d.changed = true;
+  alloc_ = next;
+  base_ = next;
+  trial_.reset();
+  tabu_.clear();
+  phase_ = Phase::baseline;
+  settle_left_ = opt_.settle_windows;
+  prev_rate_ = -1;
+  noise_ewma_ = 0;
+  low_windows_ = 0;
+  d.allocation = alloc_;
+}
+
+static Allocation with_changes(const std::vector<StageModel>& models, Allocation a,
+                               const std::vector<TuneEvent>& changes) {
+  for (const TuneEvent& e : changes)
+    for (std::size_t i = 0; i < models.size(); ++i)
+      if (models[i].name == e.stage) {
+        if (e.knob == "concurrency") a.stages[i].concurrency = e.to;
+        else if (e.knob == "capacity") a.stages[i].capacity = e.to;
+      }
+  finish_settings(models, a);
+  return a;
+}
+
+void Autotuner::apply(const Move& m) { alloc_ = with_changes(models_, alloc_, m.changes); }
+
+std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
+  const std::size_t n = models_.size();
+  const double win = static_cast<double>(s.window_ns);
+  const double win_s = win * 1e-9;
+  const double rate = win_s > 0 ? static_cast<double>(s.delivered) / win_s : 0;
+  auto util = [&](std::size_t i) {
+    const StageSample& st = s.stages[i];
+    if (models_[i].resource == Resource::gpu)  // its device's time
+      return win > 0 ? static_cast<double>(st.gpu_busy_ns) / win : 0.0;
+    const double k = static_cast<double>(std::max<std::size_t>(1, alloc_.stages[i].concurrency));
+    return win > 0 ? static_cast<double>(st.work_ns) / (win * k) : 0.0;
+  };
+  auto frac = [&](std::int64_t ns) { return win > 0 ? static_cast<double>(ns) / win : 0.0; };
+  auto is_tabu = [&](const std::string& key) {
+    return std::find(tabu_.begin(), tabu_.end(), key) != tabu_.end();
+  };
+  auto consumer_of = [&](std::size_t i) -> std::size_t {
+    for (std::size_t j = 0; j < n; ++j)
+      if (std::find(models_[j].producers.begin(), models_[j].producers.end(), i) != models_[j].producers.end())
+        return j;
+    return n;
+  };
+  const double busy = gpu_busy(s);
+  short_of_cores_ = false;
+  const bool gpu_limited = bound_.limit == Limit::gpu;
+  const bool non_core_limit = gpu_limited || bound_.limit == Limit::stage;
+  const bool fed = gpu_limited ? busy >= opt_.gpu_busy_target
+                               : rate >= bound_.rate * (1 - noise());
+
+  // 1. Release: a non-core limit binds and the graph keeps up with it: give back a core from
+  //    the stage with the most slack, measured (its busy fraction with one invocation fewer
+  //    stays below 95%).
+  if (non_core_limit && (gpu_limited ? busy >= opt_.gpu_busy_target + 0.01 : fed)) {
+    std::size_t best = n;
+    double best_util = 0.95;
+    for (std::size_t i = 0; i < n; ++i) {
+      const StageModel& m = models_[i];
+      const std::size_t k = alloc_.stages[i].concurrency;
+      if (!tunable(m) || m.resource == Resource::gpu || k <= 1 || is_tabu("release:" + m.name))
+        continue;
+      const double projected = util(i) * static_cast<double>(k) / static_cast<double>(k - 1);
+      if (projected < best_util) best_util = projected, best = i;
+    }
+    if (best < n) {
+      const StageModel& m = models_[best];
+      const std::size_t k = alloc_.stages[best].concurrency;
+      Move mv;
+      mv.key = "release:" + m.name;
+      mv.release = true;
+      mv.changes.push_back(
+          {s.end_ns, Action::probe, m.name, "concurrency", k, k - 1,
+           gpu_limited ? fmt::format("GPU busy {} (target {}); {} busy {}: trying one core fewer",
+                                     percent(busy), percent(opt_.gpu_busy_target), m.name, percent(util(best)))
+                       : fmt::format("{} bounds the rate; {} busy {}: trying one core fewer",
+                                     bound_.why, m.name, percent(util(best)))});
+      return mv;
+    }
+  }
+
+  // 2. Raise the bottleneck: the stage with the lowest rate at its concurrency, measured busy
+  //    ones first, taking a core from the stage with the most slack when the budget is spent.
+  if (!(gpu_limited && fed)) {
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < n; ++i) {
+      const StageModel& m = models_[i];
+      if (!tunable(m) || alloc_.stages[i].concurrency >= ceiling_of(m)) continue;
+      order.push_back(i);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      const bool ba = util(a) >= 0.8, bb = util(b) >= 0.8;
+      if (ba != bb) return ba;
+      return stage_rate(models_[a], alloc_.stages[a].concurrency) <
+             stage_rate(models_[b], alloc_.stages[b].concurrency);
+    });
+    for (std::size_t b : order) {
+      const StageModel& m = models_[b];
+      if (is_tabu("raise:" + m.name)) continue;
+      const std::size_t k = alloc_.stages[b].concurrency;
+      std::size_t step = m.resource == Resource::io ? std::max<std::size_t>(1, k / 4) : 1;
+      step = std::min(step, ceiling_of(m) - k);
+      const std::size_t c = consumer_of(b);
+      const std::string why =
+          c < n && frac(s.stages[c].starved_ns) >= 0.01
+              ? fmt::format("'{}' waited {} of the last {} for input; {} busy {}", models_[c].name,
+                            percent(frac(s.stages[c].starved_ns)), seconds(win_s), m.name,
+                            percent(util(b)))
+              : fmt::format("{:.4g} items/s, {:.2f} of the bound; {} busy {}, {:.4g} items/s at {} "
+                            "on the model",
+                            rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, m.name,
+                            percent(util(b)), stage_rate(m, k), k);
+      Move mv;
+      mv.key = "raise:" + m.name;
+      mv.changes.push_back({s.end_ns, Action::probe, m.name, "concurrency", k, k + step, why});
+      // Its consumers' queues grow by the slots the new invocations reserve.
+      for (std::size_t c2 = 0; c2 < n; ++c2) {
+        const auto& pr = models_[c2].producers;
+        if (models_[c2].fixed_capacity || std::find(pr.begin(), pr.end(), b) == pr.end()) continue;
+        const std::size_t cap = alloc_.stages[c2].capacity;
+        mv.changes.push_back({s.end_ns, Action::probe, models_[c2].name, "capacity", cap,
+                              sat_add(cap, step),
+                              fmt::format("a slot for each invocation of '{}'", m.name)});
+      }
+      if (with_changes(models_, alloc_, mv.changes).bytes > budget_.memory_bytes) continue;
+      const double extra = cores_of(m, k + step) - cores_of(m, k);
+      if (alloc_.cores + extra <= budget_.cores + kEps) return mv;
+      // A donor: the least busy stage (measured) that keeps up with the measured rate, on
+      // the model, with one invocation fewer.
+      std::size_t donor = n;
+      double donor_rate = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const StageModel& dm = models_[j];
+        const std::size_t kd = alloc_.stages[j].concurrency;
+        if (j == b || !tunable(dm) || kd <= 1 || dm.resource == Resource::gpu) continue;
+        if (dm.cores_per_slot() + kEps < extra) continue;
+        const double r = stage_rate(dm, kd - 1);
+        if (r < rate * (1 + noise()) || util(j) >= util(b)) continue;
+        if (donor == n || util(j) < util(donor)) donor_rate = r, donor = j;
+      }
+      if (donor == n) {
+        short_of_cores_ = true;
+        continue;
+      }
+      const StageModel& dm = models_[donor];
+      const std::size_t kd = alloc_.stages[donor].concurrency;
+      mv.changes.push_back({s.end_ns, Action::probe, dm.name, "concurrency", kd, kd - 1,
+                            fmt::format("its core to {}: {} busy {}, {:.4g} items/s at {}", m.name,
+                                        dm.name, percent(util(donor)), donor_rate, kd - 1)});
+      return mv;
+    }
+  }
+
+  // Twice the buffer beyond the producers' reserved slots.
+  auto deeper = [&](std::size_t i) {
+    std::vector<std::size_t> k(n);
+    for (std::size_t j = 0; j < n; ++j) k[j] = alloc_.stages[j].concurrency;
+    const std::size_t cap = alloc_.stages[i].capacity, reserve = reserve_of(models_, k, i);
+    return sat_add(cap, std::max<std::size_t>(1, cap > reserve ? cap - reserve : 1));
+  };
+
+  // 3. Deeper queues: a stage waited for input while a producer was blocked on its full queue
+  //    (the costs vary more than the queue absorbs).
+  std::size_t best = n;
+  double worst_wait = 0.05;
+  for (std::size_t i = 0; i < n; ++i) {
+    const StageModel& m = models_[i];
+    if (m.fixed_capacity || is_tabu("capacity:" + m.name)) continue;
+    const double wait = frac(s.stages[i].starved_ns);
+    bool producer_blocked = false;
+    for (std::size_t p : m.producers)
+      if (p < n && frac(s.stages[p].blocked_ns) >= 0.05) producer_blocked = true;
+    if (!producer_blocked || wait < worst_wait) continue;
+    const std::size_t cap = alloc_.stages[i].capacity;
+    if (with_changes(models_, alloc_, {{0, Action::probe, m.name, "capacity", cap, deeper(i), ""}})
+            .bytes > budget_.memory_bytes)
+      continue;
+    worst_wait = wait;
+    best = i;
+  }
+  if (best < n) {
+    const StageModel& m = models_[best];
+    const std::size_t cap = alloc_.stages[best].capacity;
+    std::size_t p = m.producers.front();
+    for (std::size_t q : m.producers)
+      if (q < n && s.stages[q].blocked_ns > s.stages[p].blocked_ns) p = q;
+    Move mv;
+    mv.key = "capacity:" + m.name;
+    mv.changes.push_back({s.end_ns, Action::probe, m.name, "capacity", cap, deeper(best),
+                          fmt::format("'{}' waited {} of the last {} for input while '{}' was "
+                                      "blocked {} on its full queue",
+                                      m.name, percent(frac(s.stages[best].starved_ns)),
+                                      seconds(win_s), models_[p].name,
+                                      percent(frac(s.stages[p].blocked_ns)))});
+    return mv;
+  }
+  return std::nullopt;
+}
+
+Decision Autotuner::observe(const Sample& s) {
+  Decision d;
+  const std::vector<std::size_t> drifted = est_.add(s);
+  if (!est_.ready()) {
+    d.allocation = alloc_;
+    return d;
+  }
+  if (phase_ == Phase::warmup || alloc_.stages.size() != s.stages.size()) {
+    retune(s, Action::initial, "", d);
+    return d;
+  }
+  d.allocation = alloc_;
+  if (!drifted.empty()) {
+    std::string why;
+    const std::vector<StageModel> before = models_;
+    est_.restart();
+    const std::vector<StageModel> after = est_.models();
+    for (std::size_t i : drifted) {
+      if (!why.empty()) why += "; ";
+      const bool gpu = after[i].resource == Resource::gpu;
+      why += fmt::format("'{}' cost {} -> {} per item", after[i].name,
+                         seconds(gpu ? before[i].gpu_s : before[i].wall_s),
+                         seconds(gpu ? after[i].gpu_s : after[i].wall_s));
+    }
+    retune(s, Action::retune, why, d);
+    return d;
+  }
+  if (budget_changed_) {
+    budget_changed_ = false;
+    retune(s, Action::retune,
+           fmt::format("budget {:g} -> {:g} cores, {} -> {} bytes", old_budget_.cores, budget_.cores,
+                       old_budget_.memory_bytes, budget_.memory_bytes),
+           d);
+    return d;
+  }
+  if (!refined_ && est_.min_items() >= opt_.min_items) {
+    retune(s, Action::retune,
+           fmt::format("estimates firm: {} items or more per stage", est_.min_items()), d);
+    return d;
+  }
+  if (settle_left_ > 0) {
+    --settle_left_;
+    prev_rate_ = -1;
+    return d;
+  }
+  const double win_s = static_cast<double>(s.window_ns) * 1e-9;
+  const double rate = win_s > 0 ? static_cast<double>(s.delivered) / win_s : 0;
+  const double busy = gpu_busy(s);
+
+  if (trial_) {
+    const Move mv = *trial_;
+    trial_.reset();
+    const double gain = base_rate_ > 0 ? rate / base_rate_ - 1 : 0;
+    bool ok;
+    if (mv.release)
+      ok = gain >= -noise() && (bound_.limit != Limit::gpu || busy >= opt_.gpu_busy_target);
+    else
+      ok = gain > noise() ||
+           (bound_.limit == Limit::gpu && base_busy_ < opt_.gpu_busy_target &&
+            busy >= opt_.gpu_busy_target && gain > 0);
+    const std::string figures =
+        fmt::format("rate {:.4g} -> {:.4g} items/s ({:+.1f}%, noise {:.1f}%){}", base_rate_, rate,
+                    100 * gain, 100 * noise(),
+                    bound_.limit == Limit::gpu
+                        ? fmt::format(", GPU busy {} -> {}", percent(base_busy_), percent(busy))
+                        : std::string());
+    if (ok) {
+      for (const TuneEvent& c : mv.changes)
+        emit(d, {s.end_ns, mv.release ? Action::release : Action::keep, c.stage, c.knob, c.from,
+                 c.to, figures});
+      if (!mv.release) tabu_.clear();
+      base_ = alloc_;
+      // This window measured the kept allocation: it is the next move's baseline.
+    } else {
+      for (const TuneEvent& c : mv.changes)
+        emit(d, {s.end_ns, Action::revert, c.stage, c.knob, c.to, c.from, figures});
+      tabu_.push_back(mv.key);
+      alloc_ = base_;
+      d.changed = true;
+      d.allocation = alloc_;
+      settle_left_ = opt_.settle_windows;
+      phase_ = Phase::baseline;
+      prev_rate_ = -1;
+      return d;
+    }
+  } else if (prev_rate_ > 0 && rate > 0) {
+    // Two windows of one allocation: how much the rate moves by itself.
+    // (A jump beyond 10% is an event, a drift or a neighbour, not noise.)
+    const double rel = std::min(0.1, std::abs(rate - prev_rate_) / std::max(rate, prev_rate_));
+    noise_ewma_ = noise_ewma_ == 0 ? rel : 0.7 * noise_ewma_ + 0.3 * rel;
+  }
+  prev_rate_ = rate;
+
+  if (phase_ == Phase::converged) {
+    // Watch for a fall the costs do not explain (a drift re-tunes by itself).
+    if (rate < converged_rate_ * (1 - 3 * noise())) ++low_windows_;
+    else low_windows_ = 0;
+    if (low_windows_ < 2) return d;
+    low_windows_ = 0;
+    tabu_.clear();
+    emit(d, {s.end_ns, Action::probe, "", "", 0, 0,
+             fmt::format("rate fell from {:.4g} to {:.4g} items/s: climbing again", converged_rate_,
+                         rate)});
+  }
+  base_ = alloc_;
+  base_rate_ = rate;
+  base_busy_ = busy;
+  if (std::optional<Move> mv = propose(s)) {
+    for (const TuneEvent& c : mv->changes) emit(d, c);
+    apply(*mv);
+    trial_ = std::move(mv);
+    phase_ = Phase::trial;
+    settle_left_ = opt_.settle_windows;
+    d.changed = true;
+    d.allocation = alloc_;
+    prev_rate_ = -1;
+    return d;
+  }
+  if (phase_ != Phase::converged) {
+    phase_ = Phase::converged;
+    converged_rate_ = rate;
+    emit(d, {s.end_ns, Action::converged, "", "", 0, 0,
+             fmt::format("converged at {:.4g} items/s, {:.2f} of the bound {:.4g} ({}); {:.4g} of "
+                         "{:g} cores{}",
+                         rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, bound_.rate, bound_.why,
+                         alloc_.cores, budget_.cores,
+                         bound_.limit == Limit::gpu ? fmt::format(", GPU busy {}", percent(busy))
+                                                    : std::string())});
+  }
+  return d;
+}
+
+}  // namespace splitflow::autotune
