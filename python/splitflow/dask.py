@@ -100,11 +100,28 @@ def _runtime(threads, backend):
         return st["runtime"]
 
 
+def _build_key(build):
+    """A build function's identity across tasks: a module-level function is the same object
+    in every task; a functools.partial is a new one each time, so its parts are the key."""
+    import functools
+
+    if isinstance(build, functools.partial):
+        key = (build.func, build.args, tuple(sorted(build.keywords.items())))
+        try:
+            hash(key)
+            return key
+        except TypeError:
+            return None  # not cached: built for each split
+    return build
+
+
 def _graph_for(build, seed, epoch, opts):
-    """(graph, feed, sink, output_nodes) for this thread, build, seed and epoch: built once."""
+    """(graph, feed, sink) for this thread, build, seed and epoch: built once."""
     rt = _runtime(opts["threads"], opts["backend"])
-    key = (threading.get_ident(), build, seed, epoch, opts["name"])
+    key = (threading.get_ident(), _build_key(build), seed, epoch, opts["name"])
     graphs = _worker_state["graphs"]
+    if key[1] is None:
+        graphs = collections.OrderedDict()
     with _worker_state["lock"]:
         hit = graphs.get(key)
         if hit is not None:
@@ -190,6 +207,7 @@ def run_split(build, split, indices, seed, epoch, opts):
     """The Dask task: runs one split through the worker's graph. Returns its results (in the
     split's order) and what the worker measured. A remote stage's error is returned, not raised
     (Dask retries only worker deaths; an error is the item's, wherever it runs)."""
+    start = time.time()
     t0 = time.perf_counter()
     c0 = time.process_time()
     threads = opts["threads"] or _worker_threads()
@@ -226,6 +244,7 @@ def run_split(build, split, indices, seed, epoch, opts):
     return {"split": split, "results": results, "bytes": nbytes, "error": error,
             "worker": _worker_address(), "pid": os.getpid(),
             "busy_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "start": start, "end": time.time(),
             "stages": stages, "skipped": skipped}
 
 
@@ -381,10 +400,11 @@ class RemotePass:
         self.splits_done = 0
         self.max_in_flight_seen = 0
         self.max_local_bytes = 0
-        self.latencies = []      # submit -> result taken (s), per split
-        self.overheads = []      # latency - worker busy, per split (Dask, transfer, queueing)
+        self.latencies = []      # submit -> result taken (s), per split (queueing included)
         self.workers = {}        # address -> figures
         self.split_log = []      # (split, worker address, pid) as taken
+        self.fetches = []        # the client's gather of a finished split's result (s)
+        self.spans = collections.defaultdict(list)  # worker pid -> [(start, end)] (its clock)
         self.stage_skips = collections.Counter()
         self.skip_errors = []
         self.lock = threading.Lock()
@@ -544,8 +564,10 @@ class RemotePass:
                            "Dask cancelled the splits in flight", split)
             raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
                         f"{split.start + len(split.indices) - 1}) was cancelled on the cluster")
+        t = time.perf_counter()
         try:
             out = self.client.gather(fut, direct=self.remote.direct)
+            self.fetches.append(time.perf_counter() - t)
         except KilledWorker as e:
             raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
                         f"{split.start + len(split.indices) - 1}, dataset indices "
@@ -589,9 +611,8 @@ class RemotePass:
                 self.stage_skips[s["name"]] += s["skipped"]
                 for e in s["errors"]:
                     self.skip_errors.append(dict(e, stage=s["name"], worker=out["worker"]))
-        latency = now - split.submitted
-        self.latencies.append(latency)
-        self.overheads.append(max(0.0, latency - busy))
+        self.latencies.append(now - split.submitted)
+        self.spans[out["pid"]].append((float(out["start"]), float(out["end"])))
         self.splits_done += 1
         self.split_log.append((split.no, out["worker"], out["pid"]))
         if n_in:
@@ -641,14 +662,23 @@ class RemotePass:
     # -- figures --------------------------------------------------------------------------------
     def stats(self):
         """The pass's figures: items, splits, wait_s (the local graph waiting for remote
-        results), per worker items, splits, busy_s, cpu_s, bytes, skipped; Dask overhead per
-        split (latency minus worker busy: scheduling, transfer, queueing), bytes/s, the largest
-        number of splits in flight and of bytes held locally, skips by stage, a diagnosis."""
+        results), per worker items, splits, busy_s, cpu_s, bytes, skipped; bytes/s; Dask's
+        cost per split: gap_s_per_split (median idle time of a worker between two of its
+        splits, on its own clock: Dask's per-task cost there while splits are queued),
+        fetch_s_per_split (median time the client took to fetch a finished split's results)
+        and overhead_s_per_split (their sum); latency_s_per_split (submit to taken, queueing
+        included); the largest number of splits in flight and of bytes held locally; skips by
+        stage and their errors (dataset index, worker); a diagnosis."""
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = (end - self.t0) if self.t0 is not None else 0.0
         total_bytes = sum(w["bytes"] for w in self.workers.values())
         busy = sum(w["busy_s"] for w in self.workers.values())
         items_in = sum(w["items"] for w in self.workers.values())
+        gaps = []
+        for spans in self.spans.values():
+            spans = sorted(spans)
+            gaps += [max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:])]
+        gap, fetch = _median(gaps), _median(self.fetches)
         s = {
             "name": self.remote.name, "items": len(self.indices), "items_out": self.items_out,
             "splits": self.splits_done, "split_items": self._split_size(),
@@ -658,7 +688,8 @@ class RemotePass:
             "bytes": total_bytes, "bytes_per_s": total_bytes / wall if wall > 0 else 0.0,
             "worker_busy_s": busy,
             "item_s": busy / items_in if items_in else None,
-            "overhead_s_per_split": _median(self.overheads),
+            "gap_s_per_split": gap, "fetch_s_per_split": fetch,
+            "overhead_s_per_split": None if gap is None or fetch is None else gap + fetch,
             "latency_s_per_split": _median(self.latencies),
             "workers": {k: dict(v) for k, v in self.workers.items()},
             "skipped": sum(self.stage_skips.values()),
@@ -697,7 +728,8 @@ class RemotePass:
         lines = [f"remote '{s['name']}': {s['items_out']} items from {s['splits']} splits on "
                  f"{len(s['workers'])} Dask workers in {s['wall_s']:.2f} s; local wait "
                  f"{s['wait_s']:.2f} s; {s['bytes'] / 1e6:.1f} MB ({s['bytes_per_s'] / 1e6:.1f} "
-                 f"MB/s); Dask overhead per split {1e3 * (s['overhead_s_per_split'] or 0):.1f} ms"
+                 f"MB/s); Dask per split: worker gap {1e3 * (s['gap_s_per_split'] or 0):.1f} ms, fetch "
+                 f"{1e3 * (s['fetch_s_per_split'] or 0):.1f} ms"
                  f"; skipped {s['skipped']}"]
         for addr, w in sorted(s["workers"].items()):
             lines.append(f"  {addr}: {w['items']} items, {w['splits']} splits, busy "
