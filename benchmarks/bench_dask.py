@@ -52,6 +52,26 @@ def timed(g, out, n):
     return n / elapsed
 
 
+def model(m, nic_gbit, gpu_rate, workers=(1, 2, 4, 8, 16, 32, 64)):
+    """Expected images/s at the GPU node for N single-threaded workers, from the measured
+    per-item worker cost t, items per split S, a worker's gap between splits g, the client's
+    fetch time per split f and bytes per item b: each worker makes 1 / (t + g / S) items/s;
+    the node takes at most NIC / b (network), S / f (the client's fetch: one event loop, one
+    core) and the GPU rate; the smallest limit wins."""
+    t, S, g, f, b = (m["worker_item_s"], m["split_items"], m["gap_s_per_split"],
+                     m["fetch_s_per_split"], m["bytes_per_item"])
+    per_worker = 1.0 / (t + g / S)
+    limits = {"network": nic_gbit * 1e9 / 8 / b, "client fetch": S / f, "GPU": gpu_rate}
+    rows = []
+    for n in workers:
+        remote = n * per_worker
+        name, cap = min(limits.items(), key=lambda kv: kv[1])
+        fed = min(remote, cap)
+        rows.append({"workers": n, "remote": remote, "fed": fed,
+                     "limit": "workers" if remote <= cap else name})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=512)
@@ -64,6 +84,9 @@ def main():
                     help="Dask's distributed.comm.compression for the cluster: None (default "
                          "here: decoded pixels hardly compress and loopback is fast) or auto "
                          "(Dask's default: lz4 when installed)")
+    ap.add_argument("--nic-gbit", type=float, default=100.0, help="the model's GPU-node NIC")
+    ap.add_argument("--gpu-rate", type=float, default=24000.0,
+                    help="the model's GPU-node rate, images/s (e.g. 8 GPUs x 3000)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.quick:
@@ -151,6 +174,12 @@ def main():
           f"{1e3 * result['empty_split_round_trip_s']:.1f} ms; "
           f"{result['bytes_per_s'] / 1e6:.1f} MB/s ({result['bytes_per_item'] / 1e3:.0f} kB/item); "
           f"worker {1e3 * result['worker_item_s']:.2f} ms/item")
+    result["model"] = model(result, args.nic_gbit, args.gpu_rate)
+    print(f"model (docs/scale-out.md), NIC {args.nic_gbit:g} Gbit/s, GPU node {args.gpu_rate:.0f} "
+          "images/s:")
+    for row in result["model"]:
+        print(f"  {row['workers']:3d} workers: remote {row['remote']:8.0f}/s  -> fed "
+              f"{row['fed']:8.0f}/s  ({row['limit']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -419,6 +419,12 @@ class GraphDataset(_data.IterableDataset):
     dataset index ("index", as ``read_file(paths, labels=...)`` makes it; an int for tuple
     samples; None: none): state_dict then records the indices the loop took, exactly.
 
+    remote: a ``splitflow.dask.Remote``: the shard's indices are computed on Dask workers by
+    its build function and ``build(graph, source)`` gets the remote source in place of the
+    indices (docs/scale-out.md); resume, sharding and ``len()`` as above; num_workers=0.
+    ``last_run.stats()["remote"]`` holds the remote figures, and a remote stage's error is
+    raised as the remote StageError (stage, dataset index, worker).
+
     With ``persistent_workers=True`` the DataLoader keeps its workers' copies of the dataset,
     so ``set_epoch`` on this object does not reach them: a worker that sees the same epoch
     twice warns. Build the DataLoader anew each epoch, or keep persistent_workers off.
