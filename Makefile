@@ -127,6 +127,8 @@ bench: release
 	  --data $(BUILD)/bench-data/large --json $(BUILD)/bench/bench_large_photos.json
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_process_stage.py \
 	  --data $(BUILD)/bench-data/images --json $(BUILD)/bench/bench_process_stage.json
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_dask.py \
+	  --data $(BUILD)/bench-data/images --json $(BUILD)/bench/bench_dask.json
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images.py \
 	  --bin $(BUILD)/release/benchmarks/image_pipeline_bench --data $(BUILD)/bench-data/images \
 	  --json $(BUILD)/bench/bench_images.json

@@ -56,6 +56,7 @@ def main():
     merge = load(os.path.join(d, "bench_merge.json"))
     procs = load(os.path.join(d, "bench_process_stage.json"))
     large = load(os.path.join(d, "bench_large_photos.json"))
+    dask = load(os.path.join(d, "bench_dask.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -109,6 +110,11 @@ def main():
          procs and procs.get("mixed_vs_dataloader"), ">= 1.5", lambda v: v >= 1.5),
         ("15", "Pure-Python work: processes=2 / thread stage",
          procs and procs.get("gil_processes_vs_gil_thread"), "(stated)", None),
+        ("18", "Dask remote CPU part (2 workers) / local (2 threads)",
+         dask and dask.get("remote_vs_local"), ">= 0.8", lambda v: v >= 0.8),
+        ("18", "Dask cost per split: worker gap + fetch (ms)",
+         1e3 * dask["overhead_s_per_split"] if dask and dask.get("overhead_s_per_split")
+         is not None else None, "(stated)", None),
         ("7", "Inference at a p99 target: dynamic / no batching",
          ratio(counter(inf, "BM_InferenceAtTarget/dynamic", "rate_at_target"),
                counter(inf, "BM_InferenceAtTarget/unbatched", "rate_at_target")), ">= 3", lambda v: v >= 3),

@@ -87,7 +87,7 @@ def _name_dataset_index(e, indices):
     """A StageError names the item's position in the run (its source's order); here that
     position maps to a dataset index: the error names the index, and keeps the position."""
     pos = e.item
-    if not isinstance(pos, int) or not 0 <= pos < len(indices):
+    if not isinstance(pos, int) or not 0 <= pos < len(indices) or indices[pos] is None:
         return
     e.position, e.item = pos, int(indices[pos])
     text = str(e).replace(f"failed on item {pos}:",
@@ -102,18 +102,30 @@ class DatasetRun:
     ``errors[].position`` its position in the run (the source's order), which the plain run
     reports as ``item``."""
 
-    def __init__(self, run, indices):
+    def __init__(self, run, indices, remote=None):
         self.run = run
         self.indices = indices
+        self.remote = remote  # a splitflow.dask.RemotePass when the dataset runs remotely
 
     def stats(self):
+        """The run's stats; with a remote source also ``"remote"``: the remote pass's figures
+        (splitflow.dask.RemotePass.stats: per worker items, busy, bytes; the local wait)."""
         s = self.run.stats()
         for stage in s.get("stages", ()):
             for err in stage.get("errors", ()):
                 pos = err.get("item")
-                if isinstance(pos, int) and 0 <= pos < len(self.indices):
+                if isinstance(pos, int) and 0 <= pos < len(self.indices) \
+                        and self.indices[pos] is not None:
                     err["position"], err["item"] = pos, int(self.indices[pos])
+        if self.remote is not None:
+            s["remote"] = self.remote.stats()
         return s
+
+    def report(self):
+        text = self.run.report()
+        if self.remote is not None:
+            text = text.rstrip("\n") + "\n" + self.remote.report() + "\n"
+        return text
 
     def __getattr__(self, name):
         return getattr(self.run, name)
@@ -407,6 +419,12 @@ class GraphDataset(_data.IterableDataset):
     dataset index ("index", as ``read_file(paths, labels=...)`` makes it; an int for tuple
     samples; None: none): state_dict then records the indices the loop took, exactly.
 
+    remote: a ``splitflow.dask.Remote``: the shard's indices are computed on Dask workers by
+    its build function and ``build(graph, source)`` gets the remote source in place of the
+    indices (docs/scale-out.md); resume, sharding and ``len()`` as above; num_workers=0.
+    ``last_run.stats()["remote"]`` holds the remote figures, and a remote stage's error is
+    raised as the remote StageError (stage, dataset index, worker).
+
     With ``persistent_workers=True`` the DataLoader keeps its workers' copies of the dataset,
     so ``set_epoch`` on this object does not reach them: a worker that sees the same epoch
     twice warns. Build the DataLoader anew each epoch, or keep persistent_workers off.
@@ -415,7 +433,7 @@ class GraphDataset(_data.IterableDataset):
     def __init__(self, build, length, *, shuffle=False, seed=0, rank=None, world_size=None,
                  threads=0, backend="auto", streams=8, capacity=0, max_in_flight=256,
                  to_torch=True, name="dataset", even_shards=None, batch_size=None,
-                 drop_last=False, index_field="index"):
+                 drop_last=False, index_field="index", remote=None):
         super().__init__()
         if length < 0:
             raise ValueError("GraphDataset: length must be >= 0")
@@ -439,6 +457,7 @@ class GraphDataset(_data.IterableDataset):
         self.batch_size = None if batch_size is None else int(batch_size)
         self.drop_last = bool(drop_last)
         self.index_field = index_field
+        self.remote = remote
         self._found_batch = None  # (size, drop_last) the build's g.batch made, seen here
         self._pending = None      # a loaded state, for the next iteration (_Resume)
         self._progress = None     # what the loop took in the latest iteration (_Progress)
@@ -645,7 +664,19 @@ class GraphDataset(_data.IterableDataset):
         indices = order[positions].tolist()
         graph = _Graph(self.runtime(), self.name, **self._graph_args)
         graph._batches = []
-        source = graph.indices("indices", indices)
+        remote = None
+        if self.remote is not None:
+            if info is not None:
+                raise ValueError("GraphDataset(remote=...): the Dask workers are its processes; "
+                                 "use DataLoader(num_workers=0)")
+            # The shard's indices, computed on the Dask workers: the source yields their
+            # results; run positions map to the dataset indices the remote pass yielded.
+            remote = self.remote.iterate(indices, epoch=self.epoch)
+            source = graph.source(self.remote.name, remote)
+            run_indices = remote.yielded
+        else:
+            source = graph.indices("indices", indices)
+            run_indices = indices
         last = self._build(graph, source)
         if last is None:
             last = source
@@ -661,14 +692,18 @@ class GraphDataset(_data.IterableDataset):
         batch = self._graph_batch()
         batch_size = batch[0] if batch is not None else None
         it = graph.iterate(out)
-        self.last_run = DatasetRun(it.run, indices)  # stats() and report() of the latest epoch
+        self.last_run = DatasetRun(it.run, run_indices, remote)  # the latest epoch's
         try:
             for item in it:
                 if progress is not None:
                     progress.took_item(item, batch_size)
                 yield to_torch(item) if self._to_torch else item
         except StageError as e:
-            _name_dataset_index(e, indices)
+            cause = e.__cause__
+            if remote is not None and isinstance(cause, StageError) and \
+                    getattr(cause, "worker", None) is not None:
+                raise cause  # a remote stage's error: it names the stage, the index, the worker
+            _name_dataset_index(e, run_indices)
             raise
         finally:
             it.close()  # an early break or an exception cancels the run

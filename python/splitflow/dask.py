@@ -1,0 +1,746 @@
+"""Remote CPU stages on Dask distributed: the CPU part of a pipeline runs on Dask workers, each
+worker in its own splitflow runtime, and the results stream back into a local graph (its GPU
+stages and local CPU stages go on as before).
+
+    import splitflow as sf, splitflow.dask
+    from distributed import Client
+
+    def build_cpu_part(g, indices, *, seed, epoch):      # module level: the workers import it
+        read = g.stage("read", sf.ops.read_file(PATHS, labels=LABELS), concurrency=0)
+        crop = g.stage("crop", sf.ops.decode_random_resized_crop(224, seed=seed, epoch=epoch),
+                       field="image", concurrency=0, on_error="skip")
+        return indices >> read >> crop
+
+    client = Client("tcp://scheduler:8786")
+    remote = sf.dask.remote(build_cpu_part, client, items=range(len(PATHS)), seed=7)
+    g = sf.Graph(sf.Runtime(), "train")
+    src = remote.source(g)                               # g.source("remote", remote)
+    norm = g.gpu_stage("normalize", sf.ops.normalize(MEAN, STD), field="image")
+    ...
+    print(remote.stats(), remote.report())
+
+or inside ``splitflow.torch.GraphDataset(build_local, length, remote=remote)``: the dataset's
+shard (rank, epoch order, resume) is what the workers compute, and ``build_local(g, source)``
+gets the remote source in place of the indices.
+
+Semantics (docs/scale-out.md):
+
+* Splits. The items (dataset indices, in the local order) are cut into splits: contiguous runs,
+  each one Dask task. ``split="auto"`` sizes them from the measured per-item cost so that each
+  takes about ``split_seconds`` (0.1 s) of a worker (the first ``probe`` items go first, to
+  measure); ``split=n``: n items each. On the worker the task builds (once per worker thread,
+  seed and epoch: cached) the graph ``build(g, indices, seed=, epoch=)`` in the worker's own
+  runtime (one per worker process) and runs the split through it.
+* Bounded: at most ``max_splits_in_flight`` splits are submitted and not yet consumed (default:
+  twice the workers); the next split is submitted only when the local graph takes an item, so a
+  slow consumer stops submission, and the local memory holds one split's results at a time
+  (in order), whatever the number of workers.
+* Order. ``order="in_order"`` (default): the items come back in the order of ``items``;
+  ``"out_of_order"``: split by split as they complete (each split's items in order).
+* Deterministic: an item's result depends on (seed, epoch, index) only (the ops draw their
+  randomness from them), not on the split or worker that computes it.
+* Exactly once. Each split's result is taken once, from its one Dask future. A worker that dies
+  mid-split: Dask reschedules the task on another worker (``distributed.scheduler.
+  allowed-failures``, 3); a split whose workers die more often fails the run (KilledWorker,
+  named). The scheduler unreachable (its connection closed, or no answer to a ping within
+  ``timeout`` seconds while no split completes): the run fails with ``splitflow.Error`` within
+  ``timeout`` (default 30 s).
+* Errors. A remote stage's exception reaches the local run as ``splitflow.StageError`` naming
+  the remote graph, the stage, the item's dataset index and the worker's address (its
+  ``__cause__`` the original exception when it could travel). In a plain graph that error is the
+  ``__cause__`` of the local source's StageError; GraphDataset raises it directly.
+  ``on_error="skip"`` in the remote stages skips there; ``stats()`` counts and names them.
+* Transport: the results' tensors travel as numpy arrays through Dask's serialization (its
+  numpy serializer or pickle protocol 5 with out-of-band buffers: no copy into the pickle).
+"""
+import collections
+import itertools
+import math
+import os
+import threading
+import time
+import uuid
+import weakref
+
+import numpy as np
+
+from . import _core
+from ._errors import Error, StageError
+
+__all__ = ["Remote", "RemotePass", "connect", "remote", "run_split"]
+
+_DEFAULT_SPLIT_S = 0.1
+_PROBE = 8               # items of the first splits of split="auto", before any cost is known
+_MAX_SPLIT = 65536       # items per split at most
+
+
+# ---- worker side -------------------------------------------------------------------------------
+
+_worker_state = {"pid": None, "runtime": None, "graphs": None, "lock": threading.Lock()}
+_GRAPH_CACHE = 8  # graphs per worker process kept (per thread, build, seed, epoch)
+
+
+class _Feed:
+    """The worker graph's source: iter() gives the current split's indices (one run at a time)."""
+
+    def __init__(self):
+        self.indices = []
+
+    def __iter__(self):
+        return iter(self.indices)
+
+
+def _runtime(threads, backend):
+    st = _worker_state
+    with st["lock"]:
+        if st["pid"] != os.getpid():  # a new process (fork): a runtime of its own
+            st["pid"], st["runtime"], st["graphs"] = os.getpid(), None, collections.OrderedDict()
+        if st["runtime"] is None:
+            st["runtime"] = _core.Runtime(threads=threads, backend=backend)
+        return st["runtime"]
+
+
+def _build_key(build):
+    """A build function's identity across tasks: a module-level function is the same object
+    in every task; a functools.partial is a new one each time, so its parts are the key."""
+    import functools
+
+    if isinstance(build, functools.partial):
+        key = (build.func, build.args, tuple(sorted(build.keywords.items())))
+        try:
+            hash(key)
+            return key
+        except TypeError:
+            return None  # not cached: built for each split
+    return build
+
+
+def _graph_for(build, seed, epoch, opts):
+    """(graph, feed, sink) for this thread, build, seed and epoch: built once."""
+    rt = _runtime(opts["threads"], opts["backend"])
+    key = (threading.get_ident(), _build_key(build), seed, epoch, opts["name"])
+    graphs = _worker_state["graphs"]
+    if key[1] is None:
+        graphs = collections.OrderedDict()
+    with _worker_state["lock"]:
+        hit = graphs.get(key)
+        if hit is not None:
+            graphs.move_to_end(key)
+            return hit
+    g = _core.Graph(rt, opts["name"], max_in_flight=opts["max_in_flight"])
+    feed = _Feed()
+    src = g.source("indices", feed)
+    last = build(g, src, seed=seed, epoch=epoch)
+    if last is None:
+        last = src
+    out = g.pull_sink("out")
+    last >> out
+    hit = (g, feed, out)
+    with _worker_state["lock"]:
+        graphs[key] = hit
+        while len(graphs) > _GRAPH_CACHE:
+            graphs.popitem(last=False)
+    return hit
+
+
+def _to_wire(x):
+    """A result with its splitflow tensors as numpy arrays (views, no copy) and its bytes."""
+    if isinstance(x, _core.Tensor):
+        a = np.asarray(x)
+        return a, a.nbytes
+    if isinstance(x, np.ndarray):
+        return x, x.nbytes
+    if isinstance(x, dict):
+        out, n = {}, 0
+        for k, v in x.items():
+            out[k], m = _to_wire(v)
+            n += m
+        return out, n
+    if isinstance(x, (tuple, list)):
+        parts = [_to_wire(v) for v in x]
+        return type(x)(p[0] for p in parts), sum(p[1] for p in parts)
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return x, len(x)
+    return x, 8
+
+
+def _worker_address():
+    try:
+        from distributed import get_worker
+        return get_worker().address
+    except Exception:
+        return f"pid {os.getpid()}"
+
+
+def _worker_threads():
+    try:
+        from distributed import get_worker
+        w = get_worker()
+        state = getattr(w, "state", None)
+        return int(state.nthreads if state is not None else w.nthreads)
+    except Exception:
+        return 1
+
+
+def _error_payload(e, indices):
+    import pickle
+    import traceback
+
+    pos = e.item if isinstance(e.item, int) else None
+    item = int(indices[pos]) if pos is not None and 0 <= pos < len(indices) else None
+    cause = e.__cause__
+    blob, tb = None, ""
+    if cause is not None:
+        tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+        try:
+            blob = pickle.dumps(cause, 5)
+            pickle.loads(blob)
+        except Exception:
+            blob = None
+    return {"graph": e.graph, "stage": e.stage, "item": item, "position": pos,
+            "message": e.message if e.message is not None else str(e), "cause": blob,
+            "cause_text": f"{type(cause).__name__}: {cause}" if cause is not None else None,
+            "traceback": tb}
+
+
+def run_split(build, split, indices, seed, epoch, opts):
+    """The Dask task: runs one split through the worker's graph. Returns its results (in the
+    split's order) and what the worker measured. A remote stage's error is returned, not raised
+    (Dask retries only worker deaths; an error is the item's, wherever it runs)."""
+    start = time.time()
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    threads = opts["threads"] or _worker_threads()
+    g, feed, out = _graph_for(build, seed, epoch, dict(opts, threads=threads))
+    feed.indices = [int(i) for i in indices]
+    results, nbytes, error = [], 0, None
+    it = g.iterate(out)
+    try:
+        for x in it:
+            x, n = _to_wire(x)
+            results.append(x)
+            nbytes += n
+    except StageError as e:
+        error = _error_payload(e, feed.indices)
+    finally:
+        it.close()
+    stages, skipped = [], []
+    try:
+        stats = it.run.stats()
+    except Exception:
+        stats = {}
+    for s in stats.get("stages", ()):
+        errs = []
+        for err in s.get("errors", ()):
+            pos = err.get("item")
+            e = dict(err)
+            if isinstance(pos, int) and 0 <= pos < len(feed.indices):
+                e["position"], e["item"] = pos, feed.indices[pos]
+            errs.append(e)
+        stages.append({"name": s.get("name"), "skipped": int(s.get("skipped", 0) or 0),
+                       "errors": errs})
+        if s.get("skipped"):
+            skipped += [e["item"] for e in errs]
+    return {"split": split, "results": results, "bytes": nbytes, "error": error,
+            "worker": _worker_address(), "pid": os.getpid(),
+            "busy_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "start": start, "end": time.time(),
+            "stages": stages, "skipped": skipped}
+
+
+# ---- client side -------------------------------------------------------------------------------
+
+def connect(address, timeout=10.0, **kwargs):
+    """A ``distributed.Client`` of the scheduler at ``address``, or ``splitflow.Error`` within
+    ``timeout`` seconds when it cannot be reached."""
+    from distributed import Client
+
+    t0 = time.monotonic()
+    try:
+        return Client(address, timeout=timeout, set_as_default=False, **kwargs)
+    except (OSError, TimeoutError) as e:
+        raise Error(f"splitflow.dask: cannot reach the Dask scheduler at {address} within "
+                    f"{timeout:g} s ({type(e).__name__}: {e}; waited "
+                    f"{time.monotonic() - t0:.1f} s)") from e
+
+
+def remote(build, client, items=None, **kwargs):
+    """``Remote(build, client, items, ...)``: see Remote."""
+    return Remote(build, client, items, **kwargs)
+
+
+class Remote:
+    """A graph segment of CPU stages run on Dask workers, as a source of a local graph.
+
+    build(g, indices, *, seed, epoch) -> node: adds the remote stages after ``indices`` (a
+    source of ints: dataset indices) and returns the last one (module level, importable by the
+    workers: Dask pickles it by reference). client: a ``distributed.Client``. items: the
+    indices, in the local order (default: set by GraphDataset, or ``iterate(indices)``).
+    seed, epoch: handed to build (``set_epoch`` changes the epoch). split: "auto" (each split
+    about ``split_seconds`` of a worker, measured) or a number of items. max_splits_in_flight:
+    splits submitted and not yet consumed (default 2 per worker, at least 2). order: "in_order"
+    or "out_of_order". threads: each worker's splitflow runtime threads (default: the Dask
+    worker's nthreads). timeout: seconds without an answer from the scheduler before the run
+    fails. direct: results are fetched from the workers directly (not through the scheduler).
+    """
+
+    def __init__(self, build, client, items=None, *, seed=0, epoch=0, split="auto",
+                 split_seconds=_DEFAULT_SPLIT_S, probe=_PROBE, max_splits_in_flight=None,
+                 order="in_order", threads=0, backend="host", max_in_flight=256,
+                 timeout=30.0, direct=True, name="remote"):
+        if not callable(build):
+            raise TypeError("splitflow.dask.remote: build must be callable (a module-level "
+                            "function the workers can import)")
+        if getattr(build, "__name__", "") == "<lambda>" or "<locals>" in getattr(build, "__qualname__", ""):
+            raise TypeError(f"splitflow.dask.remote: build {getattr(build, '__qualname__', build)!r} "
+                            "is not a module-level function; the workers import it by reference, "
+                            "as DataLoader workers under spawn do")
+        if order in ("in_order", True):
+            self.ordered = True
+        elif order in ("out_of_order", False):
+            self.ordered = False
+        else:
+            raise ValueError(f"splitflow.dask.remote: order must be 'in_order' or "
+                             f"'out_of_order', not {order!r}")
+        if split != "auto" and (isinstance(split, bool) or int(split) < 1):
+            raise ValueError(f"splitflow.dask.remote: split must be 'auto' or >= 1, not {split!r}")
+        if max_splits_in_flight is not None and int(max_splits_in_flight) < 1:
+            raise ValueError("splitflow.dask.remote: max_splits_in_flight must be >= 1")
+        self.build = build
+        self.client = client
+        self.items = None if items is None else items
+        self.seed = int(seed)
+        self.epoch = int(epoch)
+        self.split = split if split == "auto" else int(split)
+        self.split_seconds = float(split_seconds)
+        self.probe = max(1, int(probe))
+        self.max_splits_in_flight = None if max_splits_in_flight is None else int(max_splits_in_flight)
+        self.timeout = float(timeout)
+        self.direct = direct
+        self.name = name
+        self.opts = {"threads": int(threads), "backend": backend,
+                     "max_in_flight": int(max_in_flight), "name": name}
+        self.last_pass = None
+        self._per_item_s = None  # measured cost of an item on a worker (split="auto")
+
+    def __reduce__(self):
+        raise TypeError("splitflow.dask.Remote cannot be pickled (it holds a Dask client): use "
+                        "it in the process that iterates (GraphDataset with num_workers=0; the "
+                        "Dask workers are its processes)")
+
+    def set_epoch(self, epoch):
+        self.epoch = int(epoch)
+
+    def source(self, g, name=None):
+        """``g.source(name, self)``: this remote segment as the source of the local graph ``g``."""
+        return g.source(name or self.name, self)
+
+    def __iter__(self):
+        if self.items is None:
+            raise Error("splitflow.dask.Remote: no items: give items= (or use it in a GraphDataset)")
+        return self.iterate(self.items)
+
+    def iterate(self, indices, *, seed=None, epoch=None):
+        """A pass over ``indices`` (an iterator of the results, in order); ``stats()`` then
+        describes it."""
+        p = RemotePass(self, indices, self.seed if seed is None else int(seed),
+                       self.epoch if epoch is None else int(epoch))
+        self.last_pass = p
+        return p
+
+    def stats(self):
+        """The latest pass's figures (see RemotePass.stats), or {} before any."""
+        return self.last_pass.stats() if self.last_pass is not None else {}
+
+    def report(self):
+        return self.last_pass.report() if self.last_pass is not None else ""
+
+
+class _Split:
+    __slots__ = ("no", "start", "indices", "future", "submitted")
+
+    def __init__(self, no, start, indices, future, submitted):
+        self.no, self.start, self.indices = no, start, indices
+        self.future, self.submitted = future, submitted
+
+
+def _workers_of(client):
+    try:
+        return max(1, len(client.scheduler_info().get("workers", {})))
+    except Exception:
+        return 1
+
+
+class RemotePass:
+    """One pass of a Remote over its indices: an iterator of the results. ``yielded`` lists
+    the dataset index of each item yielded (when the remote graph is one item per index)."""
+
+    def __init__(self, remote, indices, seed, epoch):
+        self.remote = remote
+        self.client = remote.client
+        self.indices = np.asarray(list(indices) if not hasattr(indices, "__len__") else indices,
+                                  dtype=np.int64).reshape(-1)
+        self.seed, self.epoch = seed, epoch
+        self.key = f"splitflow-{remote.name}-{uuid.uuid4().hex[:12]}"
+        self.next_start = 0
+        self.splits = itertools.count()
+        self.pending = collections.deque()   # submitted, not yet taken (in submission order)
+        self.buffer = collections.deque()    # the taken split's results not yet yielded
+        self.buffer_indices = collections.deque()
+        self.buffer_bytes = 0
+        self.yielded = []
+        self.cap = None
+        self.error = None
+        self.done = False
+        # figures
+        self.t0 = None
+        self.t_end = None
+        self.wait_s = 0.0
+        self.items_out = 0
+        self.splits_done = 0
+        self.max_in_flight_seen = 0
+        self.max_local_bytes = 0
+        self.latencies = []      # submit -> result taken (s), per split (queueing included)
+        self.workers = {}        # address -> figures
+        self.split_log = []      # (split, worker address, pid) as taken
+        self.fetches = []        # the client's gather of a finished split's result (s)
+        self.spans = collections.defaultdict(list)  # worker pid -> [(start, end)] (its clock)
+        self.stage_skips = collections.Counter()
+        self.skip_errors = []
+        self.lock = threading.Lock()
+
+    # -- iteration ------------------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.t0 is None:
+            self._start()
+        self._top_up()
+        while not self.buffer:
+            if not self.pending:
+                self._finish()
+                raise StopIteration
+            self._take()
+            self._top_up()
+        x = self.buffer.popleft()
+        i = self.buffer_indices.popleft() if self.buffer_indices else None
+        self.yielded.append(i)
+        self.items_out += 1
+        if not self.buffer:
+            self.buffer_bytes = 0
+        return x
+
+    def close(self):
+        """Drops the splits in flight: their futures released, Dask forgets their tasks.
+        (Releasing, not client.cancel: this may run in a finalizer, on any thread, where a
+        blocking call into the client's event loop could deadlock.)"""
+        pending, self.pending = self.pending, collections.deque()
+        for s in pending:
+            s.future = None
+        self._finish()
+
+    def __del__(self):
+        try:
+            if self.pending:
+                self.close()
+        except Exception:
+            pass
+
+    def _start(self):
+        self.t0 = time.perf_counter()
+        status = getattr(self.client, "status", "running")
+        if status != "running":
+            raise Error(f"splitflow.dask: the Dask client is not connected to its scheduler "
+                        f"(status '{status}', scheduler {self._address()})")
+        r = self.remote
+        if r.max_splits_in_flight is not None:
+            self.cap = r.max_splits_in_flight
+        else:
+            self.cap = max(2, 2 * _workers_of(self.client))
+
+    def _address(self):
+        try:
+            return self.client.scheduler.address
+        except Exception:
+            return "?"
+
+    def _split_size(self):
+        r = self.remote
+        if r.split != "auto":
+            return r.split
+        per = r._per_item_s
+        if per is None:
+            return r.probe
+        return int(min(_MAX_SPLIT, max(1, math.ceil(r.split_seconds / max(per, 1e-9)))))
+
+    def _top_up(self):
+        n = len(self.indices)
+        r = self.remote
+        while self.next_start < n and len(self.pending) + (1 if self.buffer else 0) < self.cap:
+            size = self._split_size()
+            start = self.next_start
+            part = self.indices[start:start + size]
+            self.next_start = start + len(part)
+            no = next(self.splits)
+            fut = self.client.submit(run_split, r.build, no, part, self.seed, self.epoch,
+                                     r.opts, key=f"{self.key}-{no}", priority=-no, pure=False)
+            self.pending.append(_Split(no, start, part, fut, time.perf_counter()))
+            in_flight = len(self.pending) + (1 if self.buffer else 0)
+            self.max_in_flight_seen = max(self.max_in_flight_seen, in_flight)
+
+    def _take(self):
+        """Waits for the next split (the first one, or any when out of order) and takes it."""
+        t = time.perf_counter()
+        try:
+            split = self._wait()
+            out = self._result(split)
+        finally:
+            self.wait_s += time.perf_counter() - t
+        self._accept(split, out)
+
+    def _wait(self):
+        from distributed import wait as dwait
+
+        poll = max(0.05, min(1.0, self.remote.timeout / 4))
+        quiet_since = time.monotonic()
+        while True:
+            if self.remote.ordered:
+                first = self.pending[0]
+                if first.future.done():
+                    self.pending.popleft()
+                    return first
+                waiting = [first.future]
+            else:
+                for s in self.pending:
+                    if s.future.done():
+                        self.pending.remove(s)
+                        return s
+                waiting = [s.future for s in self.pending]
+            try:
+                dwait(waiting, timeout=poll, return_when="FIRST_COMPLETED")
+                continue
+            except Exception:  # a timeout
+                pass
+            self._check_scheduler(quiet_since)
+            if any(s.future.done() for s in self.pending):
+                quiet_since = time.monotonic()
+
+    def _check_scheduler(self, quiet_since):
+        """Raises when the scheduler is gone or has not answered for `timeout` seconds."""
+        timeout = self.remote.timeout
+        status = getattr(self.client, "status", "running")
+        if status != "running":
+            self._lost(f"the client's connection to the scheduler closed (status '{status}')")
+        quiet = time.monotonic() - quiet_since
+        if quiet < timeout / 2:
+            return
+        left = max(0.1, timeout - quiet)
+        try:
+            self.client.sync(self.client.scheduler.identity, callback_timeout=left)
+        except Exception as e:
+            self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__}: {e})")
+
+    def _lost(self, why, split=None):
+        lost = list(self.pending) + ([split] if split is not None else [])
+        pending = len(lost)
+        left = int(sum(len(s.indices) for s in lost)) + len(self.indices) - self.next_start
+        self.pending = collections.deque()
+        self.error = Error(
+            f"splitflow.dask: lost the Dask scheduler at {self._address()}: {why}; "
+            f"{pending} splits in flight and {left} items not computed (the run fails after at "
+            f"most timeout={self.remote.timeout:g} s)")
+        raise self.error
+
+    def _result(self, split):
+        from distributed import KilledWorker
+
+        fut = split.future
+        status = fut.status
+        if status == "cancelled":
+            st = getattr(self.client, "status", "running")
+            if st != "running":
+                self._lost(f"the client's connection to the scheduler closed (status '{st}'); "
+                           "Dask cancelled the splits in flight", split)
+            raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
+                        f"{split.start + len(split.indices) - 1}) was cancelled on the cluster")
+        t = time.perf_counter()
+        try:
+            out = self.client.gather(fut, direct=self.remote.direct)
+            self.fetches.append(time.perf_counter() - t)
+        except KilledWorker as e:
+            raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
+                        f"{split.start + len(split.indices) - 1}, dataset indices "
+                        f"{int(split.indices[0])}...) failed: the workers running it died too "
+                        f"often ({e}); see distributed.scheduler.allowed-failures") from e
+        except Exception as e:
+            if getattr(self.client, "status", "running") != "running":
+                self._lost(f"{type(e).__name__}: {e}", split)
+            if isinstance(e, Error):
+                raise
+            raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
+                        f"{split.start + len(split.indices) - 1}) failed on the cluster: "
+                        f"{type(e).__name__}: {e}") from e
+        finally:
+            split.future = None  # taken once: Dask forgets the result
+        return out
+
+    def _accept(self, split, out):
+        now = time.perf_counter()
+        r = self.remote
+        if out["error"] is not None:
+            self.close()
+            self.error = self._stage_error(out)
+            raise self.error
+        results = out["results"]
+        n_in = len(split.indices)
+        busy = float(out["busy_s"])
+        w = self.workers.setdefault(out["worker"], {"items": 0, "splits": 0, "busy_s": 0.0,
+                                                     "cpu_s": 0.0, "bytes": 0, "skipped": 0,
+                                                     "pids": []})
+        w["items"] += n_in
+        w["splits"] += 1
+        w["busy_s"] += busy
+        w["cpu_s"] += float(out["cpu_s"])
+        w["bytes"] += int(out["bytes"])
+        w["skipped"] += len(out["skipped"])
+        if out["pid"] not in w["pids"]:
+            w["pids"].append(out["pid"])
+        for s in out["stages"]:
+            if s["skipped"]:
+                self.stage_skips[s["name"]] += s["skipped"]
+                for e in s["errors"]:
+                    self.skip_errors.append(dict(e, stage=s["name"], worker=out["worker"]))
+        self.latencies.append(now - split.submitted)
+        self.spans[out["pid"]].append((float(out["start"]), float(out["end"])))
+        self.splits_done += 1
+        self.split_log.append((split.no, out["worker"], out["pid"]))
+        if n_in:
+            per = busy / n_in
+            r._per_item_s = per if r._per_item_s is None else 0.5 * r._per_item_s + 0.5 * per
+        self.buffer.extend(results)
+        skipped = set(out["skipped"])
+        if len(results) == n_in - len(skipped):
+            self.buffer_indices.extend(int(i) for i in split.indices if int(i) not in skipped)
+        else:  # the remote graph is not one item per index (it batches, say)
+            self.buffer_indices.extend([None] * len(results))
+        self.buffer_bytes = int(out["bytes"])
+        self.max_local_bytes = max(self.max_local_bytes, self.buffer_bytes)
+
+    def _stage_error(self, out):
+        import pickle
+
+        e = out["error"]
+        cause = None
+        if e["cause"] is not None:
+            try:
+                cause = pickle.loads(e["cause"])
+            except Exception:
+                cause = None
+        if cause is None and e["cause_text"]:
+            cause = Error(e["cause_text"])
+        if cause is not None and e["traceback"]:
+            try:
+                cause.add_note(f"Traceback on Dask worker {out['worker']} (pid {out['pid']}):\n"
+                               f"{e['traceback']}")
+            except Exception:
+                pass
+        item = e["item"]
+        where = f"dataset index; on Dask worker {out['worker']}, pid {out['pid']}"
+        text = (f"splitflow: graph '{e['graph']}': stage '{e['stage']}' failed on item "
+                f"{item} ({where}): {e['message']}")
+        err = StageError(text, e["graph"], e["stage"], item, e["message"])
+        err.worker = out["worker"]
+        err.__cause__ = cause
+        return err
+
+    def _finish(self):
+        if self.t_end is None and self.t0 is not None:
+            self.t_end = time.perf_counter()
+        self.done = True
+
+    # -- figures --------------------------------------------------------------------------------
+    def stats(self):
+        """The pass's figures: items, splits, wait_s (the local graph waiting for remote
+        results), per worker items, splits, busy_s, cpu_s, bytes, skipped; bytes/s; Dask's
+        cost per split: gap_s_per_split (median idle time of a worker between two of its
+        splits, on its own clock: Dask's per-task cost there while splits are queued),
+        fetch_s_per_split (median time the client took to fetch a finished split's results)
+        and overhead_s_per_split (their sum); latency_s_per_split (submit to taken, queueing
+        included); the largest number of splits in flight and of bytes held locally; skips by
+        stage and their errors (dataset index, worker); a diagnosis."""
+        end = self.t_end if self.t_end is not None else time.perf_counter()
+        wall = (end - self.t0) if self.t0 is not None else 0.0
+        total_bytes = sum(w["bytes"] for w in self.workers.values())
+        busy = sum(w["busy_s"] for w in self.workers.values())
+        items_in = sum(w["items"] for w in self.workers.values())
+        gaps = []
+        for spans in self.spans.values():
+            spans = sorted(spans)
+            gaps += [max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:])]
+        gap, fetch = _median(gaps), _median(self.fetches)
+        s = {
+            "name": self.remote.name, "items": len(self.indices), "items_out": self.items_out,
+            "splits": self.splits_done, "split_items": self._split_size(),
+            "max_splits_in_flight": self.cap, "splits_in_flight_max": self.max_in_flight_seen,
+            "local_bytes_max": self.max_local_bytes,
+            "wall_s": wall, "wait_s": self.wait_s,
+            "bytes": total_bytes, "bytes_per_s": total_bytes / wall if wall > 0 else 0.0,
+            "worker_busy_s": busy,
+            "item_s": busy / items_in if items_in else None,
+            "gap_s_per_split": gap, "fetch_s_per_split": fetch,
+            "overhead_s_per_split": None if gap is None or fetch is None else gap + fetch,
+            "latency_s_per_split": _median(self.latencies),
+            "workers": {k: dict(v) for k, v in self.workers.items()},
+            "skipped": sum(self.stage_skips.values()),
+            "skipped_by_stage": dict(self.stage_skips),
+            "errors": list(self.skip_errors),
+        }
+        s["diagnosis"] = self._diagnosis(s)
+        return s
+
+    def _diagnosis(self, s):
+        wall, wait = s["wall_s"], s["wait_s"]
+        if wall <= 0 or not s["splits"]:
+            return "no split completed yet"
+        workers = max(1, len(s["workers"]))
+        frac = wait / wall
+        per_worker = (s["items_out"] + s["skipped"]) / s["worker_busy_s"] * 1.0 if s["worker_busy_s"] else 0
+        local_s = wall - wait
+        if frac < 0.1 or per_worker <= 0:
+            return (f"the remote workers keep up: the local graph waited {100 * frac:.0f}% of "
+                    f"the run for remote results")
+        local_rate = s["items_out"] / local_s if local_s > 0 else float("inf")
+        need = math.ceil(local_rate / per_worker) if math.isfinite(local_rate) else None
+        text = (f"remote workers are the bottleneck: the local graph waited {100 * frac:.0f}% of "
+                f"the run for remote results; a worker makes {per_worker:.0f} items/s busy, the "
+                f"local graph takes {local_rate:.0f} items/s when fed")
+        if need is not None:
+            more = max(0, need - workers)
+            text += f": about {need} workers would feed it ({more} more than the {workers} used)"
+        if s["splits_in_flight_max"] < workers:
+            text += (f"; only {s['splits_in_flight_max']} splits were in flight for {workers} "
+                     f"workers: raise max_splits_in_flight")
+        return text
+
+    def report(self):
+        s = self.stats()
+        lines = [f"remote '{s['name']}': {s['items_out']} items from {s['splits']} splits on "
+                 f"{len(s['workers'])} Dask workers in {s['wall_s']:.2f} s; local wait "
+                 f"{s['wait_s']:.2f} s; {s['bytes'] / 1e6:.1f} MB ({s['bytes_per_s'] / 1e6:.1f} "
+                 f"MB/s); Dask per split: worker gap {1e3 * (s['gap_s_per_split'] or 0):.1f} ms, fetch "
+                 f"{1e3 * (s['fetch_s_per_split'] or 0):.1f} ms"
+                 f"; skipped {s['skipped']}"]
+        for addr, w in sorted(s["workers"].items()):
+            lines.append(f"  {addr}: {w['items']} items, {w['splits']} splits, busy "
+                         f"{w['busy_s']:.2f} s, {w['bytes'] / 1e6:.1f} MB, skipped {w['skipped']}")
+        lines.append(f"  diagnosis: {s['diagnosis']}")
+        return "\n".join(lines)
+
+
+def _median(xs):
+    if not xs:
+        return None
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])

@@ -1,0 +1,48 @@
+"""Remote graph segments for test_dask.py: the Dask workers import them by name, so they live in
+a module, not in the test file."""
+import time
+
+import numpy as np
+
+FAIL_ON = 13
+SKIP = (13, 27)
+
+
+def sample(i, seed, epoch):
+    """A deterministic sample of (seed, epoch, index): 64 random bytes and the index."""
+    rng = np.random.default_rng([seed, epoch, i])
+    return {"x": rng.integers(0, 256, 64, dtype=np.uint8), "index": i}
+
+
+def build_samples(g, indices, *, seed, epoch):
+    return indices >> g.stage("sample", lambda i: sample(i, seed, epoch))
+
+
+def build_slow_samples(g, indices, *, seed, epoch):
+    """5 ms of worker time per item (a worker's load, so that a split is still running when the
+    test kills its worker)."""
+    def slow(i):
+        time.sleep(0.005)
+        return sample(i, seed, epoch)
+    return indices >> g.stage("slow sample", slow)
+
+
+def _check(i):
+    if i in SKIP:
+        raise ValueError(f"item {i} is corrupt")
+    return i
+
+
+def build_failing(g, indices, *, seed, epoch):
+    s = g.stage("sample", lambda i: sample(i, seed, epoch))
+    return indices >> g.stage("check", _check) >> s
+
+
+def build_skipping(g, indices, *, seed, epoch):
+    s = g.stage("sample", lambda i: sample(i, seed, epoch))
+    return indices >> g.stage("check", _check, on_error="skip") >> s
+
+
+def local_samples(indices, seed, epoch):
+    """What a local run computes for these indices."""
+    return [sample(int(i), seed, epoch) for i in indices]

@@ -1,0 +1,294 @@
+"""Remote CPU stages on Dask distributed (issue 18, docs/scale-out.md): splitflow.dask.Remote runs
+a graph segment on the workers of a LocalCluster (real scheduler and worker processes on
+loopback) and streams the results into a local graph: every item once, in the local order,
+deterministic from (seed, epoch, index); a worker killed mid-epoch loses and repeats nothing;
+remote errors are named and skips counted; a lost scheduler fails the run within the timeout;
+splits in flight stay bounded under a slow consumer; ranks get disjoint shares; resume is exact.
+Each test starts its own cluster and closes it."""
+import contextlib
+import multiprocessing
+import os
+import signal
+import socket
+import time
+
+import dask
+import numpy as np
+import pytest
+import torch
+
+import dask_fns as fns
+import splitflow as sf
+import splitflow.dask as sfd
+import splitflow.torch as sft
+
+distributed = pytest.importorskip("distributed")
+
+
+@contextlib.contextmanager
+def cluster(workers):
+    with distributed.LocalCluster(n_workers=workers, processes=True, threads_per_worker=1,
+                                  dashboard_address=None, host="127.0.0.1",
+                                  silence_logs=50) as c, distributed.Client(c) as client:
+        yield c, client
+
+
+def run_local_graph(remote, name="local", capacity=32):
+    """The remote segment as the source of a local graph; the items it yields."""
+    g = sf.Graph(sf.Runtime(threads=2, backend="host"), name, capacity=capacity)
+    src = remote.source(g)
+    out = g.pull_sink("out")
+    src >> out
+    return list(g.iterate(out))
+
+
+def same(got, expected):
+    assert [int(s["index"]) for s in got] == [int(s["index"]) for s in expected]
+    for a, b in zip(got, expected):
+        assert np.asarray(a["x"]).tobytes() == b["x"].tobytes()
+
+
+def order(n, seed=5):
+    return np.random.default_rng(seed).permutation(n).tolist()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_every_item_once_in_the_local_order(workers):
+    items = order(150)
+    with cluster(workers) as (_, client):
+        r = sfd.remote(fns.build_samples, client, items=items, seed=3, epoch=2, split=7)
+        got = run_local_graph(r)
+        s = r.stats()
+        # out of order: split by split as they complete, every item once
+        r2 = sfd.remote(fns.build_samples, client, items=items, seed=3, epoch=2, split=7,
+                        order="out_of_order")
+        got2 = run_local_graph(r2)
+        addresses = set(client.scheduler_info()["workers"])
+    same(got, fns.local_samples(items, 3, 2))
+    assert s["items_out"] == 150 and s["splits"] == 22 and s["skipped"] == 0
+    assert sum(w["items"] for w in s["workers"].values()) == 150
+    assert set(s["workers"]) <= addresses
+    assert s["bytes"] == 150 * (64 + 8) and s["wait_s"] <= s["wall_s"]
+    assert sorted(int(x["index"]) for x in got2) == sorted(items)
+    by_index = {int(x["index"]): np.asarray(x["x"]).tobytes() for x in got2}
+    assert by_index == {int(x["index"]): x["x"].tobytes() for x in fns.local_samples(items, 3, 2)}
+
+
+def test_split_auto_sizes_splits_from_the_measured_cost():
+    # 5 ms an item: after the probe splits, splits of about 0.1 s = 20 items.
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_slow_samples, client, items=list(range(120)), seed=1,
+                       split="auto", probe=4, max_splits_in_flight=2)
+        got = run_local_graph(r)
+    assert [int(x["index"]) for x in got] == list(range(120))
+    s = r.stats()
+    assert 12 <= s["split_items"] <= 30, s["split_items"]
+    assert s["splits"] < 20
+
+
+def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing():
+    items = order(240, seed=9)
+    with cluster(3) as (_, client):
+        r = sfd.remote(fns.build_slow_samples, client, items=items, seed=4, epoch=1, split=6,
+                       max_splits_in_flight=6)
+        pids = client.run(os.getpid)
+        got, killed = [], None
+        for x in r.iterate(items):
+            got.append(x)
+            if killed is None and len(got) >= 30:
+                processing = client.processing()
+                addr, keys = max(processing.items(), key=lambda kv: len(kv[1]))
+                keys = [k for k in keys if k.startswith(r.last_pass.key)]
+                assert keys, processing  # the worker we kill holds splits of this pass
+                os.kill(pids[addr], signal.SIGKILL)
+                killed = (pids[addr], keys)
+        log = {no: pid for no, _, pid in r.last_pass.split_log}
+    same(got, fns.local_samples(items, 4, 1))  # identical bytes, none lost, none repeated
+    pid, keys = killed
+    for key in keys:  # each split the dead worker held was computed again elsewhere
+        assert log[int(key.rsplit("-", 1)[1])] != pid
+
+
+def test_a_remote_exception_names_the_stage_the_item_and_the_worker():
+    with cluster(2) as (_, client):
+        workers = set(client.scheduler_info()["workers"])
+        r = sfd.remote(fns.build_failing, client, items=list(range(40)), split=8)
+        with pytest.raises(sf.StageError) as info:
+            run_local_graph(r, name="train")
+        outer = info.value
+        # the local run's error names its source; its cause is the remote stage's error
+        assert (outer.graph, outer.stage) == ("train", "remote")
+        e = outer.__cause__
+        assert isinstance(e, sf.StageError)
+        assert (e.graph, e.stage, e.item) == ("remote", "check", 13)
+        assert e.worker in workers and e.worker in str(e) and "item 13" in str(e)
+        assert isinstance(e.__cause__, ValueError) and "item 13 is corrupt" in str(e.__cause__)
+        assert "_check" in "\n".join(e.__cause__.__notes__)  # the worker's traceback
+        # a GraphDataset raises the remote error itself, naming the dataset index
+        ds = sft.GraphDataset(lambda g, src: src, 40, shuffle=True, seed=2, threads=2,
+                              backend="host", remote=sfd.remote(fns.build_failing, client, split=8))
+        first_bad = next(i for i in ds.rank_indices() if i in fns.SKIP)
+        with pytest.raises(sf.StageError) as info:
+            list(ds)
+        assert (info.value.stage, info.value.item) == ("check", first_bad)
+        assert info.value.worker in workers
+
+
+def test_skip_works_remotely_and_is_counted():
+    items = order(60, seed=2)
+    with cluster(2) as (_, client):
+        r = sfd.remote(fns.build_skipping, client, items=items, split=9)
+        got = run_local_graph(r)
+        workers = set(client.scheduler_info()["workers"])
+    kept = [i for i in items if i not in fns.SKIP]
+    same(got, fns.local_samples(kept, 0, 0))
+    s = r.stats()
+    assert s["skipped"] == 2 and s["skipped_by_stage"] == {"check": 2}
+    assert sorted(e["item"] for e in s["errors"]) == sorted(fns.SKIP)
+    assert all(e["worker"] in workers and "is corrupt" in e["message"] for e in s["errors"])
+    assert sum(w["skipped"] for w in s["workers"].values()) == 2
+    assert r.last_pass.yielded == kept
+
+
+def test_scheduler_unreachable_fails_within_the_timeout():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    t = time.monotonic()
+    with pytest.raises(sf.Error, match=f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}"):
+        sfd.connect(f"tcp://127.0.0.1:{port}", timeout=2)
+    assert time.monotonic() - t < 2 + 2
+
+    # the scheduler goes away mid-epoch: the run fails within timeout, saying so
+    c = distributed.LocalCluster(n_workers=1, processes=True, threads_per_worker=1,
+                                 dashboard_address=None, host="127.0.0.1", silence_logs=50)
+    client = distributed.Client(c)
+    try:
+        r = sfd.remote(fns.build_slow_samples, client, items=list(range(200)), split=10,
+                       timeout=3)
+        it = r.iterate(list(range(200)))
+        got = [next(it) for _ in range(5)]
+        c.sync(c.scheduler.close)
+        t = time.monotonic()
+        with pytest.raises(sf.Error, match="lost the Dask scheduler") as info:
+            for x in it:
+                got.append(x)
+        assert time.monotonic() - t < 3 + 1
+        assert "items not computed" in str(info.value)
+        assert [int(x["index"]) for x in got] == list(range(len(got)))
+    finally:
+        # With the scheduler gone the cluster would wait for it (connect timeout, 30 s).
+        client.close(timeout=2)
+        for w in list(c.workers.values()):
+            c.sync(w.kill, timeout=1)
+        with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}):
+            c.close(timeout=5)
+
+
+def test_backpressure_bounds_the_splits_in_flight_with_a_slow_consumer():
+    cap = 3
+    with cluster(2) as (_, client):
+        r = sfd.remote(fns.build_samples, client, items=list(range(160)), split=4,
+                       max_splits_in_flight=cap)
+        on_cluster = []
+
+        def tasks_of_this_pass(dask_scheduler, prefix):
+            return sum(1 for k in dask_scheduler.tasks if str(k).startswith(prefix))
+
+        got = []
+        for k, x in enumerate(r.iterate(list(range(160)))):
+            got.append(int(x["index"]))
+            time.sleep(0.002)  # the slow consumer
+            if k % 8 == 0:
+                on_cluster.append(client.run_on_scheduler(tasks_of_this_pass,
+                                                          prefix=r.last_pass.key))
+        s = r.stats()
+    assert got == list(range(160))
+    assert s["splits"] == 40 and s["max_splits_in_flight"] == cap
+    assert s["splits_in_flight_max"] == cap  # reached, never passed
+    assert max(on_cluster) <= cap and len(on_cluster) == 20
+    assert s["local_bytes_max"] == 4 * (64 + 8)  # one split's results held locally
+
+
+def _rank(rank, world, port, scheduler, q):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        with distributed.Client(scheduler, set_as_default=False) as client:
+            ds = sft.GraphDataset(lambda g, src: src, 50, shuffle=True, seed=3, to_torch=False,
+                                  remote=sfd.remote(fns.build_samples, client, seed=3, split=5))
+            ds.set_epoch(1)
+            got = [int(x["index"]) for x in ds]
+            assert ds.shard() == (rank, world)
+            shares = [None] * world
+            dist.all_gather_object(shares, got)
+        q.put((rank, got, ds.rank_indices(), shares))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_torch_distributed_ranks_share_one_cluster():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    with cluster(2) as (c, _):
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_rank, args=(r, 2, port, c.scheduler_address, q))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        out = dict((r, (got, mine, shares)) for r, got, mine, shares in (q.get(timeout=60)
+                                                                          for _ in procs))
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+    (got0, mine0, shares0), (got1, mine1, _) = out[0], out[1]
+    assert got0 == mine0 and got1 == mine1  # each rank its own share, in its order
+    assert not set(got0) & set(got1) and sorted(got0 + got1) == list(range(50))
+    assert shares0 == [got0, got1]
+
+
+def test_resume_mid_epoch_is_exact():
+    def make(client):
+        return sft.GraphDataset(lambda g, src: src >> g.batch("batch", 8), 61, shuffle=True,
+                                seed=6, threads=2, backend="host", batch_size=8,
+                                remote=sfd.remote(fns.build_samples, client, seed=6, split=5))
+
+    with cluster(2) as (_, client):
+        full = make(client)
+        full.set_epoch(3)
+        expected = [i for b in full for i in b["index"].tolist()]
+        ds = make(client)
+        ds.set_epoch(3)
+        first = []
+        for k, b in enumerate(ds):
+            first += b["index"].tolist()
+            if k == 2:
+                break
+        state = ds.state_dict()
+        again = make(client)
+        again.load_state_dict(state)
+        rest = [i for b in again for i in b["index"].tolist()]
+        stats = again.last_run.stats()
+    assert state["by_index"] and state["samples_seen"] == 24
+    assert first + rest == expected and sorted(expected) == list(range(61))
+    assert stats["remote"]["items_out"] == 61 - 24
+
+
+def test_tensors_travel_out_of_band_without_a_copy():
+    # A split's result as Dask sends it: each array's memory is one of the frames (pickle
+    # protocol 5 buffers or Dask's numpy serializer), not copied into a pickle.
+    from distributed.protocol import serialize
+
+    out = sfd.run_split(fns.build_samples, 0, [3, 1, 4], 7, 0, {
+        "threads": 1, "backend": "host", "max_in_flight": 16, "name": "remote"})
+    arrays = [x["x"] for x in out["results"]]
+    big = [np.zeros((256, 256, 3), np.uint8)]  # and an image-sized one
+    _, frames = serialize({"results": [{"x": a} for a in arrays + big]},
+                          serializers=("dask", "pickle"))
+    addresses = {np.frombuffer(memoryview(f), np.uint8).ctypes.data for f in frames if len(f)}
+    for a in arrays + big:
+        assert a.ctypes.data in addresses
+    same(out["results"], fns.local_samples([3, 1, 4], 7, 0))
