@@ -7,6 +7,7 @@
 
 #include "device/device_runtime.hpp"
 #include "executor/run_state.hpp"
+#include "executor/run_tuner.hpp"
 #include "executor/runtime_core.hpp"
 #include "telemetry/tracer.hpp"
 #include "splitflow/core/error.hpp"
@@ -321,6 +322,13 @@ std::shared_ptr<RunState> GraphCore::start() {
     current_ = run;
     active_ = true;
   }
+  tuner_.reset();  // the last run's (stopped)
+  if (std::any_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->auto_concurrency(); })) {
+    std::vector<NodeBase*> nodes;
+    for (auto& n : nodes_) nodes.push_back(n.get());
+    const double cores = opts_.autotune_cores > 0 ? opts_.autotune_cores : runtime_->threads();
+    tuner_ = std::make_unique<RunTuner>(*this, std::move(nodes), opts_.autotune_window, cores);
+  }
   runtime_->spawn([this] { run_task({nullptr, 0}); }, /*fair=*/true);
   return run;
 }
@@ -480,6 +488,7 @@ RunStats GraphCore::collect_stats(bool final) const {
     st.stages.push_back(n->snapshot_locked(now));
   }
   if (gpu_) st.gpu = gpu_->snapshot(steady_now_ns());
+  if (tuner_) st.autotune = tuner_->events();
   if (window) {
     st.gpu.device_wall_ns = window->wall_ns;
     st.gpu.device_busy_ns = window->busy_ns;
@@ -497,6 +506,7 @@ RunStats GraphCore::collect_stats(bool final) const {
 RunStats GraphCore::snapshot() const { return collect_stats(false); }
 
 void GraphCore::complete() noexcept {
+  if (tuner_) tuner_->stop();  // before the final figures (its decisions are among them)
   std::shared_ptr<RunState> run;
   {
     std::lock_guard lk(mu_);

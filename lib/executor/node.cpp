@@ -30,9 +30,12 @@ NodeBase::NodeBase(GraphCore& graph, std::string name, StageKind kind, const Sta
     : graph_(&graph),
       name_(std::move(name)),
       kind_(kind),
+      auto_(opts.concurrency == Concurrency::automatic),
       // 0 means unlimited, in C++ as in Python (docs/api.md); a pull sink has no invocations.
-      concurrency_(opts.concurrency == 0 && kind != StageKind::pull_sink ? Concurrency::unlimited
-                                                                         : opts.concurrency),
+      // An automatic one starts at 1 (the tuner raises it).
+      concurrency_(auto_ ? 1
+                   : opts.concurrency == 0 && kind != StageKind::pull_sink ? Concurrency::unlimited
+                                                                           : opts.concurrency),
       order_(opts.order),
       capacity_(opts.capacity ? opts.capacity : graph.options().default_capacity),
       default_capacity_(opts.capacity == 0),
@@ -71,6 +74,10 @@ void NodeBase::validate() const {
     throw GraphError("splitflow: " + who +
                      ": OnError::substitute needs an output to substitute; a sink can only "
                      "fail or skip");
+  if (auto_ && kind_ != StageKind::stage)
+    throw GraphError("splitflow: " + who +
+                     ": Concurrency::automatic is for CPU stages (Graph::stage); give this one "
+                     "a number");
   if (kind_ == StageKind::sink && concurrency_ > 1 && order_ == Order::in_order)
     throw GraphError("splitflow: " + who +
                      ": a sink with concurrency > 1 cannot run in order; give it "
@@ -301,6 +308,18 @@ void NodeBase::collect_claims_locked(WorkList& w) {
   blocked_ = blocked;
 }
 
+void NodeBase::set_concurrency(std::size_t n, WorkList& w) {
+  std::lock_guard lk(mu_);
+  n = std::max<std::size_t>(n, 1);
+  if (n == concurrency_) return;
+  const bool raised = n > concurrency_;
+  concurrency_ = n;
+  if (raised) {
+    collect_claims_locked(w);
+    refresh_state_locked();
+  }
+}
+
 void NodeBase::refresh_state_locked(Ticks now) {
   int s = executing_ > 0 ? kBusy : (blocked_ || waiting_ > 0 ? kBlocked : kStarved);
   if (kind_ == StageKind::pull_sink) s = ports_[0].queued > 0 ? kBusy : kStarved;
@@ -330,7 +349,8 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   errors_.clear();
   telemetry_ = telemetry;
   stamps_ = telemetry || graph_->tracker() != nullptr;
-  sequenced_ = order_ == Order::in_order && concurrency_ > 1 && !successors_.empty();
+  // (An automatic stage may go past 1 during the run: its outputs are sequenced from the start.)
+  sequenced_ = order_ == Order::in_order && (concurrency_ > 1 || auto_) && !successors_.empty();
   next_ticket_ = 0;
   waiters_.clear();
   state_ = kStarved;

@@ -171,6 +171,7 @@ std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device
   diagnosis["bottleneck"] = d.bottleneck;
   diagnosis["findings"] = d.findings;
   diagnosis["suggestions"] = d.suggestions;
+  j["autotune"] = st.autotune;  // the tuner's decisions (empty without automatic stages)
   return dump(j) + "\n";
 }
 

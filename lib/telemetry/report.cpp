@@ -289,6 +289,10 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
   else out += fmt::format(" bottleneck '{}'\n", d.bottleneck);
   for (const auto& f : d.findings) out += "  - " + f + "\n";
   for (const auto& s : d.suggestions) out += "  > " + s + "\n";
+  if (!st.autotune.empty()) {
+    out += "autotune (stages with Concurrency::automatic):\n";
+    for (const auto& e : st.autotune) out += "  - " + e + "\n";
+  }
   return out;
 }
 

@@ -15,6 +15,13 @@ class Observer;
 struct Concurrency {
   static constexpr std::size_t serial = 1;
   static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
+  /// Set by the graph's tuner while it runs (docs/autotune.md): CPU stages (Graph::stage)
+  /// only. The stage starts at 1; every GraphOptions::autotune_window the tuner measures the
+  /// stages and moves the concurrencies toward the rate its model says the cores allow.
+  /// \code
+  ///   auto decode = g.stage("decode", decode_fn, {.concurrency = splitflow::Concurrency::automatic});
+  /// \endcode
+  static constexpr std::size_t automatic = std::numeric_limits<std::size_t>::max() - 1;
 };
 
 /// Whether a stage's outputs leave it in the order its inputs arrived.
@@ -67,6 +74,10 @@ struct GraphOptions {
   /// trace_max_events: past it, invocations are sampled (the trace states the rate).
   bool trace = false;
   std::size_t trace_max_events = std::size_t{1} << 18;
+  /// Stages with Concurrency::automatic: how often the tuner measures and decides, and the
+  /// cores their bodies may hold at once (0: the runtime's threads).
+  std::chrono::milliseconds autotune_window{250};
+  double autotune_cores = 0;
 };
 
 /// What submit() does when max_pending requests are already waiting for answers.

@@ -190,6 +190,9 @@ struct RunStats {
   std::vector<StageStats> stages;  ///< in the order the stages were added to the graph
   /// GPU figures (all zero for a graph without GPU stages).
   GpuStats gpu;
+  /// The tuner's decisions so far, in order (stages with Concurrency::automatic; empty
+  /// without), each with its reason: "decode 1 -> 2: ...".
+  std::vector<std::string> autotune;
   /// Items consumed by the graph's sinks.
   std::uint64_t items_delivered() const noexcept;
   /// items_delivered per second of wall time.

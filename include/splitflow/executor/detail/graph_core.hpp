@@ -51,6 +51,8 @@ class ItemTracker {
   virtual void on_device(std::uint64_t /*seq*/, std::int64_t /*ns*/) noexcept {}
 };
 
+class RunTuner;  // lib/executor/run_tuner.hpp
+
 class GraphCore {
  public:
   GraphCore(std::shared_ptr<RuntimeCore> runtime, std::string name, GraphOptions opts);
@@ -166,6 +168,7 @@ class GraphCore {
   std::unique_ptr<DeviceStats> device_at_start_;  // its figures as the run started
   std::vector<Observer*> observers_;  // this run's: the user's, the tracer
   ItemTracker* tracker_ = nullptr;
+  std::unique_ptr<RunTuner> tuner_;  // this run's, when a stage has Concurrency::automatic
 };
 
 }  // namespace splitflow::detail

@@ -137,6 +137,10 @@ class NodeBase {
   GraphCore& graph() const noexcept { return *graph_; }
   SpinLock& mutex() const noexcept { return mu_; }
   std::size_t concurrency() const noexcept { return concurrency_; }
+  /// Whether the tuner sets the concurrency (Concurrency::automatic).
+  bool auto_concurrency() const noexcept { return auto_; }
+  /// The tuner's new concurrency (at least 1): claims start at once if it rose.
+  void set_concurrency(std::size_t n, WorkList& w);
   Order order() const noexcept { return order_; }
   int ports() const noexcept { return nports_; }
   bool telemetry() const noexcept { return telemetry_; }
@@ -281,6 +285,7 @@ class NodeBase {
   GraphCore* graph_;
   std::string name_;
   StageKind kind_;
+  bool auto_;  // Concurrency::automatic: concurrency_ is the tuner's (under mu_)
   std::size_t concurrency_;
   Order order_;
   std::size_t capacity_;

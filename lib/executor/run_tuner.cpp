@@ -1,0 +1,130 @@
+#include "run_tuner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "splitflow/executor/detail/graph_core.hpp"
+#include "splitflow/executor/detail/node.hpp"
+
+namespace splitflow::detail {
+
+RunTuner::RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::milliseconds window,
+                   double cores)
+    : graph_(graph),
+      nodes_(std::move(nodes)),
+      window_(std::max(window, std::chrono::milliseconds(1))),
+      cores_(cores),
+      tuner_(autotune::PolicyOptions{}, autotune::Budget{.cores = cores}) {
+  for (NodeBase* n : nodes_) tuned_.push_back(n->auto_concurrency());
+  thread_ = std::thread([this] { loop(); });
+}
+
+RunTuner::~RunTuner() { stop(); }
+
+void RunTuner::stop() noexcept {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<std::string> RunTuner::events() const {
+  std::lock_guard lk(mu_);
+  return events_;
+}
+
+autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now,
+                                     const std::vector<bool>& tuned, double cores,
+                                     std::vector<std::size_t>* modelled, double* fixed_cores) {
+  autotune::Sample s;
+  s.end_ns = now.wall_ns;
+  s.window_ns = now.wall_ns - before.wall_ns;
+  s.delivered = now.items_delivered() - before.items_delivered();
+  // The modelled stages: everything with a body of ours (sources pace themselves; a pull
+  // sink's consumer is the caller's thread).
+  std::unordered_map<std::string, std::size_t> index;
+  std::vector<std::size_t> picked;
+  const double window = static_cast<double>(std::max<std::int64_t>(s.window_ns, 1));
+  double fixed = 0;
+  for (std::size_t i = 0; i < now.stages.size(); ++i) {
+    const StageKind k = now.stages[i].kind;
+    if (k == StageKind::source || k == StageKind::pull_sink) continue;
+    if (!tuned[i]) {
+      // A stage whose concurrency its user set is not modelled: the cores it used in the
+      // window are taken off the budget of the automatic ones (the tuner works around it).
+      fixed += static_cast<double>(now.stages[i].work_ns - before.stages[i].work_ns) / window;
+      continue;
+    }
+    index[now.stages[i].name] = picked.size();
+    picked.push_back(i);
+  }
+  if (fixed_cores) *fixed_cores = fixed;
+  const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores));
+  for (std::size_t i : picked) {
+    const StageStats& a = before.stages[i];
+    const StageStats& b = now.stages[i];
+    autotune::StageSample x;
+    x.name = b.name;
+    x.gpu = b.kind == StageKind::gpu_stage;
+    x.items = b.items_out - a.items_out;
+    x.work_ns = b.work_ns - a.work_ns;
+    x.busy_ns = b.busy_ns - a.busy_ns;
+    x.starved_ns = b.starved_ns - a.starved_ns;
+    x.blocked_ns = b.blocked_ns - a.blocked_ns;
+    x.mean_queue = std::max(0.0, (b.mean_queue * static_cast<double>(now.wall_ns) -
+                                  a.mean_queue * static_cast<double>(before.wall_ns)) /
+                                     window);
+    x.capacity = std::max<std::size_t>(b.capacity, 1);
+    x.fixed_capacity = x.capacity;  // queues are not tuned yet
+    // A stage left unlimited by its user holds at most the cores' worth of threads.
+    const std::size_t limit =
+        b.concurrency_limit == Concurrency::unlimited ? whole_cores : b.concurrency_limit;
+    x.concurrency = std::max<std::size_t>(limit, 1);
+    if (!x.gpu) x.max_concurrency = whole_cores;
+    s.stages.push_back(std::move(x));
+  }
+  // Producers: the modelled stages that feed each one (through the consumers lists; a stage
+  // fed through an unmodelled one counts as fed by the source).
+  for (std::size_t i : picked)
+    for (const std::string& c : now.stages[i].consumers) {
+      auto it = index.find(c);
+      if (it != index.end()) s.stages[it->second].producers.push_back(index[now.stages[i].name]);
+    }
+  if (modelled) *modelled = std::move(picked);
+  return s;
+}
+
+void RunTuner::loop() {
+  RunStats before = graph_.snapshot();
+  std::unique_lock lk(mu_);
+  while (!cv_.wait_for(lk, window_, [&] { return stop_; })) {
+    lk.unlock();
+    RunStats now = graph_.snapshot();
+    std::vector<std::size_t> modelled;
+    double fixed = 0;
+    const autotune::Sample s = sample_of(before, now, tuned_, cores_, &modelled, &fixed);
+    // Whole cores, so that noise in the fixed stages' use does not re-tune every window.
+    const double left = std::max(1.0, std::round(cores_ - fixed));
+    if (left != tuner_.budget().cores) tuner_.set_budget({.cores = left});
+    const autotune::Decision d = tuner_.observe(s);
+    before = std::move(now);
+    std::vector<std::pair<NodeBase*, std::size_t>> changes;
+    if (d.changed)
+      for (std::size_t k = 0; k < modelled.size() && k < d.allocation.stages.size(); ++k) {
+        NodeBase* n = nodes_[modelled[k]];
+        if (n->auto_concurrency())
+          changes.emplace_back(n, std::max<std::size_t>(d.allocation.stages[k].concurrency, 1));
+      }
+    if (!changes.empty())
+      graph_.post_if_running([changes](WorkList& w) {
+        for (const auto& [node, n] : changes) node->set_concurrency(n, w);
+      });
+    lk.lock();
+    for (const autotune::TuneEvent& e : d.events) events_.push_back(e.text());
+  }
+}
+
+}  // namespace splitflow::detail

@@ -1,0 +1,61 @@
+// RunTuner: runs autotune's policy (splitflow/executor/autotune.hpp) on a live run. A thread of
+// its own (not an arena thread: it only waits and reads) measures the run every window
+// (GraphCore::snapshot, differenced), asks the policy, and posts the concurrencies it returns
+// for the stages with Concurrency::automatic to the arena, where they take effect at once.
+// Internal to the library.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "splitflow/executor/autotune.hpp"
+#include "splitflow/telemetry/stats.hpp"
+
+namespace splitflow::detail {
+
+class GraphCore;
+class NodeBase;
+
+class RunTuner {
+ public:
+  /// Starts measuring `graph`'s active run; `nodes` in the order of RunStats::stages.
+  RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::milliseconds window,
+           double cores);
+  /// Stops (and joins) the thread.
+  ~RunTuner();
+  RunTuner(const RunTuner&) = delete;
+  RunTuner& operator=(const RunTuner&) = delete;
+
+  /// Stops measuring; idempotent. Call before the run's final figures are taken.
+  void stop() noexcept;
+  /// The decisions so far, as text ("decode 1 -> 2: ...").
+  std::vector<std::string> events() const;
+
+  /// The policy's view of one window, from two snapshots of the run: the stages with automatic
+  /// concurrency (`tuned[i]`, by stats index; their indices go to `modelled`), and the cores
+  /// the other stages with bodies used meanwhile (`fixed_cores`: off the tuned ones' budget).
+  static autotune::Sample sample_of(const RunStats& before, const RunStats& now,
+                                    const std::vector<bool>& tuned, double cores,
+                                    std::vector<std::size_t>* modelled, double* fixed_cores);
+
+ private:
+  void loop();
+
+  GraphCore& graph_;
+  std::vector<NodeBase*> nodes_;
+  std::vector<bool> tuned_;
+  std::chrono::milliseconds window_;
+  double cores_;
+  autotune::Autotuner tuner_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::string> events_;
+  std::thread thread_;  // last: started once the rest is set
+};
+
+}  // namespace splitflow::detail

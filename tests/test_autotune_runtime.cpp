@@ -1,0 +1,146 @@
+// Autotune on live runs (Concurrency::automatic, GraphOptions::autotune_window): the tuner's
+// thread measures the run each window and sets the automatic stages' concurrency; its decisions
+// are in RunStats::autotune, the report and the JSON. Checks docs/autotune.md, "In the
+// runtime". The policy itself, against the simulator: test_autotune.cpp. No assertion here
+// depends on timing: what the tuner decides depends on this machine's speed; that it decides,
+// explains, keeps within the cores, keeps a user's number and leaves items whole does not.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <regex>
+#include <splitflow/splitflow.hpp>
+#include <string>
+#include <vector>
+
+#include "helpers.hpp"
+
+using namespace splitflow;
+using namespace std::chrono_literals;
+using testing_helpers::counter;
+using testing_helpers::spin_us;
+
+namespace {
+
+GraphOptions tuned(std::chrono::milliseconds window = 10ms) {
+  GraphOptions o;
+  o.autotune_window = window;
+  return o;
+}
+
+}  // namespace
+
+// "concurrency = auto for any stage ... every decision is an event with its reason"
+TEST(AutotuneRuntime, AutomaticStagesAreTunedWithReasonsWithinTheCores) {
+  // 4 threads (the budget: 4 cores), costs 1:4: the model's allocation gives 'heavy' more than
+  // the 1 both start at (with 2 threads, 1 and 1 would already be the best, and nothing moves).
+  Runtime rt({.threads = 4});
+  Graph g(rt, "tuned", tuned());
+  auto src = g.source("n", counter(6000));
+  auto light = g.stage("light", [](long x) { spin_us(20); return x; },
+                       {.concurrency = Concurrency::automatic});
+  auto heavy = g.stage("heavy", [](long x) { spin_us(80); return x + 1; },
+                       {.concurrency = Concurrency::automatic});
+  std::vector<long> got;
+  auto sink = g.sink("s", [&](long x) { got.push_back(x); });
+  src >> light >> heavy >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  // Every item, in order (the automatic stages keep their order whatever their concurrency).
+  ASSERT_EQ(got.size(), 6000u);
+  for (long i = 0; i < 6000; ++i) ASSERT_EQ(got[static_cast<std::size_t>(i)], i + 1);
+  const RunStats st = run.stats();
+  ASSERT_FALSE(st.autotune.empty()) << "the tuner decided nothing in a run of many windows";
+  // The first decision is the model's allocation; each stage change names its stage and says why.
+  EXPECT_EQ(st.autotune.front().rfind("model per item: ", 0), 0u) << st.autotune.front();
+  // A change reads "<stage> <from> -> <to>: <reason>" (or "<stage> <knob> <from> -> <to>: ...").
+  const std::regex change(R"(^(\S+) (?:capacity )?(\d+|unlimited) -> (\d+|unlimited): .+)");
+  std::size_t changes = 0;
+  for (const std::string& e : st.autotune) {
+    std::smatch m;
+    if (!std::regex_match(e, m, change)) continue;  // a graph-level event (model, keep, ...)
+    ++changes;
+    EXPECT_TRUE(m[1] == "light" || m[1] == "heavy") << "a change of a stage not tuned: " << e;
+  }
+  std::string all;
+  for (const std::string& e : st.autotune) all += "\n  " + e;
+  EXPECT_GT(changes, 0u) << "no stage was changed from its start at 1; the decisions:" << all;
+  for (const char* name : {"light", "heavy"}) {
+    const StageStats* s = st.find(name);
+    EXPECT_GE(s->concurrency_limit, 1u) << name;
+    EXPECT_LE(s->concurrency_limit, 4u) << name << ": more than the runtime's 4 threads";
+    EXPECT_LE(s->max_concurrency, 4u) << name;
+  }
+  EXPECT_NE(report(st).find("autotune (stages with Concurrency::automatic):"), std::string::npos);
+  EXPECT_NE(to_json(st).find("\"autotune\":[\""), std::string::npos);
+}
+
+// "a number a user sets is respected (autotune works around it)"
+TEST(AutotuneRuntime, AUserSetConcurrencyIsKept) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "mixed", tuned());
+  auto src = g.source("n", counter(4000));
+  auto tuned_stage = g.stage("auto", [](long x) { spin_us(30); return x; },
+                             {.concurrency = Concurrency::automatic});
+  auto fixed = g.stage("fixed", [](long x) { spin_us(30); return x; }, {.concurrency = 1});
+  std::atomic<long> n{0};
+  auto sink = g.sink("s", [&](long) { ++n; });
+  src >> tuned_stage >> fixed >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n.load(), 4000);
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("fixed")->concurrency_limit, 1u);
+  EXPECT_EQ(st.find("fixed")->max_concurrency, 1u);
+  for (const std::string& e : st.autotune) EXPECT_NE(e.rfind("fixed ", 0), 0u) << e;
+  EXPECT_LE(st.find("auto")->concurrency_limit, 2u);
+}
+
+// Only CPU stages take Concurrency::automatic; anything else is refused when the run starts.
+TEST(AutotuneRuntime, OnlyCpuStagesTakeAutomatic) {
+  Runtime rt({.threads = 1});
+  Graph g(rt, "bad");
+  auto src = g.source("n", counter(3));
+  auto sink = g.sink("s", [](long) {}, {.concurrency = Concurrency::automatic,
+                                        .order = Order::out_of_order});
+  src >> sink;
+  try {
+    g.run().wait();
+    FAIL() << "an automatic sink was accepted";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("sink 's': Concurrency::automatic is for CPU stages"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The tuner's thread ends with the run: a cancel ends the run, and the graph runs again with a
+// fresh tuner.
+TEST(AutotuneRuntime, ACancelledTunedRunEndsAndTheGraphRunsAgain) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "again", tuned(5ms));
+  std::atomic<long> seen{0};
+  auto src = g.source("n", counter(-1));
+  auto st1 = g.stage("work", [](long x) { spin_us(20); return x; },
+                     {.concurrency = Concurrency::automatic});
+  auto sink = g.sink("s", [&](long) { seen.fetch_add(1); });
+  src >> st1 >> sink;
+  auto run = g.run();
+  while (seen.load() < 500) std::this_thread::yield();  // (an endless source: wait for items)
+  run.cancel();
+  ASSERT_TRUE(run.wait_for(10s));
+  EXPECT_EQ(run.status(), RunStatus::cancelled);
+  EXPECT_FALSE(g.running());
+  // Again, with an end this time.
+  Graph h(rt, "bounded", tuned(5ms));
+  long m = 0;
+  auto s2 = h.source("n", counter(2000));
+  auto w2 = h.stage("work", [](long x) { spin_us(20); return x; },
+                    {.concurrency = Concurrency::automatic});
+  auto k2 = h.sink("s", [&](long) { ++m; });
+  s2 >> w2 >> k2;
+  for (int round = 0; round < 2; ++round) {
+    m = 0;
+    EXPECT_EQ(h.run().wait(), RunStatus::succeeded);
+    EXPECT_EQ(m, 2000) << "round " << round;
+  }
+}
