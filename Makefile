@@ -132,6 +132,8 @@ bench: release
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images.py \
 	  --bin $(BUILD)/release/benchmarks/image_pipeline_bench --data $(BUILD)/bench-data/images \
 	  --json $(BUILD)/bench/bench_images.json
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_memory.py \
+	  --data $(BUILD)/bench-data/images --json $(BUILD)/bench/bench_memory.json
 	/usr/bin/python3 benchmarks/summary.py $(BUILD)/bench
 
 clean:

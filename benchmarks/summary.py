@@ -4,8 +4,8 @@
     /usr/bin/python3 benchmarks/summary.py build/bench
 
 Reads the Google Benchmark JSON of each bench_* binary (medians when the run has repetitions)
-and the JSON of bench_loader.py and bench_images.py. Each row: the figure, its goal, and
-whether this run met it. Every figure is a ratio of two things measured in the same run.
+and the JSON of the Python benchmarks (bench_loader.py, bench_images.py, bench_memory.py, ...).
+Each row: the figure, its goal, and whether this run met it. Every figure is a ratio of two things measured in the same run.
 """
 import json
 import os
@@ -57,6 +57,7 @@ def main():
     procs = load(os.path.join(d, "bench_process_stage.json"))
     large = load(os.path.join(d, "bench_large_photos.json"))
     dask = load(os.path.join(d, "bench_dask.json"))
+    memory = load(os.path.join(d, "bench_memory.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -115,6 +116,8 @@ def main():
         ("18", "Dask cost per split: worker gap + fetch (ms)",
          1e3 * dask["overhead_s_per_split"] if dask and dask.get("overhead_s_per_split")
          is not None else None, "(stated)", None),
+        ("16", "Peak RSS, 10x the images / 1x (same config)",
+         memory and memory.get("peak_10x_vs_1x"), "0.90 to 1.10", lambda v: abs(v - 1) <= 0.10),
         ("7", "Inference at a p99 target: dynamic / no batching",
          ratio(counter(inf, "BM_InferenceAtTarget/dynamic", "rate_at_target"),
                counter(inf, "BM_InferenceAtTarget/unbatched", "rate_at_target")), ">= 3", lambda v: v >= 3),
