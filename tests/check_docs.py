@@ -172,6 +172,11 @@ ALLOW = {
     "DeadlineExceeded": "the old name of DeadlineError, kept as an alias (docs/api.md)",
     "cudaStreamCreateWithPriority": "a CUDA runtime function splitflow does not call yet",
     "global_control": "oneTBB's tbb::global_control",
+    "ObjectRef": "Ray's object reference, named for comparison (docs/scale-out.md)",
+    "max_restarts": "a Ray actor option, named for comparison (docs/scale-out.md)",
+    "max_task_retries": "a Ray actor option, named for comparison (docs/scale-out.md)",
+    "DaskCluster": "the Dask Kubernetes operator's resource, named for comparison",
+    "DaskWorkerGroup": "the Dask Kubernetes operator's resource, named for comparison",
     "enqueue": "oneTBB's task_arena::enqueue",
     "parallel_pipeline": "oneTBB's tbb::parallel_pipeline, the benchmark's baseline",
     "version.hpp": "generated into the build tree from cmake/version.hpp.in",
@@ -759,6 +764,8 @@ class Corpus:
                 if re.fullmatch(r"[A-Za-z_][\w./]*", s):
                     names.add(s)
                     names.update(x for x in re.split(r"[./]", s) if x)
+            if r.startswith("python/splitflow/") and ext == "py":
+                names.add(os.path.basename(r)[:-3])  # a module of the package: splitflow.dask
             self.all |= names
             api = (top in ("include", "lib", "cmake") or r == "CMakeLists.txt" or
                    r.startswith(("python/src/", "python/splitflow/", "python/CMakeLists")))
