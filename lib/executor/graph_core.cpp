@@ -328,6 +328,7 @@ std::shared_ptr<RunState> GraphCore::start() {
     for (auto& n : nodes_) nodes.push_back(n.get());
     const double cores = opts_.autotune_cores > 0 ? opts_.autotune_cores : runtime_->threads();
     tuner_ = std::make_unique<RunTuner>(*this, std::move(nodes), opts_.autotune_window, cores);
+    tuner_->start();
   }
   runtime_->spawn([this] { run_task({nullptr, 0}); }, /*fair=*/true);
   return run;

@@ -17,8 +17,9 @@ RunTuner::RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::
       cores_(cores),
       tuner_(autotune::PolicyOptions{}, autotune::Budget{.cores = cores}) {
   for (NodeBase* n : nodes_) tuned_.push_back(n->auto_concurrency());
-  thread_ = std::thread([this] { loop(); });
 }
+
+void RunTuner::start() { thread_ = std::thread([this] { loop(); }); }
 
 RunTuner::~RunTuner() { stop(); }
 

@@ -22,9 +22,11 @@ class NodeBase;
 
 class RunTuner {
  public:
-  /// Starts measuring `graph`'s active run; `nodes` in the order of RunStats::stages.
+  /// For `graph`'s active run; `nodes` in the order of RunStats::stages.
   RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::milliseconds window,
            double cores);
+  /// Starts measuring (once the graph holds this tuner: its snapshots read it).
+  void start();
   /// Stops (and joins) the thread.
   ~RunTuner();
   RunTuner(const RunTuner&) = delete;

@@ -947,15 +947,19 @@ Error when the run ends first.)doc")
 A job: stages joined by bounded queues. Python callables run with the GIL (they serialise on
 it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_setup(collectable_graph))
       .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, std::size_t max_in_flight,
-                       std::size_t capacity, bool trace) {
+                       std::size_t capacity, bool trace, double autotune_window) {
              GraphOptions o;
              o.max_in_flight = max_in_flight;
              o.default_capacity = capacity;
              o.trace = trace;
+             if (!(autotune_window > 0))
+               throw GraphError("splitflow.Graph: autotune_window must be positive seconds");
+             o.autotune_window = std::max(std::chrono::milliseconds(1),
+                                          std::chrono::milliseconds(static_cast<long long>(autotune_window * 1000)));
              return make_released(std::make_unique<PyGraph>(std::move(rt), std::move(name), o));
            }),
            py::arg("runtime"), py::arg("name") = "graph", py::arg("max_in_flight") = 256,
-           py::arg("capacity") = 32, py::arg("trace") = false)
+           py::arg("capacity") = 32, py::arg("trace") = false, py::arg("autotune_window") = 0.25)
       .def_property_readonly("name", [](const PyGraph& g) { return g.graph.name(); })
       .def("source", [](std::shared_ptr<PyGraph> g, std::string name, py::object iterable) {
         auto s = g->graph.source(name, PythonSource{g->hold(std::move(iterable)), {}});
@@ -973,10 +977,28 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       }, py::arg("name"), py::arg("values"),
       "A C++ source of integers (indices into a dataset): no GIL per item.")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
-                       std::size_t concurrency, bool ordered, std::size_t capacity,
+                       py::object concurrency, bool ordered, std::size_t capacity,
                        std::string on_error, py::object substitute, py::object order,
                        py::object field, long long processes) {
-        StageOptions o = stage_options(concurrency, order_of(ordered, order), capacity, on_error);
+        // concurrency="auto": C++'s Concurrency::automatic (the graph's tuner sets it).
+        std::size_t n;
+        if (py::isinstance<py::str>(concurrency)) {
+          if (concurrency.cast<std::string>() != "auto")
+            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency must be a "
+                             "number (0: unlimited) or 'auto', not '" +
+                             concurrency.cast<std::string>() + "'");
+          if (processes > 0)
+            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency='auto' is for "
+                             "thread stages; a process stage's concurrency is its processes");
+          n = Concurrency::automatic;
+        } else {
+          const long long v = concurrency.cast<long long>();
+          if (v < 0)
+            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency=" +
+                             std::to_string(v) + " is negative (0: unlimited, or 'auto')");
+          n = static_cast<std::size_t>(v);
+        }
+        StageOptions o = stage_options(n, order_of(ordered, order), capacity, on_error);
         std::optional<Stage<Value, Value>> s;
         std::function<Value(Value)> fn;
         if (processes < 0)
@@ -1045,7 +1067,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),
       py::arg("order") = py::none(), py::arg("field") = py::none(), py::arg("processes") = 0,
       "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "
-      "splitflow.ops (no GIL). concurrency 0 means unlimited. order='in_order' (default) or "
+      "splitflow.ops (no GIL). concurrency 0 means unlimited; 'auto': set by the graph's tuner "
+      "while it runs (its decisions in the stats' 'autotune'). order='in_order' (default) or "
       "'out_of_order', as in C++ (ordered=True/False says the same). on_error='skip' drops items "
       "whose body raises (counted, with their messages, in the stats: 'skipped', 'errors'); "
       "substitute=value emits value in their place instead. field='image' (a dict's key) or "

@@ -384,3 +384,43 @@ def test_order_takes_the_cpp_names(rt):
     assert sorted(h.iterate(out)) == list(range(200))
     with pytest.raises(sf.GraphError, match="order must be 'in_order' or 'out_of_order', not 'random'"):
         h.stage("t", lambda x: x, order="random")
+
+
+# concurrency="auto" (C++'s Concurrency::automatic, docs/autotune.md "In the runtime"): the
+# graph's tuner sets the stage's concurrency while it runs and explains each decision in the
+# stats; bad values are refused when the stage is built, naming it.
+def test_concurrency_auto_is_tuned_and_explained():
+    rt4 = sf.Runtime(threads=4, backend="host")
+    g = sf.Graph(rt4, "auto", autotune_window=0.01)
+
+    def work(x):
+        s = 0
+        for i in range(300):  # ~20 us of Python per item
+            s += i
+        return x * 2
+
+    out = g.pull_sink("out")
+    g.indices("i", list(range(3000))) >> g.stage("work", work, concurrency="auto") >> out
+    assert list(g.iterate(out)) == [2 * i for i in range(3000)]  # in order, whatever the tuner
+    run = g.run()
+    n = sum(1 for _ in out)
+    assert run.wait(timeout=60) == "succeeded" and n == 3000
+    stats = run.stats()
+    events = stats["autotune"]
+    assert events and all(isinstance(e, str) for e in events)
+    assert events[0].startswith("model per item: "), events[0]
+    stage = next(s for s in stats["stages"] if s["name"] == "work")
+    assert 1 <= stage["concurrency_limit"] <= 4
+    # Without automatic stages there is no tuner and no decision.
+    g2, out2 = chain(rt4, "fixed", range(10), lambda x: x)
+    assert list(g2.iterate(out2)) == list(range(10))
+
+    with pytest.raises(sf.GraphError, match=r"stage\('w'\): concurrency must be a number "
+                                            r"\(0: unlimited\) or 'auto', not 'fast'"):
+        sf.Graph(rt4, "bad").stage("w", work, concurrency="fast")
+    with pytest.raises(sf.GraphError, match=r"concurrency=-1 is negative"):
+        sf.Graph(rt4, "bad").stage("w", work, concurrency=-1)
+    with pytest.raises(sf.GraphError, match=r"concurrency='auto' is for thread stages"):
+        sf.Graph(rt4, "bad").stage("w", work, concurrency="auto", processes=2)
+    with pytest.raises(sf.GraphError, match="autotune_window must be positive"):
+        sf.Graph(rt4, "bad", autotune_window=0)
