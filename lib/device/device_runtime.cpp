@@ -338,7 +338,7 @@ void FaultInjector::on_burst_end(Burst& b) {
     stall_.fetch_add(1, std::memory_order_relaxed);
     backend.timed_kernel(b.stream(), f_.stall_for, nullptr);  // the stream waits; no work runs
   }
-  if (draw(f_.burst_failure)) {
+  if (!b.device_error() && draw(f_.burst_failure)) {
     burst_.fetch_add(1, std::memory_order_relaxed);
     b.set_device_error(std::make_exception_ptr(Error(fmt::format(
         "splitflow: injected device fault (DeviceConfig::faults.burst_failure): stage '{}', "
@@ -472,8 +472,10 @@ ExecutionSink* Burst::exec_sink() const noexcept { return sink_.get(); }
 
 void Burst::begin() { timer_ = dev_->backend().burst_begin(lease_->stream); }
 
-void Burst::end(std::function<void()> done) {
-  if (dev_->faults().active()) dev_->faults().on_burst_end(*this);
+void Burst::end(std::function<void()> done, bool body_failed) {
+  // Faults go only into bursts whose body ran (an item fails once: the counts are the faults
+  // that took effect).
+  if (!body_failed && dev_->faults().active()) dev_->faults().on_burst_end(*this);
   dev_->backend().burst_end(lease_->stream, timer_, [this, done = std::move(done)] {
     const std::int64_t now = steady_now_ns();
     if (account_) account_->lease_end(now);

@@ -72,8 +72,9 @@ class Burst {
   /// Marks the start of the work (called before the body).
   void begin();
   /// Marks the end; when the stream's work is done the lease returns to the pool and `done`
-  /// runs (on a backend thread: it must only hand work to the arena).
-  void end(std::function<void()> done);
+  /// runs (on a backend thread: it must only hand work to the arena). `body_failed`: the body
+  /// threw (its item failed already: no fault is injected into its burst).
+  void end(std::function<void()> done, bool body_failed = false);
   /// After done, on an arena thread: accounts the burst's execution time.
   void settle() noexcept;
   /// An error raised by work that ran on the device for this burst (host kernels), if any.

@@ -310,7 +310,7 @@ class GpuStageNode final : public Emitter<Out> {
     burst.end([n, inv] {
       inv->done = now_ticks();
       n->graph().post([n, inv](WorkList& w) { n->finish(inv, w); });
-    });
+    }, inv->failed);
   }
 
   void finish(Invocation* inv, WorkList& w) {
