@@ -445,7 +445,7 @@ TEST(Failures, InjectedDeviceFaultsFollowOnErrorAndAreCounted) {
   };
   auto run_once = [](std::uint64_t seed) {
     RuntimeConfig c = host_device(2, 2);
-    c.device.faults = {.alloc_failure = 0.05, .burst_failure = 0.05, .slow_kernel = 0.2,
+    c.device.faults = {.alloc_failure = 0.03, .burst_failure = 0.025, .slow_kernel = 0.2,
                        .slow_by = 200us, .stall = 0.05, .stall_for = 2ms, .seed = seed};
     Runtime rt(c);
     Graph g(rt, "faulty");
@@ -503,14 +503,16 @@ TEST(Failures, InjectedDeviceFaultsFollowOnErrorAndAreCounted) {
   }
   EXPECT_EQ(alloc_msgs, a.injected.alloc_failures);
   EXPECT_EQ(burst_msgs, a.injected.burst_failures);
-  // Rates near the configured ones (400 draws each; bounds at about 4 standard deviations).
-  EXPECT_GT(a.injected.alloc_failures, 4u);
-  EXPECT_LT(a.injected.alloc_failures, 40u);
-  EXPECT_GT(a.injected.burst_failures, 4u);  // drawn only for bursts whose alloc succeeded
-  EXPECT_LT(a.injected.burst_failures, 40u);
+  // Rates near the configured ones, bounds at about 4 standard deviations: allocations are
+  // drawn about 780 times (two per item: its copy to the device and its scratch, the second only
+  // if the first succeeded), the other kinds about 380 (bursts whose body ran).
+  EXPECT_GT(a.injected.alloc_failures, 5u);
+  EXPECT_LT(a.injected.alloc_failures, 45u);
+  EXPECT_GT(a.injected.burst_failures, 0u);
+  EXPECT_LT(a.injected.burst_failures, 23u);
   EXPECT_GT(a.injected.slow_kernels, 40u);
   EXPECT_LT(a.injected.slow_kernels, 125u);
-  EXPECT_GT(a.injected.stalls, 3u);
+  EXPECT_GT(a.injected.stalls, 1u);
   EXPECT_LT(a.injected.stalls, 40u);
   // Off by default.
   Runtime plain(host_device(1, 1));
