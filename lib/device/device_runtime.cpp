@@ -309,15 +309,8 @@ DeviceStats DeviceRuntime::stats() const {
 
 bool FaultInjector::draw(double p) noexcept {
   if (p <= 0) return false;
-  std::uint64_t z;
-  {
-    std::lock_guard lk(mu_);
-    z = (state_ += 0x9e3779b97f4a7c15ULL);  // splitmix64
-  }
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53 < p;
+  std::lock_guard lk(mu_);
+  return rng_.uniform() < p;
 }
 
 void FaultInjector::on_alloc(std::size_t bytes, const std::string& stage, std::uint64_t item) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "splitflow/core/detail/splitmix.hpp"
 #include "splitflow/device/detail/gpu.hpp"
 #include "splitflow/device/device.hpp"
 
@@ -84,7 +85,7 @@ class CappedBytes {
 /// DeviceConfig::faults, drawn per event from one seeded generator (any thread), with counts.
 class FaultInjector {
  public:
-  explicit FaultInjector(const DeviceFaults& f) : f_(f), state_(f.seed) {}
+  explicit FaultInjector(const DeviceFaults& f) : f_(f), rng_(f.seed) {}
   bool active() const noexcept { return active_; }
   /// Throws Error when an allocation failure is drawn.
   void on_alloc(std::size_t bytes, const std::string& stage, std::uint64_t item);
@@ -97,7 +98,7 @@ class FaultInjector {
   const DeviceFaults f_;
   const bool active_ = f_.any();
   std::mutex mu_;
-  std::uint64_t state_;
+  SplitMix64 rng_;  // under mu_
   std::atomic<std::uint64_t> alloc_{0}, burst_{0}, slow_{0}, stall_{0};
 };
 
