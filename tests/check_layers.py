@@ -3,6 +3,7 @@
 include/splitflow/ and under lib/, and a file includes only its own layer and those below it.
 
     core <- telemetry <- device <- executor <- serving      ops on device (and below)
+    tools (installed commands) on top of them all
 
     /usr/bin/python3 tests/check_layers.py ROOT          check the tree at ROOT
     /usr/bin/python3 tests/check_layers.py --self-test ROOT
@@ -25,6 +26,8 @@ ALLOWED = {
     "executor": {"core", "telemetry", "device", "executor"},
     "serving": {"core", "telemetry", "device", "executor", "serving"},
     "ops": {"core", "telemetry", "device", "ops"},
+    # the commands installed with the library (splitflow-top): on top of every layer
+    "tools": {"core", "telemetry", "device", "executor", "serving", "ops", "tools"},
 }
 TOP_LEVEL = {"splitflow.hpp": "umbrella"}  # the umbrella may include every layer
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]')

@@ -85,11 +85,111 @@ std::vector<std::int64_t> StreamPool::lease_time() const {
 }
 
 StreamPool::~StreamPool() {
+  arb_.reset();  // its pump calls into this pool
   for (auto& l : leases_) backend_.destroy_stream(l->stream);
+}
+
+void StreamPool::join_arbiter(const ArbiterConfig& config, std::function<std::int64_t()> busy_ns) {
+  arb_ = std::make_unique<Arbiter>(
+      config, leases_.size(), [this](const std::vector<std::uint64_t>& t) { on_granted(t); },
+      std::move(busy_ns));
+}
+
+Lease* StreamPool::take_free_locked(std::int64_t now) noexcept {
+  // The arbiter caps this process's tokens at its streams: one is free for each token.
+  Lease* l = free_.back();
+  free_.pop_back();
+  l->since_ns = now;
+  count_time_locked(now);
+  if (in_use_++ == 0) held_since_ = now;
+  max_in_use_ = std::max(max_in_use_, in_use_);
+  ++count_;
+  return l;
+}
+
+void StreamPool::deliver_locked(std::vector<std::uint64_t> tickets, Grants& grants) noexcept {
+  while (!tickets.empty()) {
+    const std::uint64_t t = tickets.back();
+    tickets.pop_back();
+    auto it = std::find_if(ticketed_.begin(), ticketed_.end(),
+                           [t](const auto& e) { return e.first == t; });
+    if (it == ticketed_.end()) {
+      // Its waiter was withdrawn meanwhile: the token goes back (perhaps to one of ours).
+      try {
+        auto more = arb_->release();
+        tickets.insert(tickets.end(), more.begin(), more.end());
+      } catch (...) {
+      }
+      continue;
+    }
+    LeaseWaiter* w = it->second;
+    ticketed_.erase(it);
+    if (free_.empty()) {
+      // (Not expected: the arbiter caps this process at its streams.) Queue it again.
+      waiting_.push_front(w);
+      try {
+        auto more = arb_->release();
+        tickets.insert(tickets.end(), more.begin(), more.end());
+      } catch (...) {
+      }
+      continue;
+    }
+    grants.emplace_back(w, take_free_locked(steady_now_ns()));
+  }
+}
+
+void StreamPool::promote_locked(Grants& grants) noexcept {
+  // Waiters kept here while the arbiter's ticket table was full, in their order.
+  while (!waiting_.empty()) {
+    LeaseWaiter* w = waiting_.front();
+    std::uint64_t ticket = 0;
+    Arbiter::Take r;
+    try {
+      r = arb_->acquire(w->priority, ticket);
+    } catch (...) {
+      return;
+    }
+    if (r == Arbiter::Take::full) return;
+    waiting_.pop_front();
+    if (r == Arbiter::Take::granted)
+      grants.emplace_back(w, take_free_locked(steady_now_ns()));
+    else
+      ticketed_.emplace_back(ticket, w);
+  }
+}
+
+void StreamPool::on_granted(const std::vector<std::uint64_t>& tickets) noexcept {
+  Grants grants;
+  {
+    std::lock_guard lk(mu_);
+    deliver_locked(tickets, grants);
+    promote_locked(grants);
+  }
+  for (auto& [w, l] : grants) w->grant(l);  // it only hands work to the arena
 }
 
 Lease* StreamPool::acquire_or_wait(LeaseWaiter& w) {
   std::lock_guard lk(mu_);
+  if (arb_) {
+    const std::int64_t now = steady_now_ns();
+    w.since_ns = now;
+    if (waiting_.empty()) {
+      std::uint64_t ticket = 0;
+      switch (arb_->acquire(w.priority, ticket)) {
+        case Arbiter::Take::granted:
+          return take_free_locked(now);
+        case Arbiter::Take::queued:
+          ticketed_.emplace_back(ticket, &w);
+          return nullptr;
+        case Arbiter::Take::full:
+          break;
+      }
+    }
+    auto it = waiting_.end();
+    while (it != waiting_.begin() && (*(it - 1))->priority < w.priority) --it;
+    waiting_.insert(it, &w);
+    return nullptr;
+  }
   // Someone already waiting goes first: a newcomer never overtakes (first come, first served).
   if (!free_.empty() && waiting_.empty()) {
     Lease* l = free_.back();
@@ -112,6 +212,23 @@ Lease* StreamPool::acquire_or_wait(LeaseWaiter& w) {
 void StreamPool::release(Lease* lease) noexcept {
   LeaseWaiter* next = nullptr;
   const std::int64_t now = steady_now_ns();
+  if (arb_) {
+    Grants grants;
+    {
+      std::lock_guard lk(mu_);
+      lease_ns_ += now - lease->since_ns;
+      count_time_locked(now);
+      if (--in_use_ == 0) held_ns_ += now - held_since_;
+      free_.push_back(lease);
+      try {
+        deliver_locked(arb_->release(), grants);
+      } catch (...) {
+      }
+      promote_locked(grants);
+    }
+    for (auto& [w, l] : grants) w->grant(l);
+    return;
+  }
   {
     std::lock_guard lk(mu_);
     lease_ns_ += now - lease->since_ns;
@@ -131,6 +248,7 @@ void StreamPool::release(Lease* lease) noexcept {
 
 void StreamPool::withdraw(const void* owner) noexcept {
   std::vector<LeaseWaiter*> gone;
+  Grants grants;
   {
     std::lock_guard lk(mu_);
     for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -141,7 +259,23 @@ void StreamPool::withdraw(const void* owner) noexcept {
         ++it;
       }
     }
+    for (auto it = ticketed_.begin(); it != ticketed_.end();) {
+      if (it->second->owner != owner) {
+        ++it;
+        continue;
+      }
+      const std::uint64_t ticket = it->first;
+      gone.push_back(it->second);
+      it = ticketed_.erase(it);
+      try {
+        // Granted meanwhile: the token is this process's; give it back.
+        if (!arb_->cancel(ticket)) deliver_locked(arb_->release(), grants);
+      } catch (...) {
+      }
+    }
+    if (arb_) promote_locked(grants);
   }
+  for (auto& [w, l] : grants) w->grant(l);
   for (LeaseWaiter* w : gone) w->grant(nullptr);
 }
 
@@ -155,7 +289,7 @@ std::size_t StreamPool::max_in_use() const {
 }
 std::size_t StreamPool::waiters() const {
   std::lock_guard lk(mu_);
-  return waiting_.size();
+  return waiting_.size() + ticketed_.size();
 }
 std::uint64_t StreamPool::leases() const {
   std::lock_guard lk(mu_);
@@ -191,7 +325,10 @@ DeviceRuntime::DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const Devic
       device_bytes_("device", config.device_pool_bytes),
       pinned_bytes_("pinned", config.pinned_pool_bytes),
       faults_(config.faults),
-      start_ns_(steady_now_ns()) {}
+      start_ns_(steady_now_ns()) {
+  if (config.arbiter.enabled())
+    pool_.join_arbiter(config.arbiter, [b = backend_.get()] { return b->busy_ns(); });
+}
 
 DeviceRuntime::~DeviceRuntime() { drain_deferred(); }
 

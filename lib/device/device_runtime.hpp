@@ -7,11 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "arbiter.hpp"
 #include "backend.hpp"
 #include "splitflow/core/detail/splitmix.hpp"
 #include "splitflow/device/detail/gpu.hpp"
@@ -39,6 +41,12 @@ class StreamPool {
   void release(Lease* lease) noexcept;
   void withdraw(const void* owner) noexcept;
 
+  /// Takes every lease through the cross-process arbiter from now on (DeviceConfig::arbiter):
+  /// a lease needs one of the arbiter's tokens, and waiters queue there, across processes.
+  /// Call before the first lease. `busy_ns` is what this process publishes as its busy time.
+  void join_arbiter(const ArbiterConfig& config, std::function<std::int64_t()> busy_ns);
+  const Arbiter* arbiter() const noexcept { return arb_.get(); }
+
   std::size_t size() const noexcept { return leases_.size(); }
   std::size_t in_use() const;
   std::size_t max_in_use() const;
@@ -61,6 +69,15 @@ class StreamPool {
   std::vector<std::int64_t> lease_time_;  // time with k leases out
   std::int64_t changed_ns_ = 0;
   void count_time_locked(std::int64_t now) noexcept;
+  // With an arbiter: waiters holding a ticket there (ticket, waiter), and the helpers that turn
+  // its grants into leases. Grants collected here are handed out after mu_ is let go.
+  using Grants = std::vector<std::pair<LeaseWaiter*, Lease*>>;
+  Lease* take_free_locked(std::int64_t now) noexcept;
+  void deliver_locked(std::vector<std::uint64_t> tickets, Grants& grants) noexcept;
+  void promote_locked(Grants& grants) noexcept;
+  void on_granted(const std::vector<std::uint64_t>& tickets) noexcept;
+  std::vector<std::pair<std::uint64_t, LeaseWaiter*>> ticketed_;
+  std::unique_ptr<Arbiter> arb_;  // last: its pump thread stops before the rest goes
  public:
   /// time_with[k]: time with exactly k leases out, up to now.
   std::vector<std::int64_t> lease_time() const;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 
 namespace splitflow {
 
@@ -101,8 +102,6 @@ enum class BackendKind {
 };
 const char* to_string(BackendKind k) noexcept;
 
-/// The device a runtime's GPU stages share. Nothing here touches the CUDA runtime until a graph
-/// with a GPU stage first runs (a CPU-only process never initialises CUDA).
 /// Faults injected into the device layer's work, for soaks and fault-tolerance tests (off by
 /// default). Each is drawn per event with its probability from a generator seeded by `seed`, on
 /// any backend: an allocation failure makes DeviceContext::alloc throw; a failed burst fails
@@ -128,6 +127,40 @@ struct DeviceFaults {
   }
 };
 
+/// Sharing one device between processes (docs/sharing.md): every splitflow process on the
+/// machine whose runtime names the same arbiter takes its stream leases (one per kernel burst)
+/// through one shared-memory segment, /dev/shm/splitflow-arb-NAME: at most `capacity` bursts on
+/// the device at once across the processes, served first come, first served within a priority
+/// (GraphOptions::priority, highest first), each process at most `share` of the capacity.
+/// A process that dies holding leases has them reclaimed within `liveness` (plus the time to
+/// read the process table). Off by default (empty name): nothing changes for one process.
+/// \code
+///   splitflow::RuntimeConfig c;
+///   c.device.arbiter = {.name = "gpu0", .capacity = 4, .share = 0.5};
+///   splitflow::Runtime rt(c);   // joins (or creates) /dev/shm/splitflow-arb-gpu0 at the first GPU run
+/// \endcode
+struct ArbiterConfig {
+  /// Letters, digits, '_', '-', '.' (at most 64); empty: no arbiter.
+  std::string name;
+  /// Bursts on the device at once, across processes (1..64). Set by the process that creates
+  /// the segment; 0 in a joining process means "whatever it is", any other value must match.
+  /// 0 in the creator means DeviceConfig::streams.
+  std::size_t capacity = 0;
+  /// This process's cap, as a share of `capacity` (at least one burst, at most its own streams).
+  double share = 1.0;
+  /// Empty: the segment is private to the user who created it (mode 0600), and a process of
+  /// another user is refused. A group name: mode 0660 and owned by that group, so its members'
+  /// processes may join.
+  std::string group;
+  /// How often a process checks that the others are alive (and reclaims the leases of the dead).
+  std::chrono::milliseconds liveness{50};
+  /// This process's name in the meter (splitflow-top); empty: the program's name.
+  std::string label;
+  bool enabled() const noexcept { return !name.empty(); }
+};
+
+/// The device a runtime's GPU stages share. Nothing here touches the CUDA runtime until a graph
+/// with a GPU stage first runs (a CPU-only process never initialises CUDA).
 struct DeviceConfig {
   BackendKind backend = BackendKind::automatic;
   int ordinal = 0;                                   ///< CUDA device index
@@ -136,6 +169,7 @@ struct DeviceConfig {
   std::size_t pinned_pool_bytes = std::size_t{1} << 30;  ///< cap of pinned host memory (rings too)
   int host_compute_slots = 1;  ///< host backend: kernels running at once (like one full-size kernel)
   DeviceFaults faults{};       ///< injected faults (none by default)
+  ArbiterConfig arbiter{};     ///< sharing the device with other processes (off by default)
 };
 
 /// Per-runtime policy.

@@ -1,0 +1,88 @@
+// Arbiter: this process's membership of a cross-process lease arbiter (DeviceConfig::arbiter).
+// Internal to the device layer; the StreamPool asks it for a token before it leases a stream.
+//
+// The segment (/dev/shm/splitflow-arb-NAME) holds a robust, process-shared mutex, a table of
+// process slots and a table of tickets (queued requests). A token is the right to one burst on
+// the device; `capacity` exist. A request takes a token at once when one is free and nobody
+// eligible waits, else queues a ticket; a release hands its token to the first eligible ticket
+// (highest priority, then oldest; eligible: its process is under its cap) and rings that
+// process's doorbell (a futex in its slot). Each process runs a pump thread that sleeps on its
+// doorbell, collects the tickets granted to it, checks every `liveness` that the other
+// processes are alive and reclaims the tokens and tickets of dead ones.
+//
+// Crash safety: the mutex is robust (a holder's death hands the next locker EOWNERDEAD, which
+// recomputes every derived count from the slots' and tickets' own fields before going on); a
+// process's tokens are `collected` (its own counter) plus its tickets in state granted (set by
+// others in one store), so no update of two places can be torn by a death.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "splitflow/core/config.hpp"
+
+namespace splitflow::detail {
+
+struct ArbiterSegment;  // the shared layout (arbiter.cpp)
+
+class Arbiter {
+ public:
+  /// `local_streams`: this process's streams (its cap is at most that). `on_granted` is called
+  /// on the pump thread with tickets granted to this process by others (or by a reclaim);
+  /// `busy_ns` is read when the process publishes its figures.
+  Arbiter(const ArbiterConfig& config, std::size_t local_streams,
+          std::function<void(const std::vector<std::uint64_t>&)> on_granted,
+          std::function<std::int64_t()> busy_ns);
+  ~Arbiter();
+  Arbiter(const Arbiter&) = delete;
+  Arbiter& operator=(const Arbiter&) = delete;
+
+  enum class Take { granted, queued, full };
+  /// A token now (granted), or a ticket queued under `ticket` (its grant comes through
+  /// on_granted or release()'s result), or `full` (the ticket table is full: try again later).
+  Take acquire(int priority, std::uint64_t& ticket);
+  /// Gives one of this process's tokens back. Returns this process's tickets that it granted
+  /// (the caller now holds a token for each).
+  std::vector<std::uint64_t> release();
+  /// Withdraws a queued ticket of this process: true when withdrawn, false when it had been
+  /// granted meanwhile (the caller holds that token and must use or release it).
+  bool cancel(std::uint64_t ticket);
+  /// Writes this process's figures (busy time) into its slot.
+  void publish();
+
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::size_t cap() const noexcept { return cap_; }
+  int slot() const noexcept { return slot_; }
+  const std::string& path() const noexcept { return path_; }
+  /// Checks the other processes now (the pump does every `liveness`); returns the processes
+  /// reclaimed. Tokens it hands to this process go to on_granted.
+  int check_liveness();
+  /// Tests only: takes the segment's lock and keeps it (to die holding it).
+  void hold_lock_for_test();
+
+ private:
+  class Lock;
+  void pump();
+  std::vector<std::uint64_t> collect_locked();
+  void hand_out_locked(std::vector<std::uint64_t>& mine, std::int64_t now);
+
+  ArbiterConfig config_;
+  std::string path_;
+  ArbiterSegment* seg_ = nullptr;
+  std::size_t bytes_ = 0;
+  int slot_ = -1;
+  std::size_t capacity_ = 0, cap_ = 0;
+  std::function<void(const std::vector<std::uint64_t>&)> on_granted_;
+  std::function<std::int64_t()> busy_ns_;
+  std::atomic<bool> stop_{false};
+  std::thread pump_;
+};
+
+/// Validates an arbiter name (throws Error naming the rule).
+void check_arbiter_name(const std::string& name);
+
+}  // namespace splitflow::detail

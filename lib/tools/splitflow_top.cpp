@@ -1,0 +1,132 @@
+// splitflow-top: the machine's shared devices as the arbiter segments see them (docs/sharing.md).
+//
+//   splitflow-top                  live view of every arbiter, refreshed each second (Ctrl-C ends)
+//   splitflow-top --once [NAME..]  one view and exit
+//   splitflow-top --json [NAME..]  one JSON document: {"arbiters": [...]}
+//   splitflow-top --prometheus     one scrape in Prometheus text format (for a node exporter's
+//                                  textfile collector, or behind a tiny HTTP server)
+//   splitflow-top --remove NAME    removes a segment no process uses any more
+//
+// Per device: bursts at once (capacity), leases out and queued, time held (at least one lease
+// out) and the busy time the processes published. Per process: its cap, leases held and
+// queued, priority, time held, time busy, waste (held minus busy) and time queued.
+#include <splitflow/device/arbiter.hpp>
+#include <splitflow/core/error.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+void usage(std::FILE* to) {
+  std::fputs(
+      "usage: splitflow-top [--once | --interval SECONDS | --json | --prometheus] [NAME ...]\n"
+      "       splitflow-top --remove NAME\n"
+      "Shows the splitflow processes sharing each device through an arbiter\n"
+      "(DeviceConfig::arbiter): held, busy and waste per process, leases out and queued.\n",
+      to);
+}
+
+std::vector<splitflow::ArbiterView> read_all(const std::vector<std::string>& wanted,
+                                             std::vector<std::string>& errors) {
+  std::vector<std::string> names = wanted.empty() ? splitflow::list_arbiters() : wanted;
+  std::vector<splitflow::ArbiterView> views;
+  for (const auto& n : names) {
+    try {
+      views.push_back(splitflow::read_arbiter(n));
+    } catch (const std::exception& e) {
+      errors.push_back(e.what());
+    }
+  }
+  return views;
+}
+
+double sec(std::int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+double pct(std::int64_t part, std::int64_t whole) {
+  return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+void print_table(const std::vector<splitflow::ArbiterView>& views) {
+  if (views.empty()) std::printf("no splitflow arbiter on this machine (/dev/shm/splitflow-arb-*)\n");
+  for (const auto& v : views) {
+    std::printf("arbiter %s  capacity %zu  in use %zu  waiting %zu  leases %llu  age %.1f s\n",
+                v.name.c_str(), v.capacity, v.in_use, v.waiting,
+                static_cast<unsigned long long>(v.leases), sec(v.age_ns));
+    std::printf("  held %.3f s (%.1f%% of its age)  busy %.3f s (sum over processes)  waste %.3f s",
+                sec(v.held_ns), pct(v.held_ns, v.age_ns), sec(v.busy_ns()),
+                sec(v.held_ns - v.busy_ns()));
+    if (v.reclaimed_processes)
+      std::printf("  reclaimed: %llu processes, %llu leases",
+                  static_cast<unsigned long long>(v.reclaimed_processes),
+                  static_cast<unsigned long long>(v.reclaimed_leases));
+    std::printf("\n  %7s %-20s %-9s %3s %4s %4s %4s %9s %9s %9s %9s %9s\n", "PID", "LABEL",
+                "STATE", "CAP", "HELD", "WAIT", "PRIO", "LEASES", "HELD_S", "BUSY_S", "WASTE_S",
+                "WAIT_S");
+    for (const auto& p : v.processes)
+      std::printf("  %7d %-20.20s %-9s %3zu %4zu %4zu %4d %9llu %9.3f %9.3f %9.3f %9.3f\n", p.pid,
+                  p.label.c_str(), p.state.c_str(), p.cap, p.held, p.waiting, p.priority,
+                  static_cast<unsigned long long>(p.leases), sec(p.held_ns), sec(p.busy_ns),
+                  sec(p.waste_ns()), sec(p.wait_ns));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  enum class Mode { live, once, json, prometheus } mode = Mode::live;
+  double interval = 1.0;
+  std::vector<std::string> names;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--once") mode = Mode::once;
+    else if (a == "--json") mode = Mode::json;
+    else if (a == "--prometheus") mode = Mode::prometheus;
+    else if (a == "--interval" && i + 1 < argc) interval = std::atof(argv[++i]);
+    else if (a == "--remove" && i + 1 < argc) {
+      const std::string n = argv[++i];
+      try {
+        if (!splitflow::remove_arbiter(n)) {
+          std::fprintf(stderr, "splitflow-top: there is no arbiter '%s'\n", n.c_str());
+          return 1;
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "splitflow-top: %s\n", e.what());
+        return 2;
+      }
+      std::printf("removed arbiter '%s'\n", n.c_str());
+      return 0;
+    } else if (a == "-h" || a == "--help") {
+      usage(stdout);
+      return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "splitflow-top: unknown option '%s'\n", a.c_str());
+      usage(stderr);
+      return 2;
+    } else {
+      names.push_back(a);
+    }
+  }
+  if (!(interval > 0)) {
+    std::fprintf(stderr, "splitflow-top: --interval must be a positive number of seconds\n");
+    return 2;
+  }
+  for (;;) {
+    std::vector<std::string> errors;
+    const auto views = read_all(names, errors);
+    if (mode == Mode::json) std::fputs(splitflow::arbiters_json(views).c_str(), stdout);
+    else if (mode == Mode::prometheus) std::fputs(splitflow::arbiters_prometheus(views).c_str(), stdout);
+    else {
+      if (mode == Mode::live) std::fputs("\033[H\033[2J", stdout);
+      print_table(views);
+    }
+    for (const auto& e : errors) std::fprintf(stderr, "splitflow-top: %s\n", e.c_str());
+    std::fflush(stdout);
+    if (mode != Mode::live) return errors.empty() ? 0 : 1;
+    std::this_thread::sleep_for(std::chrono::duration<double>(interval));
+  }
+}
