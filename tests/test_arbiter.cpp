@@ -13,7 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <optional>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -458,4 +461,92 @@ TEST(Arbiter, AnotherUsersProcessJoinsOnlyThroughTheSharingGroup) {
   auto unnamed = script(shared.value, 1, 1.0, 20, "", kAsNobody);
   const std::string e2 = unnamed->line();
   EXPECT_NE(e2.find("belongs to uid 0"), std::string::npos) << e2;
+}
+
+namespace {
+/// A graph of `items` items through a GPU stage of `kernel` on `rt`; its sum goes to `sum`.
+std::unique_ptr<Graph> kernel_graph(Runtime& rt, const std::string& name, long items,
+                                    std::chrono::microseconds kernel, std::atomic<long>& sum,
+                                    int priority = 0) {
+  GraphOptions go;
+  go.priority = priority;
+  auto g = std::make_unique<Graph>(rt, name, go);
+  auto src = g->source("n", [i = 0L, items]() mutable -> std::optional<long> {
+    return i < items ? std::optional<long>(i++) : std::nullopt;
+  });
+  auto up = g->stage("up", [](long i) {
+    HostTensor t = HostTensor::empty(DType::i64, {1});
+    *t.data<std::int64_t>() = i;
+    return t;
+  });
+  GpuStageOptions o;
+  o.concurrency = 4;
+  auto k = g->gpu_stage("k", [kernel](DeviceTensor t, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, kernel);
+    return ctx.to_host(t);
+  }, o);
+  auto sink = g->sink("s", [&sum](HostTensor h) { sum += *h.data<std::int64_t>(); });
+  src >> up >> k >> sink;
+  return g;
+}
+
+RuntimeConfig arbitrated(const std::string& name, std::size_t capacity, double share = 1.0) {
+  RuntimeConfig rc;
+  rc.threads = 2;
+  rc.device.backend = BackendKind::host;
+  rc.device.streams = 4;
+  rc.device.host_compute_slots = 2;
+  rc.device.arbiter.name = name;
+  rc.device.arbiter.capacity = capacity;
+  rc.device.arbiter.share = share;
+  rc.device.arbiter.liveness = 20ms;
+  return rc;
+}
+}  // namespace
+
+// Two runtimes in one process join the same arbiter as two members (the StreamPool's side of
+// it, under the sanitizers): every item is done once, the device never has more bursts than
+// the capacity, and each runtime's leases are the arbiter's figure for it.
+TEST(Arbiter, TwoRuntimesShareOneCapacityAndFinishEveryItem) {
+  Name n;
+  Runtime r1(arbitrated(n.value, 2)), r2(arbitrated(n.value, 2));
+  std::atomic<long> s1{0}, s2{0};
+  auto g1 = kernel_graph(r1, "g1", 150, 200us, s1);
+  auto g2 = kernel_graph(r2, "g2", 150, 200us, s2);
+  auto run1 = g1->run();
+  auto run2 = g2->run();
+  EXPECT_EQ(run1.wait(), RunStatus::succeeded);
+  EXPECT_EQ(run2.wait(), RunStatus::succeeded);
+  EXPECT_EQ(s1.load(), 149L * 150 / 2);
+  EXPECT_EQ(s2.load(), 149L * 150 / 2);
+  const ArbiterView v = read_arbiter(n.value);
+  EXPECT_LE(v.max_in_use, 2u);
+  EXPECT_EQ(v.in_use, 0u);
+  EXPECT_EQ(v.leases, 300u);
+  EXPECT_EQ(r1.device_stats()->leases + r2.device_stats()->leases, 300u);
+  EXPECT_LE(r1.device_stats()->max_leases_in_use, 2u);
+}
+
+// Cancelling a run whose bursts wait in the arbiter withdraws its tickets (none is granted to
+// a gone waiter, no token is lost): the other runtime's graph still finishes, and the segment
+// ends with nothing out or queued.
+TEST(Arbiter, ACancelledRunWithdrawsItsQueuedRequests) {
+  Name n;
+  Runtime r1(arbitrated(n.value, 1)), r2(arbitrated(n.value, 1));
+  std::atomic<long> s1{0}, s2{0};
+  auto slow = kernel_graph(r1, "slow", 1000000, 2ms, s1);
+  auto other = kernel_graph(r2, "other", 100, 100us, s2);
+  auto run1 = slow->run();
+  auto run2 = other->run();
+  // Once some of its bursts ran, with the other graph's requests queued behind them:
+  while (r1.device_stats()->leases < 5) std::this_thread::yield();
+  run1.cancel();
+  EXPECT_EQ(run1.wait(), RunStatus::cancelled);
+  EXPECT_EQ(run2.wait(), RunStatus::succeeded);
+  EXPECT_EQ(s2.load(), 99L * 100 / 2);
+  const ArbiterView v = read_arbiter(n.value);
+  EXPECT_EQ(v.in_use, 0u);
+  EXPECT_EQ(v.waiting, 0u);
+  EXPECT_EQ(v.max_in_use, 1u);
+  EXPECT_EQ(v.leases, r1.device_stats()->leases + r2.device_stats()->leases);
 }
