@@ -434,7 +434,7 @@ Arbiter::~Arbiter() {
 
 void Arbiter::hand_out_locked(std::vector<std::uint64_t>& mine, std::int64_t now) {
   ArbiterSegment& s = *seg_;
-  while (s.in_use < s.capacity) {
+  while (s.waiting > 0 && s.in_use < s.capacity) {
     Ticket* best = nullptr;
     for (auto& t : s.tickets) {
       if (t.state != kWaiting) continue;

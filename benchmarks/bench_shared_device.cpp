@@ -1,0 +1,267 @@
+// Jobs as separate processes sharing one device through the cross-process arbiter
+// (DeviceConfig::arbiter; docs/sharing.md; issue 19), on the host backend:
+//
+//   BM_SharedDevice/processes/N   N training-style job processes (load on the CPU, then a kernel),
+//                                 each first alone on its own device (dedicated, measured in the
+//                                 same benchmark), then all N in one arbiter of capacity 1 (one
+//                                 full-size kernel at a time). Counters: busy_vs_demand (the
+//                                 device's busy fraction over the jobs' summed dedicated duty),
+//                                 min_throughput_ratio (slowest job's items/s over its dedicated
+//                                 items/s), held_over_busy (device held / busy, from the segment).
+//                                 N = 2: the load is real CPU work; N = 4: the load waits
+//                                 (I/O-bound loading), as this benchmark's 2-core machine cannot
+//                                 run four jobs' CPU work at once.
+//   BM_LeaseCost/pool, /arbiter   one process, a GPU stage with an empty burst: time per item
+//                                 with the in-process pool and through an arbiter; the difference
+//                                 is the arbitration cost per lease (ns_per_item).
+//
+// The job processes are this binary run as `bench_shared_device --job ...`.
+#include <benchmark/benchmark.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <splitflow/device/arbiter.hpp>
+#include <splitflow/ops/ops.hpp>
+#include <splitflow/splitflow.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// ---- the job process --------------------------------------------------------------------------
+
+struct JobResult {
+  double rate = 0;
+  std::int64_t start_ns = 0, end_ns = 0, busy_ns = 0, held_ns = 0;
+  long items = 0;
+  bool ok = false;
+};
+
+// --job ITEMS LOAD_US SPIN MODEL_US ARBITER(- for none) CAPACITY
+int job_main(int argc, char** argv) {
+  if (argc < 8) return 2;
+  const long items = std::atol(argv[2]);
+  const auto load = std::chrono::microseconds(std::atol(argv[3]));
+  const bool spin = std::atoi(argv[4]) != 0;
+  const auto model = std::chrono::microseconds(std::atol(argv[5]));
+  const std::string arbiter = argv[6];
+  splitflow::RuntimeConfig rc;
+  rc.threads = 2;
+  rc.device.backend = splitflow::BackendKind::host;
+  rc.device.streams = 2;
+  rc.device.host_compute_slots = 1;
+  if (arbiter != "-") {
+    rc.device.arbiter.name = arbiter;
+    rc.device.arbiter.capacity = std::strtoul(argv[7], nullptr, 10);
+    rc.device.arbiter.label = "job";
+  }
+  splitflow::Runtime rt(rc);
+  splitflow::Graph g(rt, "job");
+  auto src = g.source("items", [i = 0L, items]() mutable -> std::optional<long> {
+    return i < items ? std::optional<long>(i++) : std::nullopt;
+  });
+  auto ld = g.stage("load", [load, spin](long i) {
+    if (spin) {
+      const auto end = Clock::now() + load;
+      volatile unsigned x = 1;
+      while (Clock::now() < end) x = x * 1664525u + 1013904223u;
+    } else {
+      std::this_thread::sleep_for(load);
+    }
+    splitflow::HostTensor t = splitflow::HostTensor::empty(splitflow::DType::i64, {1});
+    *t.data<std::int64_t>() = i;
+    return t;
+  }, {.capacity = 4});
+  splitflow::GpuStageOptions o;
+  o.concurrency = 2;
+  auto mdl = g.gpu_stage("model", [model](splitflow::DeviceTensor t, splitflow::DeviceContext& ctx) {
+    splitflow::ops::busy_kernel(ctx, model);
+    return t;
+  }, o);
+  long done = 0;
+  auto step = g.sink("step", [&done](splitflow::DeviceTensor) { ++done; });
+  src >> ld >> mdl >> step;
+  const std::int64_t t0 = now_ns();
+  auto run = g.run();
+  const bool ok = run.wait() == splitflow::RunStatus::succeeded;
+  const std::int64_t t1 = now_ns();
+  const auto d = *rt.device_stats();
+  std::printf("%d %ld %lld %lld %lld %lld\n", ok ? 1 : 0, done, static_cast<long long>(t0),
+              static_cast<long long>(t1), static_cast<long long>(d.busy_ns),
+              static_cast<long long>(d.held_ns));
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+// ---- the parent: spawning jobs ------------------------------------------------------------------
+
+struct Child {
+  pid_t pid = -1;
+  int out = -1;
+};
+
+Child spawn_job(const std::vector<std::string>& args) {
+  int p[2];
+  if (::pipe(p) != 0) std::abort();
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  posix_spawn_file_actions_addclose(&fa, p[0]);
+  std::vector<std::string> all = {"/proc/self/exe", "--job"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Child c;
+  if (posix_spawn(&c.pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ) != 0) std::abort();
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(p[1]);
+  c.out = p[0];
+  return c;
+}
+
+JobResult finish(Child c) {
+  std::string s;
+  char b[512];
+  for (ssize_t n; (n = ::read(c.out, b, sizeof b)) > 0;) s.append(b, static_cast<std::size_t>(n));
+  ::close(c.out);
+  int st = 0;
+  ::waitpid(c.pid, &st, 0);
+  JobResult r;
+  int ok = 0;
+  long long t0 = 0, t1 = 0, busy = 0, held = 0;
+  if (std::sscanf(s.c_str(), "%d %ld %lld %lld %lld %lld", &ok, &r.items, &t0, &t1, &busy, &held) == 6) {
+    r.ok = ok == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    r.start_ns = t0;
+    r.end_ns = t1;
+    r.busy_ns = busy;
+    r.held_ns = held;
+    r.rate = static_cast<double>(r.items) / (static_cast<double>(t1 - t0) * 1e-9);
+  }
+  return r;
+}
+
+struct Workload {
+  long items;
+  long load_us;
+  bool spin;
+  long model_us;
+};
+
+std::vector<std::string> job_args(const Workload& w, const std::string& arbiter, int capacity) {
+  return {std::to_string(w.items), std::to_string(w.load_us), w.spin ? "1" : "0",
+          std::to_string(w.model_us), arbiter, std::to_string(capacity)};
+}
+
+void BM_SharedDevice(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  // Each job's dedicated duty is about model / load; N of them fit one device (about 0.8).
+  const Workload w = n == 2 ? Workload{300, 2000, true, 800} : Workload{300, 4000, false, 800};
+  double min_ratio = 1e9, busy_vs_demand = 0, held = 0, busy = 0;
+  bool ok = true;
+  const std::string name = "bench-" + std::to_string(::getpid());
+  for (auto _ : state) {
+    // Dedicated: each job alone on its own device (no arbiter), one after another.
+    std::vector<JobResult> alone;
+    for (int k = 0; k < n; ++k) alone.push_back(finish(spawn_job(job_args(w, "-", 1))));
+    double demand = 0;
+    for (const auto& a : alone) {
+      ok &= a.ok;
+      demand += static_cast<double>(a.busy_ns) / static_cast<double>(a.end_ns - a.start_ns);
+    }
+    // Shared: all N at once in one arbiter of capacity 1.
+    splitflow::remove_arbiter(name);
+    std::vector<Child> kids;
+    for (int k = 0; k < n; ++k) kids.push_back(spawn_job(job_args(w, name, 1)));
+    std::vector<JobResult> shared;
+    for (auto& c : kids) shared.push_back(finish(c));
+    const splitflow::ArbiterView v = splitflow::read_arbiter(name);
+    splitflow::remove_arbiter(name);
+    std::int64_t t0 = shared[0].start_ns, t1 = shared[0].end_ns;
+    for (int k = 0; k < n; ++k) {
+      ok &= shared[k].ok;
+      t0 = std::min(t0, shared[k].start_ns);
+      t1 = std::max(t1, shared[k].end_ns);
+      min_ratio = std::min(min_ratio, shared[k].rate / alone[k].rate);
+    }
+    const double fraction = static_cast<double>(v.busy_ns()) / static_cast<double>(t1 - t0);
+    busy_vs_demand += fraction / demand;
+    held += static_cast<double>(v.held_ns);
+    busy += static_cast<double>(v.busy_ns());
+    if (v.max_in_use > 1) ok = false;  // capacity 1 means one burst at a time
+  }
+  if (!ok) state.SkipWithError("a job failed, or the arbiter let two bursts run at once");
+  state.counters["devices_used"] = 1;
+  state.counters["processes"] = n;
+  state.counters["busy_vs_demand"] = busy_vs_demand / static_cast<double>(state.iterations());
+  state.counters["min_throughput_ratio"] = min_ratio;
+  state.counters["held_over_busy"] = held / busy;
+}
+
+// ---- the cost of a lease through the arbiter ---------------------------------------------------
+
+void BM_LeaseCost(benchmark::State& state) {
+  const bool arbitrated = state.range(0) != 0;
+  const std::string name = "bench-cost-" + std::to_string(::getpid());
+  constexpr long kItems = 4000;
+  double ns = 0;
+  for (auto _ : state) {
+    splitflow::RuntimeConfig rc;
+    rc.threads = 2;
+    rc.device.backend = splitflow::BackendKind::host;
+    rc.device.streams = 2;
+    if (arbitrated) {
+      splitflow::remove_arbiter(name);
+      rc.device.arbiter.name = name;
+      rc.device.arbiter.capacity = 2;
+    }
+    splitflow::Runtime rt(rc);
+    splitflow::Graph g(rt, "cost");
+    auto src = g.source("items", [i = 0L]() mutable -> std::optional<long> {
+      return i < kItems ? std::optional<long>(i++) : std::nullopt;
+    });
+    auto mk = g.stage("make", [](long) { return splitflow::HostTensor::empty(splitflow::DType::u8, {8}); });
+    auto gpu = g.gpu_stage("empty", [](splitflow::DeviceTensor t, splitflow::DeviceContext&) { return t; });
+    auto sink = g.sink("sink", [](splitflow::DeviceTensor) {});
+    src >> mk >> gpu >> sink;
+    const auto t0 = Clock::now();
+    g.run().wait();
+    ns += std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kItems;
+  }
+  if (arbitrated) splitflow::remove_arbiter(name);
+  state.counters["ns_per_item"] = ns / static_cast<double>(state.iterations());
+}
+
+}  // namespace
+
+BENCHMARK(BM_SharedDevice)->Name("BM_SharedDevice/processes")->Arg(2)->Arg(4)->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LeaseCost)->Name("BM_LeaseCost/pool")->Arg(0)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LeaseCost)->Name("BM_LeaseCost/arbiter")->Arg(1)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--job") return job_main(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
