@@ -6,6 +6,8 @@
 //         acquire P   -> "granted" | "queued T" | "full"
 //         release     -> "released", then "delivered T" for each of its tickets it granted
 //         cancel T    -> "cancelled 1" (withdrawn) | "cancelled 0" (it had been granted)
+//         enter P     -> "entered P" once it holds a compute slot (asked at priority P)
+//         leave       -> "left" (gives its compute slot back)
 //         holdlock    -> "locked" (takes the segment's lock and keeps it: to be killed)
 //         liveness    -> "reclaimed N"
 //         quit        -> "bye" (leaves the arbiter and exits 0)
@@ -25,6 +27,7 @@
 #include <iostream>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unistd.h>
 
 #include "device/arbiter.hpp"
@@ -50,7 +53,7 @@ int script(int argc, char** argv) {
   std::unique_ptr<splitflow::detail::Arbiter> arb;
   try {
     arb = std::make_unique<splitflow::detail::Arbiter>(
-        c, 8,
+        c, 8, 1,
         [](const std::vector<std::uint64_t>& tickets) {
           for (auto t : tickets) say("delivered " + std::to_string(t));
         },
@@ -81,6 +84,17 @@ int script(int argc, char** argv) {
         std::uint64_t t = 0;
         std::cin >> t;
         say(std::string("cancelled ") + (arb->cancel(t) ? "1" : "0"));
+      } else if (cmd == "enter") {
+        int p = 0;
+        std::cin >> p;
+        // enter() blocks until a compute slot is granted: on a thread of its own.
+        std::thread([a = arb.get(), p] {
+          a->enter(p);
+          say("entered " + std::to_string(p));
+        }).detach();
+      } else if (cmd == "leave") {
+        arb->leave();
+        say("left");
       } else if (cmd == "holdlock") {
         arb->hold_lock_for_test();
         say("locked");

@@ -13,8 +13,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <cstdio>
@@ -419,6 +422,13 @@ TEST(Arbiter, TheMeterEqualsWhatTheProcessesReport) {
   EXPECT_EQ(v.leases, total);
   EXPECT_EQ(v.max_in_use, 1u);  // capacity 1: one burst on the device at a time
   EXPECT_EQ(v.in_use, 0u);
+  // The modelled device (one compute slot, shared): one kernel at a time across the processes,
+  // so its busy time is at least the kernels' summed durations (400 x 300 us), and at most what
+  // the processes count (their copies too).
+  EXPECT_EQ(v.compute_slots, 1u);
+  EXPECT_EQ(v.max_compute_in_use, 1u);
+  EXPECT_GE(v.device_busy_ns, 400 * 300'000LL);
+  EXPECT_LE(v.device_busy_ns, v.busy_ns());
   // The meter's outputs carry the same figures.
   const std::string json = arbiters_json({v});
   EXPECT_NE(json.find("\"leases\": " + std::to_string(total)), std::string::npos);
@@ -549,4 +559,95 @@ TEST(Arbiter, ACancelledRunWithdrawsItsQueuedRequests) {
   EXPECT_EQ(v.waiting, 0u);
   EXPECT_EQ(v.max_in_use, 1u);
   EXPECT_EQ(v.leases, r1.device_stats()->leases + r2.device_stats()->leases);
+}
+
+// "the same order on the host backend's compute slots ... across processes": compute slots of
+// the shared modelled device go first come first served within a priority, a priority-5
+// kernel before priority-0 ones queued earlier.
+TEST(Arbiter, ComputeSlotsAreGrantedByPriorityThenArrivalAcrossProcesses) {
+  Name n;
+  auto a = script(n.value, 1), b = script(n.value, 1), c = script(n.value, 1);
+  for (auto* m : {a.get(), b.get(), c.get()}) ASSERT_EQ(m->line().rfind("ready", 0), 0u);
+  a->send("enter 0");
+  ASSERT_EQ(a->line(), "entered 0");
+  // B's request, then C's, each queued (the segment says so) before the next is made:
+  b->send("enter 0");
+  while (read_arbiter(n.value).compute_waiting < 1) std::this_thread::yield();
+  c->send("enter 0");
+  while (read_arbiter(n.value).compute_waiting < 2) std::this_thread::yield();
+  b->send("enter 5");  // a second kernel of B, at priority 5
+  while (read_arbiter(n.value).compute_waiting < 3) std::this_thread::yield();
+  EXPECT_TRUE(b->silent_for(20ms));
+  EXPECT_TRUE(c->silent_for(20ms));
+  ASSERT_EQ(a->ask("leave"), "left");
+  EXPECT_EQ(b->line(), "entered 5");
+  b->send("leave");  // B's first request is next, queued before C's (its lines in either order)
+  std::vector<std::string> two = {b->line(), b->line()};
+  std::sort(two.begin(), two.end());
+  EXPECT_EQ(two, (std::vector<std::string>{"entered 0", "left"}));
+  ASSERT_EQ(b->ask("leave"), "left");
+  EXPECT_EQ(c->line(), "entered 0");
+  const ArbiterView v = read_arbiter(n.value);
+  EXPECT_EQ(v.max_compute_in_use, 1u);
+}
+
+// "Give priority graphs ... the same order on the host backend's compute slots (within a
+// process)": with the one compute slot busy, kernels of a priority-0 graph and then of a
+// priority-5 graph become ready; the priority-5 kernel runs first when the slot frees.
+TEST(KernelPriority, AReadyKernelOfAHigherPriorityGraphRunsFirst) {
+  RuntimeConfig rc;
+  rc.threads = 2;
+  rc.device.backend = BackendKind::host;
+  rc.device.streams = 8;
+  rc.device.host_compute_slots = 1;
+  Runtime rt(rc);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::vector<std::string> order;
+  std::atomic<int> enqueued{0};
+  auto graph = [&](const std::string& name, int priority, long items, bool blocker) {
+    GraphOptions go;
+    go.priority = priority;
+    auto g = std::make_unique<Graph>(rt, name, go);
+    auto src = g->source("n", [i = 0L, items]() mutable -> std::optional<long> {
+      return i < items ? std::optional<long>(i++) : std::nullopt;
+    });
+    auto up = g->stage("up", [](long) { return HostTensor::empty(DType::u8, {1}); });
+    GpuStageOptions o;
+    o.concurrency = 2;
+    auto k = g->gpu_stage("k", [&, name, blocker](DeviceTensor t, DeviceContext& ctx) {
+      ctx.host_kernel([&, name, blocker] {
+        if (blocker) {
+          std::unique_lock lk(mu);
+          cv.wait(lk, [&] { return open; });
+        }
+        std::lock_guard lk(mu);
+        order.push_back(name);
+      });
+      ++enqueued;
+      return t;
+    }, o);
+    auto sink = g->sink("s", [](DeviceTensor) {});
+    src >> up >> k >> sink;
+    return g;
+  };
+  auto blocker = graph("blocker", 0, 1, true);
+  auto low = graph("low", 0, 2, false);
+  auto high = graph("high", 5, 1, false);
+  auto r0 = blocker->run();
+  while (enqueued.load() < 1) std::this_thread::yield();  // the slot is taken
+  auto r1 = low->run();
+  while (enqueued.load() < 3) std::this_thread::yield();  // low's two kernels are ready
+  auto r2 = high->run();
+  while (enqueued.load() < 4) std::this_thread::yield();  // and high's
+  {
+    std::lock_guard lk(mu);
+    open = true;
+  }
+  cv.notify_all();
+  EXPECT_EQ(r0.wait(), RunStatus::succeeded);
+  EXPECT_EQ(r1.wait(), RunStatus::succeeded);
+  EXPECT_EQ(r2.wait(), RunStatus::succeeded);
+  EXPECT_EQ(order, (std::vector<std::string>{"blocker", "high", "low", "low"}));
 }

@@ -41,6 +41,9 @@ constexpr const char* kPrefix = "splitflow-arb-";
 
 enum SlotState : std::uint32_t { kFree = 0, kLive = 1, kExited = 2, kReclaimed = 3 };
 enum TicketState : std::uint32_t { kNone = 0, kWaiting = 1, kGranted = 2 };
+enum TicketKind : std::uint32_t { kLease = 0, kCompute = 1 };
+
+}  // namespace
 
 struct ProcSlot {
   std::uint32_t state;
@@ -54,19 +57,20 @@ struct ProcSlot {
   std::int32_t priority;
   std::uint64_t leases;
   std::int64_t held_ns, held_since, busy_ns, wait_ns, ended_ns;
+  // Compute slots (the host backend's modelled device, shared): as above, per slot.
+  std::uint32_t c_collected, c_granted, c_waiting, c_running;  // c_running: its own
   char label[48];
   std::uint32_t tokens() const noexcept { return collected + granted; }
 };
 
-struct Ticket {
+struct ArbiterTicket {
   std::uint32_t state;
   std::int32_t proc;
   std::int32_t priority;
-  std::uint32_t pad;
+  std::uint32_t kind;  // kLease or kCompute
   std::uint64_t seq;
   std::int64_t since;
 };
-}  // namespace
 
 struct ArbiterSegment {
   std::uint64_t magic;  // written last by the creator (release), read first (acquire)
@@ -78,14 +82,26 @@ struct ArbiterSegment {
   std::uint32_t max_in_use, pad2;
   std::uint64_t leases, reclaimed_procs, reclaimed_leases;
   std::int64_t created_ns, held_ns, held_since;
+  // Compute slots: kernels at once on the modelled device, across processes (host backend).
+  std::uint32_t c_capacity, c_in_use, c_waiting, c_max_in_use;
+  std::uint32_t c_running, pad3;     // kernels running now (granted and started)
+  std::int64_t busy_ns, busy_since;  // time with c_running > 0
   ProcSlot procs[kMaxProcs];
-  Ticket tickets[kMaxTickets];
+  ArbiterTicket tickets[kMaxTickets];
 };
 
 namespace {
 
-std::string shm_name(const std::string& name) { return "/" + std::string(kPrefix) + name; }
-std::string shm_path(const std::string& name) { return "/dev/shm/" + std::string(kPrefix) + name; }
+std::string shm_name(const std::string& name) {
+  std::string s("/");
+  s.append(kPrefix).append(name);
+  return s;
+}
+std::string shm_path(const std::string& name) {
+  std::string s("/dev/shm/");
+  s.append(kPrefix).append(name);
+  return s;
+}
 
 long futex(std::uint32_t* word, int op, std::uint32_t val, const timespec* timeout) {
   return syscall(SYS_futex, word, op, val, timeout, nullptr, 0);
@@ -142,25 +158,39 @@ void tokens_changed(ProcSlot& p, std::uint32_t before, std::int64_t now) {
 /// The segment's derived counts, recomputed from the slots' and tickets' own fields (after a
 /// holder of the lock died, or to check them).
 void repair(ArbiterSegment& s) {
-  for (auto& p : s.procs) p.granted = p.waiting = 0;
-  std::uint32_t waiting = 0;
+  for (auto& p : s.procs) p.granted = p.waiting = p.c_granted = p.c_waiting = 0;
+  std::uint32_t waiting = 0, c_waiting = 0;
   for (auto& t : s.tickets) {
     if (t.state == kNone) continue;
-    if (t.proc < 0 || t.proc >= kMaxProcs || s.procs[t.proc].state != kLive) {
-      t.state = kNone;  // a ticket of a slot that is gone
+    if (t.proc < 0 || t.proc >= kMaxProcs || s.procs[t.proc].state != kLive ||
+        (t.state != kGranted && t.state != kWaiting) || (t.kind != kLease && t.kind != kCompute)) {
+      t.state = kNone;  // a ticket of a slot that is gone, or garbage
       continue;
     }
-    if (t.state == kGranted) ++s.procs[t.proc].granted;
-    else if (t.state == kWaiting) ++s.procs[t.proc].waiting, ++waiting;
-    else t.state = kNone;
+    ProcSlot& p = s.procs[t.proc];
+    if (t.kind == kLease) {
+      if (t.state == kGranted) ++p.granted;
+      else ++p.waiting, ++waiting;
+    } else {
+      if (t.state == kGranted) ++p.c_granted;
+      else ++p.c_waiting, ++c_waiting;
+    }
   }
-  std::uint32_t in_use = 0;
+  std::uint32_t in_use = 0, c_in_use = 0, c_running = 0;
   for (auto& p : s.procs)
-    if (p.state == kLive) in_use += p.tokens();
+    if (p.state == kLive) {
+      in_use += p.tokens();
+      c_in_use += p.c_collected + p.c_granted;
+      c_running += p.c_running;
+    }
   const std::int64_t now = steady_now_ns();
   held_change(s.held_ns, s.held_since, s.in_use, in_use, now);
+  held_change(s.busy_ns, s.busy_since, s.c_running, c_running, now);
+  s.c_running = c_running;
   s.in_use = in_use;
   s.waiting = waiting;
+  s.c_in_use = c_in_use;
+  s.c_waiting = c_waiting;
 }
 
 /// The segment's lock. A holder that died leaves EOWNERDEAD to the next: the derived counts are
@@ -208,13 +238,16 @@ void validate(const std::string& name, const ArbiterSegment& s) {
                              "this one reads version {}, {} bytes); let its processes finish and "
                              "remove it, or choose another ArbiterConfig::name",
                              s.version, s.size, kVersion, sizeof(ArbiterSegment)));
-  if (s.capacity < 1 || s.capacity > kMaxCapacity || s.in_use > s.capacity)
-    refuse(name, fmt::format("corrupt (capacity {}, {} in use); remove it once no process uses it",
-                             s.capacity, s.in_use));
+  if (s.capacity < 1 || s.capacity > kMaxCapacity || s.in_use > s.capacity ||
+      s.c_capacity < 1 || s.c_capacity > kMaxCapacity || s.c_in_use > s.c_capacity)
+    refuse(name, fmt::format("corrupt (capacity {}, {} in use; compute slots {}, {} in use); "
+                             "remove it once no process uses it",
+                             s.capacity, s.in_use, s.c_capacity, s.c_in_use));
 }
 
 /// Opens (or, when `create`, creates) the segment.
-Mapped open_segment(const std::string& name, const ArbiterConfig* create, std::size_t capacity) {
+Mapped open_segment(const std::string& name, const ArbiterConfig* create, std::size_t capacity,
+                    std::size_t compute_slots) {
   check_arbiter_name(name);
   const std::string sname = shm_name(name);
   const bool shared = create && !create->group.empty();
@@ -301,6 +334,7 @@ Mapped open_segment(const std::string& name, const ArbiterConfig* create, std::s
     s.max_procs = kMaxProcs;
     s.max_tickets = kMaxTickets;
     s.capacity = static_cast<std::uint32_t>(capacity);
+    s.c_capacity = static_cast<std::uint32_t>(compute_slots);
     s.created_ns = steady_now_ns();
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
@@ -340,6 +374,7 @@ void check_arbiter_name(const std::string& name) {
 // ---- Arbiter ---------------------------------------------------------------------------------------
 
 Arbiter::Arbiter(const ArbiterConfig& config, std::size_t local_streams,
+                 std::size_t compute_slots,
                  std::function<void(const std::vector<std::uint64_t>&)> on_granted,
                  std::function<std::int64_t()> busy_ns)
     : config_(config), path_(shm_path(config.name)), bytes_(sizeof(ArbiterSegment)),
@@ -353,7 +388,11 @@ Arbiter::Arbiter(const ArbiterConfig& config, std::size_t local_streams,
   if (want < 1 || want > kMaxCapacity)
     throw Error(fmt::format("splitflow: ArbiterConfig::capacity is {}; it must be 1 to {}", want,
                             kMaxCapacity));
-  Mapped m = open_segment(config.name, &config_, want);
+  if (compute_slots < 1 || compute_slots > kMaxCapacity)
+    throw Error(fmt::format("splitflow: the arbiter's compute slots (DeviceConfig::"
+                            "host_compute_slots) are {}; they must be 1 to {}",
+                            compute_slots, kMaxCapacity));
+  Mapped m = open_segment(config.name, &config_, want, compute_slots);
   seg_ = m.seg;
   ArbiterSegment& s = *seg_;
   try {
@@ -365,22 +404,12 @@ Arbiter::Arbiter(const ArbiterConfig& config, std::size_t local_streams,
                                       capacity_, config.capacity));
     cap_ = static_cast<std::size_t>(std::floor(config.share * static_cast<double>(capacity_)));
     cap_ = std::clamp<std::size_t>(cap_, 1, std::min(capacity_, local_streams));
-    // Reclaim the dead before choosing a slot: a free one, else the longest-ended one.
     const std::int64_t now = steady_now_ns();
+    reclaim_dead_locked(now);
+    // A free slot, else the one that ended longest ago.
     int best = -1;
     for (int i = 0; i < kMaxProcs; ++i) {
-      ProcSlot& p = s.procs[i];
-      if (p.state == kLive && !alive(p.pid, p.start_time)) {
-        // (as check_liveness, without a slot of our own yet)
-        const std::uint32_t before = p.tokens();
-        for (auto& t : s.tickets)
-          if (t.state != kNone && t.proc == i) t.state = kNone;
-        s.reclaimed_leases += before;
-        ++s.reclaimed_procs;
-        p.state = kReclaimed;
-        p.ended_ns = now;
-        repair(s);
-      }
+      const ProcSlot& p = s.procs[i];
       if (p.state == kLive) continue;
       const bool better = best < 0 || (s.procs[best].state != kFree &&
                                        (p.state == kFree || p.ended_ns < s.procs[best].ended_ns));
@@ -398,7 +427,7 @@ Arbiter::Arbiter(const ArbiterConfig& config, std::size_t local_streams,
     std::snprintf(me.label, sizeof me.label, "%s", label.c_str());
     me.state = kLive;
     slot_ = best;
-    std::vector<std::uint64_t> none;
+    Mine none;
     hand_out_locked(none, now);  // the reclaimed tokens, to others' tickets
   } catch (...) {
     ::munmap(seg_, bytes_);
@@ -420,31 +449,55 @@ Arbiter::~Arbiter() {
       if (t.state != kNone && t.proc == slot_) t.state = kNone;
     const std::uint32_t before = me.tokens();
     me.collected = 0;
+    me.c_collected = 0;
+    me.c_running = 0;
     repair(s);  // my tickets and tokens are gone
     tokens_changed(me, before, now);
     me.busy_ns = busy_ns_ ? busy_ns_() : 0;
     me.state = kExited;
     me.ended_ns = now;
-    std::vector<std::uint64_t> none;
+    Mine none;
     hand_out_locked(none, now);
   } catch (...) {
   }
   ::munmap(seg_, bytes_);
 }
 
-void Arbiter::hand_out_locked(std::vector<std::uint64_t>& mine, std::int64_t now) {
+int Arbiter::reclaim_dead_locked(std::int64_t now) {
   ArbiterSegment& s = *seg_;
+  int reclaimed = 0;
+  for (int i = 0; i < kMaxProcs; ++i) {
+    ProcSlot& p = s.procs[i];
+    if (i == slot_ || p.state != kLive || alive(p.pid, p.start_time)) continue;
+    const std::uint32_t before = p.tokens();
+    for (auto& t : s.tickets)
+      if (t.state != kNone && t.proc == i) t.state = kNone;
+    s.reclaimed_leases += before;
+    ++s.reclaimed_procs;
+    if (before > 0) p.held_ns += now - p.held_since;
+    p.collected = p.c_collected = p.c_running = 0;
+    p.state = kReclaimed;
+    p.ended_ns = now;
+    ++reclaimed;
+  }
+  if (reclaimed) repair(s);  // its tokens, compute slots and tickets leave the counts
+  return reclaimed;
+}
+
+void Arbiter::hand_out_locked(Mine& mine, std::int64_t now) {
+  ArbiterSegment& s = *seg_;
+  // Leases: to the best eligible ticket (highest priority, then oldest; its process under cap).
   while (s.waiting > 0 && s.in_use < s.capacity) {
-    Ticket* best = nullptr;
+    ArbiterTicket* best = nullptr;
     for (auto& t : s.tickets) {
-      if (t.state != kWaiting) continue;
+      if (t.state != kWaiting || t.kind != kLease) continue;
       const ProcSlot& p = s.procs[t.proc];
       if (p.tokens() >= p.cap) continue;
       if (!best || t.priority > best->priority ||
           (t.priority == best->priority && t.seq < best->seq))
         best = &t;
     }
-    if (!best) return;
+    if (!best) break;
     ProcSlot& p = s.procs[best->proc];
     const std::uint32_t before = p.tokens();
     --p.waiting;
@@ -455,7 +508,7 @@ void Arbiter::hand_out_locked(std::vector<std::uint64_t>& mine, std::int64_t now
     if (best->proc == slot_) {
       best->state = kNone;
       ++p.collected;
-      mine.push_back(best->seq);
+      mine.leases.push_back(best->seq);
     } else {
       best->state = kGranted;  // one store: the ticket's process now holds the token
       ++p.granted;
@@ -466,6 +519,57 @@ void Arbiter::hand_out_locked(std::vector<std::uint64_t>& mine, std::int64_t now
     s.max_in_use = std::max(s.max_in_use, s.in_use);
     tokens_changed(p, before, now);
   }
+  // Compute slots: the same order, no per-process cap.
+  while (s.c_waiting > 0 && s.c_in_use < s.c_capacity) {
+    ArbiterTicket* best = nullptr;
+    for (auto& t : s.tickets) {
+      if (t.state != kWaiting || t.kind != kCompute) continue;
+      if (!best || t.priority > best->priority ||
+          (t.priority == best->priority && t.seq < best->seq))
+        best = &t;
+    }
+    if (!best) break;
+    ProcSlot& p = s.procs[best->proc];
+    --p.c_waiting;
+    --s.c_waiting;
+    if (best->proc == slot_) {
+      best->state = kNone;
+      ++p.c_collected;
+      mine.compute.push_back(best->seq);
+    } else {
+      best->state = kGranted;
+      ++p.c_granted;
+      ring(&p.doorbell);
+    }
+    ++s.c_in_use;
+    s.c_max_in_use = std::max(s.c_max_in_use, s.c_in_use);
+  }
+}
+
+void Arbiter::deliver(Mine& mine) {
+  if (!mine.compute.empty()) {
+    {
+      std::lock_guard lk(compute_mu_);
+      compute_ready_.insert(compute_ready_.end(), mine.compute.begin(), mine.compute.end());
+    }
+    compute_cv_.notify_all();
+  }
+  if (!mine.leases.empty() && on_granted_) on_granted_(mine.leases);
+}
+
+ArbiterTicket* Arbiter::queue_locked(std::uint32_t kind, int priority, std::int64_t now) {
+  ArbiterSegment& s = *seg_;
+  for (auto& t : s.tickets) {
+    if (t.state != kNone) continue;
+    t.proc = slot_;
+    t.priority = priority;
+    t.kind = kind;
+    t.seq = ++s.next_seq;
+    t.since = now;
+    t.state = kWaiting;
+    return &t;
+  }
+  return nullptr;
 }
 
 Arbiter::Take Arbiter::acquire(int priority, std::uint64_t& ticket) {
@@ -486,35 +590,97 @@ Arbiter::Take Arbiter::acquire(int priority, std::uint64_t& ticket) {
     tokens_changed(me, before, now);
     return Take::granted;
   }
-  for (auto& t : s.tickets) {
-    if (t.state != kNone) continue;
-    t.proc = slot_;
-    t.priority = priority;
-    t.seq = ++s.next_seq;
-    t.since = now;
-    t.state = kWaiting;
-    ++me.waiting;
-    ++s.waiting;
-    ticket = t.seq;
-    return Take::queued;
-  }
-  return Take::full;
+  ArbiterTicket* t = queue_locked(kLease, priority, now);
+  if (!t) return Take::full;
+  ++me.waiting;
+  ++s.waiting;
+  ticket = t->seq;
+  return Take::queued;
 }
 
 std::vector<std::uint64_t> Arbiter::release() {
   ArbiterSegment& s = *seg_;
-  std::vector<std::uint64_t> mine;
+  Mine mine;
+  {
+    SegLock lk(s);
+    ProcSlot& me = s.procs[slot_];
+    if (me.collected == 0) return {};  // nothing of ours to give back (never another's)
+    const std::int64_t now = steady_now_ns();
+    const std::uint32_t before = me.tokens();
+    --me.collected;
+    held_change(s.held_ns, s.held_since, s.in_use, s.in_use - 1, now);
+    --s.in_use;
+    tokens_changed(me, before, now);
+    hand_out_locked(mine, now);
+  }
+  std::vector<std::uint64_t> leases = std::move(mine.leases);
+  mine.leases.clear();
+  deliver(mine);  // (compute slots are not handed out by a lease's release; kept general)
+  return leases;
+}
+
+void Arbiter::enter(int priority) {
+  ArbiterSegment& s = *seg_;
+  std::uint64_t ticket = 0;
+  for (;;) {
+    {
+      SegLock lk(s);
+      ProcSlot& me = s.procs[slot_];
+      const std::int64_t now = steady_now_ns();
+      if (s.c_in_use < s.c_capacity) {
+        ++me.c_collected;
+        ++s.c_in_use;
+        s.c_max_in_use = std::max(s.c_max_in_use, s.c_in_use);
+        ++me.c_running;  // it runs now: the device is busy from here
+        held_change(s.busy_ns, s.busy_since, s.c_running, s.c_running + 1, now);
+        ++s.c_running;
+        return;
+      }
+      if (ArbiterTicket* t = queue_locked(kCompute, priority, now)) {
+        ++me.c_waiting;
+        ++s.c_waiting;
+        ticket = t->seq;
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the ticket table is full
+  }
+  {
+    std::unique_lock lk(compute_mu_);
+    compute_cv_.wait(lk, [&] {
+      auto it = std::find(compute_ready_.begin(), compute_ready_.end(), ticket);
+      if (it == compute_ready_.end()) return false;
+      compute_ready_.erase(it);
+      return true;
+    });
+  }
+  // Granted (its slot was ours from the grant); the device is busy from when the kernel starts.
   SegLock lk(s);
-  ProcSlot& me = s.procs[slot_];
-  if (me.collected == 0) return mine;  // nothing of ours to give back (never another's)
-  const std::int64_t now = steady_now_ns();
-  const std::uint32_t before = me.tokens();
-  --me.collected;
-  held_change(s.held_ns, s.held_since, s.in_use, s.in_use - 1, now);
-  --s.in_use;
-  tokens_changed(me, before, now);
-  hand_out_locked(mine, now);
-  return mine;
+  ++s.procs[slot_].c_running;
+  held_change(s.busy_ns, s.busy_since, s.c_running, s.c_running + 1, steady_now_ns());
+  ++s.c_running;
+}
+
+void Arbiter::leave() noexcept {
+  ArbiterSegment& s = *seg_;
+  Mine mine;
+  try {
+    SegLock lk(s);
+    ProcSlot& me = s.procs[slot_];
+    if (me.c_collected == 0) return;
+    const std::int64_t now = steady_now_ns();
+    --me.c_collected;
+    --s.c_in_use;
+    if (me.c_running > 0) {
+      --me.c_running;
+      held_change(s.busy_ns, s.busy_since, s.c_running, s.c_running - 1, now);
+      --s.c_running;
+    }
+    hand_out_locked(mine, now);
+  } catch (...) {
+    return;
+  }
+  deliver(mine);
 }
 
 bool Arbiter::cancel(std::uint64_t ticket) {
@@ -522,7 +688,7 @@ bool Arbiter::cancel(std::uint64_t ticket) {
   SegLock lk(s);
   ProcSlot& me = s.procs[slot_];
   for (auto& t : s.tickets) {
-    if (t.state == kNone || t.seq != ticket || t.proc != slot_) continue;
+    if (t.state == kNone || t.seq != ticket || t.proc != slot_ || t.kind != kLease) continue;
     if (t.state == kWaiting) {
       t.state = kNone;
       --me.waiting;
@@ -537,45 +703,37 @@ bool Arbiter::cancel(std::uint64_t ticket) {
   return true;  // collected already: its delivery finds no waiter and gives it back
 }
 
-std::vector<std::uint64_t> Arbiter::collect_locked() {
+Arbiter::Mine Arbiter::collect_locked() {
   ArbiterSegment& s = *seg_;
   ProcSlot& me = s.procs[slot_];
-  std::vector<std::uint64_t> mine;
+  Mine mine;
   for (auto& t : s.tickets) {
     if (t.state != kGranted || t.proc != slot_) continue;
     t.state = kNone;
-    --me.granted;
-    ++me.collected;
-    mine.push_back(t.seq);
+    if (t.kind == kLease) {
+      --me.granted;
+      ++me.collected;
+      mine.leases.push_back(t.seq);
+    } else {
+      --me.c_granted;
+      ++me.c_collected;
+      mine.compute.push_back(t.seq);
+    }
   }
   return mine;
 }
 
 int Arbiter::check_liveness() {
   ArbiterSegment& s = *seg_;
-  std::vector<std::uint64_t> mine;
+  Mine mine;
   int reclaimed = 0;
   {
     SegLock lk(s);
     const std::int64_t now = steady_now_ns();
-    for (int i = 0; i < kMaxProcs; ++i) {
-      ProcSlot& p = s.procs[i];
-      if (i == slot_ || p.state != kLive || alive(p.pid, p.start_time)) continue;
-      const std::uint32_t before = p.tokens();
-      for (auto& t : s.tickets)
-        if (t.state != kNone && t.proc == i) t.state = kNone;
-      p.collected = 0;
-      s.reclaimed_leases += before;
-      ++s.reclaimed_procs;
-      p.state = kReclaimed;
-      p.ended_ns = now;
-      if (before > 0) p.held_ns += now - p.held_since;
-      repair(s);
-      ++reclaimed;
-    }
+    reclaimed = reclaim_dead_locked(now);
     if (reclaimed) hand_out_locked(mine, now);
   }
-  if (!mine.empty() && on_granted_) on_granted_(mine);
+  deliver(mine);
   return reclaimed;
 }
 
@@ -593,13 +751,14 @@ void Arbiter::pump() {
   std::int64_t next_check = steady_now_ns() + period;
   while (!stop_.load()) {
     const std::uint32_t seen = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
-    std::vector<std::uint64_t> mine;
     try {
+      Mine mine;
       {
         SegLock lk(*seg_);
         mine = collect_locked();
       }
-      if (!mine.empty() && on_granted_) on_granted_(mine);
+      deliver(mine);
+      if (on_granted_) on_granted_({});  // lets the pool retry waiters kept while the table was full
       const std::int64_t now = steady_now_ns();
       if (now >= next_check) {
         check_liveness();
@@ -637,7 +796,7 @@ std::vector<std::string> list_arbiters() {
 
 ArbiterView read_arbiter(const std::string& name) {
   using namespace detail;
-  Mapped m = open_segment(name, nullptr, 0);
+  Mapped m = open_segment(name, nullptr, 0, 0);
   struct Unmap {
     void* p;
     ~Unmap() { ::munmap(p, sizeof(ArbiterSegment)); }
@@ -655,6 +814,11 @@ ArbiterView read_arbiter(const std::string& name) {
     v.leases = s.leases;
     v.age_ns = now - s.created_ns;
     v.held_ns = s.held_ns + (s.in_use > 0 ? now - s.held_since : 0);
+    v.compute_slots = s.c_capacity;
+    v.compute_in_use = s.c_in_use;
+    v.max_compute_in_use = s.c_max_in_use;
+    v.compute_waiting = s.c_waiting;
+    v.device_busy_ns = s.busy_ns + (s.c_running > 0 ? now - s.busy_since : 0);
     v.reclaimed_processes = s.reclaimed_procs;
     v.reclaimed_leases = s.reclaimed_leases;
     for (const ProcSlot& p : s.procs) {
@@ -707,9 +871,11 @@ std::string arbiters_json(const std::vector<ArbiterView>& views) {
     o += fmt::format(
         "{}{{\"name\": {}, \"path\": {}, \"capacity\": {}, \"in_use\": {}, \"max_in_use\": {}, \"waiting\": {}, "
         "\"leases\": {}, \"age_ns\": {}, \"held_ns\": {}, \"busy_ns\": {}, "
+        "\"compute_slots\": {}, \"max_compute_in_use\": {}, \"device_busy_ns\": {}, "
         "\"reclaimed_processes\": {}, \"reclaimed_leases\": {}, \"processes\": [",
         i ? ", " : "", json_string(v.name), json_string(v.path), v.capacity, v.in_use, v.max_in_use, v.waiting,
-        v.leases, v.age_ns, v.held_ns, v.busy_ns(), v.reclaimed_processes, v.reclaimed_leases);
+        v.leases, v.age_ns, v.held_ns, v.busy_ns(), v.compute_slots, v.max_compute_in_use,
+        v.device_busy_ns, v.reclaimed_processes, v.reclaimed_leases);
     for (std::size_t k = 0; k < v.processes.size(); ++k) {
       const ArbiterProcess& p = v.processes[k];
       o += fmt::format(
@@ -751,6 +917,11 @@ std::string arbiters_prometheus(const std::vector<ArbiterView>& views) {
   for (const auto& v : views)
     o += fmt::format("splitflow_arbiter_held_seconds_total{{arbiter=\"{}\"}} {:.6f}\n",
                      label(v.name), static_cast<double>(v.held_ns) * 1e-9);
+  help("splitflow_arbiter_device_busy_seconds_total", "counter",
+       "Time at least one kernel ran on the shared device (host backend's compute slots).");
+  for (const auto& v : views)
+    o += fmt::format("splitflow_arbiter_device_busy_seconds_total{{arbiter=\"{}\"}} {:.6f}\n",
+                     label(v.name), static_cast<double>(v.device_busy_ns) * 1e-9);
   help("splitflow_arbiter_reclaimed_leases_total", "counter", "Leases taken back from dead processes.");
   for (const auto& v : views)
     o += fmt::format("splitflow_arbiter_reclaimed_leases_total{{arbiter=\"{}\"}} {}\n",

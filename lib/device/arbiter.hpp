@@ -17,24 +17,30 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backend.hpp"
 #include "splitflow/core/config.hpp"
 
 namespace splitflow::detail {
 
 struct ArbiterSegment;  // the shared layout (arbiter.cpp)
+struct ArbiterTicket;
 
-class Arbiter {
+class Arbiter final : public ComputeGate {
  public:
   /// `local_streams`: this process's streams (its cap is at most that). `on_granted` is called
   /// on the pump thread with tickets granted to this process by others (or by a reclaim);
   /// `busy_ns` is read when the process publishes its figures.
-  Arbiter(const ArbiterConfig& config, std::size_t local_streams,
+  /// `compute_slots`: the modelled device's kernels at once, when this process creates the
+  /// segment (the host backend's, shared through enter()/leave()).
+  Arbiter(const ArbiterConfig& config, std::size_t local_streams, std::size_t compute_slots,
           std::function<void(const std::vector<std::uint64_t>&)> on_granted,
           std::function<std::int64_t()> busy_ns);
   ~Arbiter();
@@ -51,6 +57,10 @@ class Arbiter {
   /// Withdraws a queued ticket of this process: true when withdrawn, false when it had been
   /// granted meanwhile (the caller holds that token and must use or release it).
   bool cancel(std::uint64_t ticket);
+  /// ComputeGate: a compute slot of the shared modelled device, first come first served within
+  /// a priority across processes (blocks the calling backend thread until granted).
+  void enter(int priority) override;
+  void leave() noexcept override;
   /// Writes this process's figures (busy time) into its slot.
   void publish();
 
@@ -65,10 +75,16 @@ class Arbiter {
   void hold_lock_for_test();
 
  private:
-  class Lock;
+  /// Grants to this process found while the lock was held, handed out after it is let go.
+  struct Mine {
+    std::vector<std::uint64_t> leases, compute;
+  };
   void pump();
-  std::vector<std::uint64_t> collect_locked();
-  void hand_out_locked(std::vector<std::uint64_t>& mine, std::int64_t now);
+  Mine collect_locked();
+  void hand_out_locked(Mine& mine, std::int64_t now);
+  int reclaim_dead_locked(std::int64_t now);
+  ArbiterTicket* queue_locked(std::uint32_t kind, int priority, std::int64_t now);
+  void deliver(Mine& mine);
 
   ArbiterConfig config_;
   std::string path_;
@@ -79,6 +95,9 @@ class Arbiter {
   std::function<void(const std::vector<std::uint64_t>&)> on_granted_;
   std::function<std::int64_t()> busy_ns_;
   std::atomic<bool> stop_{false};
+  std::mutex compute_mu_;
+  std::condition_variable compute_cv_;
+  std::vector<std::uint64_t> compute_ready_;  // compute tickets granted, not yet entered
   std::thread pump_;
 };
 

@@ -34,6 +34,16 @@ class ExecutionSink {
 
 struct Stream;  // a backend's stream
 
+/// Where a backend's kernels take their place on a device shared with other processes (the
+/// arbiter's compute slots, DeviceConfig::arbiter): enter() blocks the backend thread until the
+/// kernel may run, leave() gives the place back.
+class ComputeGate {
+ public:
+  virtual ~ComputeGate() = default;
+  virtual void enter(int priority) = 0;
+  virtual void leave() noexcept = 0;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -45,6 +55,13 @@ class DeviceBackend {
   virtual void destroy_stream(Stream* s) noexcept = 0;
   /// cudaStream_t on CUDA, nullptr on host.
   virtual void* native(Stream* s) const noexcept = 0;
+  /// The priority of the graph whose burst has the stream now (GraphOptions::priority): the
+  /// host backend runs ready kernels of higher priority first. CUDA: streams keep the priority
+  /// they were created with (none yet).
+  virtual void set_priority(Stream*, int) noexcept {}
+  /// Host backend: kernels take a place through `gate` (null: none) before they run. Set before
+  /// any work is enqueued and cleared after all of it has completed. CUDA: ignored.
+  virtual void set_compute_gate(ComputeGate*) noexcept {}
 
   // Work, in stream order. `sink` (may be null) is told when it executes.
   virtual void copy(Stream* s, void* dst, const void* src, std::size_t bytes, bool h2d,

@@ -85,20 +85,25 @@ std::vector<std::int64_t> StreamPool::lease_time() const {
 }
 
 StreamPool::~StreamPool() {
+  backend_.set_compute_gate(nullptr);  // (no work is left on the device by now)
   arb_.reset();  // its pump calls into this pool
   for (auto& l : leases_) backend_.destroy_stream(l->stream);
 }
 
-void StreamPool::join_arbiter(const ArbiterConfig& config, std::function<std::int64_t()> busy_ns) {
+void StreamPool::join_arbiter(const ArbiterConfig& config, std::size_t compute_slots,
+                              std::function<std::int64_t()> busy_ns) {
   arb_ = std::make_unique<Arbiter>(
-      config, leases_.size(), [this](const std::vector<std::uint64_t>& t) { on_granted(t); },
-      std::move(busy_ns));
+      config, leases_.size(), compute_slots,
+      [this](const std::vector<std::uint64_t>& t) { on_granted(t); }, std::move(busy_ns));
+  // The host backend's kernels share its modelled device with the other processes.
+  if (backend_.kind() == BackendKind::host) backend_.set_compute_gate(arb_.get());
 }
 
-Lease* StreamPool::take_free_locked(std::int64_t now) noexcept {
+Lease* StreamPool::take_free_locked(std::int64_t now, int priority) noexcept {
   // The arbiter caps this process's tokens at its streams: one is free for each token.
   Lease* l = free_.back();
   free_.pop_back();
+  backend_.set_priority(l->stream, priority);
   l->since_ns = now;
   count_time_locked(now);
   if (in_use_++ == 0) held_since_ = now;
@@ -134,7 +139,7 @@ void StreamPool::deliver_locked(std::vector<std::uint64_t> tickets, Grants& gran
       }
       continue;
     }
-    grants.emplace_back(w, take_free_locked(steady_now_ns()));
+    grants.emplace_back(w, take_free_locked(steady_now_ns(), w->priority));
   }
 }
 
@@ -152,7 +157,7 @@ void StreamPool::promote_locked(Grants& grants) noexcept {
     if (r == Arbiter::Take::full) return;
     waiting_.pop_front();
     if (r == Arbiter::Take::granted)
-      grants.emplace_back(w, take_free_locked(steady_now_ns()));
+      grants.emplace_back(w, take_free_locked(steady_now_ns(), w->priority));
     else
       ticketed_.emplace_back(ticket, w);
   }
@@ -177,7 +182,7 @@ Lease* StreamPool::acquire_or_wait(LeaseWaiter& w) {
       std::uint64_t ticket = 0;
       switch (arb_->acquire(w.priority, ticket)) {
         case Arbiter::Take::granted:
-          return take_free_locked(now);
+          return take_free_locked(now, w.priority);
         case Arbiter::Take::queued:
           ticketed_.emplace_back(ticket, &w);
           return nullptr;
@@ -194,6 +199,7 @@ Lease* StreamPool::acquire_or_wait(LeaseWaiter& w) {
   if (!free_.empty() && waiting_.empty()) {
     Lease* l = free_.back();
     free_.pop_back();
+    backend_.set_priority(l->stream, w.priority);
     l->since_ns = steady_now_ns();
     count_time_locked(l->since_ns);
     if (in_use_++ == 0) held_since_ = l->since_ns;
@@ -237,6 +243,7 @@ void StreamPool::release(Lease* lease) noexcept {
       waiting_.pop_front();
       ++count_;
       lease->since_ns = now;
+      backend_.set_priority(lease->stream, next->priority);
     } else {
       count_time_locked(now);
       if (--in_use_ == 0) held_ns_ += now - held_since_;
@@ -327,7 +334,8 @@ DeviceRuntime::DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const Devic
       faults_(config.faults),
       start_ns_(steady_now_ns()) {
   if (config.arbiter.enabled())
-    pool_.join_arbiter(config.arbiter, [b = backend_.get()] { return b->busy_ns(); });
+    pool_.join_arbiter(config.arbiter, static_cast<std::size_t>(config.host_compute_slots),
+                       [b = backend_.get()] { return b->busy_ns(); });
 }
 
 DeviceRuntime::~DeviceRuntime() { drain_deferred(); }

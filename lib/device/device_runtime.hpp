@@ -44,7 +44,10 @@ class StreamPool {
   /// Takes every lease through the cross-process arbiter from now on (DeviceConfig::arbiter):
   /// a lease needs one of the arbiter's tokens, and waiters queue there, across processes.
   /// Call before the first lease. `busy_ns` is what this process publishes as its busy time.
-  void join_arbiter(const ArbiterConfig& config, std::function<std::int64_t()> busy_ns);
+  /// `compute_slots`: the modelled device's kernels at once (host backend), if this process
+  /// creates the arbiter; the host backend's kernels then take their place through it.
+  void join_arbiter(const ArbiterConfig& config, std::size_t compute_slots,
+                    std::function<std::int64_t()> busy_ns);
   const Arbiter* arbiter() const noexcept { return arb_.get(); }
 
   std::size_t size() const noexcept { return leases_.size(); }
@@ -72,7 +75,7 @@ class StreamPool {
   // With an arbiter: waiters holding a ticket there (ticket, waiter), and the helpers that turn
   // its grants into leases. Grants collected here are handed out after mu_ is let go.
   using Grants = std::vector<std::pair<LeaseWaiter*, Lease*>>;
-  Lease* take_free_locked(std::int64_t now) noexcept;
+  Lease* take_free_locked(std::int64_t now, int priority) noexcept;
   void deliver_locked(std::vector<std::uint64_t> tickets, Grants& grants) noexcept;
   void promote_locked(Grants& grants) noexcept;
   void on_granted(const std::vector<std::uint64_t>& tickets) noexcept;

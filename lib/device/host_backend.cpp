@@ -7,6 +7,7 @@
 // waiting on a timer (no CPU burnt). Callbacks run in stream order on the thread that finished
 // the op before them and hold the stream until they return, like cudaLaunchHostFunc. (A separate
 // callback thread, as CUDA has, measured slower here: one more wake-up per callback on 2 cores.)
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <condition_variable>
@@ -37,6 +38,7 @@ struct Op {
   bool h2d = true;
   ExecutionSink* sink = nullptr;
   Stream* stream = nullptr;
+  int priority = 0;  // its stream's when it became ready
 };
 
 }  // namespace
@@ -44,6 +46,7 @@ struct Op {
 struct Stream {
   std::deque<Op> ops;    // under HostBackend::mu_
   bool running = false;  // someone owns the head: an engine runs it, or a thread its callbacks
+  std::atomic<int> priority{0};  // of the burst that leased it (set_priority)
 };
 
 namespace {
@@ -57,12 +60,17 @@ class Engine {
     }
     cv_.notify_one();
   }
+  /// The ready op of the highest priority, the oldest among equals (a kernel of a priority
+  /// graph goes before kernels that became ready earlier, as on a high-priority CUDA stream).
   Op* pop() {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return stop_ || !ready_.empty(); });
     if (ready_.empty()) return nullptr;
-    Op* op = ready_.front();
-    ready_.pop_front();
+    auto best = ready_.begin();
+    for (auto it = ready_.begin(); it != ready_.end(); ++it)
+      if ((*it)->priority > (*best)->priority) best = it;
+    Op* op = *best;
+    ready_.erase(best);
     return op;
   }
   void stop() {
@@ -119,6 +127,12 @@ class HostBackend final : public DeviceBackend {
     delete s;
   }
   void* native(Stream*) const noexcept override { return nullptr; }
+  void set_priority(Stream* s, int priority) noexcept override {
+    s->priority.store(priority, std::memory_order_relaxed);
+  }
+  void set_compute_gate(ComputeGate* gate) noexcept override {
+    gate_.store(gate, std::memory_order_release);
+  }
 
   void copy(Stream* s, void* dst, const void* src, std::size_t bytes, bool h2d,
             ExecutionSink* sink) override {
@@ -220,6 +234,7 @@ class HostBackend final : public DeviceBackend {
         Op& head = s->ops.front();  // deque: stable while it stays at the front
         if (head.kind != OpKind::callback) {
           Engine& e = head.kind == OpKind::copy ? (head.h2d ? h2d_ : d2h_) : compute_;
+          head.priority = s->priority.load(std::memory_order_relaxed);
           e.push(&head);
           return;
         }
@@ -233,6 +248,9 @@ class HostBackend final : public DeviceBackend {
   void serve(Engine& engine) {
     while (Op* op = engine.pop()) {
       Stream* s = op->stream;
+      // On a device shared with other processes, a kernel first takes its place on it.
+      ComputeGate* gate = op->kind == OpKind::copy ? nullptr : gate_.load(std::memory_order_acquire);
+      if (gate) gate->enter(op->priority);
       {
         const std::int64_t t0 = steady_now_ns();
         active_begin(t0);
@@ -258,6 +276,7 @@ class HostBackend final : public DeviceBackend {
         }
         active_end(t1);
       }
+      if (gate) gate->leave();
       {
         std::lock_guard lk(mu_);
         s->ops.pop_front();  // `op` is gone from here on
@@ -284,6 +303,7 @@ class HostBackend final : public DeviceBackend {
   std::condition_variable idle_;  // a stream stopped running
   Engine compute_, h2d_, d2h_;
   std::vector<std::thread> threads_;
+  std::atomic<ComputeGate*> gate_{nullptr};
   mutable std::mutex busy_mu_;
   int active_ = 0;
   std::int64_t busy_since_ = 0;

@@ -57,9 +57,12 @@ void print_table(const std::vector<splitflow::ArbiterView>& views) {
     std::printf("arbiter %s  capacity %zu  in use %zu  waiting %zu  leases %llu  age %.1f s\n",
                 v.name.c_str(), v.capacity, v.in_use, v.waiting,
                 static_cast<unsigned long long>(v.leases), sec(v.age_ns));
-    std::printf("  held %.3f s (%.1f%% of its age)  busy %.3f s (sum over processes)  waste %.3f s",
+    std::printf("  held %.3f s (%.1f%% of its age)  busy %.3f s (summed over processes)  waste %.3f s\n",
                 sec(v.held_ns), pct(v.held_ns, v.age_ns), sec(v.busy_ns()),
                 sec(v.held_ns - v.busy_ns()));
+    std::printf("  compute slots %zu (at most %zu in use)  device busy %.3f s (%.1f%%; host backend)",
+                v.compute_slots, v.max_compute_in_use, sec(v.device_busy_ns),
+                pct(v.device_busy_ns, v.age_ns));
     if (v.reclaimed_processes)
       std::printf("  reclaimed: %llu processes, %llu leases",
                   static_cast<unsigned long long>(v.reclaimed_processes),
