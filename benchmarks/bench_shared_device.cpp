@@ -13,9 +13,10 @@
 //                                 Each job's load waits (reading) then spins (decoding): in all,
 //                                 about 0.7 of a core, so that the jobs' CPU work fits this
 //                                 2-core machine and the device is what they share.
-//   BM_LeaseCost/pool, /arbiter   one process, a GPU stage with an empty burst: time per item
-//                                 with the in-process pool and through an arbiter; the difference
-//                                 is the arbitration cost per lease (ns_per_item).
+//   BM_LeaseCost                  one process, a GPU stage with an empty burst: time per item
+//                                 with the in-process pool and through an arbiter, interleaved;
+//                                 the median difference is the arbitration cost per lease
+//                                 (arbiter_cost_ns; one lease per item).
 //
 // The job processes are this binary run as `bench_shared_device --job ...`.
 #include <benchmark/benchmark.h>
@@ -219,21 +220,20 @@ void BM_SharedDevice(benchmark::State& state) {
 
 // ---- the cost of a lease through the arbiter ---------------------------------------------------
 
-void BM_LeaseCost(benchmark::State& state) {
-  const bool arbitrated = state.range(0) != 0;
-  const std::string name = "bench-cost-" + std::to_string(::getpid());
+/// ns per item of a graph whose GPU stage's bursts are empty, with or without an arbiter.
+double lease_run(bool arbitrated, const std::string& name) {
   constexpr long kItems = 4000;
+  splitflow::RuntimeConfig rc;
+  rc.threads = 2;
+  rc.device.backend = splitflow::BackendKind::host;
+  rc.device.streams = 2;
+  if (arbitrated) {
+    splitflow::remove_arbiter(name);
+    rc.device.arbiter.name = name;
+    rc.device.arbiter.capacity = 2;
+  }
   double ns = 0;
-  for (auto _ : state) {
-    splitflow::RuntimeConfig rc;
-    rc.threads = 2;
-    rc.device.backend = splitflow::BackendKind::host;
-    rc.device.streams = 2;
-    if (arbitrated) {
-      splitflow::remove_arbiter(name);
-      rc.device.arbiter.name = name;
-      rc.device.arbiter.capacity = 2;
-    }
+  {
     splitflow::Runtime rt(rc);
     splitflow::Graph g(rt, "cost");
     auto src = g.source("items", [i = 0L]() mutable -> std::optional<long> {
@@ -245,17 +245,45 @@ void BM_LeaseCost(benchmark::State& state) {
     src >> mk >> gpu >> sink;
     const auto t0 = Clock::now();
     g.run().wait();
-    ns += std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kItems;
+    ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kItems;
   }
   if (arbitrated) splitflow::remove_arbiter(name);
-  state.counters["ns_per_item"] = ns / static_cast<double>(state.iterations());
+  return ns;
+}
+
+// Each iteration runs both, in alternating order (interleaved in one run): the counters are the
+// medians of the per-item times and of their per-iteration differences.
+void BM_LeaseCost(benchmark::State& state) {
+  const std::string name = "bench-cost-" + std::to_string(::getpid());
+  std::vector<double> pool, arb, diff;
+  bool arbiter_first = false;
+  for (auto _ : state) {
+    double p, a;
+    if (arbiter_first) {
+      a = lease_run(true, name);
+      p = lease_run(false, name);
+    } else {
+      p = lease_run(false, name);
+      a = lease_run(true, name);
+    }
+    arbiter_first = !arbiter_first;
+    pool.push_back(p);
+    arb.push_back(a);
+    diff.push_back(a - p);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  state.counters["pool_ns_per_item"] = median(pool);
+  state.counters["arbiter_ns_per_item"] = median(arb);
+  state.counters["arbiter_cost_ns"] = median(diff);
 }
 
 }  // namespace
 
 BENCHMARK(BM_SharedDevice)->Name("BM_SharedDevice/processes")->Arg(2)->Arg(4)->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LeaseCost)->Name("BM_LeaseCost/pool")->Arg(0)->Iterations(5)->Repetitions(5)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LeaseCost)->Name("BM_LeaseCost/arbiter")->Arg(1)->Iterations(5)->Repetitions(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LeaseCost)->Name("BM_LeaseCost")->Iterations(12)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--job") return job_main(argc, argv);

@@ -58,6 +58,7 @@ def main():
     large = load(os.path.join(d, "bench_large_photos.json"))
     dask = load(os.path.join(d, "bench_dask.json"))
     memory = load(os.path.join(d, "bench_memory.json"))
+    shared = load(os.path.join(d, "bench_shared_device.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -129,6 +130,19 @@ def main():
         ("7", "Two models, one device: devices used",
          counter(inf, "BM_TwoModels/shared", "devices_used"), "1 (dedicated: 2)", lambda v: v == 1),
     ]
+    for n in (2, 4):
+        name = f"BM_SharedDevice/processes/{n}"
+        rows += [
+            ("19", f"{n} job processes, one device: busy / summed demand",
+             counter(shared, name, "busy_vs_demand"), ">= 0.9", lambda v: v >= 0.9),
+            ("19", f"{n} job processes: slowest job / dedicated",
+             counter(shared, name, "min_throughput_ratio"), ">= 0.9", lambda v: v >= 0.9),
+            ("19", f"{n} job processes: device held / busy",
+             counter(shared, name, "held_over_busy"), "<= 1.1", lambda v: v <= 1.1),
+        ]
+    rows.append(("19", "Lease through the arbiter: cost over the pool (us)",
+                 (lambda c: c / 1000 if c is not None else None)(
+                     counter(shared, "BM_LeaseCost", "arbiter_cost_ns")), "<= 5", lambda v: v <= 5))
     print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
     missed = 0
     for issue, what, value, goal, ok in rows:

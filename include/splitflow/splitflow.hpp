@@ -15,6 +15,7 @@
 #include "splitflow/core/config.hpp"
 #include "splitflow/core/error.hpp"
 #include "splitflow/core/tensor.hpp"
+#include "splitflow/device/arbiter.hpp"
 #include "splitflow/device/device.hpp"
 #include "splitflow/executor/autotune.hpp"
 #include "splitflow/executor/autotune_sim.hpp"

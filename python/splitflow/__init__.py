@@ -27,7 +27,10 @@ from ._core import (  # noqa: F401
     built_with_cuda,
     cuda_runtime_calls,
     image_files,
+    list_arbiters,
     ops,
+    read_arbiter,
+    remove_arbiter,
 )
 from ._core import _shutdown
 
@@ -73,6 +76,6 @@ _atexit.register(_shutdown)
 __all__ = [
     "DeadlineError", "Error", "Graph", "GraphError", "Node", "OverloadedError", "PullIterator",
     "Run", "Runtime", "StageError",
-    "image_files", "image_folder",
+    "image_files", "image_folder", "list_arbiters", "read_arbiter", "remove_arbiter",
     "Tensor", "built_with_cuda", "cuda_runtime_calls", "ops",
 ]

@@ -791,9 +791,11 @@ void bind_graph(py::module_& m) {
 
   py::class_<PyRuntime, std::shared_ptr<PyRuntime>>(m, "Runtime", R"doc(
 The shared executor: a oneTBB arena of `threads` threads (0: one per core) and, created lazily
-when a GPU stage first runs, one device with a pool of `streams` streams shared by every graph.)doc")
+when a GPU stage first runs, one device with a pool of `streams` streams shared by every graph.
+`arbiter` shares the device with other processes (C++ ArbiterConfig, docs/sharing.md): a dict
+with "name" and optionally "capacity", "share", "group", "liveness" (seconds) and "label".)doc")
       .def(py::init([](int threads, bool telemetry, std::string backend, std::size_t streams,
-                       int host_compute_slots) {
+                       int host_compute_slots, std::optional<py::dict> arbiter) {
              RuntimeConfig c;
              c.threads = threads;
              c.telemetry = telemetry;
@@ -803,10 +805,29 @@ when a GPU stage first runs, one device with a pool of `streams` streams shared 
              else throw Error("splitflow.Runtime: backend must be 'auto', 'host' or 'cuda', not '" + backend + "'");
              c.device.streams = streams;
              c.device.host_compute_slots = host_compute_slots;
+             if (arbiter) {
+               ArbiterConfig& a = c.device.arbiter;
+               for (auto [k, v] : *arbiter) {
+                 const std::string key = py::str(k);
+                 if (key == "name") a.name = py::cast<std::string>(v);
+                 else if (key == "capacity") a.capacity = py::cast<std::size_t>(v);
+                 else if (key == "share") a.share = py::cast<double>(v);
+                 else if (key == "group") a.group = py::cast<std::string>(v);
+                 else if (key == "label") a.label = py::cast<std::string>(v);
+                 else if (key == "liveness")
+                   a.liveness = std::chrono::milliseconds(
+                       static_cast<long>(py::cast<double>(v) * 1000.0 + 0.5));
+                 else
+                   throw Error("splitflow.Runtime: arbiter has no option '" + key +
+                               "' (name, capacity, share, group, liveness, label)");
+               }
+               if (a.name.empty()) throw Error("splitflow.Runtime: arbiter needs a \"name\"");
+             }
              return make_released(std::make_unique<PyRuntime>(c));
            }),
            py::arg("threads") = 0, py::arg("telemetry") = true, py::arg("backend") = "auto",
-           py::arg("streams") = 8, py::arg("host_compute_slots") = 1)
+           py::arg("streams") = 8, py::arg("host_compute_slots") = 1,
+           py::arg("arbiter") = py::none())
       .def_property_readonly("threads", [](const PyRuntime& r) { return r.rt.threads(); })
       .def("device_stats", [](const PyRuntime& r) -> py::object {
         auto d = r.rt.device_stats();
@@ -1208,6 +1229,20 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
   m.def("cuda_runtime_calls", [] { return cuda_runtime_calls(); },
         "CUDA runtime calls made by this process so far (0 in a CPU-only process).");
   m.def("built_with_cuda", [] { return built_with_cuda(); });
+  m.def("list_arbiters", [] { return list_arbiters(); },
+        "Names of the arbiter segments on this machine (docs/sharing.md).");
+  m.def("read_arbiter", [](const std::string& name) -> py::object {
+        ArbiterView v;
+        {
+          py::gil_scoped_release nogil;
+          v = read_arbiter(name);
+        }
+        py::dict all = py::module_::import("json").attr("loads")(arbiters_json({v}));
+        return all["arbiters"][py::int_(0)];
+      }, py::arg("name"),
+        "One arbiter's figures as a dict (as splitflow-top --json prints them).");
+  m.def("remove_arbiter", [](const std::string& name) { return remove_arbiter(name); },
+        py::arg("name"), "Removes a segment no process uses any more; False if there was none.");
   m.def("host_cache_stats", [] {
     const HostCacheStats s = host_cache_stats();
     py::dict d;

@@ -113,3 +113,29 @@ def test_ctrl_c_interrupts_a_running_python_body_promptly(rt, how):
     o2 = h.pull_sink("out")
     h.source("s", list(range(50))) >> h.stage("py", busy(0.002), concurrency=2) >> o2
     assert sorted(h.iterate(o2)) == list(range(50))
+
+
+def test_runtime_shares_its_device_through_an_arbiter():
+    """docs/sharing.md: Runtime(arbiter=...) takes its leases through the machine's arbiter
+    segment; read_arbiter shows them (every lease once, never more bursts than the capacity);
+    a bad option is refused by name."""
+    import os
+
+    name = f"pytest-{os.getpid()}"
+    sf.remove_arbiter(name)
+    try:
+        rt = sf.Runtime(threads=2, backend="host", arbiter={"name": name, "capacity": 1, "label": "py"})
+        g = sf.Graph(rt, "g")
+        out = g.pull_sink("out")
+        g.indices("idx", list(range(40))) >> g.stage("fill", sf.ops.fill([64]), concurrency=0) \
+            >> g.gpu_stage("model", sf.ops.busy_kernel(100)) >> out
+        assert sum(1 for _ in g.iterate(out)) == 40
+        v = sf.read_arbiter(name)
+        assert v["leases"] == 40
+        assert v["max_in_use"] == 1
+        assert [p["label"] for p in v["processes"]] == ["py"]
+        assert name in sf.list_arbiters()
+        with pytest.raises(sf.Error, match="arbiter has no option 'size'"):
+            sf.Runtime(backend="host", arbiter={"name": name, "size": 2})
+    finally:
+        sf.remove_arbiter(name)
