@@ -13,6 +13,11 @@
 //                                 Each job's load waits (reading) then spins (decoding): in all,
 //                                 about 0.7 of a core, so that the jobs' CPU work fits this
 //                                 2-core machine and the device is what they share.
+//   BM_Priority/without, /with    a latency-critical inference process beside a greedy batch
+//                                 process on one modelled device, against each alone: the
+//                                 inference p99 over its dedicated p99 (p99_ratio) and the batch
+//                                 throughput over its dedicated (batch_throughput_ratio), without
+//                                 and with priority 10 for the inference graph.
 //   BM_LeaseCost                  one process, a GPU stage with an empty burst: time per item
 //                                 with the in-process pool and through an arbiter, interleaved;
 //                                 the median difference is the arbitration cost per lease
@@ -56,10 +61,13 @@ struct JobResult {
   double rate = 0;
   std::int64_t start_ns = 0, end_ns = 0, busy_ns = 0, held_ns = 0;
   long items = 0;
+  double p99_us = 0;  // per-item latency from its arrival (scheduled time) to the sink
   bool ok = false;
 };
 
-// --job ITEMS WAIT_US SPIN_US MODEL_US ARBITER(- for none) CAPACITY
+// --job ITEMS WAIT_US SPIN_US MODEL_US ARBITER(- for none) CAPACITY [PRIORITY INTERVAL_US SECONDS]
+//   INTERVAL_US > 0: items arrive open-loop, one every INTERVAL_US (else as fast as taken);
+//   SECONDS > 0: the source stops after that long (else after ITEMS items).
 int job_main(int argc, char** argv) {
   if (argc < 8) return 2;
   const long items = std::atol(argv[2]);
@@ -67,6 +75,9 @@ int job_main(int argc, char** argv) {
   const auto spin = std::chrono::microseconds(std::atol(argv[4]));
   const auto model = std::chrono::microseconds(std::atol(argv[5]));
   const std::string arbiter = argv[6];
+  const int priority = argc > 8 ? std::atoi(argv[8]) : 0;
+  const auto interval = std::chrono::microseconds(argc > 9 ? std::atol(argv[9]) : 0);
+  const double seconds = argc > 10 ? std::atof(argv[10]) : 0;
   splitflow::RuntimeConfig rc;
   rc.threads = 2;
   rc.device.backend = splitflow::BackendKind::host;
@@ -78,12 +89,28 @@ int job_main(int argc, char** argv) {
     rc.device.arbiter.label = "job";
   }
   splitflow::Runtime rt(rc);
-  splitflow::Graph g(rt, "job");
-  auto src = g.source("items", [i = 0L, items]() mutable -> std::optional<long> {
-    return i < items ? std::optional<long>(i++) : std::nullopt;
+  splitflow::GraphOptions go;
+  go.priority = priority;
+  splitflow::Graph g(rt, "job", go);
+  std::vector<std::int64_t> arrived(static_cast<std::size_t>(items), 0);
+  std::vector<std::int64_t> latency;
+  latency.reserve(static_cast<std::size_t>(items));
+  const std::int64_t t0 = now_ns();
+  auto src = g.source("items", [&, i = 0L]() mutable -> std::optional<long> {
+    if (i >= items) return std::nullopt;
+    if (seconds > 0 && static_cast<double>(now_ns() - t0) * 1e-9 >= seconds) return std::nullopt;
+    if (interval.count() > 0) {
+      const auto due = Clock::time_point(std::chrono::nanoseconds(t0)) + interval * i;
+      std::this_thread::sleep_until(due);
+      arrived[static_cast<std::size_t>(i)] = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 due.time_since_epoch()).count();
+    } else {
+      arrived[static_cast<std::size_t>(i)] = now_ns();
+    }
+    return i++;
   });
   auto ld = g.stage("load", [wait, spin](long i) {
-    std::this_thread::sleep_for(wait);  // reading (I/O)
+    if (wait.count() > 0) std::this_thread::sleep_for(wait);  // reading (I/O)
     const auto end = Clock::now() + spin;  // decoding (CPU)
     volatile unsigned x = 1;
     while (Clock::now() < end) x = x * 1664525u + 1013904223u;
@@ -95,19 +122,24 @@ int job_main(int argc, char** argv) {
   o.concurrency = 2;
   auto mdl = g.gpu_stage("model", [model](splitflow::DeviceTensor t, splitflow::DeviceContext& ctx) {
     splitflow::ops::busy_kernel(ctx, model);
-    return t;
+    return ctx.to_host(t);
   }, o);
   long done = 0;
-  auto step = g.sink("step", [&done](splitflow::DeviceTensor) { ++done; });
+  auto step = g.sink("step", [&](splitflow::HostTensor h) {
+    latency.push_back(now_ns() - arrived[static_cast<std::size_t>(*h.data<std::int64_t>())]);
+    ++done;
+  });
   src >> ld >> mdl >> step;
-  const std::int64_t t0 = now_ns();
   auto run = g.run();
   const bool ok = run.wait() == splitflow::RunStatus::succeeded;
   const std::int64_t t1 = now_ns();
   const auto d = *rt.device_stats();
-  std::printf("%d %ld %lld %lld %lld %lld\n", ok ? 1 : 0, done, static_cast<long long>(t0),
+  std::sort(latency.begin(), latency.end());
+  const double p99 = latency.empty() ? 0.0
+                                     : static_cast<double>(latency[latency.size() * 99 / 100]) * 1e-3;
+  std::printf("%d %ld %lld %lld %lld %lld %.1f\n", ok ? 1 : 0, done, static_cast<long long>(t0),
               static_cast<long long>(t1), static_cast<long long>(d.busy_ns),
-              static_cast<long long>(d.held_ns));
+              static_cast<long long>(d.held_ns), p99);
   std::fflush(stdout);
   return ok ? 0 : 1;
 }
@@ -149,7 +181,8 @@ JobResult finish(Child c) {
   JobResult r;
   int ok = 0;
   long long t0 = 0, t1 = 0, busy = 0, held = 0;
-  if (std::sscanf(s.c_str(), "%d %ld %lld %lld %lld %lld", &ok, &r.items, &t0, &t1, &busy, &held) == 6) {
+  if (std::sscanf(s.c_str(), "%d %ld %lld %lld %lld %lld %lf", &ok, &r.items, &t0, &t1, &busy,
+                  &held, &r.p99_us) == 7) {
     r.ok = ok == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
     r.start_ns = t0;
     r.end_ns = t1;
@@ -218,6 +251,47 @@ void BM_SharedDevice(benchmark::State& state) {
   state.counters["held_over_busy"] = held / busy;
 }
 
+// ---- a latency-critical process beside a greedy one ---------------------------------------------
+
+// An inference process (500 open-loop requests, one every 4 ms, a 400 us kernel each) and a batch
+// process (back-to-back 300 us kernels, two bursts in flight) on one modelled device (one compute
+// slot shared through the arbiter), against each alone on its own device. Arg 1: the inference
+// graph has priority 10 (its leases and its kernels go first); Arg 0: both priority 0.
+void BM_Priority(benchmark::State& state) {
+  const bool prioritised = state.range(0) != 0;
+  const std::string name = "bench-prio-" + std::to_string(::getpid());
+  auto inference = [&](const std::string& arb) {
+    return std::vector<std::string>{"500", "0", "0", "400", arb, "4", prioritised ? "10" : "0",
+                                    "4000", "0"};
+  };
+  auto batch = [](const std::string& arb) {
+    return std::vector<std::string>{"1000000", "0", "0", "300", arb, "4", "0", "0", "2.4"};
+  };
+  double p99_ratio = 0, batch_ratio = 0, p99_alone = 0, p99_shared = 0;
+  bool ok = true;
+  for (auto _ : state) {
+    const JobResult inf_alone = finish(spawn_job(inference("-")));
+    const JobResult batch_alone = finish(spawn_job(batch("-")));
+    splitflow::remove_arbiter(name);
+    Child b = spawn_job(batch(name));
+    Child i = spawn_job(inference(name));
+    const JobResult inf_shared = finish(i);
+    const JobResult batch_shared = finish(b);
+    splitflow::remove_arbiter(name);
+    ok &= inf_alone.ok && batch_alone.ok && inf_shared.ok && batch_shared.ok;
+    p99_alone += inf_alone.p99_us;
+    p99_shared += inf_shared.p99_us;
+    p99_ratio += inf_shared.p99_us / inf_alone.p99_us;
+    batch_ratio += batch_shared.rate / batch_alone.rate;
+  }
+  if (!ok) state.SkipWithError("a job failed");
+  const double n = static_cast<double>(state.iterations());
+  state.counters["inference_p99_alone_us"] = p99_alone / n;
+  state.counters["inference_p99_shared_us"] = p99_shared / n;
+  state.counters["p99_ratio"] = p99_ratio / n;
+  state.counters["batch_throughput_ratio"] = batch_ratio / n;
+}
+
 // ---- the cost of a lease through the arbiter ---------------------------------------------------
 
 /// ns per item of a graph whose GPU stage's bursts are empty, with or without an arbiter.
@@ -283,6 +357,8 @@ void BM_LeaseCost(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_SharedDevice)->Name("BM_SharedDevice/processes")->Arg(2)->Arg(4)->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Priority)->Name("BM_Priority/without")->Arg(0)->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Priority)->Name("BM_Priority/with")->Arg(1)->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LeaseCost)->Name("BM_LeaseCost")->Iterations(12)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {

@@ -140,6 +140,14 @@ def main():
             ("19", f"{n} job processes: device held / busy",
              counter(shared, name, "held_over_busy"), "<= 1.1", lambda v: v <= 1.1),
         ]
+    rows += [
+        ("19", "Inference beside batch, priority: p99 / dedicated",
+         counter(shared, "BM_Priority/with", "p99_ratio"), "<= 1.2", lambda v: v <= 1.2),
+        ("19", "Inference beside batch, priority: batch / dedicated",
+         counter(shared, "BM_Priority/with", "batch_throughput_ratio"), ">= 0.5", lambda v: v >= 0.5),
+        ("19", "Inference beside batch, no priority: p99 / dedicated",
+         counter(shared, "BM_Priority/without", "p99_ratio"), "(stated)", None),
+    ]
     rows.append(("19", "Lease through the arbiter: cost over the pool (us)",
                  (lambda c: c / 1000 if c is not None else None)(
                      counter(shared, "BM_LeaseCost", "arbiter_cost_ns")), "<= 5", lambda v: v <= 5))

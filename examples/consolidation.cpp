@@ -6,9 +6,13 @@
 //   bundled  each job owns a device for its whole run (its own runtime, one CPU thread, one
 //            stream), the way a training process holds its GPU;
 //   split    all jobs share one runtime and one device; each GPU stage leases a stream per
-//            kernel burst.
-// It prints devices used, device busy, GPU held / busy and each job's images/s, then the report
-// of one split job, with its diagnosis. Given an output directory, it also writes each split
+//            kernel burst;
+//   processes  each job a process of its own (this program run as `consolidation --job ...`),
+//            the processes sharing one device through an arbiter (DeviceConfig::arbiter,
+//            docs/sharing.md), as separate training jobs of different teams would.
+// It prints devices used, device busy, GPU held / busy and each job's images/s, the arbiter's
+// view of the processes (what splitflow-top shows), then the report of one split job, with its
+// diagnosis. Given an output directory, it also writes each split
 // job's JSON summary and Chrome trace there (scripts/plot_run.py plots them).
 //
 //     consolidation DATA_DIR [OUTPUT_DIR]      DATA_DIR: JPEGs (make demo makes them)
@@ -16,13 +20,21 @@
 #include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+extern char** environ;
 
 namespace {
 
@@ -173,6 +185,72 @@ Row split(std::string& backend) {
   return row;
 }
 
+// One job in a process of its own, in arbiter `arbiter`: prints "IMAGES_PER_S".
+int job_process(int k, const std::string& arbiter) {
+  auto cfg = config(1);
+  cfg.device.arbiter.name = arbiter;
+  cfg.device.arbiter.label = "job" + std::to_string(k);
+  splitflow::Runtime rt(cfg);
+  splitflow::Graph g(rt, "job" + std::to_string(k));
+  build(g, k, false);
+  auto run = g.run();
+  if (run.wait() != splitflow::RunStatus::succeeded) return 1;
+  std::printf("%.3f\n", kJob.images / (run.stats().wall_ns / 1e9));
+  return 0;
+}
+
+Row processes(const char* data_dir, splitflow::ArbiterView& view) {
+  Row row;
+  const std::string name = "demo-" + std::to_string(::getpid());
+  splitflow::remove_arbiter(name);
+  struct Child {
+    pid_t pid;
+    int out;
+  };
+  std::vector<Child> kids;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < kJobs; ++k) {
+    int p[2];
+    if (::pipe(p) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    posix_spawn_file_actions_addclose(&fa, p[0]);
+    std::vector<std::string> args = {"/proc/self/exe", "--job", std::to_string(k), data_dir, name};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("cannot start a job process");
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(p[1]);
+    kids.push_back({pid, p[0]});
+  }
+  std::printf("  processes: %d job processes started, sharing arbiter '%s'\n", kJobs, name.c_str());
+  for (auto& c : kids) {
+    std::string out;
+    char b[256];
+    for (ssize_t n; (n = ::read(c.out, b, sizeof b)) > 0;) out.append(b, static_cast<std::size_t>(n));
+    ::close(c.out);
+    int st = 0;
+    ::waitpid(c.pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) throw std::runtime_error("a job process failed");
+    row.throughput.push_back(std::atof(out.c_str()));
+  }
+  const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  view = splitflow::read_arbiter(name);
+  splitflow::remove_arbiter(name);
+  // The host backend's device is measured in the segment; on CUDA each process publishes its own.
+  const double busy = view.device_busy_ns > 0 ? static_cast<double>(view.device_busy_ns)
+                                              : static_cast<double>(view.busy_ns());
+  row.devices = 1;
+  row.device_busy = busy / wall;
+  row.held = static_cast<double>(view.held_ns);
+  row.busy = busy;
+  return row;
+}
+
 void print(const char* mode, const Row& r, const Row& base) {
   std::string tput, ratio;
   for (std::size_t k = 0; k < r.throughput.size(); ++k) {
@@ -183,13 +261,17 @@ void print(const char* mode, const Row& r, const Row& base) {
     std::snprintf(buf, sizeof buf, "%.2fx", t / dedicated);
     ratio += (ratio.empty() ? "" : ", ") + std::string(buf);
   }
-  std::printf("%-8s %7d %12.0f%% %10.2f   %-20s %s\n", mode, r.devices, 100 * r.device_busy,
+  std::printf("%-9s %7d %12.0f%% %10.2f   %-20s %s\n", mode, r.devices, 100 * r.device_busy,
               r.held / r.busy, tput.c_str(), ratio.c_str());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--job") {  // one job process of the processes mode
+    g_files = splitflow::image::FileList::directory(argv[3]);
+    return job_process(std::atoi(argv[2]), argv[4]);
+  }
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s DATA_DIR [OUTPUT_DIR]   (DATA_DIR: JPEG files)\n", argv[0]);
     return 2;
@@ -211,17 +293,29 @@ int main(int argc, char** argv) {
   const Row b = bundled();
   std::string device;
   const Row s = split(device);
+  splitflow::ArbiterView view;
+  const Row p = processes(argv[1], view);
   // Each job against its own bundled run (the same job, owning a device and one CPU thread).
   std::printf("\ndevice: %s\n", device.c_str());
-  std::printf("%-8s %7s %13s %10s   %-20s %s\n", "mode", "devices", "device busy", "held/busy",
+  std::printf("%-9s %7s %13s %10s   %-20s %s\n", "mode", "devices", "device busy", "held/busy",
               "images/s per job", "vs bundled");
   print("bundled", b, b);
   print("split", s, b);
-  std::printf("\nbundled holds %d devices, each idle %.0f%% of the time; split does the same work "
-              "on 1 device.\nheld/busy is the device's: time some job held it against time it "
+  print("processes", p, b);
+  std::printf("\nbundled holds %d devices, each idle %.0f%% of the time; split (one process) and "
+              "processes (one per job) do the same work\non 1 device.\nheld/busy is the device's: time some job held it against time it "
               "worked. A split job's own\nheld/busy is %.2f: its bursts also wait, leased, behind "
               "the other job's kernels.\n\n",
               b.devices, 100 * (1 - b.device_busy), s.job_held / s.job_busy);
+  std::printf("the processes as the arbiter saw them (splitflow-top; capacity %zu bursts, %zu compute "
+              "slot%s):\n  %-8s %8s %8s %8s %8s %8s\n",
+              view.capacity, view.compute_slots, view.compute_slots == 1 ? "" : "s", "label",
+              "leases", "held s", "busy s", "waste s", "wait s");
+  for (const auto& pr : view.processes)
+    std::printf("  %-8s %8llu %8.2f %8.2f %8.2f %8.2f\n", pr.label.c_str(),
+                static_cast<unsigned long long>(pr.leases), pr.held_ns * 1e-9, pr.busy_ns * 1e-9,
+                pr.waste_ns() * 1e-9, pr.wait_ns * 1e-9);
+  std::printf("  device: held %.2f s, busy %.2f s\n\n", view.held_ns * 1e-9, p.busy * 1e-9);
   std::printf("one split job:\n%s", splitflow::report(s.stats.front(), s.device).c_str());
   if (argc > 2) {
     const std::filesystem::path dir = argv[2];

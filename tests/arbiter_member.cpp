@@ -93,7 +93,7 @@ int script(int argc, char** argv) {
           say("entered " + std::to_string(p));
         }).detach();
       } else if (cmd == "leave") {
-        arb->leave();
+        arb->leave(0, 0);
         say("left");
       } else if (cmd == "holdlock") {
         arb->hold_lock_for_test();

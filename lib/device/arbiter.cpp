@@ -19,6 +19,7 @@
 #include <ctime>
 #include <dirent.h>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -33,7 +34,7 @@ namespace splitflow::detail {
 
 namespace {
 constexpr std::uint64_t kMagic = 0x3142524146505331ull;  // "1SPFARB1", little-endian
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 constexpr int kMaxProcs = 64;
 constexpr int kMaxTickets = 1024;
 constexpr std::size_t kMaxCapacity = 64;
@@ -58,7 +59,7 @@ struct ProcSlot {
   std::uint64_t leases;
   std::int64_t held_ns, held_since, busy_ns, wait_ns, ended_ns;
   // Compute slots (the host backend's modelled device, shared): as above, per slot.
-  std::uint32_t c_collected, c_granted, c_waiting, c_running;  // c_running: its own
+  std::uint32_t c_collected, c_granted, c_waiting, pad;
   char label[48];
   std::uint32_t tokens() const noexcept { return collected + granted; }
 };
@@ -84,8 +85,9 @@ struct ArbiterSegment {
   std::int64_t created_ns, held_ns, held_since;
   // Compute slots: kernels at once on the modelled device, across processes (host backend).
   std::uint32_t c_capacity, c_in_use, c_waiting, c_max_in_use;
-  std::uint32_t c_running, pad3;     // kernels running now (granted and started)
-  std::int64_t busy_ns, busy_since;  // time with c_running > 0
+  // The union of the kernels' execution intervals, as they report them when they end: busy_ns
+  // adds the part of each that lies past busy_until.
+  std::int64_t busy_ns, busy_until;
   ProcSlot procs[kMaxProcs];
   ArbiterTicket tickets[kMaxTickets];
 };
@@ -176,17 +178,11 @@ void repair(ArbiterSegment& s) {
       else ++p.c_waiting, ++c_waiting;
     }
   }
-  std::uint32_t in_use = 0, c_in_use = 0, c_running = 0;
+  std::uint32_t in_use = 0, c_in_use = 0;
   for (auto& p : s.procs)
-    if (p.state == kLive) {
-      in_use += p.tokens();
-      c_in_use += p.c_collected + p.c_granted;
-      c_running += p.c_running;
-    }
+    if (p.state == kLive) in_use += p.tokens(), c_in_use += p.c_collected + p.c_granted;
   const std::int64_t now = steady_now_ns();
   held_change(s.held_ns, s.held_since, s.in_use, in_use, now);
-  held_change(s.busy_ns, s.busy_since, s.c_running, c_running, now);
-  s.c_running = c_running;
   s.in_use = in_use;
   s.waiting = waiting;
   s.c_in_use = c_in_use;
@@ -324,7 +320,11 @@ Mapped open_segment(const std::string& name, const ArbiterConfig* create, std::s
   }
   void* p = ::mmap(nullptr, bytes, m.writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
                    fd, 0);
-  if (p == MAP_FAILED) refuse(name, fmt::format("cannot map it: {}", std::strerror(errno)));
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    if (m.created) ::shm_unlink(sname.c_str());  // never leave a segment without its magic
+    refuse(name, fmt::format("cannot map it: {}", std::strerror(e)));
+  }
   m.seg = static_cast<ArbiterSegment*>(p);
   ArbiterSegment& s = *m.seg;
   if (m.created) {
@@ -436,10 +436,14 @@ Arbiter::Arbiter(const ArbiterConfig& config, std::size_t local_streams,
   pump_ = std::thread([this] { pump(); });
 }
 
-Arbiter::~Arbiter() {
-  stop_.store(true);
+void Arbiter::stop() {
+  if (stop_.exchange(true)) return;
   ring(&seg_->procs[slot_].doorbell);
-  pump_.join();
+  if (pump_.joinable()) pump_.join();
+}
+
+Arbiter::~Arbiter() {
+  stop();
   try {
     SegLock lk(*seg_);
     ArbiterSegment& s = *seg_;
@@ -450,7 +454,6 @@ Arbiter::~Arbiter() {
     const std::uint32_t before = me.tokens();
     me.collected = 0;
     me.c_collected = 0;
-    me.c_running = 0;
     repair(s);  // my tickets and tokens are gone
     tokens_changed(me, before, now);
     me.busy_ns = busy_ns_ ? busy_ns_() : 0;
@@ -475,7 +478,7 @@ int Arbiter::reclaim_dead_locked(std::int64_t now) {
     s.reclaimed_leases += before;
     ++s.reclaimed_procs;
     if (before > 0) p.held_ns += now - p.held_since;
-    p.collected = p.c_collected = p.c_running = 0;
+    p.collected = p.c_collected = 0;
     p.state = kReclaimed;
     p.ended_ns = now;
     ++reclaimed;
@@ -624,16 +627,18 @@ void Arbiter::enter(int priority) {
   std::uint64_t ticket = 0;
   for (;;) {
     {
-      SegLock lk(s);
+      std::optional<SegLock> lk;
+      try {
+        lk.emplace(s);
+      } catch (...) {
+        return;  // an unusable segment: the kernel runs without its place (leave() sees none)
+      }
       ProcSlot& me = s.procs[slot_];
       const std::int64_t now = steady_now_ns();
       if (s.c_in_use < s.c_capacity) {
         ++me.c_collected;
         ++s.c_in_use;
         s.c_max_in_use = std::max(s.c_max_in_use, s.c_in_use);
-        ++me.c_running;  // it runs now: the device is busy from here
-        held_change(s.busy_ns, s.busy_since, s.c_running, s.c_running + 1, now);
-        ++s.c_running;
         return;
       }
       if (ArbiterTicket* t = queue_locked(kCompute, priority, now)) {
@@ -654,14 +659,9 @@ void Arbiter::enter(int priority) {
       return true;
     });
   }
-  // Granted (its slot was ours from the grant); the device is busy from when the kernel starts.
-  SegLock lk(s);
-  ++s.procs[slot_].c_running;
-  held_change(s.busy_ns, s.busy_since, s.c_running, s.c_running + 1, steady_now_ns());
-  ++s.c_running;
 }
 
-void Arbiter::leave() noexcept {
+void Arbiter::leave(std::int64_t t0, std::int64_t t1) noexcept {
   ArbiterSegment& s = *seg_;
   Mine mine;
   try {
@@ -671,10 +671,10 @@ void Arbiter::leave() noexcept {
     const std::int64_t now = steady_now_ns();
     --me.c_collected;
     --s.c_in_use;
-    if (me.c_running > 0) {
-      --me.c_running;
-      held_change(s.busy_ns, s.busy_since, s.c_running, s.c_running - 1, now);
-      --s.c_running;
+    if (t1 > t0) {  // the kernel's execution, into the device's busy time
+      const std::int64_t from = std::max(t0, s.busy_until);
+      if (t1 > from) s.busy_ns += t1 - from;
+      s.busy_until = std::max(s.busy_until, t1);
     }
     hand_out_locked(mine, now);
   } catch (...) {
@@ -818,7 +818,7 @@ ArbiterView read_arbiter(const std::string& name) {
     v.compute_in_use = s.c_in_use;
     v.max_compute_in_use = s.c_max_in_use;
     v.compute_waiting = s.c_waiting;
-    v.device_busy_ns = s.busy_ns + (s.c_running > 0 ? now - s.busy_since : 0);
+    v.device_busy_ns = s.busy_ns;
     v.reclaimed_processes = s.reclaimed_procs;
     v.reclaimed_leases = s.reclaimed_leases;
     for (const ProcSlot& p : s.procs) {

@@ -60,7 +60,10 @@ class Arbiter final : public ComputeGate {
   /// ComputeGate: a compute slot of the shared modelled device, first come first served within
   /// a priority across processes (blocks the calling backend thread until granted).
   void enter(int priority) override;
-  void leave() noexcept override;
+  void leave(std::int64_t t0, std::int64_t t1) noexcept override;
+  /// Stops and joins the pump thread (no more on_granted calls). Called before the owner of
+  /// on_granted goes; the destructor calls it too.
+  void stop();
   /// Writes this process's figures (busy time) into its slot.
   void publish();
 

@@ -36,12 +36,13 @@ struct Stream;  // a backend's stream
 
 /// Where a backend's kernels take their place on a device shared with other processes (the
 /// arbiter's compute slots, DeviceConfig::arbiter): enter() blocks the backend thread until the
-/// kernel may run, leave() gives the place back.
+/// kernel may run, leave() gives the place back with the kernel's execution interval [t0, t1]
+/// (steady ns), which the shared device's busy time counts.
 class ComputeGate {
  public:
   virtual ~ComputeGate() = default;
   virtual void enter(int priority) = 0;
-  virtual void leave() noexcept = 0;
+  virtual void leave(std::int64_t t0, std::int64_t t1) noexcept = 0;
 };
 
 class DeviceBackend {

@@ -85,9 +85,15 @@ std::vector<std::int64_t> StreamPool::lease_time() const {
 }
 
 StreamPool::~StreamPool() {
-  backend_.set_compute_gate(nullptr);  // (no work is left on the device by now)
-  arb_.reset();  // its pump calls into this pool
+  // The streams first: destroy_stream waits until each is idle, so no backend thread is in the
+  // compute gate afterwards (the pump still delivers grants meanwhile). Then the gate goes, the
+  // pump stops (it calls into this pool), and the arbiter is left.
   for (auto& l : leases_) backend_.destroy_stream(l->stream);
+  backend_.set_compute_gate(nullptr);
+  if (arb_) {
+    arb_->stop();
+    arb_.reset();
+  }
 }
 
 void StreamPool::join_arbiter(const ArbiterConfig& config, std::size_t compute_slots,
@@ -266,14 +272,16 @@ void StreamPool::withdraw(const void* owner) noexcept {
         ++it;
       }
     }
-    for (auto it = ticketed_.begin(); it != ticketed_.end();) {
-      if (it->second->owner != owner) {
-        ++it;
-        continue;
-      }
-      const std::uint64_t ticket = it->first;
-      gone.push_back(it->second);
-      it = ticketed_.erase(it);
+    // The owner's ticketed waiters leave first, all of them: a token given back below may be
+    // delivered to another waiter of this pool (deliver_locked erases from ticketed_).
+    std::vector<std::uint64_t> tickets;
+    std::erase_if(ticketed_, [&](const auto& e) {
+      if (e.second->owner != owner) return false;
+      tickets.push_back(e.first);
+      gone.push_back(e.second);
+      return true;
+    });
+    for (const std::uint64_t ticket : tickets) {
       try {
         // Granted meanwhile: the token is this process's; give it back.
         if (!arb_->cancel(ticket)) deliver_locked(arb_->release(), grants);

@@ -251,8 +251,9 @@ class HostBackend final : public DeviceBackend {
       // On a device shared with other processes, a kernel first takes its place on it.
       ComputeGate* gate = op->kind == OpKind::copy ? nullptr : gate_.load(std::memory_order_acquire);
       if (gate) gate->enter(op->priority);
+      std::int64_t t0 = 0, t1 = 0;
       {
-        const std::int64_t t0 = steady_now_ns();
+        t0 = steady_now_ns();
         active_begin(t0);
         if (op->sink) op->sink->exec_begin(t0);
         switch (op->kind) {
@@ -268,7 +269,7 @@ class HostBackend final : public DeviceBackend {
           case OpKind::callback:
             break;
         }
-        const std::int64_t t1 = steady_now_ns();
+        t1 = steady_now_ns();
         if (op->sink) {
           if (op->kind == OpKind::copy) op->sink->copied(op->h2d, op->bytes, t1 - t0);
           op->sink->op_done(op->kind == OpKind::copy ? (op->h2d ? 1 : 2) : 0, op->bytes, t0, t1);
@@ -276,7 +277,7 @@ class HostBackend final : public DeviceBackend {
         }
         active_end(t1);
       }
-      if (gate) gate->leave();
+      if (gate) gate->leave(t0, t1);
       {
         std::lock_guard lk(mu_);
         s->ops.pop_front();  // `op` is gone from here on

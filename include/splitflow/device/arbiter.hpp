@@ -46,7 +46,9 @@ struct ArbiterView {
   std::int64_t held_ns = 0;    ///< time with at least one lease out (any process)
   std::uint64_t reclaimed_processes = 0, reclaimed_leases = 0;
   /// The modelled device's compute slots (host backend: kernels at once across processes), in
-  /// use now and at most, and the time at least one kernel ran (exact, across processes).
+  /// use now and at most, and the time at least one kernel ran across processes: the union of
+  /// the kernels' execution intervals as they end (exact with one compute slot; with more, a
+  /// kernel that ends after a later-starting one is counted from that one's end: a lower bound).
   std::size_t compute_slots = 0, compute_in_use = 0, max_compute_in_use = 0, compute_waiting = 0;
   std::int64_t device_busy_ns = 0;
   std::vector<ArbiterProcess> processes;  ///< live and recently ended ones
