@@ -1,6 +1,9 @@
 // Jobs as separate processes sharing one device through the cross-process arbiter
 // (DeviceConfig::arbiter; docs/sharing.md; issue 19), on the host backend:
 //
+// SPLITFLOW_BENCH_BACKEND=cuda runs the jobs on the GPU (scripts/gpu-check.sh, with and without
+// MPS); the default is the host backend.
+//
 //   BM_SharedDevice/processes/N   N training-style job processes (load on the CPU, then a kernel),
 //                                 each first alone on its own device (dedicated, measured in the
 //                                 same benchmark), then all N in one arbiter (4 bursts leased at
@@ -80,7 +83,10 @@ int job_main(int argc, char** argv) {
   const double seconds = argc > 10 ? std::atof(argv[10]) : 0;
   splitflow::RuntimeConfig rc;
   rc.threads = 2;
-  rc.device.backend = splitflow::BackendKind::host;
+  // SPLITFLOW_BENCH_BACKEND=cuda (scripts/gpu-check.sh): the jobs on the GPU.
+  const char* backend = std::getenv("SPLITFLOW_BENCH_BACKEND");
+  rc.device.backend = backend && std::string(backend) == "cuda" ? splitflow::BackendKind::cuda
+                                                                : splitflow::BackendKind::host;
   rc.device.streams = 2;
   rc.device.host_compute_slots = 1;
   if (arbiter != "-") {
@@ -237,10 +243,13 @@ void BM_SharedDevice(benchmark::State& state) {
       t1 = std::max(t1, shared[k].end_ns);
       min_ratio = std::min(min_ratio, shared[k].rate / alone[k].rate);
     }
-    const double fraction = static_cast<double>(v.device_busy_ns) / static_cast<double>(t1 - t0);
+    // Host backend: the segment's own busy time; CUDA: what the processes published (summed).
+    const double dev_busy = v.device_busy_ns > 0 ? static_cast<double>(v.device_busy_ns)
+                                                 : static_cast<double>(v.busy_ns());
+    const double fraction = dev_busy / static_cast<double>(t1 - t0);
     busy_vs_demand += fraction / demand;
     held += static_cast<double>(v.held_ns);
-    busy += static_cast<double>(v.device_busy_ns);
+    busy += dev_busy;
     if (v.max_compute_in_use > 1) ok = false;  // one compute slot: one kernel at a time
   }
   if (!ok) state.SkipWithError("a job failed, or the arbiter let two kernels run at once");

@@ -80,6 +80,21 @@ step dlpack_control 90 $PY scripts/dlpack_stream_control.py && log "$(cat "$LOGS
 step bench_consolidation 150 "$BENCH/bench_consolidation" --benchmark_out="$LOGS/bench_consolidation.json" --benchmark_out_format=json
 SPLITFLOW_BENCH_BACKEND=cuda step bench_ring_handoff 150 "$BENCH/bench_ring_handoff" --benchmark_out="$LOGS/bench_ring_handoff.json" --benchmark_out_format=json
 step bench_inference 200 "$BENCH/bench_inference" --benchmark_out="$LOGS/bench_inference.json" --benchmark_out_format=json
+# Jobs as separate processes sharing the GPU through the arbiter (docs/sharing.md), without MPS
+# (kernels of different processes time-slice), then with the MPS control daemon running.
+SPLITFLOW_BENCH_BACKEND=cuda step bench_shared_device 200 "$BENCH/bench_shared_device" --benchmark_out="$LOGS/bench_shared_device.json" --benchmark_out_format=json
+if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
+  if nvidia-cuda-mps-control -d; then
+    SPLITFLOW_BENCH_BACKEND=cuda step bench_shared_device_mps 200 "$BENCH/bench_shared_device" --benchmark_out="$LOGS/bench_shared_device_mps.json" --benchmark_out_format=json
+    echo quit | nvidia-cuda-mps-control
+  else
+    log "MPS: the control daemon did not start"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+  log "MPS: nvidia-cuda-mps-control not found"
+fi
 step demo 150 "$EXAMPLES/consolidation" "$IMAGES" "$LOGS/demo"
 step inference_server 120 "$EXAMPLES/inference_server"
 $PY benchmarks/summary.py "$LOGS" >"$OUT/goals.txt" 2>&1 && log "goals: $OUT/goals.txt"

@@ -17,7 +17,7 @@ trap 'rm -rf "$stage"' EXIT
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DSPLITFLOW_WITH_CUDA=ON >/dev/null
 cmake --build build/release -j"$(nproc)"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/lib-fallback" "$stage/python" "$stage/images"
-cp build/release/tests/test_* "$stage/bin/" 2>/dev/null || true
+cp build/release/tests/test_* build/release/tests/arbiter_member "$stage/bin/" 2>/dev/null || true
 rm -f "$stage"/bin/*.cmake
 cp build/release/benchmarks/bench_* build/release/examples/consolidation \
    build/release/examples/inference_server "$stage/bin/"
