@@ -163,11 +163,15 @@ int run(int argc, char** argv) {
   const RunStatus st = r.wait();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const DeviceStats d = rt.device_stats().value();
+  const GpuStats gs = r.stats().gpu;
   std::printf("{\"pid\": %d, \"status\": \"%s\", \"items\": %ld, \"sum\": %ld, \"leases\": %llu, "
-              "\"busy_ns\": %lld, \"held_ns\": %lld, \"wall_s\": %.6f, \"rate\": %.3f}\n",
+              "\"busy_ns\": %lld, \"held_ns\": %lld, \"wall_s\": %.6f, \"rate\": %.3f, "
+              "\"graph_bursts\": %llu, \"graph_held_ns\": %lld, \"graph_busy_ns\": %lld}\n",
               static_cast<int>(::getpid()), to_string(st), count, sum,
               static_cast<unsigned long long>(d.leases), static_cast<long long>(d.busy_ns),
-              static_cast<long long>(d.held_ns), wall, static_cast<double>(count) / wall);
+              static_cast<long long>(d.held_ns), wall, static_cast<double>(count) / wall,
+              static_cast<unsigned long long>(gs.bursts), static_cast<long long>(gs.held_ns),
+              static_cast<long long>(gs.busy_ns));
   std::fflush(stdout);
   return st == RunStatus::succeeded ? 0 : 1;
 }

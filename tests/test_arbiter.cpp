@@ -419,7 +419,8 @@ TEST(Arbiter, TheSegmentIsPrivateAndOptionsAreChecked) {
 
 // "the meter's figures equal the sum of what each process reports": two training-style jobs as
 // separate processes on one modelled device; each prints its own figures; the segment's
-// per-process leases and busy time equal them, and the device's leases their sum.
+// per-process leases and busy time, and its graph's bursts, held and busy time, equal them, and
+// the device's leases their sum.
 TEST(Arbiter, TheMeterEqualsWhatTheProcessesReport) {
   Name n;
   std::vector<std::unique_ptr<Member>> jobs;
@@ -447,6 +448,16 @@ TEST(Arbiter, TheMeterEqualsWhatTheProcessesReport) {
     EXPECT_NE(r.find("\"busy_ns\": " + std::to_string(p->busy_ns) + ","), std::string::npos) << r;
     EXPECT_EQ(p->leases, 200u);
     total += p->leases;
+    // Its graph, as the process published it when it left: its run's own figures.
+    ASSERT_EQ(p->graphs.size(), 1u);
+    const ArbiterGraph& g = p->graphs.front();
+    EXPECT_EQ(g.name, "job");
+    EXPECT_EQ(g.bursts, 200u);
+    EXPECT_NE(r.find("\"graph_bursts\": 200, \"graph_held_ns\": " + std::to_string(g.held_ns) +
+                     ", \"graph_busy_ns\": " + std::to_string(g.busy_ns) + "}"),
+              std::string::npos)
+        << r;
+    EXPECT_GE(g.held_ns, g.busy_ns);
   }
   EXPECT_EQ(v.leases, total);
   EXPECT_EQ(v.max_in_use, 1u);  // capacity 1: one burst on the device at a time
@@ -464,6 +475,10 @@ TEST(Arbiter, TheMeterEqualsWhatTheProcessesReport) {
   const std::string prom = arbiters_prometheus({v});
   EXPECT_NE(prom.find("splitflow_process_leases_total{arbiter=\"" + n.value + "\",pid=\"" +
                       std::to_string(pids[0]) + "\",label=\"job0\",state=\"exited\"} 200"),
+            std::string::npos)
+      << prom;
+  EXPECT_NE(prom.find("splitflow_graph_bursts_total{arbiter=\"" + n.value + "\",pid=\"" +
+                      std::to_string(pids[1]) + "\",label=\"job1\",graph=\"job\",priority=\"0\"} 200"),
             std::string::npos)
       << prom;
 }

@@ -34,7 +34,8 @@ namespace splitflow::detail {
 
 namespace {
 constexpr std::uint64_t kMagic = 0x3142524146505331ull;  // "1SPFARB1", little-endian
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kVersion = 3;
+constexpr int kMaxGraphs = 8;  // published per process
 constexpr int kMaxProcs = 64;
 constexpr int kMaxTickets = 1024;
 constexpr std::size_t kMaxCapacity = 64;
@@ -45,6 +46,14 @@ enum TicketState : std::uint32_t { kNone = 0, kWaiting = 1, kGranted = 2 };
 enum TicketKind : std::uint32_t { kLease = 0, kCompute = 1 };
 
 }  // namespace
+
+struct SlotGraph {
+  char name[40];
+  std::int32_t priority;
+  std::uint32_t pad;
+  std::uint64_t bursts;
+  std::int64_t held_ns, busy_ns, wait_ns;
+};
 
 struct ProcSlot {
   std::uint32_t state;
@@ -61,6 +70,8 @@ struct ProcSlot {
   // Compute slots (the host backend's modelled device, shared): as above, per slot.
   std::uint32_t c_collected, c_granted, c_waiting, pad;
   char label[48];
+  std::uint32_t ngraphs, pad2;
+  SlotGraph graphs[kMaxGraphs];  // written by the process itself (publish)
   std::uint32_t tokens() const noexcept { return collected + granted; }
 };
 
@@ -376,9 +387,10 @@ void check_arbiter_name(const std::string& name) {
 Arbiter::Arbiter(const ArbiterConfig& config, std::size_t local_streams,
                  std::size_t compute_slots,
                  std::function<void(const std::vector<std::uint64_t>&)> on_granted,
-                 std::function<std::int64_t()> busy_ns)
+                 std::function<std::int64_t()> busy_ns,
+                 std::function<std::vector<PublishedGraph>()> graphs)
     : config_(config), path_(shm_path(config.name)), bytes_(sizeof(ArbiterSegment)),
-      on_granted_(std::move(on_granted)), busy_ns_(std::move(busy_ns)) {
+      on_granted_(std::move(on_granted)), busy_ns_(std::move(busy_ns)), graphs_(std::move(graphs)) {
   if (!(config.share > 0 && config.share <= 1))
     throw Error(fmt::format("splitflow: ArbiterConfig::share is {}; it must be in (0, 1]",
                             config.share));
@@ -445,6 +457,7 @@ void Arbiter::stop() {
 Arbiter::~Arbiter() {
   stop();
   try {
+    publish();  // its last figures stay readable after it has left
     SegLock lk(*seg_);
     ArbiterSegment& s = *seg_;
     ProcSlot& me = s.procs[slot_];
@@ -456,7 +469,6 @@ Arbiter::~Arbiter() {
     me.c_collected = 0;
     repair(s);  // my tickets and tokens are gone
     tokens_changed(me, before, now);
-    me.busy_ns = busy_ns_ ? busy_ns_() : 0;
     me.state = kExited;
     me.ended_ns = now;
     Mine none;
@@ -741,8 +753,24 @@ void Arbiter::hold_lock_for_test() { pthread_mutex_lock(&seg_->mu); }
 
 void Arbiter::publish() {
   const std::int64_t busy = busy_ns_ ? busy_ns_() : 0;
+  std::vector<PublishedGraph> graphs = graphs_ ? graphs_() : std::vector<PublishedGraph>{};
+  // The graphs that held the device longest, if there are more than a slot keeps.
+  std::stable_sort(graphs.begin(), graphs.end(),
+                   [](const auto& a, const auto& b) { return a.held_ns > b.held_ns; });
+  if (graphs.size() > kMaxGraphs) graphs.resize(kMaxGraphs);
   SegLock lk(*seg_);
-  seg_->procs[slot_].busy_ns = busy;
+  ProcSlot& me = seg_->procs[slot_];
+  me.busy_ns = busy;
+  me.ngraphs = static_cast<std::uint32_t>(graphs.size());
+  for (std::size_t i = 0; i < graphs.size(); ++i) {
+    SlotGraph& g = me.graphs[i];
+    std::snprintf(g.name, sizeof g.name, "%s", graphs[i].name.c_str());
+    g.priority = graphs[i].priority;
+    g.bursts = graphs[i].bursts;
+    g.held_ns = graphs[i].held_ns;
+    g.busy_ns = graphs[i].busy_ns;
+    g.wait_ns = graphs[i].wait_ns;
+  }
 }
 
 void Arbiter::pump() {
@@ -835,6 +863,17 @@ ArbiterView read_arbiter(const std::string& name) {
       a.held_ns = p.held_ns + (p.state == kLive && p.tokens() > 0 ? now - p.held_since : 0);
       a.busy_ns = p.busy_ns;
       a.wait_ns = p.wait_ns;
+      for (std::uint32_t i = 0; i < std::min<std::uint32_t>(p.ngraphs, kMaxGraphs); ++i) {
+        const SlotGraph& sg = p.graphs[i];
+        ArbiterGraph g;
+        g.name = std::string(sg.name, strnlen(sg.name, sizeof sg.name));
+        g.priority = sg.priority;
+        g.bursts = sg.bursts;
+        g.held_ns = sg.held_ns;
+        g.busy_ns = sg.busy_ns;
+        g.wait_ns = sg.wait_ns;
+        a.graphs.push_back(std::move(g));
+      }
       v.processes.push_back(std::move(a));
     }
   };
@@ -881,9 +920,17 @@ std::string arbiters_json(const std::vector<ArbiterView>& views) {
       o += fmt::format(
           "{}{{\"pid\": {}, \"label\": {}, \"state\": {}, \"cap\": {}, \"held\": {}, "
           "\"waiting\": {}, \"priority\": {}, \"leases\": {}, \"held_ns\": {}, \"busy_ns\": {}, "
-          "\"waste_ns\": {}, \"wait_ns\": {}}}",
+          "\"waste_ns\": {}, \"wait_ns\": {}, \"graphs\": [",
           k ? ", " : "", p.pid, json_string(p.label), json_string(p.state), p.cap, p.held,
           p.waiting, p.priority, p.leases, p.held_ns, p.busy_ns, p.waste_ns(), p.wait_ns);
+      for (std::size_t j = 0; j < p.graphs.size(); ++j) {
+        const ArbiterGraph& g = p.graphs[j];
+        o += fmt::format("{}{{\"name\": {}, \"priority\": {}, \"bursts\": {}, \"held_ns\": {}, "
+                         "\"busy_ns\": {}, \"waste_ns\": {}, \"wait_ns\": {}}}",
+                         j ? ", " : "", json_string(g.name), g.priority, g.bursts, g.held_ns,
+                         g.busy_ns, g.waste_ns(), g.wait_ns);
+      }
+      o += "]}";
     }
     o += "]}";
   }
@@ -956,6 +1003,29 @@ std::string arbiters_prometheus(const std::vector<ArbiterView>& views) {
       for (const auto& p : v.processes)
         o += fmt::format("{}{{arbiter=\"{}\",pid=\"{}\",label=\"{}\",state=\"{}\"}} {}\n", m.metric,
                          label(v.name), p.pid, label(p.label), p.state, m.value(p));
+  }
+  struct PerGraph {
+    const char* metric;
+    const char* type;
+    const char* help;
+    double (*value)(const ArbiterGraph&);
+  };
+  const PerGraph per_graph[] = {
+      {"splitflow_graph_held_seconds_total", "counter", "Time with at least one lease of the graph out (its current or last run).",
+       [](const ArbiterGraph& g) { return static_cast<double>(g.held_ns) * 1e-9; }},
+      {"splitflow_graph_busy_seconds_total", "counter", "The graph's kernels and copies executing (its current or last run).",
+       [](const ArbiterGraph& g) { return static_cast<double>(g.busy_ns) * 1e-9; }},
+      {"splitflow_graph_bursts_total", "counter", "The graph's bursts (one lease each; its current or last run).",
+       [](const ArbiterGraph& g) { return static_cast<double>(g.bursts); }},
+  };
+  for (const PerGraph& m : per_graph) {
+    help(m.metric, m.type, m.help);
+    for (const auto& v : views)
+      for (const auto& p : v.processes)
+        for (const auto& g : p.graphs)
+          o += fmt::format("{}{{arbiter=\"{}\",pid=\"{}\",label=\"{}\",graph=\"{}\",priority=\"{}\"}} {}\n",
+                           m.metric, label(v.name), p.pid, label(p.label), label(g.name),
+                           g.priority, m.value(g));
   }
   return o;
 }

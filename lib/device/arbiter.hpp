@@ -33,6 +33,14 @@ namespace splitflow::detail {
 struct ArbiterSegment;  // the shared layout (arbiter.cpp)
 struct ArbiterTicket;
 
+/// One graph's figures as a process publishes them (its current or last run's).
+struct PublishedGraph {
+  std::string name;
+  int priority = 0;
+  std::uint64_t bursts = 0;
+  std::int64_t held_ns = 0, busy_ns = 0, wait_ns = 0;
+};
+
 class Arbiter final : public ComputeGate {
  public:
   /// `local_streams`: this process's streams (its cap is at most that). `on_granted` is called
@@ -42,7 +50,8 @@ class Arbiter final : public ComputeGate {
   /// segment (the host backend's, shared through enter()/leave()).
   Arbiter(const ArbiterConfig& config, std::size_t local_streams, std::size_t compute_slots,
           std::function<void(const std::vector<std::uint64_t>&)> on_granted,
-          std::function<std::int64_t()> busy_ns);
+          std::function<std::int64_t()> busy_ns,
+          std::function<std::vector<PublishedGraph>()> graphs = {});
   ~Arbiter();
   Arbiter(const Arbiter&) = delete;
   Arbiter& operator=(const Arbiter&) = delete;
@@ -97,6 +106,7 @@ class Arbiter final : public ComputeGate {
   std::size_t capacity_ = 0, cap_ = 0;
   std::function<void(const std::vector<std::uint64_t>&)> on_granted_;
   std::function<std::int64_t()> busy_ns_;
+  std::function<std::vector<PublishedGraph>()> graphs_;
   std::atomic<bool> stop_{false};
   std::mutex compute_mu_;
   std::condition_variable compute_cv_;

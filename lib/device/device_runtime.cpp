@@ -97,10 +97,12 @@ StreamPool::~StreamPool() {
 }
 
 void StreamPool::join_arbiter(const ArbiterConfig& config, std::size_t compute_slots,
-                              std::function<std::int64_t()> busy_ns) {
+                              std::function<std::int64_t()> busy_ns,
+                              std::function<std::vector<PublishedGraph>()> graphs) {
   arb_ = std::make_unique<Arbiter>(
       config, leases_.size(), compute_slots,
-      [this](const std::vector<std::uint64_t>& t) { on_granted(t); }, std::move(busy_ns));
+      [this](const std::vector<std::uint64_t>& t) { on_granted(t); }, std::move(busy_ns),
+      std::move(graphs));
   // The host backend's kernels share its modelled device with the other processes.
   if (backend_.kind() == BackendKind::host) backend_.set_compute_gate(arb_.get());
 }
@@ -343,7 +345,8 @@ DeviceRuntime::DeviceRuntime(std::unique_ptr<DeviceBackend> backend, const Devic
       start_ns_(steady_now_ns()) {
   if (config.arbiter.enabled())
     pool_.join_arbiter(config.arbiter, static_cast<std::size_t>(config.host_compute_slots),
-                       [b = backend_.get()] { return b->busy_ns(); });
+                       [b = backend_.get()] { return b->busy_ns(); },
+                       [this] { return graph_figures(); });
 }
 
 DeviceRuntime::~DeviceRuntime() { drain_deferred(); }
@@ -434,6 +437,39 @@ HostTensor DeviceRuntime::alloc_pinned(DType dtype, std::vector<std::int64_t> sh
   }
   auto owner = std::make_shared<Allocation>(shared_from_this(), p, n, true);
   return HostTensor::wrap(p, dtype, std::move(shape), std::move(owner), Memory::pinned);
+}
+
+namespace {
+PublishedGraph published(const GpuAccount& a, const std::string& graph, int priority) {
+  const GpuStats s = a.snapshot(steady_now_ns());
+  return {graph, priority, s.bursts, s.held_ns, s.busy_ns, s.lease_wait_ns};
+}
+}  // namespace
+
+void DeviceRuntime::track(const GpuAccount* account, std::string graph, int priority) {
+  std::lock_guard lk(tracked_mu_);
+  tracked_.push_back({account, std::move(graph), priority});
+}
+
+void DeviceRuntime::untrack(const GpuAccount* account) noexcept {
+  std::lock_guard lk(tracked_mu_);
+  for (auto it = tracked_.begin(); it != tracked_.end(); ++it) {
+    if (it->account != account) continue;
+    try {
+      finished_.push_back(published(*it->account, it->graph, it->priority));
+      if (finished_.size() > 16) finished_.pop_front();
+    } catch (...) {
+    }
+    tracked_.erase(it);
+    return;
+  }
+}
+
+std::vector<PublishedGraph> DeviceRuntime::graph_figures() const {
+  std::lock_guard lk(tracked_mu_);
+  std::vector<PublishedGraph> out(finished_.begin(), finished_.end());
+  for (const Tracked& t : tracked_) out.push_back(published(*t.account, t.graph, t.priority));
+  return out;
 }
 
 DeviceStats DeviceRuntime::stats() const {

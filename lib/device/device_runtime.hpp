@@ -47,7 +47,8 @@ class StreamPool {
   /// `compute_slots`: the modelled device's kernels at once (host backend), if this process
   /// creates the arbiter; the host backend's kernels then take their place through it.
   void join_arbiter(const ArbiterConfig& config, std::size_t compute_slots,
-                    std::function<std::int64_t()> busy_ns);
+                    std::function<std::int64_t()> busy_ns,
+                    std::function<std::vector<PublishedGraph>()> graphs = {});
   const Arbiter* arbiter() const noexcept { return arb_.get(); }
 
   std::size_t size() const noexcept { return leases_.size(); }
@@ -142,6 +143,13 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
 
   DeviceStats stats() const;
 
+  /// The graphs whose figures a process publishes in its arbiter (splitflow-top): the executor
+  /// tracks a graph's GpuAccount while the graph lives; an untracked graph's last figures are
+  /// kept (the last 16).
+  void track(const GpuAccount* account, std::string graph, int priority);
+  void untrack(const GpuAccount* account) noexcept;
+  std::vector<PublishedGraph> graph_figures() const;
+
   /// Frees device or pinned memory now, or later (on an arena thread) when called from a
   /// device callback, which must not call the CUDA runtime. Device memory that other streams
   /// used (`users`, DeviceTensor::record_stream) is freed in their order, not only ours.
@@ -158,6 +166,15 @@ class DeviceRuntime : public std::enable_shared_from_this<DeviceRuntime> {
   void free_now(const Deferred& d) noexcept;
   std::mutex deferred_mu_;
   std::vector<Deferred> deferred_;
+  // (before pool_: the arbiter's pump reads them until the pool is gone)
+  struct Tracked {
+    const GpuAccount* account;
+    std::string graph;
+    int priority;
+  };
+  mutable std::mutex tracked_mu_;
+  std::vector<Tracked> tracked_;
+  std::deque<PublishedGraph> finished_;  // the last figures of untracked graphs
   std::unique_ptr<DeviceBackend> backend_;
   StreamPool pool_;
   CappedBytes device_bytes_;

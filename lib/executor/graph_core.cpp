@@ -29,18 +29,25 @@ GraphCore::~GraphCore() {
     std::lock_guard lk(mu_);
     run = current_;
   }
-  if (!run) return;
-  run->cancel();
-  try {
-    run->wait();
-  } catch (...) {  // the run's failure belongs to whoever holds its Run handle
+  if (run) {
+    run->cancel();
+    try {
+      run->wait();
+    } catch (...) {  // the run's failure belongs to whoever holds its Run handle
+    }
   }
+  if (gpu_)
+    if (auto d = runtime_->device_if_created()) d->untrack(gpu_.get());  // its last figures stay
 }
 
 std::shared_ptr<DeviceRuntime> GraphCore::device() { return runtime_->device(); }
 
 GpuAccount* GraphCore::gpu_account() {
-  if (!gpu_) gpu_ = std::make_unique<GpuAccount>();  // before the run starts (prepare)
+  if (!gpu_) {
+    gpu_ = std::make_unique<GpuAccount>();  // before the run starts (prepare)
+    // Its figures, for the arbiter's meter (a process sharing the device publishes them).
+    if (auto d = runtime_->device_if_created()) d->track(gpu_.get(), name_, opts_.priority);
+  }
   return gpu_.get();
 }
 

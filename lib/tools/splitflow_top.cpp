@@ -9,7 +9,8 @@
 //
 // Per device: bursts at once (capacity), leases out and queued, time held (at least one lease
 // out) and the busy time the processes published. Per process: its cap, leases held and
-// queued, priority, time held, time busy, waste (held minus busy) and time queued.
+// queued, priority, time held, time busy, waste (held minus busy) and time queued; and per
+// graph of each process (its current or last run): priority, bursts, held, busy, waste, wait.
 #include <splitflow/device/arbiter.hpp>
 #include <splitflow/core/error.hpp>
 
@@ -70,11 +71,17 @@ void print_table(const std::vector<splitflow::ArbiterView>& views) {
     std::printf("\n  %7s %-20s %-9s %3s %4s %4s %4s %9s %9s %9s %9s %9s\n", "PID", "LABEL",
                 "STATE", "CAP", "HELD", "WAIT", "PRIO", "LEASES", "HELD_S", "BUSY_S", "WASTE_S",
                 "WAIT_S");
-    for (const auto& p : v.processes)
+    for (const auto& p : v.processes) {
       std::printf("  %7d %-20.20s %-9s %3zu %4zu %4zu %4d %9llu %9.3f %9.3f %9.3f %9.3f\n", p.pid,
                   p.label.c_str(), p.state.c_str(), p.cap, p.held, p.waiting, p.priority,
                   static_cast<unsigned long long>(p.leases), sec(p.held_ns), sec(p.busy_ns),
                   sec(p.waste_ns()), sec(p.wait_ns));
+      for (const auto& g : p.graphs)  // its graphs: bursts in the LEASES column
+        std::printf("  %7s   graph %-14.14s %-9s %3s %4s %4s %4d %9llu %9.3f %9.3f %9.3f %9.3f\n", "",
+                    g.name.c_str(), "", "", "", "", g.priority,
+                    static_cast<unsigned long long>(g.bursts), sec(g.held_ns), sec(g.busy_ns),
+                    sec(g.waste_ns()), sec(g.wait_ns));
+    }
   }
 }
 

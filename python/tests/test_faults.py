@@ -124,7 +124,8 @@ def test_runtime_shares_its_device_through_an_arbiter():
     name = f"pytest-{os.getpid()}"
     sf.remove_arbiter(name)
     try:
-        rt = sf.Runtime(threads=2, backend="host", arbiter={"name": name, "capacity": 1, "label": "py"})
+        rt = sf.Runtime(threads=2, backend="host", arbiter={"name": name, "capacity": 1, "label": "py",
+                                                                "liveness": 0.02})
         g = sf.Graph(rt, "g")
         out = g.pull_sink("out")
         g.indices("idx", list(range(40))) >> g.stage("fill", sf.ops.fill([64]), concurrency=0) \
@@ -134,6 +135,15 @@ def test_runtime_shares_its_device_through_an_arbiter():
         assert v["leases"] == 40
         assert v["max_in_use"] == 1
         assert [p["label"] for p in v["processes"]] == ["py"]
+        # Its graph's figures, published every `liveness` (20 ms here) while the process lives.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            graphs = sf.read_arbiter(name)["processes"][0]["graphs"]
+            if graphs and graphs[0]["bursts"] == 40:
+                break
+            time.sleep(0.01)
+        assert [(g["name"], g["bursts"]) for g in graphs] == [("g", 40)]
+        assert graphs[0]["held_ns"] >= graphs[0]["busy_ns"] > 0
         assert name in sf.list_arbiters()
         with pytest.raises(sf.Error, match="arbiter has no option 'size'"):
             sf.Runtime(backend="host", arbiter={"name": name, "size": 2})

@@ -15,6 +15,17 @@
 
 namespace splitflow {
 
+/// One graph of a process (its current or last run), as the process last published it.
+struct ArbiterGraph {
+  std::string name;
+  int priority = 0;            ///< GraphOptions::priority
+  std::uint64_t bursts = 0;    ///< its bursts (one lease each)
+  std::int64_t held_ns = 0;    ///< time with at least one of its leases out
+  std::int64_t busy_ns = 0;    ///< its kernels and copies executing
+  std::int64_t wait_ns = 0;    ///< summed time its bursts waited for a lease
+  std::int64_t waste_ns() const noexcept { return held_ns - busy_ns; }
+};
+
 /// One process's figures in an arbiter (exact once it has left; live figures are read under the
 /// segment's lock).
 struct ArbiterProcess {
@@ -30,6 +41,8 @@ struct ArbiterProcess {
   std::int64_t held_ns = 0;  ///< time with at least one lease of it out
   std::int64_t busy_ns = 0;  ///< its device's busy time, as it last published it
   std::int64_t wait_ns = 0;  ///< summed time its requests queued
+  /// Its graphs (at most 8: those that held the device longest), published with busy_ns.
+  std::vector<ArbiterGraph> graphs;
   std::int64_t waste_ns() const noexcept { return held_ns - busy_ns; }
 };
 
