@@ -11,6 +11,10 @@
 
 #include "helpers.hpp"
 
+#if SPLITFLOW_TEST_CUDART
+#include <cuda_runtime.h>  // the native stream's priority
+#endif
+
 using namespace splitflow;
 using namespace std::chrono_literals;
 using testing_helpers::counter;
@@ -131,3 +135,49 @@ TEST(Cuda, ErrorsNameTheCallTheStageAndTheDevice) {
   }
   EXPECT_EQ(rt.device_stats()->leases_in_use, 0u);
 }
+
+#if SPLITFLOW_TEST_CUDART
+// docs/sharing.md, "Kernel priorities": a graph's priority reaches the stream its bursts enqueue
+// on (the device's least priority for 0, one level higher per step, up to the device's
+// greatest); one pooled stream leased in turn by graphs of two priorities moves between them,
+// and the work of each burst still runs in order (the round trip's bytes).
+TEST(Cuda, APriorityGraphsBurstsRunOnAStreamOfItsPriority) {
+  SKIP_WITHOUT_CUDA();
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  Runtime rt(cuda_config(/*streams=*/1));
+  const auto run_graph = [&](const char* name, int priority, std::vector<int>& seen) {
+    Graph g(rt, name, {.priority = priority});
+    auto src = g.source("n", counter(20));
+    auto make = g.stage("make", [](long i, HostAllocator& a) {
+      HostTensor t = a.empty(DType::i64, {256});
+      for (int k = 0; k < 256; ++k) t.data<std::int64_t>()[k] = i * 256 + k;
+      return t;
+    });
+    auto gpu = g.gpu_stage("copy", [&seen](DeviceTensor t, DeviceContext& ctx) {
+      int p = 1;
+      EXPECT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(ctx.native_stream()), &p), cudaSuccess);
+      seen.push_back(p);  // (concurrency 1: one body at a time)
+      return ctx.to_host(t);
+    }, {.concurrency = 1});
+    long bad = 0, n = 0;
+    auto sink = g.sink("check", [&](HostTensor h) {
+      for (int k = 0; k < 256; ++k) bad += h.data<std::int64_t>()[k] != n * 256 + k;
+      ++n;
+    });
+    src >> make >> gpu >> sink;
+    g.run().wait();
+    EXPECT_EQ(n, 20);
+    EXPECT_EQ(bad, 0) << name;
+  };
+  std::vector<int> urgent, batch, urgent_again;
+  run_graph("urgent", 3, urgent);
+  run_graph("batch", 0, batch);
+  run_graph("urgent-again", 3, urgent_again);
+  const int want_urgent = std::max(least - 3, greatest);
+  EXPECT_EQ(urgent, std::vector<int>(20, want_urgent));
+  EXPECT_EQ(batch, std::vector<int>(20, least));
+  EXPECT_EQ(urgent_again, std::vector<int>(20, want_urgent));
+  EXPECT_EQ(rt.device_stats()->leases_in_use, 0u);
+}
+#endif

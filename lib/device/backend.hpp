@@ -57,8 +57,9 @@ class DeviceBackend {
   /// cudaStream_t on CUDA, nullptr on host.
   virtual void* native(Stream* s) const noexcept = 0;
   /// The priority of the graph whose burst has the stream now (GraphOptions::priority): the
-  /// host backend runs ready kernels of higher priority first. CUDA: streams keep the priority
-  /// they were created with (none yet).
+  /// host backend runs ready kernels of higher priority first; CUDA enqueues the burst on a
+  /// stream of the device's matching priority (taken at burst_begin). Called under the pool's
+  /// lock, possibly inside a device callback: it must not call the device runtime.
   virtual void set_priority(Stream*, int) noexcept {}
   /// Host backend: kernels take a place through `gate` (null: none) before they run. Set before
   /// any work is enqueued and cleared after all of it has completed. CUDA: ignored.

@@ -3,7 +3,9 @@
 // error names the call, the device and (inside a GPU stage) the stage.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -30,8 +32,16 @@ __global__ void spin_kernel(unsigned long long ns) {
 
 }  // namespace
 
+// A pooled stream. A CUDA stream's priority is fixed when it is created, so a pooled stream is a
+// set of native streams, one per priority level it has been leased at (created on first use);
+// `stream` is the one the current lease enqueues on (DeviceBackend::set_priority).
 struct Stream {
-  cudaStream_t stream = nullptr;
+  static constexpr int kMaxLevels = 8;
+  cudaStream_t stream = nullptr;             // the current lease's
+  cudaStream_t by_level[kMaxLevels] = {};    // [0]: the device's least priority (the default)
+  int level = 0;                 // of `stream`
+  std::atomic<int> want{0};      // the lease's level (set_priority), taken at its burst's start
+  cudaEvent_t order = nullptr;  // a switch of level waits on it for the work enqueued before
 };
 
 namespace {
@@ -54,6 +64,10 @@ class CudaBackend final : public DeviceBackend {
     name_ = fmt::format("{} (sm_{}{}, {} SMs, device {})", prop.name, prop.major, prop.minor,
                         prop.multiProcessorCount, ordinal_);
     sms_ = prop.multiProcessorCount;
+    int least = 0, greatest = 0;
+    SF_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest), ordinal_);
+    least_ = least;
+    levels_ = std::clamp(least - greatest + 1, 1, Stream::kMaxLevels);
     threads_per_sm_ = prop.maxThreadsPerMultiProcessor;
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
@@ -85,14 +99,33 @@ class CudaBackend final : public DeviceBackend {
 
   Stream* create_stream() override {
     SF_CUDA(cudaSetDevice(ordinal_), ordinal_);
-    auto* s = new Stream();
-    SF_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), ordinal_);
-    return s;
+    auto s = std::make_unique<Stream>();
+    SF_CUDA(cudaStreamCreateWithPriority(&s->by_level[0], cudaStreamNonBlocking, least_), ordinal_);
+    s->stream = s->by_level[0];
+    if (cudaError_t e = cudaEventCreateWithFlags(&s->order, cudaEventDisableTiming); e != cudaSuccess) {
+      cudaStreamDestroy(s->stream);
+      throw_cuda_error(e, "cudaEventCreateWithFlags(&s->order, cudaEventDisableTiming)", ordinal_);
+    }
+    return s.release();
   }
   void destroy_stream(Stream* s) noexcept override {
-    cudaStreamSynchronize(s->stream);
-    cudaStreamDestroy(s->stream);
+    for (cudaStream_t st : s->by_level) {
+      if (!st) continue;
+      cudaStreamSynchronize(st);
+      cudaStreamDestroy(st);
+    }
+    cudaEventDestroy(s->order);
     delete s;
+  }
+  /// A lease of a graph of priority `priority` (GraphOptions::priority: 0 the default, higher
+  /// first) enqueues on a stream of the device's priority `least - min(priority, levels - 1)`
+  /// (CUDA: a lower number is a higher priority; an H100/H200 has 6 levels, 0 to -5), so its
+  /// kernels' blocks are scheduled before those of lower-priority streams that wait for SMs.
+  /// Priorities at or below 0 share the least. Called under the pool's lock, possibly inside a
+  /// device callback (a lease handed on as the last one completes), where the CUDA runtime must
+  /// not be called: the level is only noted here and taken at the burst's start (use_level).
+  void set_priority(Stream* s, int priority) noexcept override {
+    s->want.store(std::clamp(priority, 0, levels_ - 1), std::memory_order_relaxed);
   }
   void* native(Stream* s) const noexcept override { return s->stream; }
 
@@ -127,6 +160,7 @@ class CudaBackend final : public DeviceBackend {
             ordinal_);
   }
   void* burst_begin(Stream* s) override {
+    use_level(s);
     BurstEvents* ev = nullptr;
     {
       std::lock_guard lk(events_mu_);  // reused: two creates and two destroys less per burst
@@ -220,6 +254,31 @@ class CudaBackend final : public DeviceBackend {
   }
 
  private:
+  // Moves the stream to the level its lease asked for (set_priority), on the thread that starts
+  // the burst: work enqueued at the previous level runs first (an event orders the switch). If a
+  // stream of the level cannot be created, the burst stays where it is: priority is a
+  // preference, never an error.
+  void use_level(Stream* s) noexcept {
+    const int level = s->want.load(std::memory_order_relaxed);
+    if (level == s->level) return;
+    cudaStream_t& next = s->by_level[level];
+    note_cuda_call();
+    if (!next && (cudaSetDevice(ordinal_) != cudaSuccess ||
+                  cudaStreamCreateWithPriority(&next, cudaStreamNonBlocking, least_ - level) !=
+                      cudaSuccess)) {
+      cudaGetLastError();
+      next = nullptr;
+      return;
+    }
+    if (cudaEventRecord(s->order, s->stream) != cudaSuccess ||
+        cudaStreamWaitEvent(next, s->order, 0) != cudaSuccess) {
+      cudaGetLastError();
+      cudaStreamSynchronize(s->stream);  // (not expected) the order holds all the same
+    }
+    s->stream = next;
+    s->level = level;
+  }
+
   static void destroy(BurstEvents* ev) noexcept {
     cudaEventDestroy(ev->start);
     cudaEventDestroy(ev->end);
@@ -253,6 +312,8 @@ class CudaBackend final : public DeviceBackend {
   std::string name_;
   int sms_ = 1;
   int threads_per_sm_ = 1024;
+  int least_ = 0;   // the device's least stream priority (cudaDeviceGetStreamPriorityRange)
+  int levels_ = 1;  // priority levels it has (least - greatest + 1)
   cudaMemPool_t pool_ = nullptr;
   cudaStream_t free_stream_ = nullptr;
   cudaEvent_t origin_ = nullptr;
