@@ -10,8 +10,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <random>
 #include <splitflow/ops/ops.hpp>
+#include <splitflow/serving/batching.hpp>
+#include <splitflow/serving/service.hpp>
 #include <splitflow/splitflow.hpp>
 #include <thread>
 
@@ -407,6 +411,115 @@ TEST(Observer, SeesEveryInvocationLeaseAndDeviceOp) {
   EXPECT_EQ(obs->releases.load(), 30);
   EXPECT_EQ(obs->ops.load(), 60) << "one H2D and one D2H copy per burst";
   EXPECT_TRUE(obs->ordered.load());
+}
+
+// docs/architecture.md, "How an item flows": every node kind runs the one claim lifecycle, so
+// the observers see each of its claims begin once and end once, after its begin, with the items
+// it processed, and the queue it left; the figures agree with the stage's stats. Every kind is
+// here: a source, stages, an asynchronous stage, a zip, a batch, a GPU stage and a sink in a
+// batch job; a service's source, a dynamic batch, an unbatch and the answer sink in a service.
+TEST(Observer, EveryNodeKindsClaimsBeginAndEndOnceWithTheirItems) {
+  struct PerStage {
+    long begins = 0, ends = 0, items = 0, open = 0, min_open = 0;
+    std::size_t max_queued = 0;
+    bool ordered = true;
+  };
+  struct Lifecycle : Observer {
+    std::mutex mu;
+    std::map<std::string, PerStage> stages;
+    void on_stage_begin(const InvocationEvent& e) override {
+      std::lock_guard lk(mu);
+      PerStage& s = stages[*e.stage];
+      ++s.begins;
+      ++s.open;
+      s.max_queued = std::max(s.max_queued, e.queued);
+      s.ordered = s.ordered && e.end_ns == 0;
+    }
+    void on_stage_end(const InvocationEvent& e) override {
+      std::lock_guard lk(mu);
+      PerStage& s = stages[*e.stage];
+      ++s.ends;
+      s.min_open = std::min(s.min_open, --s.open);  // an end never comes before its begin
+      s.items += static_cast<long>(e.items);
+      s.ordered = s.ordered && e.begin_ns > 0 && e.end_ns >= e.begin_ns;
+    }
+  };
+  const auto check = [](Lifecycle& obs, const RunStats& st,
+                        const std::map<std::string, long>& items) {
+    std::lock_guard lk(obs.mu);
+    for (const auto& [name, want] : items) {
+      SCOPED_TRACE(name);
+      const StageStats* s = st.find(name);
+      ASSERT_NE(s, nullptr);
+      const PerStage& o = obs.stages[name];
+      EXPECT_GT(o.begins, 0);
+      EXPECT_EQ(o.begins, static_cast<long>(s->invocations));
+      EXPECT_EQ(o.ends, o.begins);
+      EXPECT_EQ(o.min_open, 0);
+      EXPECT_TRUE(o.ordered);
+      EXPECT_EQ(o.items, want);
+      EXPECT_LE(o.max_queued, 2 * s->max_queue);  // (a zip's two inputs)
+    }
+  };
+
+  auto job = std::make_shared<Lifecycle>();
+  Runtime rt(host(3));
+  {
+    Graph g(rt, "job", {.observer = job});
+    auto src = g.source("n", counter(200));
+    auto twice = g.stage("twice", [](long x) { return 2 * x; }, {.concurrency = 2});
+    auto remote = g.async_stage<long, long>(
+        "remote", [](long x, Completion<long> done) { done.done(x + 1); }, {.concurrency = 3});
+    auto pair = g.zip<long, long>("pair");
+    auto sum = g.stage("sum", [](std::pair<long, long> p) { return p.first + p.second; });
+    auto batch = g.batch<long>("batch", 8);
+    auto pack = g.stage("pack", [](std::vector<long> v) {
+      HostTensor t = HostTensor::empty(DType::i64, {static_cast<std::int64_t>(v.size())});
+      std::copy(v.begin(), v.end(), t.data<std::int64_t>());
+      return t;
+    });
+    auto copy = g.gpu_stage("copy", [](DeviceTensor t, DeviceContext& ctx) { return ctx.to_host(t); });
+    long total = 0;
+    auto sink = g.sink("sink", [&](HostTensor h) {
+      for (std::int64_t i = 0; i < h.shape()[0]; ++i) total += h.data<std::int64_t>()[i];
+    });
+    fan_out(src, twice, remote);
+    connect(twice, pair.first());
+    connect(remote, pair.second());
+    pair >> sum >> batch >> pack >> copy >> sink;
+    auto run = g.run();
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(total, 3 * (199 * 200 / 2) + 200);  // every item once: 2x + (x + 1)
+    check(*job, run.stats(),
+          {{"n", 200}, {"twice", 200}, {"remote", 200}, {"pair", 200}, {"sum", 200},
+           {"batch", 200}, {"pack", 25}, {"copy", 25}, {"sink", 25}});
+  }
+
+  auto served = std::make_shared<Lifecycle>();
+  {
+    Graph g(rt, "served", {.observer = served});
+    auto svc = g.service<long, long>("requests", {.max_pending = 64});
+    auto gather = g.dynamic_batch<long>("gather", {.max_batch = 4, .max_delay = 1ms});
+    auto model = g.stage("model", [](Batch<long> b) {
+      std::vector<long> out;
+      for (long x : b.items) out.push_back(x * x);
+      return std::move(b).with(std::move(out));
+    });
+    auto split = g.unbatch<long>("split", 4);
+    svc.source() >> gather >> model >> split >> svc.sink();
+    auto run = g.run();
+    std::vector<std::future<long>> answers;
+    for (long i = 0; i < 40; ++i) answers.push_back(svc.submit(i));
+    for (long i = 0; i < 40; ++i) EXPECT_EQ(answers[i].get(), i * i);
+    svc.close();
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    const RunStats st = run.stats();
+    const long batches = static_cast<long>(st.find("model")->items_in);
+    EXPECT_GE(batches, 10);
+    check(*served, st,
+          {{"requests", 40}, {"gather", 40}, {"model", batches}, {"split", batches},
+           {"requests.answer", 40}});
+  }
 }
 
 // "Memory for telemetry is bounded regardless of run length": the trace samples past its cap.

@@ -248,6 +248,28 @@ void NodeBase::end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size
   }
 }
 
+void NodeBase::end_unbegun_locked(WorkList& w, bool waited) {
+  if (waited) --waiting_;
+  --running_;
+  collect_claims_locked(w);
+  maybe_close_locked(w);
+  refresh_state_locked();
+}
+
+Ticks NodeBase::begin_waited_claim(std::uint64_t first, std::int64_t ring_bytes) {
+  Ticks t0;
+  std::size_t queued;
+  {
+    std::lock_guard lk(mu_);
+    --waiting_;
+    t0 = now_ticks();
+    begin_invocation_locked(t0);
+    queued = queued_total_locked();
+  }
+  notify_begin(t0, first, 1, queued, ring_bytes);
+  return t0;
+}
+
 void NodeBase::notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,
                             std::int64_t ring_bytes) {
   if (!graph_->observed()) return;

@@ -136,57 +136,57 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     armed_ = false;
   }
 
+  /// Takes up to k queued items as one batch (a service's requests whose deadline passed are
+  /// answered instead); the next batch's clock starts with the oldest item left.
   void run_claim(WorkList& w, std::size_t k) override {
     Out batch;
-    Ticks t0;
     std::size_t popped = 0;
     std::vector<std::uint64_t> expired;
     std::vector<std::int64_t> waits;  // each batched item's time in the queue (a service's)
-    {
-      std::lock_guard lk(this->mu_);
-      const std::size_t n = std::min(k, queue_.size());
-      popped = n;
-      batch.items.reserve(n);
-      batch.ids.reserve(n);
-      ItemTracker* tracker = this->graph().tracker();
-      t0 = now_ticks();
-      for (std::size_t i = 0; i < n; ++i) {
-        Queued& q = queue_.front();
-        const std::uint64_t id = q.item.seq;
-        if (tracker && tracker->expired(id)) {  // dropped before its (GPU) work
-          expired.push_back(id);
-        } else {
-          batch.items.push_back(std::move(q.item.value));
-          batch.ids.push_back(id);
-          if (tracker) waits.push_back(ticks_to_ns(t0 - q.ticks));
-        }
-        queue_.pop_front();
-      }
-      this->expired_ += expired.size();
-      this->took_locked(k, n, w);
-      this->begin_invocation_locked(t0);
-      this->popped_locked(0, n, w, t0);
-      // The next batch's clock starts with its oldest item.
-      flush_due_ = false;
-      ++timer_gen_;
-      armed_ = false;
-      if (!queue_.empty()) arm_locked();
-    }
-    for (std::uint64_t id : expired) this->graph().tracker()->item_expired(id, this->name());
-    const std::size_t n = batch.items.size();
-    const std::uint64_t first = n ? batch.ids.front() : 0;
-    if (ItemTracker* t = this->graph().tracker(); t && n > 0) t->batched(first, batch.ids, waits);
-    this->notify_begin(t0, first, n, 0);
-    Scratch<Envelope<Out>> out;
-    if (n > 0) {
-      out->push_back(Envelope<Out>{std::move(batch), first});
-      this->graph().retire_items(popped - 1, w);  // the items became one (expired ones left)
-    } else {
-      this->graph().retire_items(popped, w);
-    }
-    const Ticks body_end = now_ticks();
-    const std::size_t emitted = this->emit(0, popped > 0 ? 1 : 0, *out, w, body_end);
-    this->end_invocation(t0, body_end, popped, emitted, w, nullptr, first);
+    this->claim(
+        w, k,
+        [&](Ticks t0) {
+          const std::size_t n = std::min(k, queue_.size());
+          popped = n;
+          batch.items.reserve(n);
+          batch.ids.reserve(n);
+          ItemTracker* tracker = this->graph().tracker();
+          for (std::size_t i = 0; i < n; ++i) {
+            Queued& q = queue_.front();
+            const std::uint64_t id = q.item.seq;
+            if (tracker && tracker->expired(id)) {  // dropped before its (GPU) work
+              expired.push_back(id);
+            } else {
+              batch.items.push_back(std::move(q.item.value));
+              batch.ids.push_back(id);
+              if (tracker) waits.push_back(ticks_to_ns(t0 - q.ticks));
+            }
+            queue_.pop_front();
+          }
+          this->expired_ += expired.size();
+          flush_due_ = false;
+          ++timer_gen_;
+          armed_ = false;
+          if (!queue_.empty()) arm_locked();
+          return Taken{.items = n, .popped = {n, 0}, .tickets = 0,
+                       .announced = batch.items.size(),
+                       .first = batch.ids.empty() ? 0 : batch.ids.front()};
+        },
+        [&](const ClaimInfo& c, Ticks) {
+          for (std::uint64_t id : expired) this->graph().tracker()->item_expired(id, this->name());
+          const std::size_t n = batch.items.size();
+          if (ItemTracker* t = this->graph().tracker(); t && n > 0) t->batched(c.first, batch.ids, waits);
+          Scratch<Envelope<Out>> out;
+          if (n > 0) {
+            out->push_back(Envelope<Out>{std::move(batch), c.first});
+            this->graph().retire_items(popped - 1, w);  // the items became one (expired ones left)
+          } else {
+            this->graph().retire_items(popped, w);
+          }
+          const Ticks body_end = now_ticks();
+          const std::size_t emitted = this->emit(0, popped > 0 ? 1 : 0, *out, w, body_end);
+          return ClaimResult{.emitted = emitted, .body_end = body_end, .items = popped};
+        });
   }
 
   std::size_t clear_queues_locked() override {

@@ -309,29 +309,28 @@ class PushSourceNode final : public Emitter<In> {
     holds_unit_ = true;
   }
 
+  /// Takes up to k pushed requests, in arrival order.
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<In>> out;
     Scratch<Arrivals> arrivals;
-    Ticks t0;
-    {
-      std::lock_guard lk(this->mu_);
-      const std::size_t n = std::min(k, queue_.size());
-      for (std::size_t i = 0; i < n; ++i) {
-        out->push_back(std::move(queue_.front().item));
-        arrivals->push_back({1, queue_.front().pushed});
-        queue_.pop_front();
-      }
-      this->took_locked(k, n, w);
-      t0 = now_ticks();
-      this->begin_invocation_locked(t0);
-    }
-    report_waits(this->graph(), *out, *arrivals, t0);  // admitted, not yet taken
-    const std::size_t n = out->size();
-    const std::uint64_t first = n ? out->front().seq : 0;
-    this->notify_begin(t0, first, n, 0);
-    if (n < k) this->graph().retire_items(k - n, w);  // admitted, not taken (a cancel)
-    const std::size_t emitted = this->emit(0, n, *out, w);
-    this->end_invocation(t0, 0, n, emitted, w, nullptr, first);
+    this->claim(
+        w, k,
+        [&](Ticks) {
+          const std::size_t n = std::min(k, queue_.size());
+          for (std::size_t i = 0; i < n; ++i) {
+            out->push_back(std::move(queue_.front().item));
+            arrivals->push_back({1, queue_.front().pushed});
+            queue_.pop_front();
+          }
+          return Taken{.items = n, .tickets = 0, .announced = n,
+                       .first = n ? out->front().seq : 0};
+        },
+        [&](const ClaimInfo&, Ticks t0) {
+          report_waits(this->graph(), *out, *arrivals, t0);  // admitted, not yet taken
+          const std::size_t n = out->size();
+          if (n < k) this->graph().retire_items(k - n, w);  // admitted, not taken (a cancel)
+          return ClaimResult{.emitted = this->emit(0, n, *out, w), .items = n};
+        });
   }
 
   void drop_queued(WorkList& w) override {

@@ -93,45 +93,45 @@ class AsyncStageNode final : public Emitter<Out> {
 
   Receiver<In>& input() noexcept { return in_; }
 
+  /// Hands one item to the body with its Completion; the claim ends when it is answered
+  /// (finish).
   void run_claim(WorkList& w, std::size_t k) override {
-    auto* inv = new Invocation(*this);
+    Invocation* inv = nullptr;
     Scratch<Envelope<In>> in;
     Scratch<Arrivals> arrivals;
-    std::size_t queued = 0;
-    {
-      std::lock_guard lk(this->mu_);
-      this->took_locked(k, in_.pop(*in, *arrivals, k), w);
-      if (in->empty()) {  // dropped by a cancel
-        --this->running_;
-        this->refresh_state_locked();
-        delete inv;
-        return;
-      }
-      inv->t0 = now_ticks();
-      this->begin_invocation_locked(inv->t0);
-      this->popped_locked(0, 1, w, inv->t0);
-      queued = in_.size();
-      inv->ticket = this->next_ticket_++;
-      inv->seq = in->front().seq;
-      inv->arrived = arrivals->front().ticks;
-      inv->ids = ids_for_errors(*this, in->front().value);
-      // From here a cancel may withdraw it (its finish then runs on another thread): every
-      // field finish reads is set above.
-      out_.insert(inv);
-      this->graph().add_unit();  // the invocation keeps the run open until it is answered
-    }
-    report_waits(this->graph(), *in, *arrivals, inv->t0);
-    this->notify_begin(inv->t0, inv->seq, 1, queued);
-    In item = std::move(in->front().value);
-    in->clear();
-    try {
-      std::invoke(f_, std::move(item), Completion<Out>(inv));
-    } catch (...) {
-      // The body threw before handing its Completion on (whose drop then answered it with its
-      // own error) or after: the item fails with what was thrown, if it is not answered yet.
-      inv->answer_once(std::current_exception(), nullptr);
-    }
-    inv->release();
+    this->claim(
+        w, k,
+        [&](Ticks t0) {
+          const std::size_t n = in_.pop(*in, *arrivals, k);
+          if (n == 0) return Taken{.abandon = true};  // dropped by a cancel
+          inv = new Invocation(*this);
+          inv->t0 = t0;
+          inv->ticket = this->next_ticket_;  // (the claim's first ticket: claim() takes it next)
+          inv->seq = in->front().seq;
+          inv->arrived = arrivals->front().ticks;
+          inv->ids = ids_for_errors(*this, in->front().value);
+          // From here a cancel may withdraw it (its finish then runs on another thread): every
+          // field finish reads is set above.
+          out_.insert(inv);
+          this->graph().add_unit();  // the invocation keeps the run open until it is answered
+          return Taken{.items = 1, .popped = {1, 0}, .tickets = 1, .announced = 1,
+                       .first = inv->seq};
+        },
+        [&](const ClaimInfo&, Ticks t0) {
+          report_waits(this->graph(), *in, *arrivals, t0);
+          In item = std::move(in->front().value);
+          in->clear();
+          try {
+            std::invoke(f_, std::move(item), Completion<Out>(inv));
+          } catch (...) {
+            // The body threw before handing its Completion on (whose drop then answered it with
+            // its own error) or after: the item fails with what was thrown, if it is not
+            // answered yet.
+            inv->answer_once(std::current_exception(), nullptr);
+          }
+          inv->release();
+          return ClaimResult{.deferred = true};  // finish() ends it
+        });
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }

@@ -81,50 +81,48 @@ class GpuStageNode final : public Emitter<Out> {
     }
   }
 
+  /// Takes one item; the claim waits for a stream (as data, not as a thread), begins when it
+  /// is granted (start) and ends when the burst's work has completed (finish).
   void run_claim(WorkList& w, std::size_t k) override {
-    auto* inv = new Invocation(*this);
-    inv->priority = this->graph().options().priority;
-    {
-      std::lock_guard lk(this->mu_);
-      std::size_t n = 0;
-      if (!queue_.empty()) {
-        inv->entry.emplace(std::move(queue_.front().entry));
-        inv->seq = queue_.front().seq;
-        inv->arrived = queue_.front().arrived;
-        const int port = queue_.front().port;
-        queue_.pop_front();
-        n = 1;
-        this->popped_locked(port, 1, w);
-      }
-      this->took_locked(k, n, w);
-      inv->ticket = this->next_ticket_;
-      this->next_ticket_ += n;
-      if (n == 0) {  // dropped by a cancel
-        if (out_ring_) out_ring_->release(1);
-        --this->running_;
-        this->refresh_state_locked();
-        delete inv;
-        return;
-      }
-      ++this->waiting_;
-      this->refresh_state_locked();
-    }
-    this->graph().add_unit();  // the invocation keeps the run open until it finishes
-    inv->owner = this;
-    inv->since_ns = steady_ns();
-    // A request whose deadline passed is answered now, before it takes a stream.
-    if (ItemTracker* t = this->graph().tracker(); t && t->expired(inv->seq)) {
-      {
-        std::lock_guard lk(this->mu_);
-        ++this->expired_;
-      }
-      t->item_expired(inv->seq, this->name());
-      this->dropped(inv->seq);
-      inv->entry.reset();
-      finish(inv, w);  // not begun: an empty slot, its resources returned
-      return;
-    }
-    if (Lease* lease = lease_or_wait(*dev_, *inv)) start(inv, lease);
+    Invocation* inv = nullptr;
+    this->claim(
+        w, k,
+        [&](Ticks) {
+          if (queue_.empty()) {  // dropped by a cancel
+            if (out_ring_) out_ring_->release(1);
+            return Taken{.abandon = true};
+          }
+          inv = new Invocation(*this);
+          inv->priority = this->graph().options().priority;
+          inv->entry.emplace(std::move(queue_.front().entry));
+          inv->seq = queue_.front().seq;
+          inv->arrived = queue_.front().arrived;
+          Taken t{.items = 1, .tickets = 1, .announced = 1, .first = inv->seq};
+          t.popped[queue_.front().port] = 1;
+          queue_.pop_front();
+          inv->ticket = this->next_ticket_;  // (the claim's ticket: claim() takes it next)
+          return t;
+        },
+        [&](const ClaimInfo&, Ticks) {
+          this->graph().add_unit();  // the invocation keeps the run open until it finishes
+          inv->owner = this;
+          inv->since_ns = steady_ns();
+          // A request whose deadline passed is answered now, before it takes a stream.
+          if (ItemTracker* t = this->graph().tracker(); t && t->expired(inv->seq)) {
+            {
+              std::lock_guard lk(this->mu_);
+              ++this->expired_;
+            }
+            t->item_expired(inv->seq, this->name());
+            this->dropped(inv->seq);
+            inv->entry.reset();
+            finish(inv, w);  // not begun: an empty slot, its resources returned
+          } else if (Lease* lease = lease_or_wait(*dev_, *inv)) {
+            start(inv, lease);
+          }
+          return ClaimResult{.deferred = true};  // begins in start(), ends in finish()
+        },
+        Begins::after_wait);
   }
 
   std::size_t clear_queues_locked() override {
@@ -258,17 +256,9 @@ class GpuStageNode final : public Emitter<Out> {
   }
 
   void start(Invocation* inv, Lease* lease) {
-    std::size_t queued;
-    {
-      std::lock_guard lk(this->mu_);
-      --this->waiting_;
-      inv->t0 = now_ticks();
-      this->begin_invocation_locked(inv->t0);
-      queued = queue_.size();
-    }
+    inv->t0 = this->begin_waited_claim(
+        inv->seq, ring_ ? static_cast<std::int64_t>(ring_->bytes_in_use()) : -1);
     inv->began = true;
-    this->notify_begin(inv->t0, inv->seq, 1, queued,
-                       ring_ ? static_cast<std::int64_t>(ring_->bytes_in_use()) : -1);
     account_waited(account_, steady_ns() - inv->since_ns);
     if (ItemTracker* t = this->graph().tracker(); t && inv->arrived != 0)
       t->waited(inv->seq, ticks_to_ns(inv->t0 - inv->arrived));  // its queue and lease wait
@@ -343,11 +333,7 @@ class GpuStageNode final : public Emitter<Out> {
       const std::vector<Arrivals> arrived{{1, inv->arrived}};
       this->end_invocation(inv->t0, 0, 1, emitted, w, &arrived, inv->seq);  // burst to now
     } else {
-      std::lock_guard lk(this->mu_);
-      --this->waiting_;
-      --this->running_;
-      this->collect_claims_locked(w);
-      this->refresh_state_locked();
+      this->end_unbegun(w);  // withdrawn while it waited for a stream, or expired
     }
     delete inv;
     this->graph().release_unit();

@@ -46,20 +46,39 @@ struct Envelope {
   std::uint64_t seq;
 };
 
-/// `count` items that arrived at `ticks` (items pushed together share their arrival time, so
-/// a claim's items are a few runs, not one record each).
-/// What a node kind's claim hook is told (see NodeBase::run_input_claim).
+/// What a node kind's take hook took for a claim, under the node's lock (NodeBase::claim).
+struct Taken {
+  std::size_t items = 0;           // of the k granted, those the claim got (fewer: a cancel)
+  std::size_t popped[2] = {0, 0};  // items that left each input port's queue
+  std::size_t tickets = 0;         // places it takes in the node's emission order
+  std::size_t announced = 0;       // items the observers are told the claim works on
+  std::uint64_t first = 0;         // the first item's number (0 when none)
+  bool abandon = false;            // nothing to run (a cancel took it, the source ended)
+};
+
+/// What a node kind's claim hook is told (see NodeBase::claim).
 struct ClaimInfo {
   std::uint64_t first = 0;   // the first item's number (0 when the claim got none)
   std::uint64_t ticket = 0;  // the first item's place in the node's emission order
 };
 
-/// What a node kind's claim hook reports (see NodeBase::run_input_claim).
+struct Arrivals;
+
+/// What a node kind's claim hook reports (see NodeBase::claim).
 struct ClaimResult {
   std::size_t emitted = 0;  // items handed to consumers (0 when the run was stopping)
   Ticks body_end = 0;       // the end of the work that sizes claims (0: up to the claim's end)
+  std::size_t items = 0;    // items the claim processed (their latencies are recorded)
+  const std::vector<Arrivals>* arrivals = nullptr;  // their arrival runs (null: the claim's time)
+  bool deferred = false;    // the claim ends later (an answer, a burst): end_invocation then
 };
 
+/// When a claim begins executing: as it takes its items, or once an outside resource it waits
+/// for (a stream) is granted (begin_waited_claim).
+enum class Begins { now, after_wait };
+
+/// `count` items that arrived at `ticks` (items pushed together share their arrival time, so
+/// a claim's items are a few runs, not one record each).
 struct Arrivals {
   std::size_t count;
   Ticks ticks;
@@ -253,16 +272,62 @@ class NodeBase {
   /// A claim popped `n` items of the `k` it was granted (fewer after a cancel): account it and
   /// give back the output slots of the items it did not get (outputs_for_locked).
   void took_locked(std::size_t k, std::size_t n, WorkList& w);
-  /// The claim lifecycle of a node with one input port, written once for every node kind that
-  /// has one (see OneInputNode): under mu_, pop the `k` granted items (their arrival runs kept
-  /// for latencies), account them, read the start time (a wait for the lock is not the body's
-  /// work) and take their tickets (their places in the emission order); without the lock, tell
-  /// a service's tracker how long the items queued and the observers that the claim began; call
-  /// `hook(items, ClaimInfo)`, the node kind's work (process the items, apply the stage's error
-  /// policy, retire what left the graph, emit; returns a ClaimResult); end_invocation.
-  /// Defined in nodes.hpp.
+  /// The claim lifecycle, written once for every node kind. Under mu_: read the start time (a
+  /// wait for the lock is not the body's work), `take(t0)` (the kind takes its items: pops its
+  /// queues, or makes room for a source's), account them (items granted and got, queues
+  /// popped, emission tickets), begin the invocation (or, Begins::after_wait, wait for an
+  /// outside resource); a claim that got nothing ends here. Without the lock: tell the
+  /// observers the claim began; `process(ClaimInfo, t0)`, the kind's work (call the bodies, apply
+  /// the stage's error policy, retire what left the graph, emit); end_invocation, unless the
+  /// claim ends later (ClaimResult::deferred: an answer or a burst completes it).
+  template <class Take, class Process>
+  void claim(WorkList& w, std::size_t k, Take&& take, Process&& process,
+             Begins begins = Begins::now) {
+    Taken t;
+    ClaimInfo c;
+    Ticks t0;
+    std::size_t queued;
+    {
+      std::lock_guard lk(mu_);
+      t0 = now_ticks();
+      t = take(t0);
+      took_locked(k, t.items, w);
+      if (t.abandon) {
+        end_unbegun_locked(w, false);
+        return;
+      }
+      if (begins == Begins::now) {
+        begin_invocation_locked(t0);
+      } else {
+        ++waiting_;
+        refresh_state_locked(t0);
+      }
+      for (int p = 0; p < nports_; ++p)
+        if (t.popped[p] > 0) popped_locked(p, t.popped[p], w, t0);
+      c.first = t.first;
+      c.ticket = next_ticket_;
+      next_ticket_ += t.tickets;
+      queued = queued_total_locked();
+    }
+    if (begins == Begins::now) notify_begin(t0, t.first, t.announced, queued);
+    const ClaimResult r = process(c, t0);
+    if (!r.deferred) end_invocation(t0, r.body_end, r.items, r.emitted, w, r.arrivals, t.first);
+  }
+  /// The claim lifecycle of a node with one input port (OneInputNode): claim() taking the `k`
+  /// granted items of `port` (their arrival runs kept for latencies); `hook(items, ClaimInfo)`
+  /// processes them once a service's tracker has heard how long they queued. Defined in
+  /// nodes.hpp.
   template <class Queue, class Hook>
   void run_input_claim(Queue& port, WorkList& w, std::size_t k, Hook&& hook);
+  /// A claim that waited (Begins::after_wait) was granted its resource: it begins now, told to
+  /// the observers with the item it works on. Returns its start time.
+  Ticks begin_waited_claim(std::uint64_t first, std::int64_t ring_bytes = -1);
+  /// A claim that waited (Begins::after_wait) ends without having begun: withdrawn by a
+  /// cancel, or answered before its work (an expired request).
+  void end_unbegun(WorkList& w) {
+    std::lock_guard lk(mu_);
+    end_unbegun_locked(w, true);
+  }
   /// The claim processed `n` items (the first numbered `first`) and emitted `emitted`: release
   /// it, record the items' latencies (from `arrivals`, runs of arrival times, when given; else
   /// the claim's time per item), notify observers, grant new claims. Its work (what sizes the
@@ -274,6 +339,9 @@ class NodeBase {
   void notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,
                     std::int64_t ring_bytes = -1);
   std::size_t queued_total_locked() const noexcept;
+  /// A claim ends unbegun (`waited`: it was waiting for a resource): release it, grant new
+  /// claims, close the output if that was the last work.
+  void end_unbegun_locked(WorkList& w, bool waited);
   void release_successors(std::size_t n, WorkList& w);
   void take_waiters_locked(WorkList& w);
   void refresh_state_locked(Ticks now = 0);

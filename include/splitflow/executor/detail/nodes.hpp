@@ -97,26 +97,22 @@ void NodeBase::run_input_claim(Queue& port, WorkList& w, std::size_t k, Hook&& h
   using Item = typename Queue::value_type;
   Scratch<Envelope<Item>> in;
   Scratch<Arrivals> arrivals;
-  std::size_t queued = 0;
-  ClaimInfo claim;
-  Ticks t0;
-  {
-    std::lock_guard lk(mu_);
-    took_locked(k, port.pop(*in, *arrivals, k), w);
-    t0 = now_ticks();
-    begin_invocation_locked(t0);
-    popped_locked(0, in->size(), w, t0);
-    queued = port.size();
-    claim.ticket = next_ticket_;
-    next_ticket_ += in->size();
-  }
-  report_waits(*graph_, *in, *arrivals, t0);
-  const std::size_t n = in->size();
-  claim.first = n ? in->front().seq : 0;
-  notify_begin(t0, claim.first, n, queued);
-  const ClaimResult r = hook(*in, claim);
-  in->clear();
-  end_invocation(t0, r.body_end, n, r.emitted, w, &*arrivals, claim.first);
+  std::size_t n = 0;
+  claim(
+      w, k,
+      [&](Ticks) {
+        n = port.pop(*in, *arrivals, k);
+        return Taken{.items = n, .popped = {n, 0}, .tickets = n, .announced = n,
+                     .first = n ? in->front().seq : 0};
+      },
+      [&](const ClaimInfo& c, Ticks t0) {
+        report_waits(*graph_, *in, *arrivals, t0);
+        ClaimResult r = hook(*in, c);
+        r.items = n;
+        r.arrivals = &*arrivals;
+        in->clear();
+        return r;
+      });
 }
 
 /// A node kind with one input port of `In`, on `Base` (NodeBase, or Emitter<Out> for one with
@@ -350,41 +346,37 @@ class SourceNode final : public Emitter<T> {
     next_seq_ = 0;
   }
 
+  /// Calls the generator for the k admitted items, stopping between items on a cancel.
   void run_claim(WorkList& w, std::size_t k) override {
-    Ticks t0;
-    {
-      std::lock_guard lk(this->mu_);
-      const bool live = !exhausted_ && !this->graph().stopping();
-      this->took_locked(k, live ? k : 0, w);
-      if (!live) {
-        this->graph().retire_items(k, w);  // admitted, never made
-        --this->running_;
-        this->maybe_close_locked(w);
-        this->refresh_state_locked();
-        return;
-      }
-      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
-      this->begin_invocation_locked(t0);
-    }
     const std::uint64_t first = next_seq_;
-    this->notify_begin(t0, first, k, 0);
-    Scratch<Envelope<T>> out;
-    bool done = false;
-    for (std::size_t i = 0; i < k && !done; ++i) {
-      if (this->graph().stopping()) break;  // a cancel stops the claim between items
-      std::optional<T> v;
-      if (!guarded(*this, next_seq_, [&] { v = std::invoke(*gen_); }) || !v) {
-        done = true;
-      } else {
-        out->push_back(Envelope<T>{std::move(*v), next_seq_++});
-      }
-    }
-    const Ticks body_end = now_ticks();
-    const std::size_t made = out->size();
-    if (made < k) this->graph().retire_items(k - made, w);  // admitted, not made
-    const std::size_t emitted = this->emit(0, k, *out, w, body_end);
-    if (done) finish();
-    this->end_invocation(t0, body_end, made, emitted, w, nullptr, first);
+    this->claim(
+        w, k,
+        [&](Ticks) {
+          if (exhausted_ || this->graph().stopping()) {
+            this->graph().retire_items(k, w);  // admitted, never made
+            return Taken{.abandon = true};
+          }
+          return Taken{.items = k, .tickets = 0, .announced = k, .first = first};
+        },
+        [&](const ClaimInfo&, Ticks) {
+          Scratch<Envelope<T>> out;
+          bool done = false;
+          for (std::size_t i = 0; i < k && !done; ++i) {
+            if (this->graph().stopping()) break;  // a cancel stops the claim between items
+            std::optional<T> v;
+            if (!guarded(*this, next_seq_, [&] { v = std::invoke(*gen_); }) || !v) {
+              done = true;
+            } else {
+              out->push_back(Envelope<T>{std::move(*v), next_seq_++});
+            }
+          }
+          const Ticks body_end = now_ticks();
+          const std::size_t made = out->size();
+          if (made < k) this->graph().retire_items(k - made, w);  // admitted, not made
+          const std::size_t emitted = this->emit(0, k, *out, w, body_end);
+          if (done) finish();
+          return ClaimResult{.emitted = emitted, .body_end = body_end, .items = made};
+        });
   }
 
   void drop_queued(WorkList& w) override {
@@ -527,6 +519,9 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   Receiver<A>& first() noexcept { return a_; }
   Receiver<B>& second() noexcept { return b_; }
 
+  /// Pops up to k items of its two inputs and pairs them under the lock (each popped item
+  /// completes at most one pair: k items fill at most the k slots reserved); emits the pairs,
+  /// in the order they formed.
   void run_claim(WorkList& w, std::size_t k) override {
     Scratch<Envelope<A>> as;
     Scratch<Envelope<B>> bs;
@@ -534,38 +529,36 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     Scratch<Envelope<Out>> out;
     Scratch<Arrivals> pairs;  // a pair's latency starts when its second half arrived
     std::vector<std::uint64_t> lost;  // items whose partner was dropped upstream
-    std::size_t popped = 0;
-    Ticks t0;
-    {
-      std::lock_guard lk(this->mu_);
-      // Each popped item completes at most one pair: k items fill at most the k slots reserved.
-      std::size_t na = std::min(a_.size(), (k + 1) / 2);
-      const std::size_t nb = std::min(b_.size(), k - na);
-      na = std::min(a_.size(), k - nb);
-      a_.pop(*as, *arrived_a, na);
-      b_.pop(*bs, *arrived_b, nb);
-      popped = as->size() + bs->size();
-      this->took_locked(k, std::min(k, popped), w);
-      t0 = now_ticks();  // under the lock: a wait for it is not the body's work
-      this->begin_invocation_locked(t0);
-      this->popped_locked(0, as->size(), w, t0);
-      this->popped_locked(1, bs->size(), w, t0);
-      match(*as, *arrived_a, wait_a_, dead_b_, "second", wait_b_, *out, *pairs, lost,
-            [](auto& mine, auto& other) { return Out{std::move(mine), std::move(other)}; });
-      match(*bs, *arrived_b, wait_b_, dead_a_, "first", wait_a_, *out, *pairs, lost,
-            [](auto& mine, auto& other) { return Out{std::move(other), std::move(mine)}; });
-      // The end of both inputs: an item still waiting has no partner to come.
-      if (this->inputs_done_locked() && a_.size() + b_.size() == 0) take_leftovers_locked(lost);
-      this->skipped_ += lost.size();
-    }
-    const std::size_t n = out->size();
-    const std::uint64_t first = n ? out->front().seq : 0;
-    this->notify_begin(t0, first, popped, 0);
-    for (std::uint64_t seq : lost) this->dropped(seq);
-    const Ticks body_end = now_ticks();
-    this->graph().retire_items(n + lost.size(), w);  // two items became one; lost ones left
-    const std::size_t emitted = this->emit(0, k, *out, w, body_end);
-    this->end_invocation(t0, body_end, n, emitted, w, &*pairs, first);
+    this->claim(
+        w, k,
+        [&](Ticks) {
+          std::size_t na = std::min(a_.size(), (k + 1) / 2);
+          const std::size_t nb = std::min(b_.size(), k - na);
+          na = std::min(a_.size(), k - nb);
+          a_.pop(*as, *arrived_a, na);
+          b_.pop(*bs, *arrived_b, nb);
+          const std::size_t popped = as->size() + bs->size();
+          Taken t{.items = std::min(k, popped), .popped = {as->size(), bs->size()},
+                  .tickets = 0, .announced = popped};
+          match(*as, *arrived_a, wait_a_, dead_b_, "second", wait_b_, *out, *pairs, lost,
+                [](auto& mine, auto& other) { return Out{std::move(mine), std::move(other)}; });
+          match(*bs, *arrived_b, wait_b_, dead_a_, "first", wait_a_, *out, *pairs, lost,
+                [](auto& mine, auto& other) { return Out{std::move(other), std::move(mine)}; });
+          // The end of both inputs: an item still waiting has no partner to come.
+          if (this->inputs_done_locked() && a_.size() + b_.size() == 0) take_leftovers_locked(lost);
+          this->skipped_ += lost.size();
+          t.first = out->empty() ? 0 : out->front().seq;
+          return t;
+        },
+        [&](const ClaimInfo&, Ticks) {
+          for (std::uint64_t seq : lost) this->dropped(seq);
+          const std::size_t n = out->size();
+          const Ticks body_end = now_ticks();
+          this->graph().retire_items(n + lost.size(), w);  // two items became one; lost ones left
+          const std::size_t emitted = this->emit(0, k, *out, w, body_end);
+          return ClaimResult{.emitted = emitted, .body_end = body_end, .items = n,
+                             .arrivals = &*pairs};
+        });
   }
 
   DropListener* drop_listener() noexcept override { return this; }
