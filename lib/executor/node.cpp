@@ -5,11 +5,12 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "splitflow/executor/detail/graph_core.hpp"
+#include "executor/runtime_core.hpp"
 #include "splitflow/core/error.hpp"
 
 namespace splitflow::detail {
 
-int this_arena_slot() noexcept { return tbb::this_task_arena::current_thread_index(); }
+int this_arena_slot(const void* owner) noexcept { return RuntimeCore::arena_slot(owner); }
 
 namespace {
 const char* what_of(StageKind k) {
@@ -154,21 +155,6 @@ bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool su
   return true;
 }
 
-void NodeBase::account_queue_locked(Ticks now) noexcept {
-  if (!telemetry_) return;
-  if (now == 0) now = now_ticks();
-  // A time read before the lock may precede the last update by another thread.
-  now = std::max(now, queue_since_);
-  queue_area_ += static_cast<double>(queued_total_locked()) * static_cast<double>(now - queue_since_);
-  queue_since_ = now;
-}
-
-std::size_t NodeBase::queued_total_locked() const noexcept {
-  std::size_t q = 0;
-  for (int p = 0; p < nports_; ++p) q += ports_[p].queued;
-  return q;
-}
-
 void NodeBase::arrived_locked(int port, std::size_t n, WorkList& w, Ticks now) {
   account_queue_locked(now);
   Port& p = ports_[port];
@@ -216,10 +202,10 @@ void NodeBase::end_invocation(Ticks t0, Ticks body_end, std::size_t n, std::size
   if (telemetry_ && n > 0) {
     // In clock ticks (scaled to ns when read), one record per run of arrivals; outside mu_.
     if (arrivals) {
-      latency_.record_each([&](LatencyHistogram& h) {
-        for (const Arrivals& a : *arrivals)
-          h.record(static_cast<std::uint64_t>(std::max<Ticks>(t1 - a.ticks, 0)), a.count);
-      });
+      latency_.record_runs(
+          *arrivals,
+          [t1](const Arrivals& a) { return static_cast<std::uint64_t>(std::max<Ticks>(t1 - a.ticks, 0)); },
+          [](const Arrivals& a) { return static_cast<std::uint64_t>(a.count); });
     } else {
       latency_.record(static_cast<std::uint64_t>((t1 - t0) / static_cast<Ticks>(n)), n);
     }
@@ -383,7 +369,7 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   max_executing_ = max_queue_ = 0;
   queue_area_ = 0;
   queue_since_ = start_ = start;
-  latency_.reset(parallelism_);
+  latency_.reset(parallelism_, graph_->runtime_core());
 }
 
 void NodeBase::drop_queued(WorkList& w) {

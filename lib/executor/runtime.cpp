@@ -39,6 +39,8 @@ int resolve_threads(const RuntimeConfig& c) {
 }  // namespace
 
 thread_local RuntimeCore* RuntimeCore::t_current = nullptr;
+thread_local const RuntimeCore* RuntimeCore::t_arena = nullptr;
+thread_local int RuntimeCore::t_slot = -1;
 thread_local bool RuntimeCore::t_draining = false;
 thread_local Ticks RuntimeCore::t_slice_start = 0;
 
@@ -77,8 +79,10 @@ RuntimeCore::RuntimeCore(RuntimeConfig config)
       threads_(resolve_threads(config)),
       // No slot reserved for outside threads: callers never join the arena, they only enqueue.
       arena_((ensure_parallelism(threads_), threads_), 0),
+      slots_(arena_, this),
       slice_ticks_(static_cast<Ticks>(static_cast<double>(kSliceNs) / ns_per_tick())) {
   arena_.initialize();
+  slots_.observe(true);  // before any work: every thread that enters is seen
 }
 
 RuntimeCore::~RuntimeCore() { shutdown(); }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
 #include <oneapi/tbb/task_group.h>
 
 #include <atomic>
@@ -29,6 +30,13 @@ class RuntimeCore {
 
   int threads() const noexcept { return threads_; }
   const RuntimeConfig& config() const noexcept { return config_; }
+  /// The calling thread's slot in the arena of `runtime` while it is in that arena (a worker,
+  /// or a thread inside task_arena::execute), else -1. Kept by an arena observer, so it costs a
+  /// thread-local read (tbb::this_task_arena::current_thread_index() goes through
+  /// pthread_getspecific: the largest part of telemetry's cost per claim).
+  static int arena_slot(const void* runtime) noexcept {
+    return t_arena == runtime && runtime ? t_slot : -1;
+  }
 
   /// Runs f on an arena thread. From an arena thread and unless `fair`, f goes to the local
   /// deque (cheap, LIFO, cache-warm). Otherwise it is enqueued FIFO into the arena, which is how
@@ -85,6 +93,8 @@ class RuntimeCore {
 
  private:
   static thread_local RuntimeCore* t_current;
+  static thread_local const RuntimeCore* t_arena;  // the arena the thread is in (SlotObserver)
+  static thread_local int t_slot;                  // its slot there
   static thread_local bool t_draining;
   static thread_local Ticks t_slice_start;
   void drain_urgent();
@@ -92,6 +102,25 @@ class RuntimeCore {
   RuntimeConfig config_;
   int threads_;
   tbb::task_arena arena_;
+  // Notes each thread's arena and slot as it enters the arena (arena_slot).
+  class SlotObserver final : public tbb::task_scheduler_observer {
+   public:
+    SlotObserver(tbb::task_arena& arena, const RuntimeCore* rt)
+        : tbb::task_scheduler_observer(arena), rt_(rt) {}
+    ~SlotObserver() override { observe(false); }
+    void on_scheduler_entry(bool) override {
+      t_arena = rt_;
+      t_slot = tbb::this_task_arena::current_thread_index();
+    }
+    void on_scheduler_exit(bool) override {
+      t_arena = nullptr;
+      t_slot = -1;
+    }
+
+   private:
+    const RuntimeCore* rt_;
+  };
+  SlotObserver slots_;
   tbb::task_group group_;
   Ticks slice_ticks_;
   std::mutex mu_;

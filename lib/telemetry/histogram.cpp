@@ -5,15 +5,6 @@
 
 namespace splitflow {
 
-// Bucket b covers values whose top bit is at position e = b >> kSubBits (values below 8 have
-// their own buckets) and whose next kSubBits bits are b & 7: eight buckets per power of two.
-int LatencyHistogram::bucket(std::uint64_t v) noexcept {
-  if (v < (1u << kSubBits)) return static_cast<int>(v);
-  const int e = 63 - std::countl_zero(v);  // >= kSubBits
-  const int sub = static_cast<int>((v >> (e - kSubBits)) & ((1u << kSubBits) - 1));
-  return ((e - kSubBits + 1) << kSubBits) + sub;
-}
-
 std::uint64_t LatencyHistogram::upper(int b) noexcept {
   if (b < (1 << kSubBits)) return static_cast<std::uint64_t>(b);
   const int e = (b >> kSubBits) + kSubBits - 1;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -17,6 +18,10 @@
 #include "splitflow/core/config.hpp"
 
 namespace splitflow {
+
+namespace detail {
+class ShardedHistogram;
+}
 
 /// Latencies in a fixed 4 KiB, whatever the run's length: log-linear buckets (8 per power of
 /// two, so a reported percentile is within 12.5% above the true value).
@@ -41,7 +46,15 @@ class LatencyHistogram {
   void set_unit(double ns_per_unit) noexcept { unit_ns_ = ns_per_unit; }
 
  private:
-  static int bucket(std::uint64_t v) noexcept;
+  friend class detail::ShardedHistogram;  // records into its shards without a lock
+  // Bucket b covers values whose top bit is at position e = b >> kSubBits (values below 8 have
+  // their own buckets) and whose next kSubBits bits are b & 7: eight buckets per power of two.
+  static int bucket(std::uint64_t v) noexcept {
+    if (v < (1u << kSubBits)) return static_cast<int>(v);
+    const int e = 63 - std::countl_zero(v);  // >= kSubBits
+    const int sub = static_cast<int>((v >> (e - kSubBits)) & ((1u << kSubBits) - 1));
+    return ((e - kSubBits + 1) << kSubBits) + sub;
+  }
   static std::uint64_t upper(int bucket) noexcept;
   std::uint64_t to_ns(std::uint64_t v) const noexcept {
     return static_cast<std::uint64_t>(static_cast<double>(v) * unit_ns_);

@@ -115,6 +115,8 @@ class GraphCore {
   }
   /// The runtime's device (created on first use) and this graph's GPU accounting.
   std::shared_ptr<DeviceRuntime> device();
+  /// The runtime it runs on (an identity for its arena's threads: ShardedHistogram).
+  const RuntimeCore* runtime_core() const noexcept { return runtime_.get(); }
   GpuAccount* gpu_account();
   /// The graph's request tracker (a service's), or null. Set while building.
   ItemTracker* tracker() const noexcept { return tracker_; }

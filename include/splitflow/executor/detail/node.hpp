@@ -17,6 +17,7 @@
 // deadlock-free. Wake-ups that go upstream (pokes) run with no lock held.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -338,7 +339,11 @@ class NodeBase {
   /// Tells the graph's observers a claim began (call without mu_; cheap when none).
   void notify_begin(Ticks t0, std::uint64_t first, std::size_t n, std::size_t queued,
                     std::int64_t ring_bytes = -1);
-  std::size_t queued_total_locked() const noexcept;
+  std::size_t queued_total_locked() const noexcept {
+    std::size_t q = 0;
+    for (int p = 0; p < nports_; ++p) q += ports_[p].queued;
+    return q;
+  }
   /// A claim ends unbegun (`waited`: it was waiting for a resource): release it, grant new
   /// claims, close the output if that was the last work.
   void end_unbegun_locked(WorkList& w, bool waited);
@@ -346,7 +351,14 @@ class NodeBase {
   void take_waiters_locked(WorkList& w);
   void refresh_state_locked(Ticks now = 0);
   /// Integrates queue occupancy up to `now` (before the queue changes).
-  void account_queue_locked(Ticks now) noexcept;
+  void account_queue_locked(Ticks now) noexcept {
+    if (!telemetry_) return;
+    if (now == 0) now = now_ticks();
+    // A time read before the lock may precede the last update by another thread.
+    now = std::max(now, queue_since_);
+    queue_area_ += static_cast<double>(queued_total_locked()) * static_cast<double>(now - queue_since_);
+    queue_since_ = now;
+  }
   bool sequenced() const noexcept { return sequenced_; }
   std::size_t queued_locked(int port) const noexcept { return ports_[port].queued; }
 
