@@ -9,8 +9,10 @@ BUILD   ?= build
 CMAKE   ?= cmake
 CTEST   ?= ctest --output-on-failure -j $(JOBS) --timeout 600
 # Sanitizer builds skip the CUDA backend: its device tests skip here anyway, and the release
-# build compiles and links it.
-SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPLITFLOW_WITH_CUDA=OFF \
+# build compiles and links it. -O1 with line tables: about 40% less compile time than -O2 -g
+# (tests/test_gpu_stage.cpp under TSan: 23 s against 40 s), reports still name file and line.
+SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+            -DSPLITFLOW_WITH_CUDA=OFF \
             -DSPLITFLOW_BUILD_BENCHMARKS=OFF -DSPLITFLOW_BUILD_EXAMPLES=OFF \
             -DSPLITFLOW_BUILD_PYTHON=OFF
 

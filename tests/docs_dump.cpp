@@ -1,7 +1,8 @@
 // The outputs whose names docs/ cites, from real runs on the host backend, for
 // tests/check_docs.py names (ctest docs.names): writes into the directory given
-//   run.json, trace.json, metrics.prom   a traced graph with every kind of figure: a CPU stage
-//                                        that skips items (skipped, errors), a pinned ring into
+//   run.json, trace.json, metrics.prom   a traced graph with every kind of figure: a tuned CPU
+//                                        stage that skips items (skipped, errors, the tuner's
+//                                        decisions), a pinned ring into
 //                                        a GPU stage (ring, copy H2D), to_host (copy D2H), a
 //                                        kernel, a sink; the device's figures
 //   service.json, service.prom           a service with a dynamic batch and a GPU stage
@@ -30,15 +31,20 @@ int main(int argc, char** argv) {
   c.device.backend = sf::BackendKind::host;
   sf::Runtime rt(c);
   {
-    sf::Graph g(rt, "docs", {.trace = true});
+    // 'check' is tuned (Concurrency::automatic, a 5 ms window over a run of about 24 ms), so the
+    // trace has the tuner's decisions too.
+    sf::Graph g(rt, "docs", {.trace = true, .autotune_window = 5ms});
     auto src = g.source("items", [i = 0L]() mutable -> std::optional<long> {
       if (i == 24) return std::nullopt;
       return i++;
     });
     auto check = g.stage("check", [](long i) {
+      const auto until = std::chrono::steady_clock::now() + 1ms;  // work, for the tuner to see
+      while (std::chrono::steady_clock::now() < until) {
+      }
       if (i % 8 == 7) throw std::runtime_error("item " + std::to_string(i) + " is bad");
       return i;
-    }, {.on_error = sf::OnError::skip});
+    }, {.concurrency = sf::Concurrency::automatic, .on_error = sf::OnError::skip});
     auto load = g.stage("load", [](long i, sf::HostAllocator& a) {
       sf::HostTensor t = a.empty(sf::DType::i64, {256});
       t.data<std::int64_t>()[0] = i;

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <splitflow/splitflow.hpp>
 #include <string>
@@ -72,6 +74,52 @@ TEST(AutotuneRuntime, AutomaticStagesAreTunedWithReasonsWithinTheCores) {
   }
   EXPECT_NE(report(st).find("autotune (stages with Concurrency::automatic):"), std::string::npos);
   EXPECT_NE(to_json(st).find("\"autotune\":[\""), std::string::npos);
+}
+
+// "every decision is an event with its reason ... in the trace and the observer interface": an
+// observer hears each decision as it is made, the same ones in the same order as
+// RunStats::autotune, and the trace has one "tune" instant event for each.
+TEST(AutotuneRuntime, TheDecisionsReachTheObserversAndTheTrace) {
+  struct Decisions : Observer {
+    std::mutex mu;
+    std::vector<std::string> texts;
+    bool named = true;
+    void on_tune(const TuningEvent& e) override {
+      std::lock_guard lk(mu);
+      texts.push_back(*e.text);
+      named = named && *e.graph == "observed" &&
+              (e.stage->empty() || *e.stage == "light" || *e.stage == "heavy") &&
+              !e.reason->empty() && e.t_ns > 0;
+    }
+  };
+  auto obs = std::make_shared<Decisions>();
+  Runtime rt({.threads = 4});
+  GraphOptions o = tuned();
+  o.observer = obs;
+  o.trace = true;
+  Graph g(rt, "observed", o);
+  auto src = g.source("n", counter(4000));
+  auto light = g.stage("light", [](long x) { spin_us(20); return x; },
+                       {.concurrency = Concurrency::automatic});
+  auto heavy = g.stage("heavy", [](long x) { spin_us(80); return x + 1; },
+                       {.concurrency = Concurrency::automatic});
+  auto sink = g.sink("s", [](long) {});
+  src >> light >> heavy >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  const RunStats st = run.stats();
+  ASSERT_FALSE(st.autotune.empty());
+  {
+    std::lock_guard lk(obs->mu);
+    EXPECT_EQ(obs->texts, st.autotune);
+    EXPECT_TRUE(obs->named);
+  }
+  const auto trace = nlohmann::json::parse(run.trace_json());
+  std::vector<std::string> traced;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "i" && e["name"] == "tune") traced.push_back(e["args"]["decision"]);
+  EXPECT_EQ(traced, st.autotune);
+  EXPECT_EQ(trace["metadata"]["tune_events"], st.autotune.size());
 }
 
 // "a number a user sets is respected (autotune works around it)"

@@ -34,7 +34,13 @@ void RunTuner::stop() noexcept {
 
 std::vector<std::string> RunTuner::events() const {
   std::lock_guard lk(mu_);
-  return events_;
+  std::vector<std::string> out = events_;
+  if (omitted_ > 0)
+    out.insert(out.begin() + kKeptFirst,
+               "(" + std::to_string(omitted_) + " later decisions not kept: the first " +
+                   std::to_string(kKeptFirst) + " and the last " +
+                   std::to_string(kMaxEvents - kKeptFirst) + " are)");
+  return out;
 }
 
 autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now,
@@ -123,8 +129,29 @@ void RunTuner::loop() {
       graph_.post_if_running([changes](WorkList& w) {
         for (const auto& [node, n] : changes) node->set_concurrency(n, w);
       });
+    std::vector<std::string> texts;
+    for (const autotune::TuneEvent& e : d.events) texts.push_back(e.text());
+    if (graph_.observed() && !d.events.empty()) {
+      const std::int64_t t_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now().time_since_epoch())
+                                    .count();
+      for (std::size_t i = 0; i < d.events.size(); ++i) {
+        const autotune::TuneEvent& e = d.events[i];
+        const TuningEvent te{&graph_.name(), &e.stage, &e.knob, e.from, e.to, &e.reason,
+                             &texts[i], t_ns};
+        graph_.for_each_observer([&](Observer& o) { o.on_tune(te); });
+      }
+    }
     lk.lock();
-    for (const autotune::TuneEvent& e : d.events) events_.push_back(e.text());
+    for (std::string& t : texts) {
+      // Bounded whatever the run's length: the first decisions (the model's allocation) and
+      // the latest; those between are counted.
+      if (events_.size() == kMaxEvents) {
+        events_.erase(events_.begin() + kKeptFirst);
+        ++omitted_;
+      }
+      events_.push_back(std::move(t));
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -56,7 +57,9 @@ class RunTuner {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  std::vector<std::string> events_;
+  static constexpr std::size_t kMaxEvents = 256, kKeptFirst = 32;
+  std::vector<std::string> events_;  // at most kMaxEvents
+  std::uint64_t omitted_ = 0;        // decisions between the first and the latest, not kept
   std::thread thread_;  // last: started once the rest is set
 };
 

@@ -79,10 +79,8 @@ RuntimeCore::RuntimeCore(RuntimeConfig config)
       threads_(resolve_threads(config)),
       // No slot reserved for outside threads: callers never join the arena, they only enqueue.
       arena_((ensure_parallelism(threads_), threads_), 0),
-      slots_(arena_, this),
       slice_ticks_(static_cast<Ticks>(static_cast<double>(kSliceNs) / ns_per_tick())) {
   arena_.initialize();
-  slots_.observe(true);  // before any work: every thread that enters is seen
 }
 
 RuntimeCore::~RuntimeCore() { shutdown(); }

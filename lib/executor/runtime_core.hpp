@@ -2,7 +2,6 @@
 #pragma once
 
 #include <oneapi/tbb/task_arena.h>
-#include <oneapi/tbb/task_scheduler_observer.h>
 #include <oneapi/tbb/task_group.h>
 
 #include <atomic>
@@ -30,10 +29,10 @@ class RuntimeCore {
 
   int threads() const noexcept { return threads_; }
   const RuntimeConfig& config() const noexcept { return config_; }
-  /// The calling thread's slot in the arena of `runtime` while it is in that arena (a worker,
-  /// or a thread inside task_arena::execute), else -1. Kept by an arena observer, so it costs a
-  /// thread-local read (tbb::this_task_arena::current_thread_index() goes through
-  /// pthread_getspecific: the largest part of telemetry's cost per claim).
+  /// The calling thread's slot in the arena of `runtime` while it runs one of that runtime's
+  /// tasks, else -1. Read once per task (TaskScope), so a claim pays a thread-local read, not
+  /// tbb::this_task_arena::current_thread_index()'s pthread_getspecific (the largest part of
+  /// telemetry's instructions per claim).
   static int arena_slot(const void* runtime) noexcept {
     return t_arena == runtime && runtime ? t_slot : -1;
   }
@@ -48,18 +47,16 @@ class RuntimeCore {
   void spawn(F&& f, bool fair) {
     if (!fair && t_current == this && !slice_expired()) {
       group_.run([this, fn = std::forward<F>(f)] {
-        RuntimeCore* const outer = std::exchange(t_current, this);
+        TaskScope scope(this);
         fn();
-        t_current = outer;
       });
     } else {
       arena_.enqueue(group_.defer([this, fn = std::forward<F>(f)] {
         // Marks the thread as running this runtime's task, so that its own spawns go local,
         // and starts its slice.
-        RuntimeCore* const outer = std::exchange(t_current, this);
+        TaskScope scope(this);
         t_slice_start = now_ticks();
         fn();
-        t_current = outer;
       }));
     }
   }
@@ -93,8 +90,26 @@ class RuntimeCore {
 
  private:
   static thread_local RuntimeCore* t_current;
-  static thread_local const RuntimeCore* t_arena;  // the arena the thread is in (SlotObserver)
-  static thread_local int t_slot;                  // its slot there
+  static thread_local const RuntimeCore* t_arena;  // whose task the thread runs (TaskScope)
+  static thread_local int t_slot;                  // its slot in that runtime's arena
+  // A task of this runtime runs on the thread (its spawns go local; its arena slot is known),
+  // until the scope ends; the outer task's, if any, is restored.
+  struct TaskScope {
+    explicit TaskScope(RuntimeCore* rt) noexcept
+        : current(std::exchange(t_current, rt)),
+          arena(std::exchange(t_arena, rt)),
+          slot(std::exchange(t_slot, tbb::this_task_arena::current_thread_index())) {}
+    ~TaskScope() {
+      t_current = current;
+      t_arena = arena;
+      t_slot = slot;
+    }
+    TaskScope(const TaskScope&) = delete;
+    TaskScope& operator=(const TaskScope&) = delete;
+    RuntimeCore* current;
+    const RuntimeCore* arena;
+    int slot;
+  };
   static thread_local bool t_draining;
   static thread_local Ticks t_slice_start;
   void drain_urgent();
@@ -102,25 +117,6 @@ class RuntimeCore {
   RuntimeConfig config_;
   int threads_;
   tbb::task_arena arena_;
-  // Notes each thread's arena and slot as it enters the arena (arena_slot).
-  class SlotObserver final : public tbb::task_scheduler_observer {
-   public:
-    SlotObserver(tbb::task_arena& arena, const RuntimeCore* rt)
-        : tbb::task_scheduler_observer(arena), rt_(rt) {}
-    ~SlotObserver() override { observe(false); }
-    void on_scheduler_entry(bool) override {
-      t_arena = rt_;
-      t_slot = tbb::this_task_arena::current_thread_index();
-    }
-    void on_scheduler_exit(bool) override {
-      t_arena = nullptr;
-      t_slot = -1;
-    }
-
-   private:
-    const RuntimeCore* rt_;
-  };
-  SlotObserver slots_;
   tbb::task_group group_;
   Ticks slice_ticks_;
   std::mutex mu_;

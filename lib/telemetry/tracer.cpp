@@ -115,16 +115,33 @@ void Tracer::on_device_op(const DeviceOpEvent& e) {
               static_cast<std::uint8_t>(e.kind)});
 }
 
+void Tracer::on_tune(const TuningEvent& e) {
+  const int tid = e.stage->empty() ? 0 : stage_index(*e.stage);
+  std::lock_guard lk(mu_);
+  if (tunes_.size() >= kMaxTunes) {
+    ++tunes_dropped_;
+    return;
+  }
+  try {
+    tunes_.push_back({tid, e.t_ns, *e.knob, *e.reason, *e.text, e.from, e.to});
+  } catch (...) {  // out of memory: the decision is missing from the trace only
+    ++tunes_dropped_;
+  }
+}
+
 std::string Tracer::json() const {
   // Written from a copy taken under the lock: the observers (on the arena's threads) wait for
   // the copy only. graph_ and stages_ do not change after construction.
   std::vector<Event> events;
-  std::uint64_t stride, dropped;
+  std::vector<Tune> tunes;
+  std::uint64_t stride, dropped, tunes_dropped;
   {
     std::lock_guard lk(mu_);
     events = events_;
+    tunes = tunes_;
     stride = stride_;
     dropped = dropped_;
+    tunes_dropped = tunes_dropped_;
   }
   // Each event is its own JSON value, dumped and appended with one per line: the buffer holds
   // up to trace_max_events (2^18 by default) events, and a JSON tree of all of them would cost
@@ -136,6 +153,8 @@ std::string Tracer::json() const {
   metadata["sample_every"] = stride;
   metadata["dropped_events"] = dropped;
   metadata["events"] = std::uint64_t{events.size()};
+  metadata["tune_events"] = std::uint64_t{tunes.size()};
+  metadata["dropped_tune_events"] = tunes_dropped;
   out += R"({"displayTimeUnit":"ms","metadata":)";
   out += dump(metadata);
   out += R"(,"traceEvents":[)";
@@ -212,6 +231,21 @@ std::string Tracer::json() const {
         add(ring_c);
         break;
     }
+  }
+  // The tuner's decisions: instant events on their stage's track.
+  Json tune_i = event_template("i", 1, true, false, {});
+  tune_i["s"] = "t";
+  tune_i["name"] = "tune";
+  for (const Tune& t : tunes) {
+    tune_i["tid"] = t.tid;
+    tune_i["ts"] = us(t.ts_ns - origin_ns_);
+    Json& a = tune_i["args"];
+    a["decision"] = t.text;
+    a["knob"] = t.knob;
+    a["from"] = t.from;
+    a["to"] = t.to;
+    a["reason"] = t.reason;
+    add(tune_i);
   }
   out += "\n]}\n";
   return out;

@@ -22,6 +22,9 @@ class Tracer final : public Observer {
   void on_lease_acquire(const LeaseEvent& e) override;
   void on_lease_release(const LeaseEvent& e) override;
   void on_device_op(const DeviceOpEvent& e) override;
+  /// An instant event "tune" on the stage's track (the graph's first track for a graph-level
+  /// decision), at most kMaxTunes of them (the rest are counted).
+  void on_tune(const TuningEvent& e) override;
 
   /// The trace so far, as JSON (loads in chrome://tracing and ui.perfetto.dev).
   std::string json() const;
@@ -48,6 +51,15 @@ class Tracer final : public Observer {
   std::uint64_t stride_ = 1, dropped_ = 0;
   std::uint64_t seen_[5] = {0, 0, 0, 0, 0};  // per track kind: sampling must not alias
   std::unordered_map<int, std::int64_t> lease_open_;  // stream -> acquire time
+  struct Tune {
+    int tid;
+    std::int64_t ts_ns;
+    std::string knob, reason, text;
+    std::size_t from, to;
+  };
+  static constexpr std::size_t kMaxTunes = 1024;
+  std::vector<Tune> tunes_;  // not sampled: a few per second at most
+  std::uint64_t tunes_dropped_ = 0;
 };
 
 }  // namespace splitflow::detail

@@ -65,7 +65,8 @@ struct GraphOptions {
   std::size_t max_in_flight = 256;
   /// Input queue capacity of stages that do not set their own.
   std::size_t default_capacity = 32;
-  /// Receives every invocation, lease and device op of the graph's runs (see telemetry.hpp).
+  /// Receives every invocation, lease, device op and tuner decision of the graph's runs
+  /// (see telemetry.hpp).
   std::shared_ptr<Observer> observer = nullptr;
   /// Stream-lease priority of the graph's GPU stages: waiting invocations of a higher priority
   /// are granted a stream before lower ones (first come, first served within a priority), so a

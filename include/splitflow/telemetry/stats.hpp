@@ -191,7 +191,8 @@ struct RunStats {
   /// GPU figures (all zero for a graph without GPU stages).
   GpuStats gpu;
   /// The tuner's decisions so far, in order (stages with Concurrency::automatic; empty
-  /// without), each with its reason: "decode 1 -> 2: ...".
+  /// without), each with its reason: "decode 1 -> 2: ...". Bounded: past 256, the first 32 and
+  /// the latest are kept, with a line between them saying how many are not.
   std::vector<std::string> autotune;
   /// Items consumed by the graph's sinks.
   std::uint64_t items_delivered() const noexcept;

@@ -96,6 +96,19 @@ struct DeviceOpEvent {
   std::int64_t begin_ns, end_ns;
 };
 
+/// A decision of the autotuner for a graph's stages with Concurrency::automatic
+/// (docs/autotune.md), as it is made: the same decisions, in the same order, as
+/// RunStats::autotune.
+struct TuningEvent {
+  const std::string* graph;
+  const std::string* stage;   ///< empty for the graph as a whole (the model, a kept change)
+  const std::string* knob;    ///< "concurrency", "capacity", or empty
+  std::size_t from, to;       ///< the knob's value before and after (0 when there is no knob)
+  const std::string* reason;  ///< why ("'heavy' busy 98% ...")
+  const std::string* text;    ///< the decision as RunStats::autotune words it
+  std::int64_t t_ns;          ///< steady_clock nanoseconds, at the end of the window
+};
+
 /// Receives a graph's events as they happen (GraphOptions::observer). Called on arena threads
 /// and device threads, concurrently: implementations must be thread-safe, cheap, and must not
 /// block or throw.
@@ -107,6 +120,8 @@ class Observer {
   virtual void on_lease_acquire(const LeaseEvent&) {}
   virtual void on_lease_release(const LeaseEvent&) {}
   virtual void on_device_op(const DeviceOpEvent&) {}
+  /// From the run's tuner thread (only with stages of Concurrency::automatic).
+  virtual void on_tune(const TuningEvent&) {}
 };
 
 }  // namespace splitflow
