@@ -937,6 +937,17 @@ std::string arbiters_json(const std::vector<ArbiterView>& views) {
   return o + "]}\n";
 }
 
+namespace {
+// A Prometheus metric family of one value per process (or per graph of a process).
+template <class Of>
+struct Family {
+  const char* metric;
+  const char* type;
+  const char* help;
+  double (*value)(const Of&);
+};
+}  // namespace
+
 std::string arbiters_prometheus(const std::vector<ArbiterView>& views) {
   std::string o;
   auto help = [&](const char* metric, const char* type, const char* text) {
@@ -973,13 +984,7 @@ std::string arbiters_prometheus(const std::vector<ArbiterView>& views) {
   for (const auto& v : views)
     o += fmt::format("splitflow_arbiter_reclaimed_leases_total{{arbiter=\"{}\"}} {}\n",
                      label(v.name), v.reclaimed_leases);
-  struct PerProcess {
-    const char* metric;
-    const char* type;
-    const char* help;
-    double (*value)(const ArbiterProcess&);
-  };
-  const PerProcess per[] = {
+  const Family<ArbiterProcess> per[] = {
       {"splitflow_process_held_seconds_total", "counter", "Time with at least one lease of the process out.",
        [](const ArbiterProcess& p) { return static_cast<double>(p.held_ns) * 1e-9; }},
       {"splitflow_process_busy_seconds_total", "counter", "The process's device busy time.",
@@ -997,20 +1002,14 @@ std::string arbiters_prometheus(const std::vector<ArbiterView>& views) {
       {"splitflow_process_priority", "gauge", "Priority of its latest request.",
        [](const ArbiterProcess& p) { return static_cast<double>(p.priority); }},
   };
-  for (const PerProcess& m : per) {
+  for (const auto& m : per) {
     help(m.metric, m.type, m.help);
     for (const auto& v : views)
       for (const auto& p : v.processes)
         o += fmt::format("{}{{arbiter=\"{}\",pid=\"{}\",label=\"{}\",state=\"{}\"}} {}\n", m.metric,
                          label(v.name), p.pid, label(p.label), p.state, m.value(p));
   }
-  struct PerGraph {
-    const char* metric;
-    const char* type;
-    const char* help;
-    double (*value)(const ArbiterGraph&);
-  };
-  const PerGraph per_graph[] = {
+  const Family<ArbiterGraph> per_graph[] = {
       {"splitflow_graph_held_seconds_total", "counter", "Time with at least one lease of the graph out (its current or last run).",
        [](const ArbiterGraph& g) { return static_cast<double>(g.held_ns) * 1e-9; }},
       {"splitflow_graph_busy_seconds_total", "counter", "The graph's kernels and copies executing (its current or last run).",
@@ -1018,7 +1017,7 @@ std::string arbiters_prometheus(const std::vector<ArbiterView>& views) {
       {"splitflow_graph_bursts_total", "counter", "The graph's bursts (one lease each; its current or last run).",
        [](const ArbiterGraph& g) { return static_cast<double>(g.bursts); }},
   };
-  for (const PerGraph& m : per_graph) {
+  for (const auto& m : per_graph) {
     help(m.metric, m.type, m.help);
     for (const auto& v : views)
       for (const auto& p : v.processes)
