@@ -21,8 +21,9 @@ the batch (whose items are batches: 9.2 MiB of uint8, then 36.8 MiB of float32) 
 drop_last: a short last batch is a block size met once (300 images: 4 batches and one of 44),
 which the 1x run pays for and the 10x run dilutes. max_in_flight=64 (one batch's images) and
 queues of 2 batches keep the bound within what a 1x epoch reaches; with max_in_flight=256 and the
-default capacities the 1x epoch (under 5 batches) ends before the graph fills, and the longer
-10x run reaches deeper queues (docs/reliability.md, "Memory bounded by configuration").
+graph's default capacities (which now count source items: 2 batches of 64 after the batch) the
+bound is reached by 3,000 images, not by 300 (docs/reliability.md, "Memory bounded by
+configuration", "With Graph's default settings").
 The child reads its own VmHWM (the peak resident set, from
 /proc/self/status, i.e. /proc/<pid>/status of that child) after the epoch; no process stages
 run, so no other process does the pipeline's work. 1x and 10x alternate (1x first in odd

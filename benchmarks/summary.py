@@ -59,6 +59,7 @@ def main():
     dask = load(os.path.join(d, "bench_dask.json"))
     memory = load(os.path.join(d, "bench_memory.json"))
     shared = load(os.path.join(d, "bench_shared_device.json"))
+    tune = load(os.path.join(d, "bench_autotune.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -151,6 +152,21 @@ def main():
     rows.append(("19", "Lease through the arbiter: cost over the pool (us)",
                  (lambda c: c / 1000 if c is not None else None)(
                      counter(shared, "BM_LeaseCost", "arbiter_cost_ns")), "<= 5", lambda v: v <= 5))
+    rows += [
+        ("17", "Autotune CPU chain: tuned rate / computed bound",
+         counter(tune, "BM_AutotuneChain/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Autotune CPU chain: tuned / best of a grid (same run)",
+         counter(tune, "BM_AutotuneChain/auto", "rate_over_best_grid"), "(stated)", None),
+        ("17", "Autotune CPU chain: seconds to 95% of the grid's best",
+         (lambda v: v if v is None or v >= 0 else float("inf"))(
+             counter(tune, "BM_AutotuneChain/auto", "seconds_to_95")), "<= 5", lambda v: v <= 5),
+        ("17", "Autotune GPU-bound: device busy",
+         counter(tune, "BM_AutotuneGpu/auto", "device_busy"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Autotune GPU-bound: prep's cores - (fewest + 1)",
+         (lambda c, f: None if c is None or f is None else c - (f + 1))(
+             counter(tune, "BM_AutotuneGpu/auto", "prep_cores"),
+             counter(tune, "BM_AutotuneGpu/auto", "fewest_cores")), "<= 0", lambda v: v <= 0),
+    ]
     print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
     missed = 0
     for issue, what, value, goal, ok in rows:

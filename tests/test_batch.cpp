@@ -206,3 +206,52 @@ TEST(Batch, CancelLeaksNothing) {
   }
   EXPECT_EQ(Tracked::live.load(), 0);
 }
+
+// config.hpp, GraphOptions::default_capacity: "in source items: a queue of batches of n holds
+// default_capacity / n of them ... never fewer than the claims its producers can have out (at
+// least 2)"; a capacity the user sets is kept, and a merge's default still grows with its
+// producers. (A queue of 32 batches of 64 float images held 1.2 GB.)
+TEST(Batch, DefaultQueuesAfterABatchCountSourceItems) {
+  Runtime rt({.threads = 4});
+  Graph g(rt, "queues");  // default_capacity 32
+  auto src = g.source("n", counter(1000));
+  auto batch = g.batch<long>("batch", 64);
+  auto wide = g.stage("wide", [](std::vector<long> v) { return v; }, {.concurrency = 3});
+  auto next = g.stage("next", [](std::vector<long> v) { return v; });
+  auto kept = g.stage("kept", [](std::vector<long> v) { return v; }, {.capacity = 10});
+  auto by8 = g.batch<std::vector<long>>("by8", 8);
+  auto small = g.stage("small", [](std::vector<std::vector<long>> v) { return v.size(); });
+  long items = 0;
+  auto sink = g.sink("sink", [&](std::size_t n) { items += static_cast<long>(n); });
+  src >> batch >> wide >> next >> kept >> by8 >> small >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(items, 16);  // every batch once (15 of 64 and the rest)
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("batch")->capacity, 64u);  // a batch's own queue holds a whole batch
+  EXPECT_EQ(st.find("wide")->capacity, 2u);    // 32 / 64 rounds to 1; at least 2
+  EXPECT_EQ(st.find("next")->capacity, 3u);    // 'wide' can have 3 claims out
+  EXPECT_EQ(st.find("kept")->capacity, 10u);   // set by the user
+  EXPECT_EQ(st.find("small")->capacity, 2u);   // batches of 8 x 64 source items
+  EXPECT_EQ(st.find("sink")->capacity, 2u);
+}
+
+// The same rule leaves a graph without batches as it was: the default, times a merge's
+// producers.
+TEST(Batch, DefaultQueuesWithoutBatchesAreTheGraphsDefault) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "plain", {.default_capacity = 16});
+  auto a = g.source("a", counter(100));
+  auto b = g.source("b", counter(100));
+  auto work = g.stage("work", [](long x) { return x; });
+  long n = 0;
+  auto sink = g.sink("sink", [&](long) { ++n; });
+  a >> work;
+  b >> work;
+  work >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, 200);
+  EXPECT_EQ(run.stats().find("work")->capacity, 32u);  // 16 per producer
+  EXPECT_EQ(run.stats().find("sink")->capacity, 16u);
+}

@@ -145,9 +145,31 @@ void GraphCore::validate() {
     throw GraphError("splitflow::Graph '" + name_ + "': it has a cycle: " + names +
                      " (graphs must be acyclic)");
   }
+  size_queues(order);
   check_batching(order);
   check_zips(order);
   topo_ = std::move(order);
+}
+
+void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
+  // In topological order: what an item on each node's input stands for in source items (a
+  // batch's consumers see n of them per item), and the claims its producers can have out.
+  const std::size_t threads = static_cast<std::size_t>(std::max(runtime_->threads(), 1));
+  std::unordered_map<const NodeBase*, double> items;
+  std::unordered_map<const NodeBase*, std::size_t> floor;
+  for (NodeBase* n : order) {
+    const double in = items.count(n) ? items[n] : 1.0;
+    n->size_default_queue(in, std::max<std::size_t>(floor[n], 2));
+    const double out = in * n->items_per_output();
+    // A claim of n's holds a slot of its consumers' queues until it emits: they keep room for
+    // as many claims as n can run (at most the runtime's threads; an automatic stage may be
+    // raised to them).
+    const std::size_t claims = n->auto_concurrency() ? threads : std::min(n->concurrency(), threads);
+    for (const Edge& e : n->successors()) {
+      items[e.node] = std::max(items.count(e.node) ? items[e.node] : 0.0, out);
+      floor[e.node] += claims;
+    }
+  }
 }
 
 void GraphCore::check_batching(const std::vector<NodeBase*>& order) {

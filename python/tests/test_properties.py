@@ -45,7 +45,8 @@ Invariants checked on every run:
    items_in is its items_out plus skipped; a sink's items_out is what the test received.
 4. Concurrency and capacity as configured and respected: no stage body runs more often at
    once than its concurrency (counted in the body, and the stats' max_concurrency), no queue
-   holds more than its capacity (the stage's, or the graph's default times the producers).
+   holds more than its capacity (the stage's, or the graph's default times the producers;
+   after a batch, counted in source items).
 5. A run with a failing item under on_error='fail' raises ``StageError`` naming a stage and an
    item (its source index) that the model says fail, with the body's exception as
    ``__cause__``; its status is 'failed'; what sinks got before the end is part of the model's
@@ -629,7 +630,12 @@ def check_bounds(spec, r):
         elif node.kind == "batch":
             capacity = max(spec.capacity, p["size"])
         elif node.kind == "sink" and p["pull"]:
-            capacity = p["capacity"] or spec.capacity
+            # The graph's default counts source items (GraphOptions::default_capacity): after a
+            # batch of n, default / n batches, but at least 2 (the batch's one claim out and the
+            # next), and never more than the default.
+            up = next(x for x in spec.nodes if x.name == node.inputs[0])
+            n = up.params["size"] if up.kind == "batch" else 1
+            capacity = p["capacity"] or max(-(-spec.capacity // n), min(spec.capacity, 2))
         else:
             continue
         assert have["capacity"] == capacity, \

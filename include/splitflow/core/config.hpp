@@ -63,7 +63,11 @@ struct GraphOptions {
   /// Items admitted by the sources and not yet consumed by a sink (like oneTBB's
   /// max_number_of_live_tokens). A fan-out copy counts as one more item.
   std::size_t max_in_flight = 256;
-  /// Input queue capacity of stages that do not set their own.
+  /// Input queue capacity of stages that do not set their own, in source items: a queue of
+  /// batches of n holds default_capacity / n of them (a queue of 64-image batches, 2 rather than
+  /// 32 batches, so that memory does not grow with the item size), times its producers for a
+  /// merge, and never fewer than the claims its producers can have out (at least 2; at most
+  /// what the default gives without batches).
   std::size_t default_capacity = 32;
   /// Receives every invocation, lease, device op and tuner decision of the graph's runs
   /// (see telemetry.hpp).

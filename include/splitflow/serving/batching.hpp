@@ -127,6 +127,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
   }
 
   std::size_t forms_batches_of() const noexcept override { return opts_.max_batch; }
+  double items_per_output() const noexcept override { return static_cast<double>(opts_.max_batch); }
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     Emitter<Out>::reset(start, telemetry, parallelism);
@@ -278,6 +279,7 @@ class UnbatchNode final : public OneInputNode<UnbatchNode<T>, Emitter<T>, Batch<
   }
 
   std::size_t splits_batches_of() const noexcept override { return max_batch_; }
+  double items_per_output() const noexcept override { return 1.0 / static_cast<double>(max_batch_); }
 
   void validate() const override {
     Emitter<T>::validate();

@@ -139,6 +139,8 @@ class GraphCore {
   void stop(StopReason why) noexcept;
   void complete() noexcept;
   void validate();
+  /// Sizes the queues whose capacity the user did not set (NodeBase::size_default_queue).
+  void size_queues(const std::vector<NodeBase*>& order);
   void check_batching(const std::vector<NodeBase*>& order);
   void check_zips(const std::vector<NodeBase*>& order);
   RunStats collect_stats(bool final) const;

@@ -203,6 +203,15 @@ class NodeBase {
   virtual std::size_t forms_batches_of() const noexcept { return 0; }
   /// An unbatch's max_batch (0: not one).
   virtual std::size_t splits_batches_of() const noexcept { return 0; }
+  /// Source items an output of this node stands for, per input item's: a batch of n, n; a
+  /// dynamic batch, its max_batch; an unbatch, 1 / max_batch; others 1.
+  virtual double items_per_output() const noexcept { return 1.0; }
+  /// Sizes a queue whose capacity the user did not set (GraphCore::size_queues): the graph's
+  /// default counts source items, so after a batch of n it holds default / n of its items,
+  /// times its producers (a merge), and never fewer than `floor` (what its producers' claims
+  /// need to run at their concurrency) unless the unscaled default is smaller. `items` is what
+  /// one of its input items stands for.
+  void size_default_queue(double items, std::size_t floor);
 
   // ---- consumer side of the slot protocol ----------------------------------------------------
   /// Called by a producer holding its own lock: reserve up to `want` slots on `port` (with

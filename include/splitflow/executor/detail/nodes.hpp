@@ -710,6 +710,7 @@ class BatchNode final : public OneInputNode<BatchNode<T>, Emitter<std::vector<T>
   }
 
   std::size_t holds_while_filling() const noexcept override { return size_ - 1; }
+  double items_per_output() const noexcept override { return static_cast<double>(size_); }
 
   void validate() const override {
     Emitter<Out>::validate();

@@ -1,0 +1,200 @@
+// Autotune on live runs (issue 17; docs/autotune.md): synthetic pipelines whose best rate can be
+// computed, started from the worst configuration (every automatic stage at concurrency 1), the
+// tuner's steady rate against that bound and against the best hand-set configuration of a grid
+// search in the same run, and how long it took to get there.
+//
+//   BM_AutotuneChain/auto   source >> a (spins 100 us an item) >> b (300 us) >> sink, a and b
+//                           Concurrency::automatic, on a runtime of `cores` threads (all of
+//                           this machine's: 2 here), a 100 ms window, 5 s. Bound: cores / 400 us
+//                           (the bodies' CPU time, no serial stage). Counters: tuned_rate (items/s
+//                           over the run's last second), bound_rate, rate_over_bound,
+//                           seconds_to_95 (the end of the first 0.5 s over which the rate was at
+//                           least 0.95 of the grid's best; -1: never), final concurrencies.
+//   BM_AutotuneChain/grid   the same graph with hand-set concurrencies a, b in 1..3 each, 1.5 s
+//                           each; best_rate is the best of the grid (its last second's rate),
+//                           best_a / best_b where it was.
+//   BM_AutotuneGpu/auto     source >> prep (spins 200 us, automatic) >> model (a GPU stage:
+//                           busy_kernel 500 us on the host backend's one compute slot) >> sink:
+//                           the device bounds the rate at 2,000 items/s, which 0.4 of a core of
+//                           prep feeds. Counters: device_busy (over the last second), prep's
+//                           cores (its work over the last second), fewest_cores (the whole cores
+//                           that keep the device busy: ceil(0.4) = 1), prep_concurrency.
+//
+// Every run's rate is sampled from Run::stats() every 50 ms by the benchmark's thread (which only
+// waits and reads: the sampling is the measurement, not a synchronisation).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <splitflow/ops/ops.hpp>
+#include <splitflow/splitflow.hpp>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+namespace sf = splitflow;
+
+void spin(std::chrono::microseconds d) {
+  const auto until = Clock::now() + d;
+  while (Clock::now() < until) {
+  }
+}
+
+int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+struct Sample {
+  double t;                         // seconds since the run started
+  std::uint64_t items;              // delivered
+  std::int64_t work_ns;             // of the first stage watched
+  std::int64_t busy_ns;             // the device's (GpuStats::busy_ns)
+  std::vector<std::size_t> limits;  // the watched stages' concurrency limits
+};
+
+/// Runs `g` for `seconds` (its source never ends: the run is cancelled), sampling every 50 ms.
+std::vector<Sample> sample_run(sf::Graph& g, double seconds, std::vector<const char*> watch) {
+  std::vector<Sample> out;
+  auto run = g.run();
+  const auto t0 = Clock::now();
+  for (;;) {
+    std::this_thread::sleep_for(50ms);
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    const sf::RunStats st = run.stats();
+    Sample x{t, st.items_delivered(), st.find(watch.front())->work_ns, st.gpu.busy_ns, {}};
+    for (const char* name : watch) x.limits.push_back(st.find(name)->concurrency_limit);
+    out.push_back(std::move(x));
+    if (t >= seconds) break;
+  }
+  run.cancel();
+  run.wait();
+  return out;
+}
+
+/// Items/s between the last sample and the one `span` seconds before it (or the first).
+double rate_over_last(const std::vector<Sample>& s, double span, std::size_t end) {
+  std::size_t i = end;
+  while (i > 0 && s[end].t - s[i].t < span) --i;
+  const double dt = s[end].t - s[i].t;
+  return dt > 0 ? static_cast<double>(s[end].items - s[i].items) / dt : 0;
+}
+
+/// The end of the first `span` seconds over which the rate reached `target` (-1: never).
+double seconds_to(const std::vector<Sample>& s, double target, double span) {
+  for (std::size_t k = 0; k < s.size(); ++k)
+    if (s[k].t >= span && rate_over_last(s, span, k) >= target) return s[k].t;
+  return -1;
+}
+
+std::optional<long> forever(long& i) { return i++; }
+
+constexpr auto kA = 100us, kB = 300us;
+
+/// The chain with concurrencies a and b (0: Concurrency::automatic).
+std::vector<Sample> chain(std::size_t a, std::size_t b, double seconds, std::size_t* final_a,
+                          std::size_t* final_b) {
+  sf::Runtime rt({.threads = cores()});
+  sf::Graph g(rt, "chain", {.autotune_window = 100ms});
+  const auto conc = [](std::size_t n) { return n ? n : sf::Concurrency::automatic; };
+  auto src = g.source("n", [i = 0L]() mutable { return forever(i); });
+  auto sa = g.stage("a", [](long x) { spin(kA); return x; }, {.concurrency = conc(a)});
+  auto sb = g.stage("b", [](long x) { spin(kB); return x; }, {.concurrency = conc(b)});
+  auto sink = g.sink("s", [](long) {});
+  src >> sa >> sb >> sink;
+  auto s = sample_run(g, seconds, {"a", "b"});
+  if (final_a) *final_a = s.back().limits[0];
+  if (final_b) *final_b = s.back().limits[1];
+  return s;
+}
+
+double best_grid_rate(std::size_t* best_a, std::size_t* best_b) {
+  double best = 0;
+  for (std::size_t a = 1; a <= 3; ++a)
+    for (std::size_t b = 1; b <= 3; ++b) {
+      const auto s = chain(a, b, 1.5, nullptr, nullptr);
+      const double r = rate_over_last(s, 1.0, s.size() - 1);
+      if (r > best) {
+        best = r;
+        *best_a = a;
+        *best_b = b;
+      }
+    }
+  return best;
+}
+
+// The grid's best, measured once per process and shared by the two chain benchmarks.
+double grid_best(std::size_t* a = nullptr, std::size_t* b = nullptr) {
+  static std::size_t ga = 0, gb = 0;
+  static const double best = best_grid_rate(&ga, &gb);
+  if (a) *a = ga;
+  if (b) *b = gb;
+  return best;
+}
+
+void BM_AutotuneChainGrid(benchmark::State& state) {
+  std::size_t a = 0, b = 0;
+  double best = 0;
+  for (auto _ : state) best = grid_best(&a, &b);
+  state.counters["best_rate"] = best;
+  state.counters["best_a"] = static_cast<double>(a);
+  state.counters["best_b"] = static_cast<double>(b);
+}
+
+void BM_AutotuneChainAuto(benchmark::State& state) {
+  const double best = grid_best();
+  std::vector<Sample> s;
+  std::size_t fa = 0, fb = 0;
+  for (auto _ : state) s = chain(0, 0, 5.0, &fa, &fb);
+  const double rate = rate_over_last(s, 1.0, s.size() - 1);
+  const double bound = static_cast<double>(cores()) / std::chrono::duration<double>(kA + kB).count();
+  state.counters["tuned_rate"] = rate;
+  state.counters["bound_rate"] = bound;
+  state.counters["rate_over_bound"] = rate / bound;
+  state.counters["best_grid_rate"] = best;
+  state.counters["rate_over_best_grid"] = best > 0 ? rate / best : 0;
+  state.counters["seconds_to_95"] = seconds_to(s, 0.95 * best, 0.5);
+  state.counters["final_a"] = static_cast<double>(fa);
+  state.counters["final_b"] = static_cast<double>(fb);
+}
+
+void BM_AutotuneGpu(benchmark::State& state) {
+  std::vector<Sample> s;
+  for (auto _ : state) {
+    sf::RuntimeConfig c{.threads = cores()};
+    c.device.backend = sf::BackendKind::host;
+    c.device.host_compute_slots = 1;
+    sf::Runtime rt(c);
+    sf::Graph g(rt, "gpu-bound", {.autotune_window = 100ms});
+    auto src = g.source("n", [i = 0L]() mutable { return forever(i); });
+    auto prep = g.stage("prep", [](long) {
+      spin(200us);
+      return sf::HostTensor::empty(sf::DType::u8, {64});
+    }, {.concurrency = sf::Concurrency::automatic});
+    auto model = g.gpu_stage("model", [](sf::DeviceTensor t, sf::DeviceContext& ctx) {
+      sf::ops::busy_kernel(ctx, 500us);
+      return t;
+    });
+    auto sink = g.sink("s", [](sf::DeviceTensor) {});
+    src >> prep >> model >> sink;
+    s = sample_run(g, 5.0, {"prep"});
+  }
+  // Over the last second.
+  std::size_t i = s.size() - 1;
+  while (i > 0 && s.back().t - s[i].t < 1.0) --i;
+  const double dt = s.back().t - s[i].t;
+  state.counters["rate"] = static_cast<double>(s.back().items - s[i].items) / dt;
+  state.counters["device_busy"] = static_cast<double>(s.back().busy_ns - s[i].busy_ns) * 1e-9 / dt;
+  state.counters["prep_cores"] = static_cast<double>(s.back().work_ns - s[i].work_ns) * 1e-9 / dt;
+  state.counters["fewest_cores"] = std::ceil(2000.0 * 200e-6);  // the device's rate x prep's cost
+  state.counters["prep_concurrency"] = static_cast<double>(s.back().limits[0]);
+}
+
+}  // namespace
+
+BENCHMARK(BM_AutotuneChainGrid)->Name("BM_AutotuneChain/grid")->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_AutotuneChainAuto)->Name("BM_AutotuneChain/auto")->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_AutotuneGpu)->Name("BM_AutotuneGpu/auto")->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK_MAIN();
