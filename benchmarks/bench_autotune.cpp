@@ -9,7 +9,8 @@
 //                           (the bodies' CPU time, no serial stage). Counters: tuned_rate (items/s
 //                           over the run's last second), bound_rate, rate_over_bound,
 //                           seconds_to_95 (the end of the first 0.5 s over which the rate was at
-//                           least 0.95 of the grid's best; -1: never), final concurrencies.
+//                           least 0.95 of the grid's best; -1: never), final concurrencies;
+//                           the tuner's decisions are printed to stderr.
 //   BM_AutotuneChain/grid   the same graph with hand-set concurrencies a, b in 1..3 each, 1.5 s
 //                           each; best_rate is the best of the grid (its last second's rate),
 //                           best_a / best_b where it was.
@@ -27,6 +28,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <optional>
 #include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
@@ -55,8 +58,10 @@ struct Sample {
   std::vector<std::size_t> limits;  // the watched stages' concurrency limits
 };
 
-/// Runs `g` for `seconds` (its source never ends: the run is cancelled), sampling every 50 ms.
-std::vector<Sample> sample_run(sf::Graph& g, double seconds, std::vector<const char*> watch) {
+/// Runs `g` for `seconds` (its source never ends: the run is cancelled), sampling every 50 ms;
+/// the tuner's decisions go to `decisions` if given.
+std::vector<Sample> sample_run(sf::Graph& g, double seconds, std::vector<const char*> watch,
+                               std::vector<std::string>* decisions = nullptr) {
   std::vector<Sample> out;
   auto run = g.run();
   const auto t0 = Clock::now();
@@ -67,7 +72,10 @@ std::vector<Sample> sample_run(sf::Graph& g, double seconds, std::vector<const c
     Sample x{t, st.items_delivered(), st.find(watch.front())->work_ns, st.gpu.busy_ns, {}};
     for (const char* name : watch) x.limits.push_back(st.find(name)->concurrency_limit);
     out.push_back(std::move(x));
-    if (t >= seconds) break;
+    if (t >= seconds) {
+      if (decisions) *decisions = st.autotune;
+      break;
+    }
   }
   run.cancel();
   run.wait();
@@ -95,7 +103,7 @@ constexpr auto kA = 100us, kB = 300us;
 
 /// The chain with concurrencies a and b (0: Concurrency::automatic).
 std::vector<Sample> chain(std::size_t a, std::size_t b, double seconds, std::size_t* final_a,
-                          std::size_t* final_b) {
+                          std::size_t* final_b, std::vector<std::string>* decisions = nullptr) {
   sf::Runtime rt({.threads = cores()});
   sf::Graph g(rt, "chain", {.autotune_window = 100ms});
   const auto conc = [](std::size_t n) { return n ? n : sf::Concurrency::automatic; };
@@ -104,7 +112,7 @@ std::vector<Sample> chain(std::size_t a, std::size_t b, double seconds, std::siz
   auto sb = g.stage("b", [](long x) { spin(kB); return x; }, {.concurrency = conc(b)});
   auto sink = g.sink("s", [](long) {});
   src >> sa >> sb >> sink;
-  auto s = sample_run(g, seconds, {"a", "b"});
+  auto s = sample_run(g, seconds, {"a", "b"}, decisions);
   if (final_a) *final_a = s.back().limits[0];
   if (final_b) *final_b = s.back().limits[1];
   return s;
@@ -147,7 +155,9 @@ void BM_AutotuneChainAuto(benchmark::State& state) {
   const double best = grid_best();
   std::vector<Sample> s;
   std::size_t fa = 0, fb = 0;
-  for (auto _ : state) s = chain(0, 0, 5.0, &fa, &fb);
+  std::vector<std::string> decisions;
+  for (auto _ : state) s = chain(0, 0, 5.0, &fa, &fb, &decisions);
+  for (const std::string& d : decisions) std::fprintf(stderr, "  tuner: %s\n", d.c_str());
   const double rate = rate_over_last(s, 1.0, s.size() - 1);
   const double bound = static_cast<double>(cores()) / std::chrono::duration<double>(kA + kB).count();
   state.counters["tuned_rate"] = rate;
