@@ -61,7 +61,7 @@ test-tsan: deps
 	$(CMAKE) -S . -B $(BUILD)/tsan $(SAN_FLAGS) -DSPLITFLOW_SANITIZE=thread \
 	  -DTBB_DIR=$(abspath $(BUILD)/tsan-tbb)/lib/cmake/TBB
 	$(CMAKE) --build $(BUILD)/tsan -j $(JOBS)
-	cd $(BUILD)/tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(CTEST)
+	cd $(BUILD)/tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(abspath tests/tsan.supp) $(CTEST)
 
 # A separate project that finds the *installed* package with find_package(splitflow CONFIG),
 # then the same project using add_subdirectory.
