@@ -99,8 +99,20 @@ Limit check(const std::vector<StageModel>& models, const Budget& budget, double 
       return Limit::stage;
     }
     cores += cores_of(m, k[i]);
+    // A pool runs at most its cores of one stage's bodies at once.
+    if (budget.pool && cores_of(m, k[i]) > budget.cores + kEps) {
+      at = i;
+      return Limit::cores;
+    }
   }
-  if (cores > budget.cores + kEps) return Limit::cores;
+  if (budget.pool) {
+    // The pool's threads take the invocations in turn: what must fit is the CPU the rate needs.
+    double cpu = 0;
+    for (const StageModel& m : models) cpu += m.visits * m.cpu_s;
+    if (r * cpu > budget.cores * (1 + kEps)) return Limit::cores;
+  } else if (cores > budget.cores + kEps) {
+    return Limit::cores;
+  }
   if (bytes_with(models, k, min_capacities(models, k)) > budget.memory_bytes) return Limit::memory;
   return Limit::none;
 }
@@ -112,6 +124,12 @@ std::string seconds(double s) {
 }
 
 std::string percent(double f) { return fmt::format("{:.0f}%", 100 * f); }
+
+// "19 of 32 cores"; on a pool, whose threads take invocations in turn, the slots' worth.
+std::string cores_text(const Allocation& a, const Budget& b) {
+  return b.pool ? fmt::format("slots for {:.4g} cores on a pool of {:g}", a.cores, b.cores)
+                : fmt::format("{:.4g} of {:g} cores", a.cores, b.cores);
+}
 
 }  // namespace
 
@@ -576,7 +594,8 @@ Autotuner::Autotuner(PolicyOptions options, Budget budget)
     : opt_(options), budget_(budget), est_(options.drift) {}
 
 void Autotuner::set_budget(const Budget& budget) {
-  if (std::abs(budget.cores - budget_.cores) >= 0.5 || budget.memory_bytes != budget_.memory_bytes) {
+  if (std::abs(budget.cores - budget_.cores) >= 0.5 || budget.memory_bytes != budget_.memory_bytes ||
+      budget.pool != budget_.pool) {
     if (!budget_changed_) old_budget_ = budget_;
     budget_changed_ = true;
   }
@@ -639,9 +658,9 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
   }
   emit(d, {s.end_ns, action, "", "",
            0, 0,
-           fmt::format("{}model per item: {}; bound {:.4g} items/s ({}); {:.4g} of {:g} cores",
+           fmt::format("{}model per item: {}; bound {:.4g} items/s ({}); {}",
                        reason.empty() ? "" : reason + "; ", costs, bound_.rate, bound_.why,
-                       next.cores, budget_.cores)});
+                       cores_text(next, budget_))});
   for (std::size_t i = 0; i < models_.size(); ++i) {
     const std::size_t k0 = alloc_.stages.empty() ? s.stages[i].concurrency : alloc_.stages[i].concurrency;
     const std::size_t c0 = alloc_.stages.empty() ? s.stages[i].capacity : alloc_.stages[i].capacity;
@@ -663,8 +682,8 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
   }
   if ((bound_.limit == Limit::gpu || bound_.limit == Limit::stage) && next.cores + 1 <= budget_.cores)
     emit(d, {s.end_ns, Action::release, "", "", 0, 0,
-             fmt::format("{} bounds the rate: {:.4g} of {:g} cores used, the rest released",
-                         bound_.why, next.cores, budget_.cores)});
+             fmt::format("{} bounds the rate: {}; the rest released", bound_.why,
+                         cores_text(next, budget_))});
   d.changed = true;
   alloc_ = next;
   base_ = next;
@@ -796,7 +815,10 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
       }
       if (with_changes(models_, alloc_, mv.changes).bytes > budget_.memory_bytes) continue;
       const double extra = cores_of(m, k + step) - cores_of(m, k);
-      if (alloc_.cores + extra <= budget_.cores + kEps) return mv;
+      // In a pool a slot more costs no core until it runs: the measured rate judges it.
+      if (budget_.pool ? cores_of(m, k + step) <= budget_.cores + kEps
+                       : alloc_.cores + extra <= budget_.cores + kEps)
+        return mv;
       // A donor: the least busy stage (measured) that keeps up with the measured rate, on
       // the model, with one invocation fewer.
       std::size_t donor = n;
@@ -991,10 +1013,9 @@ Decision Autotuner::observe(const Sample& s) {
     phase_ = Phase::converged;
     converged_rate_ = rate;
     emit(d, {s.end_ns, Action::converged, "", "", 0, 0,
-             fmt::format("converged at {:.4g} items/s, {:.2f} of the bound {:.4g} ({}); {:.4g} of "
-                         "{:g} cores{}",
+             fmt::format("converged at {:.4g} items/s, {:.2f} of the bound {:.4g} ({}); {}{}",
                          rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, bound_.rate, bound_.why,
-                         alloc_.cores, budget_.cores,
+                         cores_text(alloc_, budget_),
                          bound_.limit == Limit::gpu ? fmt::format(", GPU busy {}", percent(busy))
                                                     : std::string())});
   }

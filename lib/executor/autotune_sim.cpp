@@ -68,7 +68,9 @@ class Sim {
     const std::vector<Budget> shares = split_budget(unknown, {o.cores, o.memory_bytes});
     for (std::size_t pi = 0; pi < pipes.size(); ++pi) {
       const SimPipeline& p = pipes[pi];
-      PipeState ps{.tuner = Autotuner(o.policy, shares[pi])};
+      Budget share = shares[pi];
+      share.pool = pipes.size() == 1;  // alone on the simulated cores, which enforce themselves
+      PipeState ps{.tuner = Autotuner(o.policy, share)};
       ps.max_in_flight = p.max_in_flight;
       for (const SimStage& s : p.stages) {
         StageState ss;

@@ -356,7 +356,9 @@ std::shared_ptr<RunState> GraphCore::start() {
     std::vector<NodeBase*> nodes;
     for (auto& n : nodes_) nodes.push_back(n.get());
     const double cores = opts_.autotune_cores > 0 ? opts_.autotune_cores : runtime_->threads();
-    tuner_ = std::make_unique<RunTuner>(*this, std::move(nodes), opts_.autotune_window, cores);
+    // The runtime's threads are a pool that enforces itself; a smaller budget is a share of it.
+    const bool pool = cores >= static_cast<double>(runtime_->threads());
+    tuner_ = std::make_unique<RunTuner>(*this, std::move(nodes), opts_.autotune_window, cores, pool);
     tuner_->start();
   }
   runtime_->spawn([this] { run_task({nullptr, 0}); }, /*fair=*/true);

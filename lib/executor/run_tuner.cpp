@@ -10,12 +10,13 @@
 namespace splitflow::detail {
 
 RunTuner::RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::milliseconds window,
-                   double cores)
+                   double cores, bool pool)
     : graph_(graph),
       nodes_(std::move(nodes)),
       window_(std::max(window, std::chrono::milliseconds(1))),
       cores_(cores),
-      tuner_(autotune::PolicyOptions{}, autotune::Budget{.cores = cores}) {
+      pool_(pool),
+      tuner_(autotune::PolicyOptions{}, autotune::Budget{.cores = cores, .pool = pool}) {
   for (NodeBase* n : nodes_) tuned_.push_back(n->auto_concurrency());
 }
 
@@ -115,7 +116,7 @@ void RunTuner::loop() {
     const autotune::Sample s = sample_of(before, now, tuned_, cores_, &modelled, &fixed);
     // Whole cores, so that noise in the fixed stages' use does not re-tune every window.
     const double left = std::max(1.0, std::round(cores_ - fixed));
-    if (left != tuner_.budget().cores) tuner_.set_budget({.cores = left});
+    if (left != tuner_.budget().cores) tuner_.set_budget({.cores = left, .pool = pool_});
     const autotune::Decision d = tuner_.observe(s);
     before = std::move(now);
     std::vector<std::pair<NodeBase*, std::size_t>> changes;

@@ -24,8 +24,10 @@ class NodeBase;
 class RunTuner {
  public:
   /// For `graph`'s active run; `nodes` in the order of RunStats::stages.
+  /// `pool`: the cores are the runtime's threads, which enforce themselves (autotune::Budget::pool);
+  /// false for a GraphOptions::autotune_cores below them.
   RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::milliseconds window,
-           double cores);
+           double cores, bool pool);
   /// Starts measuring (once the graph holds this tuner: its snapshots read it).
   void start();
   /// Stops (and joins) the thread.
@@ -53,6 +55,7 @@ class RunTuner {
   std::vector<bool> tuned_;
   std::chrono::milliseconds window_;
   double cores_;
+  bool pool_;
   autotune::Autotuner tuner_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

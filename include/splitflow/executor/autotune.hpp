@@ -40,6 +40,13 @@ struct Budget {
   double cores = 1;
   /// Host bytes the graph's items may hold: queued, in flight, and in pinned rings.
   std::size_t memory_bytes = std::numeric_limits<std::size_t>::max();
+  /// The cores are a pool that enforces itself (the graph's runtime threads, the simulator's
+  /// cores): an invocation beyond them waits for a free one, so the concurrencies may add up
+  /// to more than the cores as long as the CPU the rate needs fits (rate x CPU per item <=
+  /// cores, and no stage more slots than cores). 100 us >> 300 us on 2 cores: (1, 2) reaches
+  /// 5,000 items/s where charging each slot a core allows (1, 1) and 3,333. false (a share of
+  /// a pool that others use too): each slot is charged cores_per_slot.
+  bool pool = false;
 };
 
 /// One stage over one measurement window: differences of its StageStats (and GPU figures)
@@ -111,7 +118,9 @@ struct StageSetting {
 struct Allocation {
   std::vector<StageSetting> stages{};  ///< one per stage, in the Sample's order
   std::size_t max_in_flight = 0;     ///< the graph's GraphOptions::max_in_flight
-  double cores = 0;       ///< cores charged: sum of concurrency x cores_per_slot
+  /// Cores charged: sum of concurrency x cores_per_slot (with a Budget::pool it may exceed the
+  /// pool's cores: invocations beyond them wait for one; the CPU the rate needs fits).
+  double cores = 0;
   /// Host bytes the items can hold at most: capacity x item bytes, summed, plus what an
   /// invocation's input holds beyond its output's (reserved) slot.
   std::size_t bytes = 0;
