@@ -172,6 +172,7 @@ void BM_AutotuneChainAuto(benchmark::State& state) {
 
 void BM_AutotuneGpu(benchmark::State& state) {
   std::vector<Sample> s;
+  std::vector<std::string> decisions;
   for (auto _ : state) {
     sf::RuntimeConfig c{.threads = cores()};
     c.device.backend = sf::BackendKind::host;
@@ -186,11 +187,12 @@ void BM_AutotuneGpu(benchmark::State& state) {
     auto model = g.gpu_stage("model", [](sf::DeviceTensor t, sf::DeviceContext& ctx) {
       sf::ops::busy_kernel(ctx, 500us);
       return t;
-    });
+    }, {.concurrency = sf::Concurrency::automatic});
     auto sink = g.sink("s", [](sf::DeviceTensor) {});
     src >> prep >> model >> sink;
-    s = sample_run(g, 5.0, {"prep"});
+    s = sample_run(g, 5.0, {"prep", "model"}, &decisions);
   }
+  for (const std::string& d : decisions) std::fprintf(stderr, "  tuner: %s\n", d.c_str());
   // Over the last second.
   std::size_t i = s.size() - 1;
   while (i > 0 && s.back().t - s[i].t < 1.0) --i;
@@ -200,6 +202,7 @@ void BM_AutotuneGpu(benchmark::State& state) {
   state.counters["prep_cores"] = static_cast<double>(s.back().work_ns - s[i].work_ns) * 1e-9 / dt;
   state.counters["fewest_cores"] = std::ceil(2000.0 * 200e-6);  // the device's rate x prep's cost
   state.counters["prep_concurrency"] = static_cast<double>(s.back().limits[0]);
+  state.counters["model_concurrency"] = static_cast<double>(s.back().limits[1]);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "executor/run_tuner.hpp"
 #include "helpers.hpp"
 
 using namespace splitflow;
@@ -144,7 +145,104 @@ TEST(AutotuneRuntime, AUserSetConcurrencyIsKept) {
 }
 
 // Only CPU stages take Concurrency::automatic; anything else is refused when the run starts.
-TEST(AutotuneRuntime, OnlyCpuStagesTakeAutomatic) {
+// "GPU-aware objective: keep GPU stages fed": a GPU stage given Concurrency::automatic (bursts in
+// flight) is modelled from the graph's device time, not its bursts' wall time as CPU: the model
+// names its device time, the device bounds the rate, and the tuner gives it at least the 2
+// bursts (one enqueues while one runs) and at most the device's streams.
+TEST(AutotuneRuntime, AnAutomaticGpuStageIsModelledByItsDeviceTime) {
+  RuntimeConfig c{.threads = 2};
+  c.device.backend = BackendKind::host;
+  c.device.host_compute_slots = 1;
+  c.device.streams = 4;
+  Runtime rt(c);
+  Graph g(rt, "gpu-tuned", tuned(20ms));
+  auto src = g.source("n", counter(400));
+  auto prep = g.stage("prep", [](long x) {
+    spin_us(50);
+    HostTensor t = HostTensor::empty(DType::i64, {1});
+    t.data<std::int64_t>()[0] = x;
+    return t;
+  }, {.concurrency = Concurrency::automatic});
+  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, 1ms);  // 400 ms of device time at least: many windows
+    return ctx.to_host(t);
+  }, {.concurrency = Concurrency::automatic});
+  std::vector<std::int64_t> got;
+  auto sink = g.sink("s", [&](HostTensor t) { got.push_back(t.data<std::int64_t>()[0]); });
+  src >> prep >> model >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), 400u);
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<std::int64_t>(i));
+  const RunStats st = run.stats();
+  std::string all;
+  for (const std::string& e : st.autotune) all += "\n  " + e;
+  ASSERT_FALSE(st.autotune.empty());
+  const std::string& first = st.autotune.front();
+  EXPECT_NE(first.find(" GPU; bound "), std::string::npos) << all;   // "model 1.1 ms GPU"
+  EXPECT_NE(first.find("(GPU 0 ('model'"), std::string::npos) << all;  // the device binds
+  bool raised = false;
+  const std::regex change(R"(^model (\d+) -> (\d+): .+)");
+  for (const std::string& e : st.autotune) {
+    std::smatch m;
+    if (!std::regex_match(e, m, change)) continue;
+    raised |= m[1] == "1";
+    EXPECT_LE(std::stoul(m[2]), 4u) << "more bursts than the device's streams: " << e;
+  }
+  EXPECT_TRUE(raised) << "the GPU stage was not raised from its start at 1:" << all;
+  const StageStats* m = st.find("model");
+  EXPECT_GE(m->concurrency_limit, 2u) << all;
+  EXPECT_LE(m->concurrency_limit, 4u) << all;
+}
+
+// White-box: what the tuner is told of a window with GPU stages. A GPU stage's work time is its
+// bursts' (lease to completion), so it is no CPU (cpu_ns 0, and a fixed GPU stage takes no cores
+// off the budget); the graph's device time goes to the GPU stages in proportion to their bursts'
+// time; bursts in flight are capped at the device's streams.
+TEST(AutotuneRuntime, AGpuStagesSampleIsItsShareOfTheDeviceTimeAndNoCpu) {
+  auto stage = [](std::string name, StageKind kind, std::vector<std::string> consumers) {
+    StageStats s;
+    s.name = std::move(name);
+    s.kind = kind;
+    s.consumers = std::move(consumers);
+    s.concurrency_limit = 1;
+    s.capacity = 8;
+    return s;
+  };
+  RunStats before;
+  before.wall_ns = 1'000'000'000;
+  before.stages = {stage("n", StageKind::source, {"prep"}), stage("prep", StageKind::stage, {"a"}),
+                   stage("a", StageKind::gpu_stage, {"b"}), stage("b", StageKind::gpu_stage, {"s"}),
+                   stage("s", StageKind::sink, {})};
+  RunStats now = before;
+  now.wall_ns = 2'000'000'000;  // a window of 1 s
+  now.stages[1].items_out = 100, now.stages[1].work_ns = 400'000'000;
+  now.stages[2].items_out = 100, now.stages[2].work_ns = 300'000'000;
+  now.stages[3].items_out = 100, now.stages[3].work_ns = 100'000'000;
+  now.stages[4].items_in = 100;
+  now.gpu.busy_ns = 200'000'000;
+  now.gpu.device_streams = 6;
+  std::vector<std::size_t> modelled;
+  double fixed = -1;
+  const autotune::Sample s = detail::RunTuner::sample_of(
+      before, now, {false, true, true, false, false}, 4, &modelled, &fixed);
+  EXPECT_EQ(modelled, (std::vector<std::size_t>{1, 2}));  // the automatic ones
+  ASSERT_EQ(s.stages.size(), 2u);
+  EXPECT_EQ(s.delivered, 100u);
+  EXPECT_DOUBLE_EQ(fixed, 0.0);  // 'b' is fixed, but a GPU stage: no cores
+  const autotune::StageSample& prep = s.stages[0];
+  EXPECT_FALSE(prep.gpu);
+  EXPECT_EQ(prep.cpu_ns, -1);  // unknown: its work is taken as CPU
+  EXPECT_EQ(prep.max_concurrency, 4u);
+  const autotune::StageSample& a = s.stages[1];
+  EXPECT_TRUE(a.gpu);
+  EXPECT_EQ(a.cpu_ns, 0);
+  EXPECT_EQ(a.gpu_busy_ns, 150'000'000);  // 200 ms x 300 / (300 + 100)
+  EXPECT_EQ(a.max_concurrency, 6u);
+  EXPECT_EQ(a.producers, (std::vector<std::size_t>{0}));
+}
+
+TEST(AutotuneRuntime, OnlyCpuAndGpuStagesTakeAutomatic) {
   Runtime rt({.threads = 1});
   Graph g(rt, "bad");
   auto src = g.source("n", counter(3));

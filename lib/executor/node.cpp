@@ -85,10 +85,10 @@ void NodeBase::validate() const {
     throw GraphError("splitflow: " + who +
                      ": OnError::substitute needs an output to substitute; a sink can only "
                      "fail or skip");
-  if (auto_ && kind_ != StageKind::stage)
+  if (auto_ && kind_ != StageKind::stage && kind_ != StageKind::gpu_stage)
     throw GraphError("splitflow: " + who +
-                     ": Concurrency::automatic is for CPU stages (Graph::stage); give this one "
-                     "a number");
+                     ": Concurrency::automatic is for CPU stages (Graph::stage) and GPU stages "
+                     "(Graph::gpu_stage: bursts in flight); give this one a number");
   if (kind_ == StageKind::sink && concurrency_ > 1 && order_ == Order::in_order)
     throw GraphError("splitflow: " + who +
                      ": a sink with concurrency > 1 cannot run in order; give it "

@@ -63,7 +63,9 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
     if (!tuned[i]) {
       // A stage whose concurrency its user set is not modelled: the cores it used in the
       // window are taken off the budget of the automatic ones (the tuner works around it).
-      fixed += static_cast<double>(now.stages[i].work_ns - before.stages[i].work_ns) / window;
+      // (A GPU stage's work time is its bursts', on the device: no cores.)
+      if (k != StageKind::gpu_stage)
+        fixed += static_cast<double>(now.stages[i].work_ns - before.stages[i].work_ns) / window;
       continue;
     }
     index[now.stages[i].name] = picked.size();
@@ -71,6 +73,13 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
   }
   if (fixed_cores) *fixed_cores = fixed;
   const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores));
+  // The graph's device time (GpuStats::busy_ns) is per graph: with several GPU stages each
+  // automatic one is given the share of its bursts' host work among all of them.
+  std::int64_t gpu_work = 0;
+  for (std::size_t i = 0; i < now.stages.size(); ++i)
+    if (now.stages[i].kind == StageKind::gpu_stage)
+      gpu_work += now.stages[i].work_ns - before.stages[i].work_ns;
+  const std::int64_t gpu_busy = now.gpu.busy_ns - before.gpu.busy_ns;
   for (std::size_t i : picked) {
     const StageStats& a = before.stages[i];
     const StageStats& b = now.stages[i];
@@ -91,7 +100,20 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
     const std::size_t limit =
         b.concurrency_limit == Concurrency::unlimited ? whole_cores : b.concurrency_limit;
     x.concurrency = std::max<std::size_t>(limit, 1);
-    if (!x.gpu) x.max_concurrency = whole_cores;
+    if (x.gpu) {
+      // A GPU stage's work time is its bursts' (lease to completion: device time and the waits
+      // for it), not CPU; the host's enqueue inside it is not measured apart, and counted as
+      // none, so that the device's time is not charged to the cores.
+      x.cpu_ns = 0;
+      // Bursts in flight, each holding a stream while it runs: at most the device's streams.
+      if (now.gpu.device_streams > 0) x.max_concurrency = now.gpu.device_streams;
+      x.gpu_busy_ns = gpu_work > 0 ? static_cast<std::int64_t>(static_cast<double>(gpu_busy) *
+                                                               static_cast<double>(x.work_ns) /
+                                                               static_cast<double>(gpu_work))
+                                   : gpu_busy;
+    } else {
+      x.max_concurrency = whole_cores;
+    }
     s.stages.push_back(std::move(x));
   }
   // Producers: the modelled stages that feed each one (through the consumers lists; a stage

@@ -16,8 +16,9 @@ class Observer;
 struct Concurrency {
   static constexpr std::size_t serial = 1;
   static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
-  /// Set by the graph's tuner while it runs (docs/autotune.md): CPU stages (Graph::stage)
-  /// only. The stage starts at 1; every GraphOptions::autotune_window the tuner measures the
+  /// Set by the graph's tuner while it runs (docs/autotune.md): CPU stages (Graph::stage) and
+  /// GPU stages (Graph::gpu_stage's bursts in flight, from the graph's device time; at most
+  /// the device's streams). The stage starts at 1; every GraphOptions::autotune_window the tuner measures the
   /// stages and moves the concurrencies toward the rate its model says the cores allow.
   /// \code
   ///   auto decode = g.stage("decode", decode_fn, {.concurrency = splitflow::Concurrency::automatic});
@@ -189,7 +190,8 @@ struct RuntimeConfig {
 
 /// Per-GPU-stage policy. Each invocation holds one pooled stream for its kernel burst only.
 struct GpuStageOptions {
-  /// Bursts of this stage in flight at once (each holds a stream while it runs).
+  /// Bursts of this stage in flight at once (each holds a stream while it runs);
+  /// Concurrency::automatic: set by the graph's tuner.
   std::size_t concurrency = 2;
   Order order = Order::in_order;
   /// Input queue capacity in items; 0 means the graph's default.
