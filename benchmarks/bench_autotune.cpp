@@ -20,6 +20,10 @@
 //                           prep feeds. Counters: device_busy (over the last second), prep's
 //                           cores (its work over the last second), fewest_cores (the whole cores
 //                           that keep the device busy: ceil(0.4) = 1), prep_concurrency.
+//   BM_AutotuneTwoGraphs/auto  two graphs, each the chain on automatic, on one runtime of
+//                           `cores` threads: their tuners share the threads (TuningBoard). The
+//                           bound: cores / 400 us summed over both. Counters over the last of
+//                           5 s: total_rate, bound_rate, rate_over_bound, slower_over_faster.
 //
 // Every run's rate is sampled from Run::stats() every 50 ms by the benchmark's thread (which only
 // waits and reads: the sampling is the measurement, not a synchronisation).
@@ -29,6 +33,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <optional>
 #include <splitflow/ops/ops.hpp>
@@ -207,7 +212,53 @@ void BM_AutotuneGpu(benchmark::State& state) {
 
 }  // namespace
 
+// Two graphs, each the chain on automatic, on one runtime of cores() threads: the tuners share
+// the threads (TuningBoard); the bound is the cores over the CPU per item, summed over both.
+void BM_AutotuneTwoGraphs(benchmark::State& state) {
+  double total = 0, low = 0, high = 0;
+  std::vector<std::string> d1, d2;
+  for (auto _ : state) {
+    sf::Runtime rt({.threads = cores()});
+    std::vector<std::unique_ptr<sf::Graph>> graphs;
+    std::vector<sf::Run> runs;
+    for (const char* name : {"one", "two"}) {
+      auto g = std::make_unique<sf::Graph>(rt, name, sf::GraphOptions{.autotune_window = 100ms});
+      auto src = g->source("n", [i = 0L]() mutable { return forever(i); });
+      auto sa = g->stage("a", [](long x) { spin(kA); return x; }, {.concurrency = sf::Concurrency::automatic});
+      auto sb = g->stage("b", [](long x) { spin(kB); return x; }, {.concurrency = sf::Concurrency::automatic});
+      src >> sa >> sb >> g->sink("s", [](long) {});
+      graphs.push_back(std::move(g));
+    }
+    for (auto& g : graphs) runs.push_back(g->run());
+    std::this_thread::sleep_for(4s);
+    std::uint64_t before[2];
+    for (int k = 0; k < 2; ++k) before[k] = runs[k].stats().items_delivered();
+    const auto t0 = Clock::now();
+    std::this_thread::sleep_for(1s);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    double rate[2];
+    for (int k = 0; k < 2; ++k) {
+      const sf::RunStats st = runs[k].stats();
+      rate[k] = static_cast<double>(st.items_delivered() - before[k]) / dt;
+      (k == 0 ? d1 : d2) = st.autotune;
+    }
+    for (auto& r : runs) r.cancel();
+    for (auto& r : runs) r.wait();
+    total = rate[0] + rate[1];
+    low = std::min(rate[0], rate[1]);
+    high = std::max(rate[0], rate[1]);
+  }
+  for (const std::string& d : d1) std::fprintf(stderr, "  one: %s\n", d.c_str());
+  for (const std::string& d : d2) std::fprintf(stderr, "  two: %s\n", d.c_str());
+  const double bound = static_cast<double>(cores()) / std::chrono::duration<double>(kA + kB).count();
+  state.counters["total_rate"] = total;
+  state.counters["bound_rate"] = bound;
+  state.counters["rate_over_bound"] = total / bound;
+  state.counters["slower_over_faster"] = high > 0 ? low / high : 0;
+}
+
 BENCHMARK(BM_AutotuneChainGrid)->Name("BM_AutotuneChain/grid")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneChainAuto)->Name("BM_AutotuneChain/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneGpu)->Name("BM_AutotuneGpu/auto")->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_AutotuneTwoGraphs)->Name("BM_AutotuneTwoGraphs/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK_MAIN();

@@ -166,6 +166,10 @@ def main():
          (lambda c, f: None if c is None or f is None else c - (f + 1))(
              counter(tune, "BM_AutotuneGpu/auto", "prep_cores"),
              counter(tune, "BM_AutotuneGpu/auto", "fewest_cores")), "<= 0", lambda v: v <= 0),
+        ("17", "Autotune two graphs on one runtime: summed / bound",
+         counter(tune, "BM_AutotuneTwoGraphs/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Autotune two graphs: slower / faster graph",
+         counter(tune, "BM_AutotuneTwoGraphs/auto", "slower_over_faster"), "(stated)", None),
     ]
     print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
     missed = 0

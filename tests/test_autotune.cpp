@@ -196,6 +196,14 @@ TEST(Autotune, OnAPoolSlotsAreChargedTheCpuTheRateNeeds) {
   EXPECT_EQ(shared.stages[0].concurrency, 1u);
   EXPECT_EQ(shared.stages[1].concurrency, 1u);
   EXPECT_NEAR(rate_bound(m, {.cores = 2}).rate, 1 / 300e-6, 1e-3);
+  // A share below one slot per stage (two graphs on 2 threads: 1 core each) still runs each
+  // stage once: its bound is the CPU the share holds, 1 core / 400 us, at (1, 1).
+  const Bound small = rate_bound(m, {.cores = 1});
+  EXPECT_EQ(small.limit, Limit::cores);
+  EXPECT_NEAR(small.rate, 2500, 1e-3);
+  const Allocation floor1 = allocate(m, {.cores = 1});
+  EXPECT_EQ(floor1.stages[0].concurrency, 1u);
+  EXPECT_EQ(floor1.stages[1].concurrency, 1u);
   // One stage never more slots than the pool's cores: 3 cores of a single 1 ms stage bound
   // it at 3,000/s however many items could wait.
   const std::vector<StageModel> one{{.name = "only", .cpu_s = 1e-3, .wall_s = 1e-3}};

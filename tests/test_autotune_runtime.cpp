@@ -8,13 +8,16 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <splitflow/splitflow.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "executor/run_tuner.hpp"
+#include "executor/tuning_board.hpp"
 #include "helpers.hpp"
 
 using namespace splitflow;
@@ -240,6 +243,88 @@ TEST(AutotuneRuntime, AGpuStagesSampleIsItsShareOfTheDeviceTimeAndNoCpu) {
   EXPECT_EQ(a.gpu_busy_ns, 150'000'000);  // 200 ms x 300 / (300 + 100)
   EXPECT_EQ(a.max_concurrency, 6u);
   EXPECT_EQ(a.producers, (std::vector<std::size_t>{0}));
+}
+
+// "several graphs on one runtime share the budget, split by their measured demand and their
+// priority": the board's shares (white-box) never add up to more than the cores; a graph that
+// asks for less than its fair share gets what it asks, the rest goes to the others by weight;
+// one that leaves gives its cores back.
+TEST(AutotuneRuntime, TheRuntimesTunedRunsShareItsCoresByDemandAndPriority) {
+  detail::TuningBoard board(8);
+  int a = 0, b = 0, c = 0;  // three runs' identities
+  bool alone = false;
+  board.join(&a, 0);
+  EXPECT_EQ(board.share(&a, {.cores = 1e18}, &alone).cores, 8);
+  EXPECT_TRUE(alone);
+  board.join(&b, 0);
+  // b has not posted yet: it asks for everything, and they split evenly.
+  EXPECT_EQ(board.share(&a, {.cores = 1e18}, &alone).cores, 4);
+  EXPECT_FALSE(alone);
+  // A GPU-limited b needs 2.3 cores: it gets 3, a the other 5.
+  EXPECT_EQ(board.share(&b, {.cores = 2.3}, &alone).cores, 3);
+  EXPECT_EQ(board.share(&a, {.cores = 1e18}).cores, 5);
+  // c with priority 1 (weight 2): the fair shares are 2, 2 and 4; b's 2.3 is above its 2 now,
+  // so all three share by weight.
+  board.join(&c, 1);
+  const double sa = board.share(&a, {.cores = 1e18}).cores;
+  const double sb = board.share(&b, {.cores = 2.3}).cores;
+  const double sc = board.share(&c, {.cores = 1e18}).cores;
+  EXPECT_EQ(sa, 2);
+  EXPECT_EQ(sb, 2);
+  EXPECT_EQ(sc, 4);
+  // b asking for 1.5 (below its fair share) gets 2 (whole cores); the others share the 6 left.
+  EXPECT_EQ(board.share(&b, {.cores = 1.5}).cores, 2);
+  EXPECT_LE(board.share(&a, {.cores = 1e18}).cores + 2 + board.share(&c, {.cores = 1e18}).cores, 8);
+  board.leave(&c);
+  board.leave(&b);
+  EXPECT_EQ(board.size(), 1u);
+  EXPECT_EQ(board.share(&a, {.cores = 1e18}, &alone).cores, 8);
+  EXPECT_TRUE(alone);
+}
+
+// The same on live runs: two CPU-bound tuned graphs running at once on 4 threads each get a
+// share (a budget event "budget 4 -> 2 cores (a share of a pool)"), and neither runs more
+// invocations of a stage than the threads. Their sources hold their first items until both
+// runs have started, so the runs overlap for many windows whatever this machine's speed.
+TEST(AutotuneRuntime, TwoTunedGraphsOnOneRuntimeShareItsThreads) {
+  Runtime rt({.threads = 4});
+  std::atomic<int> started{0};
+  auto build = [&](Graph& g, std::atomic<long>& seen) {
+    long i = 0;
+    auto src = g.source("n", [&started, i]() mutable -> std::optional<long> {
+      if (i == 0) {
+        started.fetch_add(1);
+        while (started.load() < 2) std::this_thread::yield();  // both runs are live
+      }
+      if (i == 20000) return std::nullopt;
+      return i++;
+    });
+    auto work = g.stage("work", [](long x) { spin_us(40); return x; },
+                        {.concurrency = Concurrency::automatic});
+    auto sink = g.sink("s", [&seen](long) { seen.fetch_add(1); });
+    src >> work >> sink;
+  };
+  Graph g1(rt, "one", tuned()), g2(rt, "two", tuned());
+  std::atomic<long> seen1{0}, seen2{0};
+  build(g1, seen1);
+  build(g2, seen2);
+  auto r1 = g1.run();
+  auto r2 = g2.run();
+  ASSERT_EQ(r1.wait(), RunStatus::succeeded);
+  ASSERT_EQ(r2.wait(), RunStatus::succeeded);
+  EXPECT_EQ(seen1.load(), 20000);
+  EXPECT_EQ(seen2.load(), 20000);
+  for (const splitflow::Run* r : {&r1, &r2}) {
+    const RunStats st = r->stats();
+    std::string all;
+    bool shared = false;
+    for (const std::string& e : st.autotune) {
+      all += "\n  " + e;
+      shared |= e.find("budget 4 -> 2 cores (a share of a pool)") != std::string::npos;
+    }
+    EXPECT_TRUE(shared) << st.graph << ": no share of the runtime's 4 threads; the decisions:" << all;
+    EXPECT_LE(st.find("work")->max_concurrency, 4u) << st.graph;
+  }
 }
 
 TEST(AutotuneRuntime, OnlyCpuAndGpuStagesTakeAutomatic) {

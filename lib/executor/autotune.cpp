@@ -105,13 +105,21 @@ Limit check(const std::vector<StageModel>& models, const Budget& budget, double 
       return Limit::cores;
     }
   }
+  double cpu = 0;
+  for (const StageModel& m : models) cpu += m.visits * m.cpu_s;
+  const bool fits_cpu = r * cpu <= budget.cores * (1 + kEps);
   if (budget.pool) {
     // The pool's threads take the invocations in turn: what must fit is the CPU the rate needs.
-    double cpu = 0;
-    for (const StageModel& m : models) cpu += m.visits * m.cpu_s;
-    if (r * cpu > budget.cores * (1 + kEps)) return Limit::cores;
+    if (!fits_cpu) return Limit::cores;
   } else if (cores > budget.cores + kEps) {
-    return Limit::cores;
+    // A share smaller than one slot per stage still runs each stage once (no fewer is
+    // possible): the floor is allowed while the rate's CPU fits the share.
+    bool at_floor = true;
+    for (std::size_t i = 0; i < models.size(); ++i) {
+      const StageModel& m = models[i];
+      at_floor &= k[i] <= (m.fixed_concurrency ? *m.fixed_concurrency : slots_for(m, 0.0));
+    }
+    if (!at_floor || !fits_cpu) return Limit::cores;
   }
   if (bytes_with(models, k, min_capacities(models, k)) > budget.memory_bytes) return Limit::memory;
   return Limit::none;
@@ -921,8 +929,14 @@ Decision Autotuner::observe(const Sample& s) {
   if (budget_changed_) {
     budget_changed_ = false;
     retune(s, Action::retune,
-           fmt::format("budget {:g} -> {:g} cores, {} -> {} bytes", old_budget_.cores, budget_.cores,
-                       old_budget_.memory_bytes, budget_.memory_bytes),
+           fmt::format("budget {:g} -> {:g} cores{}{}", old_budget_.cores, budget_.cores,
+                       budget_.pool == old_budget_.pool ? ""
+                       : budget_.pool                   ? " (a pool of its own)"
+                                                        : " (a share of a pool)",
+                       budget_.memory_bytes == old_budget_.memory_bytes
+                           ? std::string()
+                           : fmt::format(", {} -> {} bytes", old_budget_.memory_bytes,
+                                         budget_.memory_bytes)),
            d);
     return d;
   }

@@ -358,7 +358,8 @@ std::shared_ptr<RunState> GraphCore::start() {
     const double cores = opts_.autotune_cores > 0 ? opts_.autotune_cores : runtime_->threads();
     // The runtime's threads are a pool that enforces itself; a smaller budget is a share of it.
     const bool pool = cores >= static_cast<double>(runtime_->threads());
-    tuner_ = std::make_unique<RunTuner>(*this, std::move(nodes), opts_.autotune_window, cores, pool);
+    tuner_ = std::make_unique<RunTuner>(*this, std::move(nodes), opts_.autotune_window, cores, pool,
+                                        &runtime_->tuning_board(), opts_.priority);
     tuner_->start();
   }
   runtime_->spawn([this] { run_task({nullptr, 0}); }, /*fair=*/true);

@@ -10,17 +10,25 @@
 namespace splitflow::detail {
 
 RunTuner::RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::milliseconds window,
-                   double cores, bool pool)
+                   double cores, bool pool, TuningBoard* board, int priority)
     : graph_(graph),
       nodes_(std::move(nodes)),
       window_(std::max(window, std::chrono::milliseconds(1))),
       cores_(cores),
       pool_(pool),
+      board_(board),
+      priority_(priority),
       tuner_(autotune::PolicyOptions{}, autotune::Budget{.cores = cores, .pool = pool}) {
   for (NodeBase* n : nodes_) tuned_.push_back(n->auto_concurrency());
 }
 
-void RunTuner::start() { thread_ = std::thread([this] { loop(); }); }
+void RunTuner::start() {
+  if (board_) {
+    board_->join(this, priority_);
+    joined_ = true;
+  }
+  thread_ = std::thread([this] { loop(); });
+}
 
 RunTuner::~RunTuner() { stop(); }
 
@@ -31,6 +39,10 @@ void RunTuner::stop() noexcept {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (joined_) {
+    board_->leave(this);
+    joined_ = false;
+  }
 }
 
 std::vector<std::string> RunTuner::events() const {
@@ -136,9 +148,16 @@ void RunTuner::loop() {
     std::vector<std::size_t> modelled;
     double fixed = 0;
     const autotune::Sample s = sample_of(before, now, tuned_, cores_, &modelled, &fixed);
+    // The graph's share of the runtime's threads among the tuned runs now (all of them while
+    // it is alone), within its own budget; a share is not a pool (the others run on the rest).
+    double cores = cores_;
+    bool alone = true;
+    if (board_) cores = std::min(cores, board_->share(this, tuner_.demand(priority_), &alone).cores);
+    const bool pool = pool_ && alone;
     // Whole cores, so that noise in the fixed stages' use does not re-tune every window.
-    const double left = std::max(1.0, std::round(cores_ - fixed));
-    if (left != tuner_.budget().cores) tuner_.set_budget({.cores = left, .pool = pool_});
+    const double left = std::max(1.0, std::round(cores - fixed));
+    if (left != tuner_.budget().cores || pool != tuner_.budget().pool)
+      tuner_.set_budget({.cores = left, .pool = pool});
     const autotune::Decision d = tuner_.observe(s);
     before = std::move(now);
     std::vector<std::pair<NodeBase*, std::size_t>> changes;

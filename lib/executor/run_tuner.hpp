@@ -15,6 +15,7 @@
 
 #include "splitflow/executor/autotune.hpp"
 #include "splitflow/telemetry/stats.hpp"
+#include "tuning_board.hpp"
 
 namespace splitflow::detail {
 
@@ -24,10 +25,12 @@ class NodeBase;
 class RunTuner {
  public:
   /// For `graph`'s active run; `nodes` in the order of RunStats::stages.
-  /// `pool`: the cores are the runtime's threads, which enforce themselves (autotune::Budget::pool);
-  /// false for a GraphOptions::autotune_cores below them.
+  /// `cores`: the graph's budget (GraphOptions::autotune_cores, or the runtime's threads);
+  /// `pool`: they are the runtime's threads, which enforce themselves (autotune::Budget::pool),
+  /// while no other run on the runtime is tuned. `board`: the runtime's tuned runs, which share
+  /// its threads by demand and `priority` (null: none).
   RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::milliseconds window,
-           double cores, bool pool);
+           double cores, bool pool, TuningBoard* board = nullptr, int priority = 0);
   /// Starts measuring (once the graph holds this tuner: its snapshots read it).
   void start();
   /// Stops (and joins) the thread.
@@ -56,6 +59,9 @@ class RunTuner {
   std::chrono::milliseconds window_;
   double cores_;
   bool pool_;
+  TuningBoard* board_;
+  int priority_;
+  bool joined_ = false;
   autotune::Autotuner tuner_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

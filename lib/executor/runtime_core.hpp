@@ -14,6 +14,7 @@
 
 #include "splitflow/core/config.hpp"
 #include "splitflow/core/detail/clock.hpp"
+#include "tuning_board.hpp"
 
 namespace splitflow::detail {
 
@@ -28,6 +29,8 @@ class RuntimeCore {
   RuntimeCore& operator=(const RuntimeCore&) = delete;
 
   int threads() const noexcept { return threads_; }
+  /// The tuned runs on this runtime, which share its threads as cores (RunTuner).
+  TuningBoard& tuning_board() noexcept { return tuning_board_; }
   const RuntimeConfig& config() const noexcept { return config_; }
   /// The calling thread's slot in the arena of `runtime` while it runs one of that runtime's
   /// tasks, else -1. Read once per task (TaskScope), so a claim pays a thread-local read, not
@@ -116,6 +119,7 @@ class RuntimeCore {
 
   RuntimeConfig config_;
   int threads_;
+  TuningBoard tuning_board_{static_cast<double>(threads_)};
   tbb::task_arena arena_;
   tbb::task_group group_;
   Ticks slice_ticks_;

@@ -1,0 +1,46 @@
+#include "tuning_board.hpp"
+
+#include <algorithm>
+
+namespace splitflow::detail {
+
+void TuningBoard::join(const void* who, int priority) {
+  std::lock_guard lk(mu_);
+  autotune::GraphDemand d;
+  d.cores = static_cast<double>(autotune::kUnlimited);  // not measured yet: everything
+  d.memory_bytes = autotune::kUnlimited;
+  d.priority = priority;
+  entries_.push_back({who, d});
+}
+
+void TuningBoard::leave(const void* who) noexcept {
+  std::lock_guard lk(mu_);
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                [&](const Entry& e) { return e.who == who; }),
+                 entries_.end());
+}
+
+autotune::Budget TuningBoard::share(const void* who, autotune::GraphDemand demand, bool* alone) {
+  std::lock_guard lk(mu_);
+  std::vector<autotune::GraphDemand> demands;
+  std::size_t mine = entries_.size();
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].who == who) {
+      demand.priority = entries_[i].demand.priority;
+      entries_[i].demand = demand;
+      mine = i;
+    }
+    demands.push_back(entries_[i].demand);
+  }
+  if (alone) *alone = entries_.size() <= 1;
+  if (mine == entries_.size() || entries_.size() == 1) return {.cores = cores_};
+  const std::vector<autotune::Budget> shares = autotune::split_budget(demands, {.cores = cores_});
+  return {.cores = shares[mine].cores};
+}
+
+std::size_t TuningBoard::size() const {
+  std::lock_guard lk(mu_);
+  return entries_.size();
+}
+
+}  // namespace splitflow::detail

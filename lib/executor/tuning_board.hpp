@@ -1,0 +1,43 @@
+// TuningBoard: the runtime's tuned runs and what each asks of its cores (issue 17's "several
+// graphs on one runtime share the budget, split by their measured demand and their priority").
+// Each RunTuner joins when its run starts, posts its graph's demand (Autotuner::demand) every
+// window and takes back its share: autotune::split_budget over the latest demand of every run
+// tuned at that moment, so the shares of the runs at once never add up to more than the cores.
+// A run that has not posted yet asks for everything. Internal to the library; a policy small
+// enough to test alone (tests/test_autotune_runtime.cpp).
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+#include "splitflow/executor/autotune.hpp"
+
+namespace splitflow::detail {
+
+class TuningBoard {
+ public:
+  explicit TuningBoard(double cores) : cores_(cores) {}
+
+  /// `who` (a RunTuner) is tuned from now on, with its graph's priority.
+  void join(const void* who, int priority);
+  /// `who` is no longer tuned (its run ended); the others share what it had.
+  void leave(const void* who) noexcept;
+  /// Posts `who`'s demand (its priority kept from join) and returns its share of the cores.
+  /// `alone`: no other run is tuned now (its share is then all the cores).
+  autotune::Budget share(const void* who, autotune::GraphDemand demand, bool* alone = nullptr);
+  /// The runs tuned now.
+  std::size_t size() const;
+  double cores() const noexcept { return cores_; }
+
+ private:
+  struct Entry {
+    const void* who;
+    autotune::GraphDemand demand;
+  };
+  const double cores_;
+  mutable std::mutex mu_;
+  std::vector<Entry> entries_;  // in joining order
+};
+
+}  // namespace splitflow::detail
