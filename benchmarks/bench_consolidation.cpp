@@ -9,12 +9,15 @@
 // busy_vs_demand (split: device busy fraction / the graphs' summed GPU duty), and
 // min_throughput_ratio (the slowest graph's items/s over a graph's dedicated items/s, the
 // dedicated run measured in the same process before the timed loop).
+// SPLITFLOW_BENCH_SPLIT_STREAMS=k: the split runtime's stream pool has k streams (default: the
+// DeviceConfig default).
 // Host backend: kernels wait on a timer on one compute slot, like one full-size kernel at a
 // time on a GPU. scripts/gpu-check.sh runs the CUDA equivalent on a GPU.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <splitflow/splitflow.hpp>
 #include <vector>
@@ -80,7 +83,12 @@ void BM_split(benchmark::State& state) {
   const Dedicated base = dedicated();
   double min_ratio = 1e9, held = 0, busy = 0, device_busy = 0, device_held = 0, device_work = 0;
   for (auto _ : state) {
-    splitflow::Runtime rt(consolidation::config(n));  // one device, its stream pool shared by every graph
+    // One device, its stream pool shared by every graph. SPLITFLOW_BENCH_SPLIT_STREAMS=k cuts
+    // the pool to k streams (1: one per host compute slot; docs/benchmarks.md).
+    splitflow::RuntimeConfig c = consolidation::config(n);
+    if (const char* k = std::getenv("SPLITFLOW_BENCH_SPLIT_STREAMS"); k && std::atoi(k) > 0)
+      c.device.streams = static_cast<std::size_t>(std::atoi(k));
+    splitflow::Runtime rt(c);
     std::vector<std::unique_ptr<splitflow::Graph>> graphs;
     std::vector<splitflow::Run> runs;
     for (int k = 0; k < n; ++k) {
