@@ -41,6 +41,13 @@ std::size_t sat_mul(std::size_t a, std::size_t b) noexcept {
   return (b != 0 && a > kUnlimited / b) ? kUnlimited : a * b;
 }
 
+// CPU seconds per item delivered, summed over the stages: the fluid bound's measure.
+double cpu_per_item(const std::vector<StageModel>& models) noexcept {
+  double cpu = 0;
+  for (const StageModel& m : models) cpu += m.visits * m.cpu_s;
+  return cpu;
+}
+
 // Slots the producers of stage i reserve in its queue: one per invocation in flight.
 std::size_t reserve_of(const std::vector<StageModel>& models, const std::vector<std::size_t>& k,
                        std::size_t i) {
@@ -105,9 +112,7 @@ Limit check(const std::vector<StageModel>& models, const Budget& budget, double 
       return Limit::cores;
     }
   }
-  double cpu = 0;
-  for (const StageModel& m : models) cpu += m.visits * m.cpu_s;
-  const bool fits_cpu = r * cpu <= budget.cores * (1 + kEps);
+  const bool fits_cpu = r * cpu_per_item(models) <= budget.cores * (1 + kEps);
   if (budget.pool) {
     // The pool's threads take the invocations in turn: what must fit is the CPU the rate needs.
     if (!fits_cpu) return Limit::cores;
@@ -234,10 +239,9 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
   Bound b;
   if (models.empty()) return b;
   // The fluid bound: cores over the summed CPU cost, each stage's ceiling, each device.
-  double cpu_per_item = 0;
-  for (const StageModel& m : models) cpu_per_item += m.visits * m.cpu_s;
-  b.fluid_rate = cpu_per_item > 0 ? budget.cores / cpu_per_item : kInf;
-  std::string why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu_per_item));
+  const double cpu = cpu_per_item(models);
+  b.fluid_rate = cpu > 0 ? budget.cores / cpu : kInf;
+  std::string why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu));
   Limit fluid_limit = Limit::cores;
   std::size_t fluid_at = 0;
   for (std::size_t i = 0; i < models.size(); ++i) {
@@ -296,7 +300,7 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
     b.limit = why_not == Limit::none ? fluid_limit : why_not;
     b.stage = why_not == Limit::none ? fluid_at : at;
     if (b.limit == Limit::cores)
-      b.why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu_per_item));
+      b.why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu));
     else if (b.limit == Limit::memory)
       b.why = fmt::format("memory: {} bytes", budget.memory_bytes);
     else if (b.limit == Limit::stage)
