@@ -22,6 +22,7 @@
 #include "splitflow/executor/graph.hpp"
 #include "splitflow/executor/run.hpp"
 #include "splitflow/executor/runtime.hpp"
+#include "splitflow/ops/decode.hpp"
 #include "splitflow/ops/image.hpp"
 #include "splitflow/ops/ops.hpp"
 #include "splitflow/serving/batching.hpp"

@@ -250,6 +250,17 @@ DeviceTensor DeviceTensor::reshaped(std::vector<std::int64_t> shape) const {
   return v;
 }
 
+DeviceTensor DeviceTensor::leading(std::int64_t rows) const {
+  if (!contiguous() || ndim() == 0 || rows < 0 || rows > shape_[0])
+    throw Error(fmt::format("splitflow: cannot take the first {} rows of {}{}", rows, describe(),
+                            contiguous() ? "" : " (not contiguous)"));
+  std::vector<std::int64_t> shape = shape_;
+  shape[0] = rows;
+  DeviceTensor v(data_, dtype_, std::move(shape), Memory::device, device_, owner_);
+  v.ordered_ = ordered_;
+  return v;
+}
+
 void DeviceTensor::record_stream(void* native_stream) const {
   if (ordered_) ordered_->record_stream(native_stream);
 }

@@ -153,6 +153,8 @@ class DeviceTensor : public Tensor {
 
   /// The same memory with another shape of the same element count (C-contiguous only).
   DeviceTensor reshaped(std::vector<std::int64_t> shape) const;
+  /// The first `rows` entries of the leading dimension (C-contiguous only): the same memory.
+  DeviceTensor leading(std::int64_t rows) const;
 
   /// Like torch's Tensor.record_stream: work on another stream (a cudaStream_t, or
   /// cudaStreamLegacy / cudaStreamPerThread) uses this memory, so splitflow's pool must not
