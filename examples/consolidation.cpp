@@ -67,7 +67,7 @@ void build(splitflow::Graph& g, int seed, bool bundled) {
   auto read = g.stage("read", image::read_file);
   auto decode = g.stage("decode+augment",
                         image::DecodeRandomResizedCrop({.size = kJob.size, .seed = static_cast<std::uint64_t>(seed)}),
-                        {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
+                        {.concurrency = Concurrency::automatic, .on_error = OnError::skip});
   auto batch = g.batch<image::Image>("batch", static_cast<std::size_t>(kJob.batch));
   auto collate = g.stage("collate", [](std::vector<image::Image> b, HostAllocator& ring) {
     return image::collate(b, &ring);  // written straight into the GPU stage's pinned ring

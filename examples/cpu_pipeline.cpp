@@ -1,7 +1,7 @@
 // A multi-stage CPU graph, read by the main thread the way a training loop reads a data loader,
 // then its per-stage statistics.
 //
-//   records -> parse (4 parallel, in order) -> features (2 parallel) -> batches -> main thread
+//   records -> parse (parallel, in order) -> features (parallel) -> batches -> main thread
 //                                           \-> audit (a second consumer of every record)
 #include <splitflow/splitflow.hpp>
 
@@ -56,8 +56,9 @@ int main() {
     text.pop_back();
     return Record{i++, std::move(text)};
   });
-  auto parsed = g.stage("parse", parse, {.concurrency = 4});
-  auto feats = g.stage("features", features, {.concurrency = 2});
+  // No hand-set concurrency: the graph's tuner sets each from what it measures (docs/autotune.md).
+  auto parsed = g.stage("parse", parse, {.concurrency = splitflow::Concurrency::automatic});
+  auto feats = g.stage("features", features, {.concurrency = splitflow::Concurrency::automatic});
   auto batches = g.stage("batch", [batch = std::vector<std::vector<float>>()](
                                       std::vector<float> f) mutable {
     batch.push_back(std::move(f));
@@ -85,6 +86,9 @@ int main() {
 
   std::printf("%ld batches of 32, %ld values audited, checksum %.3f\n\n", steps, audited,
               checksum);
-  std::printf("%s", splitflow::format_table(run.stats()).c_str());
+  const splitflow::RunStats st = run.stats();
+  std::printf("%s", splitflow::format_table(st).c_str());
+  std::printf("\nthe tuner's decisions:\n");
+  for (const std::string& e : st.autotune) std::printf("  %s\n", e.c_str());
   return 0;
 }

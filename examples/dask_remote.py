@@ -44,9 +44,9 @@ def _folder(root):
 def build_cpu_part(root, size, g, indices, *, seed, epoch):
     """The remote segment (runs on the workers): dataset index -> cropped uint8 HWC image."""
     paths, _, _ = _folder(root)
-    read = g.stage("read", sf.ops.read_file(paths), concurrency=0)
+    read = g.stage("read", sf.ops.read_file(paths), concurrency="auto")
     crop = g.stage("decode+augment", sf.ops.decode_random_resized_crop(size, seed=seed, epoch=epoch),
-                   concurrency=0, on_error="skip")
+                   concurrency="auto", on_error="skip")
     return indices >> read >> crop
 
 

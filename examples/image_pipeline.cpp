@@ -34,11 +34,12 @@ int main(int argc, char** argv) {
     // This rank's files for this epoch, in this epoch's order (every file once over all ranks).
     const auto order = files.epoch({.seed = 42, .epoch = std::uint64_t(epoch), .rank = rank, .world_size = world_size});
     auto src = g.source("files", files.refs(order));
-    auto read = g.stage("read", image::read_file, {.concurrency = 2});
+    // No hand-set concurrency: the graph's tuner sets it from what it measures (docs/autotune.md).
+    auto read = g.stage("read", image::read_file, {.concurrency = Concurrency::automatic});
     // Decodes only the crop's region; randomness from (seed, epoch, file index): reproducible.
     auto decode = g.stage("decode+augment",
                           image::DecodeRandomResizedCrop({.size = kSize, .seed = 42, .epoch = std::uint64_t(epoch)}),
-                          {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
+                          {.concurrency = Concurrency::automatic, .on_error = OnError::skip});
     auto batch = g.batch<image::Image>("batch", kBatch);
     // Writes the batch straight into pinned ring space: the H2D copy needs no staging.
     auto collate = g.stage("collate", [](std::vector<image::Image> b, HostAllocator& ring) {
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
       std::printf("  skipped %llu unreadable files, e.g. %s\n",
                   static_cast<unsigned long long>(d->items_skipped), d->errors.front().message.c_str());
     }
+    for (const std::string& e : st.autotune) std::printf("  autotune: %s\n", e.c_str());
   }
   return 0;
 }

@@ -56,11 +56,12 @@ def main():
 
     def build(g, indices):
         # `indices` is this rank's and worker's share of the epoch, already shuffled.
-        read = g.stage("read", sf.ops.read_file(paths, labels=labels), concurrency=2)
+        # concurrency="auto": the graph's tuner sets each stage's (docs/autotune.md).
+        read = g.stage("read", sf.ops.read_file(paths, labels=labels), concurrency="auto")
         crop = g.stage("decode+augment",
                        sf.ops.decode_random_resized_crop(args.size, seed=7, epoch=dataset.epoch),
-                       field="image", concurrency=0, on_error="skip")
-        norm = g.stage("normalize", sf.ops.normalize(MEAN, STD), field="image", concurrency=0)
+                       field="image", concurrency="auto", on_error="skip")
+        norm = g.stage("normalize", sf.ops.normalize(MEAN, STD), field="image", concurrency="auto")
         return indices >> read >> crop >> g.batch("batch", 32) >> norm
 
     dataset = sft.GraphDataset(build, len(paths), shuffle=True, seed=7)
@@ -87,6 +88,9 @@ def main():
         print(f"epoch {epoch}: {seen} images of {len(classes)} classes (labels checked), "
               f"loss {loss.item():.4f}, skipped {decode.get('skipped', 0)} "
               f"({', '.join(e['message'].split(': ')[1] for e in decode.get('errors', []))})")
+        # What the tuner set, and why (none in a run shorter than its 0.25 s window).
+        for decision in stats.get("autotune", []):
+            print(f"  autotune: {decision}")
     if tmp is not None:
         tmp.cleanup()
 

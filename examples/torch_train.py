@@ -20,8 +20,8 @@ MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 
 
 def build(g, indices):
-    image = indices >> g.stage("image", sf.ops.fill([32, 32, 3], "uint8"), concurrency=0)
-    norm = image >> g.stage("normalize", sf.ops.normalize(MEAN, STD), concurrency=0)
+    image = indices >> g.stage("image", sf.ops.fill([32, 32, 3], "uint8"), concurrency="auto")
+    norm = image >> g.stage("normalize", sf.ops.normalize(MEAN, STD), concurrency="auto")
     # Label: is the (index-derived) pixel value above the middle?
     return norm >> g.stage("label", lambda t: (t, int(t.numpy()[0, 0, 0] > 0.0)))
 
