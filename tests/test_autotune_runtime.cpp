@@ -375,3 +375,51 @@ TEST(AutotuneRuntime, ACancelledTunedRunEndsAndTheGraphRunsAgain) {
     EXPECT_EQ(m, 2000) << "round " << round;
   }
 }
+
+// "Stages that wait rather than compute (reads from a slow file system: latency without CPU)":
+// the tuner tells them from CPU stages by the CPU time a tuned run reads around each claim
+// (StageStats::cpu_ns); an untuned run does not read it (-1: the clock is a system call).
+TEST(AutotuneRuntime, ATunedRunReadsItsClaimsCpuTimeAndTellsWaitsFromWork) {
+  Runtime rt({.threads = 2});
+  auto build = [](Graph& g, std::size_t read_concurrency, std::vector<long>& got) {
+    auto src = g.source("n", counter(400));
+    // An I/O latency: the body waits 400 us without computing (a workload, not a synchronisation).
+    auto read = g.stage("read", [](long x) { std::this_thread::sleep_for(400us); return x; },
+                        {.concurrency = read_concurrency});
+    auto work = g.stage("work", [](long x) { spin_us(150); return x + 1; });
+    auto sink = g.sink("s", [&got](long x) { got.push_back(x); });
+    src >> read >> work >> sink;
+  };
+  std::vector<long> got;
+  Graph g(rt, "io", tuned());
+  build(g, Concurrency::automatic, got);
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), 400u);
+  const RunStats st = run.stats();
+  const StageStats* read = st.find("read");
+  const StageStats* work = st.find("work");
+  ASSERT_TRUE(read && work);
+  EXPECT_GE(read->cpu_ns, 0);
+  EXPECT_LT(read->cpu_ns, read->work_ns / 4) << "a sleeping body took CPU";
+  EXPECT_GT(work->cpu_ns, work->work_ns / 2) << "a spinning body took little CPU";
+  EXPECT_LE(work->cpu_ns, work->work_ns + work->work_ns / 10);
+  // The model names the waiting stage's resource: I/O, not CPU.
+  ASSERT_FALSE(st.autotune.empty());
+  bool io = false;
+  for (const std::string& e : st.autotune)
+    io |= std::regex_search(e, std::regex("model per item: read [0-9.]+ [mu]?s io"));
+  EXPECT_TRUE(io) << st.autotune.front();
+  // In the JSON summary too.
+  const auto j = nlohmann::json::parse(to_json(st));
+  EXPECT_EQ(j["stages"][1]["name"], "read");
+  EXPECT_EQ(j["stages"][1]["cpu_ns"].get<std::int64_t>(), read->cpu_ns);
+
+  // Untuned: not read.
+  std::vector<long> got2;
+  Graph fixed(rt, "fixed");
+  build(fixed, 2, got2);
+  auto run2 = fixed.run();
+  ASSERT_EQ(run2.wait(), RunStatus::succeeded);
+  for (const StageStats& s : run2.stats().stages) EXPECT_EQ(s.cpu_ns, -1) << s.name;
+}

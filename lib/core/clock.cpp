@@ -1,5 +1,7 @@
 #include "splitflow/core/detail/clock.hpp"
 
+#include <time.h>
+
 #include <atomic>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -78,6 +80,12 @@ double ns_per_tick() noexcept {
 std::int64_t steady_ns_of(Ticks t) noexcept {
   if (!g_tsc_clock) return t;
   return g_origin.ns + ticks_to_ns(t - g_origin.ticks);
+}
+
+std::int64_t thread_cpu_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 }  // namespace splitflow::detail

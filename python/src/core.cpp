@@ -494,7 +494,7 @@ struct PullIterator {
 
   py::object next() {
     if (finished) throw py::stop_iteration();
-    for (;;) {
+    for (int slices = 1;; ++slices) {
       bool timed_out = false;
       std::optional<Value> v;
       try {
@@ -515,8 +515,17 @@ struct PullIterator {
         cancel_and_wait();
         throw py::error_already_set();
       }
+      // A loop that has waited kStuckSlices for one item says once, on stderr, what the run's
+      // stages are doing (a stuck run is a bug: this is what finds the stage it stopped at).
+      if (slices == kStuckSlices && run.valid() && run.status() == RunStatus::running) {
+        const std::string state = report(run.stats());
+        std::fprintf(stderr, "splitflow: a pull sink has waited %d s for its next item; the run:\n%s",
+                     kStuckSlices / 20, state.c_str());
+        std::fflush(stderr);
+      }
     }
   }
+  static constexpr int kStuckSlices = 20 * 120;  // 50 ms slices: 120 s
   void cancel_and_wait() {
     if (!run.valid()) return;
     py::gil_scoped_release nogil;

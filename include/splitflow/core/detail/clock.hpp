@@ -31,5 +31,7 @@ inline std::int64_t ticks_to_ns(Ticks t) noexcept {
 /// The steady_clock time (nanoseconds since its epoch) of a tick reading: one timeline for
 /// stage events and device events in traces.
 std::int64_t steady_ns_of(Ticks t) noexcept;
+/// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ns: a system call, not a tick.
+std::int64_t thread_cpu_ns() noexcept;
 
 }  // namespace splitflow::detail
