@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "device/device_runtime.hpp"
+#include "splitflow/core/detail/clock.hpp"
 #include "splitflow/core/error.hpp"
 
 namespace splitflow::image {
@@ -41,6 +42,25 @@ std::int64_t clock_ns(clockid_t id) noexcept {
   clock_gettime(id, &t);
   return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
+
+// The fraction of a resource busy with others' work over windows of 10 ms at least: each
+// sample gives the wall time, the resource's busy time (process CPU, device busy) and this op's
+// own share of it, all cumulative.
+struct BusyWindow {
+  std::int64_t wall0 = 0, busy0 = 0, own0 = 0;
+  double busy = 0;
+  double sample(std::int64_t wall, std::int64_t busy_ns, std::int64_t own, double capacity) noexcept {
+    if (wall0 != 0 && wall - wall0 < 10'000'000) return busy;
+    if (wall0 != 0) {
+      const double others = static_cast<double>((busy_ns - busy0) - (own - own0));
+      busy = std::clamp(others / (static_cast<double>(wall - wall0) * capacity), 0.0, 1.0);
+    }
+    wall0 = wall;
+    busy0 = busy_ns;
+    own0 = own;
+    return busy;
+  }
+};
 
 // Mean of the latest measurements, weighted 1/8 each (the first replaces the prior).
 void update(double& mean, bool& seen, double x) noexcept {
@@ -74,36 +94,18 @@ struct BatchDecode::State {
   BatchDecodeStats stats;
   DecodeCosts costs;
   bool cpu_seen = false, device_seen = false;
-  // The last load window: wall, process CPU, own CPU; the device's wall and busy, own device.
-  std::int64_t wall0 = 0, cpu0 = 0, own_cpu0 = 0, own_cpu = 0;
-  std::int64_t dev_wall0 = 0, dev_busy0 = 0, own_dev0 = 0, own_dev = 0;
-  double cpu_busy = 0, device_busy = 0;
+  // This op's own CPU and device time (cumulative), and the loads' windows.
+  std::int64_t own_cpu = 0, own_dev = 0;
+  BusyWindow cpu_window, device_window;
+  double device_busy = 0;
 
   DecodeLoad measure_locked() {
-    const std::int64_t wall = clock_ns(CLOCK_MONOTONIC);
-    const std::int64_t cpu = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
-    if (wall0 != 0 && wall - wall0 >= 10'000'000) {  // windows of 10 ms at least
-      const double others = static_cast<double>((cpu - cpu0) - (own_cpu - own_cpu0));
-      cpu_busy = std::clamp(others / (static_cast<double>(wall - wall0) * cores), 0.0, 1.0);
-    }
-    if (wall0 == 0 || wall - wall0 >= 10'000'000) {
-      wall0 = wall;
-      cpu0 = cpu;
-      own_cpu0 = own_cpu;
-    }
+    const double cpu_busy = cpu_window.sample(clock_ns(CLOCK_MONOTONIC),
+                                              clock_ns(CLOCK_PROCESS_CPUTIME_ID), own_cpu, cores);
     return DecodeLoad{cpu_busy, device_busy, device_queue.load()};
   }
-
   void device_window_locked(const DeviceStats& d) {
-    if (dev_wall0 != 0 && d.wall_ns - dev_wall0 >= 10'000'000) {
-      const double others = static_cast<double>((d.busy_ns - dev_busy0) - (own_dev - own_dev0));
-      device_busy = std::clamp(others / static_cast<double>(d.wall_ns - dev_wall0), 0.0, 1.0);
-    }
-    if (dev_wall0 == 0 || d.wall_ns - dev_wall0 >= 10'000'000) {
-      dev_wall0 = d.wall_ns;
-      dev_busy0 = d.busy_ns;
-      own_dev0 = own_dev;
-    }
+    device_busy = device_window.sample(d.wall_ns, d.busy_ns, own_dev, 1.0);
   }
 };
 
@@ -207,19 +209,19 @@ DecodePlan BatchDecode::host(std::vector<Encoded> files) const {
       e.bytes = std::move(files[i].bytes);
       continue;
     }
-    const std::int64_t t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    const std::int64_t t0 = detail::thread_cpu_ns();
     try {
       Image img = decode_random_resized_crop(std::move(files[i]), o.augment, o.color);
       e.row = static_cast<int>(rows.size());
       rows.push_back(std::move(img.pixels));
       ++decoded;
     } catch (const Error& err) {
-      cpu_ns += clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
+      cpu_ns += detail::thread_cpu_ns() - t0;
       e.error = fail(e, err.what());
       ++skipped;
       continue;
     }
-    cpu_ns += clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
+    cpu_ns += detail::thread_cpu_ns() - t0;
   }
   plan.cpu_rows = HostTensor::empty(DType::u8, {static_cast<std::int64_t>(rows.size()), side, side, c});
   for (std::size_t r = 0; r < rows.size(); ++r)
@@ -312,13 +314,20 @@ DecodedBatch BatchDecode::device(DecodePlan plan, DeviceContext& ctx) const {
         ++next;
         continue;
       }
-      const std::int64_t t0 = clock_ns(CLOCK_MONOTONIC), c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-      // The model's decodes are CPU time too, this op's own: not load on the CPU.
-      struct Own {
-        std::int64_t& cpu;
-        std::int64_t c0;
-        ~Own() { cpu += clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0; }
-      } own{own_cpu, c0};
+      // However the image ends: its device time, its CPU time (the model's decodes are CPU
+      // time too, this op's own: not load on the CPU), and it leaves the device queue.
+      struct PerImage {
+        State& s;
+        std::size_t& left;
+        std::int64_t &dev_ns, &own_cpu;
+        std::int64_t t0 = clock_ns(CLOCK_MONOTONIC), c0 = detail::thread_cpu_ns();
+        ~PerImage() {
+          dev_ns += clock_ns(CLOCK_MONOTONIC) - t0;
+          own_cpu += detail::thread_cpu_ns() - c0;
+          --left;
+          s.device_queue.fetch_sub(1);
+        }
+      } one{s, left, dev_ns, own_cpu};
       try {
         Image img = decode_random_resized_crop(Encoded{e.index, e.path, std::move(e.bytes)},
                                                o.augment, o.color);
@@ -327,19 +336,12 @@ DecodedBatch BatchDecode::device(DecodePlan plan, DeviceContext& ctx) const {
         ++next;
         ++(e.placement == DecodePlacement::hybrid ? hybrid : hardware);
       } catch (const Error& err) {
-        dev_ns += clock_ns(CLOCK_MONOTONIC) - t0;
-        --left;
-        s.device_queue.fetch_sub(1);
         if (o.on_error != OnError::skip)
           throw Error(fmt::format("splitflow: BatchDecode: image {} ({}), placement {}: {}",
                                   e.index, e.path, to_string(e.placement), err.what()));
         d->skipped.push_back({e.index, e.path, err.what()});
         ++skipped;
-        continue;
       }
-      dev_ns += clock_ns(CLOCK_MONOTONIC) - t0;
-      --left;
-      s.device_queue.fetch_sub(1);
     }
     d->images = rows.leading(next);
   });
