@@ -310,10 +310,6 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
 
 std::shared_ptr<RunState> GraphCore::start() {
   std::shared_ptr<RunState> run;
-  // A run with a stage on Concurrency::automatic has a tuner, and reads its claims' CPU time
-  // (the tuner tells waits from work by it).
-  const bool tuned = std::any_of(nodes_.begin(), nodes_.end(),
-                                 [](const auto& n) { return n->auto_concurrency(); });
   {
     std::lock_guard lk(mu_);
     if (active_)
@@ -326,7 +322,6 @@ std::shared_ptr<RunState> GraphCore::start() {
     telemetry_ = runtime_->config().telemetry;
     start_ = now_ticks();
     for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
-    for (auto& n : nodes_) n->set_cpu_clock(tuned);
     for (std::size_t i = 0; i < nodes_.size(); ++i)
       if (auto late = nodes_[i]->late_takes()) run->track_late_takes(i, std::move(late));
     if (gpu_) {
@@ -357,7 +352,7 @@ std::shared_ptr<RunState> GraphCore::start() {
     active_ = true;
   }
   tuner_.reset();  // the last run's (stopped)
-  if (tuned) {
+  if (std::any_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->auto_concurrency(); })) {
     std::vector<NodeBase*> nodes;
     for (auto& n : nodes_) nodes.push_back(n.get());
     const double cores = opts_.autotune_cores > 0 ? opts_.autotune_cores : runtime_->threads();

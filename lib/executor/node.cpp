@@ -423,7 +423,6 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
     s.busy_ns = ticks_to_ns(t[kBusy]);
     s.blocked_ns = ticks_to_ns(t[kBlocked]);
     s.work_ns = ticks_to_ns(work_ticks_);
-    s.cpu_ns = cpu_clock_ ? cpu_ns_.load(std::memory_order_relaxed) : -1;
     const double area = queue_area_ + static_cast<double>(queued_total_locked()) *
                                           static_cast<double>(std::max<Ticks>(now - queue_since_, 0));
     const Ticks span = now - start_;

@@ -125,9 +125,6 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
                                    : gpu_busy;
     } else {
       x.max_concurrency = whole_cores;
-      // The claims' thread CPU time, where the run read it: a body that waits (I/O) holds a
-      // slot but little CPU. Unknown otherwise (its work is taken as CPU).
-      if (a.cpu_ns >= 0 && b.cpu_ns >= a.cpu_ns) x.cpu_ns = b.cpu_ns - a.cpu_ns;
     }
     s.stages.push_back(std::move(x));
   }

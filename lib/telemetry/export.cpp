@@ -57,7 +57,6 @@ Json stage_json(const StageStats& s) {
   j["starved_ns"] = std::int64_t{s.starved_ns};
   j["blocked_ns"] = std::int64_t{s.blocked_ns};
   j["work_ns"] = std::int64_t{s.work_ns};
-  j["cpu_ns"] = std::int64_t{s.cpu_ns};
   j["mean_concurrency"] = fixed(s.mean_concurrency(), 3);
   j["max_concurrency"] = std::uint64_t{s.max_concurrency};
   j["max_queue"] = std::uint64_t{s.max_queue};

@@ -158,9 +158,6 @@ struct StageStats {
   std::int64_t starved_ns = 0;
   std::int64_t blocked_ns = 0;
   std::int64_t work_ns = 0;          ///< sum of body durations (exceeds busy with concurrency)
-  /// The threads' CPU time in its claims (bodies and their emission), read only in graphs with a
-  /// stage on Concurrency::automatic; -1 elsewhere. Well below work_ns: the bodies wait (I/O).
-  std::int64_t cpu_ns = -1;
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
   double mean_queue = 0;             ///< items queued at its input, averaged over wall time

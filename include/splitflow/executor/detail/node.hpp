@@ -18,7 +18,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -160,13 +159,6 @@ class NodeBase {
   std::size_t concurrency() const noexcept { return concurrency_; }
   /// Whether the tuner sets the concurrency (Concurrency::automatic).
   bool auto_concurrency() const noexcept { return auto_; }
-  /// A tuned graph's nodes read their claims' thread CPU time (StageStats::cpu_ns), which tells
-  /// the tuner a stage that waits (an I/O latency) from one that computes. Off elsewhere: the
-  /// clock is a system call. Set between runs, after reset().
-  void set_cpu_clock(bool on) noexcept {
-    cpu_clock_ = on;
-    cpu_ns_.store(0, std::memory_order_relaxed);
-  }
   /// The tuner's new concurrency (at least 1): claims start at once if it rose.
   void set_concurrency(std::size_t n, WorkList& w);
   Order order() const noexcept { return order_; }
@@ -328,9 +320,7 @@ class NodeBase {
       queued = queued_total_locked();
     }
     if (begins == Begins::now) notify_begin(t0, t.first, t.announced, queued);
-    const std::int64_t cpu0 = cpu_clock_ ? thread_cpu_ns() : 0;
     const ClaimResult r = process(c, t0);
-    if (cpu_clock_) cpu_ns_.fetch_add(thread_cpu_ns() - cpu0, std::memory_order_relaxed);
     if (!r.deferred) end_invocation(t0, r.body_end, r.items, r.emitted, w, r.arrivals, t.first);
   }
   /// The claim lifecycle of a node with one input port (OneInputNode): claim() taking the `k`
@@ -425,8 +415,6 @@ class NodeBase {
   Ticks state_since_ = 0;
   Ticks state_ticks_[3] = {0, 0, 0};
   Ticks work_ticks_ = 0;
-  bool cpu_clock_ = false;              // set_cpu_clock (between runs)
-  std::atomic<std::int64_t> cpu_ns_{0};  // the claims' thread CPU time, while cpu_clock_
   std::uint64_t items_in_ = 0;
   std::uint64_t items_out_ = 0;
   std::uint64_t invocations_ = 0;
