@@ -850,10 +850,12 @@ HostTensor antialiased(const HostTensor& img, int out_h, int out_w, Box box, boo
       return out;
     }
     const std::size_t span = static_cast<std::size_t>(out_w) * C;
-    std::vector<std::uint8_t> mid(static_cast<std::size_t>(last - first) * span);
+    // The horizontal pass's rows (up to a few MiB for a large crop) from the block cache: warm
+    // pages item after item, where a fresh vector would fault them in each time.
+    HostTensor mid = HostTensor::empty(DType::u8, {last - first, static_cast<std::int64_t>(span)});
     resample_rows(base + static_cast<std::size_t>(first) * pitch, pitch, last - first, C, box.w, fx,
-                  flip, mid.data());
-    resample_columns(mid.data(), span, span, first, fy, dst);
+                  flip, mid.data<std::uint8_t>());
+    resample_columns(mid.data<std::uint8_t>(), span, span, first, fy, dst);
     return out;
   }
   const std::size_t span = static_cast<std::size_t>(box.w) * C;
