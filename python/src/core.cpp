@@ -1261,7 +1261,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
     d["misses"] = s.misses;
     return d;
   }, "The cache of freed large host blocks (HostTensor::empty): bytes kept now, the limit, and "
-     "the allocations of 1 MiB and more it served (hits) or did not (misses).");
+     "the allocations of 128 KiB and more it served (hits) or did not (misses).");
   m.def("image_files", [](const std::string& where) {
     namespace fs = std::filesystem;
     if (fs::is_directory(where)) return image::FileList::directory(where).paths();

@@ -2,7 +2,7 @@
 (docs/getting-started.md, section 3), whose decode_random_resized_crop(..., epoch=ds.epoch)
 draws new crops each epoch, must not grow the process's memory from epoch to epoch.
 
-The cause: HostTensor::empty keeps freed blocks of 1 MiB and more for reuse by exact size
+The cause: HostTensor::empty keeps freed blocks of 128 KiB and more for reuse by exact size
 (lib/core/tensor.cpp, HostBlockCache). The region decode's rows buffer is box.h x width x 3
 bytes, a size that changes with every epoch's crops, so each epoch parked new blocks of sizes
 never asked for again, until the cache's 256 MiB limit (then the batches' blocks no longer
@@ -21,7 +21,7 @@ import splitflow.torch as sft
 MiB = 1 << 20
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 WARMUP, MEASURED = 3, 9  # epochs
-IMAGES = 24              # 1024x768: a crop's rows are up to 2.25 MiB, over the cache's 1 MiB
+IMAGES = 24              # 1024x768: a crop's rows are up to 2.25 MiB, over the cache's 128 KiB
 
 
 def cache_stats():

@@ -116,7 +116,7 @@ class HostTensor : public Tensor {
   using Tensor::Tensor;
 };
 
-/// HostTensor::empty takes blocks of 1 MiB and more from a cache of freed blocks of the same
+/// HostTensor::empty takes blocks of 128 KiB and more from a cache of freed blocks of the same
 /// size class (sizes rounded up to four classes per power of two, so that sizes varying from
 /// item to item share blocks), so that batch after batch reuses warm, mapped memory rather
 /// than faulting in fresh pages. The cache keeps at most `bytes` (default 256 MiB; when full,
