@@ -42,14 +42,19 @@ for c in "$@"; do
   if [[ ! -d $wt ]]; then
     git worktree add -f --detach "$wt" "$c" >/dev/null
   fi
-  if [[ ! -f $wt/$bench ]]; then git -C "$wt" checkout "$first" -- benchmarks; fi
-  if [[ ! -x $wt/b/benchmarks/$target ]]; then
+  t=$target
+  if [[ -n $image && -f $wt/benchmarks/image_pipeline_bench.cpp ]]; then
+    t=image_pipeline_bench  # the benchmark's name since it was renamed
+  elif [[ ! -f $wt/$bench ]]; then
+    git -C "$wt" checkout "$first" -- benchmarks
+  fi
+  if [[ ! -x $wt/b/benchmarks/$t ]]; then
     cmake -S "$wt" -B "$wt/b" -DCMAKE_BUILD_TYPE=Release -DSPLITFLOW_BUILD_TESTS=OFF \
       -DSPLITFLOW_BUILD_EXAMPLES=OFF >"$wt/configure.log" 2>&1
-    cmake --build "$wt/b" -j2 --target $target >"$wt/build.log" 2>&1 ||
+    cmake --build "$wt/b" -j2 --target $t >"$wt/build.log" 2>&1 ||
       { echo "$0: $c did not build; see $wt/build.log" >&2; exit 1; }
   fi
-  bins+=("$wt/b/benchmarks/$target")
+  bins+=("$wt/b/benchmarks/$t")
 done
 if [[ -n $image ]]; then
   ceiling=build/release/benchmarks/image_pipeline_bench

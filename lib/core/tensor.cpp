@@ -140,8 +140,11 @@ class HostBlockCache {
   void* take(std::size_t bytes) {
     if (bytes >= kMinBytes) {
       std::lock_guard lk(mu_);
-      auto it = free_.find(bytes);
-      if (it != free_.end()) {
+      // The block of this size given back last (equal keys keep their order of insertion): the
+      // one most likely still in the CPU's caches, as malloc's own free lists would hand out.
+      const auto [lo, hi] = free_.equal_range(bytes);
+      if (lo != hi) {
+        const auto it = std::prev(hi);
         void* p = it->second.p;
         free_.erase(it);
         cached_ -= bytes;
