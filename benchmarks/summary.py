@@ -60,6 +60,7 @@ def main():
     memory = load(os.path.join(d, "bench_memory.json"))
     shared = load(os.path.join(d, "bench_shared_device.json"))
     tune = load(os.path.join(d, "bench_autotune.json"))
+    grid = load(os.path.join(d, "image_pipeline_grid.json"))
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -170,6 +171,8 @@ def main():
          counter(tune, "BM_AutotuneTwoGraphs/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
         ("17", "Autotune two graphs: slower / faster graph",
          counter(tune, "BM_AutotuneTwoGraphs/auto", "slower_over_faster"), "(stated)", None),
+        ("17", "JPEG pipeline (C++), concurrency auto / grid's best",
+         grid and grid.get("auto_of_grid_best"), ">= 0.97", lambda v: v >= 0.97),
     ]
     print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
     missed = 0

@@ -375,3 +375,61 @@ TEST(AutotuneRuntime, ACancelledTunedRunEndsAndTheGraphRunsAgain) {
     EXPECT_EQ(m, 2000) << "round " << round;
   }
 }
+
+// A graph built anew for each epoch (as GraphDataset and the image benchmark do) starts its
+// automatic stages where the last tuned run of a graph of its name ended them, not at 1: the
+// runtime remembers (TuningBoard::remember, at most kRemembered graphs). A graph of another
+// name starts at 1.
+TEST(AutotuneRuntime, AGraphBuiltAnewStartsWhereTheLastRunOfItsNameEnded) {
+  Runtime rt({.threads = 4});
+  auto build_and_run = [&](const std::string& name) {
+    Graph g(rt, name, tuned());
+    auto src = g.source("n", counter(6000));
+    auto light = g.stage("light", [](long x) { spin_us(20); return x; },
+                         {.concurrency = Concurrency::automatic});
+    auto heavy = g.stage("heavy", [](long x) { spin_us(80); return x + 1; },
+                         {.concurrency = Concurrency::automatic});
+    long sum = 0, n = 0;
+    auto sink = g.sink("s", [&](long x) { sum += x; ++n; });
+    src >> light >> heavy >> sink;
+    auto run = g.run();
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(n, 6000);
+    EXPECT_EQ(sum, 6000L * 6001 / 2);  // every item once
+    return run.stats();
+  };
+  const RunStats first = build_and_run("epoch");
+  const std::size_t heavy_end = first.find("heavy")->concurrency_limit;
+  const std::size_t light_end = first.find("light")->concurrency_limit;
+  ASSERT_GT(std::max(heavy_end, light_end), 1u)
+      << "the first run left both stages at 1 (the test needs the tuner to have raised one)";
+  const RunStats second = build_and_run("epoch");
+  std::vector<std::string> warm;
+  for (const std::string& e : second.autotune)
+    if (e.find("(warm start)") != std::string::npos) warm.push_back(e);
+  // Each stage the first run ended above 1 starts there, and says so, before the model speaks.
+  std::vector<std::string> want;
+  for (const auto& [name, end] : {std::pair<const char*, std::size_t>{"light", light_end}, {"heavy", heavy_end}})
+    if (end > 1)
+      want.push_back(std::string(name) + " 1 -> " + std::to_string(end) +
+                     ": where the last run of graph 'epoch' ended (warm start)");
+  EXPECT_EQ(warm, want);
+  ASSERT_FALSE(second.autotune.empty());
+  EXPECT_EQ(second.autotune.front(), want.front());
+  // Its stages ran at least that wide at once at some point: the start took effect.
+  EXPECT_GE(second.find("heavy")->max_concurrency, heavy_end > 1 ? 2u : 1u);
+  // Another name: no memory of it.
+  const RunStats other = build_and_run("another");
+  for (const std::string& e : other.autotune) EXPECT_EQ(e.find("(warm start)"), std::string::npos) << e;
+  // The memory is bounded: the board keeps the latest kRemembered graphs.
+  detail::TuningBoard board(4);
+  for (std::size_t i = 0; i < detail::TuningBoard::kRemembered + 5; ++i)
+    board.remember("g" + std::to_string(i), {{"s", i + 1}});
+  EXPECT_TRUE(board.recall("g0").empty()) << "the oldest was dropped";
+  EXPECT_TRUE(board.recall("g4").empty());
+  const auto kept = board.recall("g5");
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].second, 6u);
+  board.remember("g5", {{"s", 9}});  // remembered again: replaced, and now the newest
+  EXPECT_EQ(board.recall("g5")[0].second, 9u);
+}

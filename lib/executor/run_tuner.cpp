@@ -26,8 +26,44 @@ void RunTuner::start() {
   if (board_) {
     board_->join(this, priority_);
     joined_ = true;
+    warm_start();
   }
   thread_ = std::thread([this] { loop(); });
+}
+
+void RunTuner::warm_start() {
+  // The latest tuned run of a graph of this name ended its automatic stages at these
+  // concurrencies: start there (within the cores), not at 1; the tuner goes on from there.
+  const auto last = board_->recall(graph_.name());
+  if (last.empty()) return;
+  const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores_));
+  std::vector<std::pair<NodeBase*, std::size_t>> changes;
+  std::vector<std::string> texts;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    NodeBase* n = nodes_[i];
+    if (!tuned_[i]) continue;
+    const auto it = std::find_if(last.begin(), last.end(),
+                                 [&](const auto& e) { return e.first == n->name(); });
+    if (it == last.end()) continue;
+    std::size_t from;
+    {
+      std::lock_guard lk(n->mutex());
+      from = n->concurrency();
+    }
+    const std::size_t to =
+        n->kind() == StageKind::gpu_stage ? it->second : std::min(it->second, whole_cores);
+    if (to <= from) continue;
+    changes.emplace_back(n, to);
+    texts.push_back(n->name() + " " + std::to_string(from) + " -> " + std::to_string(to) +
+                    ": where the last run of graph '" + graph_.name() + "' ended (warm start)");
+  }
+  if (changes.empty()) return;
+  graph_.post_if_running([changes](WorkList& w) {
+    for (const auto& [node, n] : changes) node->set_concurrency(n, w);
+  });
+  std::lock_guard lk(mu_);
+  for (std::string& t : texts)
+    if (events_.size() < kKeptFirst) events_.push_back(std::move(t));  // among the first kept
 }
 
 RunTuner::~RunTuner() { stop(); }
@@ -42,6 +78,18 @@ void RunTuner::stop() noexcept {
   if (joined_) {
     board_->leave(this);
     joined_ = false;
+    // What the next run of a graph of this name starts from (warm_start): the automatic
+    // stages' concurrencies as the run ends (the tuner's thread has stopped changing them).
+    try {
+      std::vector<std::pair<std::string, std::size_t>> ended;
+      for (std::size_t i = 0; i < nodes_.size(); ++i) {
+        if (!tuned_[i]) continue;
+        std::lock_guard lk(nodes_[i]->mutex());
+        ended.emplace_back(nodes_[i]->name(), nodes_[i]->concurrency());
+      }
+      board_->remember(graph_.name(), std::move(ended));
+    } catch (...) {  // no memory to remember it: the next run starts at 1
+    }
   }
 }
 

@@ -52,6 +52,8 @@ class RunTuner {
 
  private:
   void loop();
+  /// Starts the automatic stages where the last tuned run of a graph of this name ended them.
+  void warm_start();
 
   GraphCore& graph_;
   std::vector<NodeBase*> nodes_;

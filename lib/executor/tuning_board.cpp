@@ -38,6 +38,23 @@ autotune::Budget TuningBoard::share(const void* who, autotune::GraphDemand deman
   return {.cores = shares[mine].cores};
 }
 
+void TuningBoard::remember(const std::string& graph,
+                           std::vector<std::pair<std::string, std::size_t>> stages) {
+  std::lock_guard lk(mu_);
+  const auto it = std::find_if(remembered_.begin(), remembered_.end(),
+                               [&](const Remembered& r) { return r.graph == graph; });
+  if (it != remembered_.end()) remembered_.erase(it);
+  if (remembered_.size() == kRemembered) remembered_.pop_front();
+  remembered_.push_back({graph, std::move(stages)});
+}
+
+std::vector<std::pair<std::string, std::size_t>> TuningBoard::recall(const std::string& graph) const {
+  std::lock_guard lk(mu_);
+  for (const Remembered& r : remembered_)
+    if (r.graph == graph) return r.stages;
+  return {};
+}
+
 std::size_t TuningBoard::size() const {
   std::lock_guard lk(mu_);
   return entries_.size();

@@ -8,7 +8,10 @@
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "splitflow/executor/autotune.hpp"
@@ -30,6 +33,14 @@ class TuningBoard {
   std::size_t size() const;
   double cores() const noexcept { return cores_; }
 
+  /// The automatic stages' concurrencies of the latest tuned run of the graph named `graph`
+  /// (stage name, concurrency), kept for the next run of a graph of that name: a graph built
+  /// anew each epoch (GraphDataset, the image benchmark) starts where the last epoch's tuning
+  /// ended rather than at 1. At most kRemembered graphs (the least recently remembered go).
+  void remember(const std::string& graph, std::vector<std::pair<std::string, std::size_t>> stages);
+  std::vector<std::pair<std::string, std::size_t>> recall(const std::string& graph) const;
+  static constexpr std::size_t kRemembered = 64;
+
  private:
   struct Entry {
     const void* who;
@@ -38,6 +49,11 @@ class TuningBoard {
   const double cores_;
   mutable std::mutex mu_;
   std::vector<Entry> entries_;  // in joining order
+  struct Remembered {
+    std::string graph;
+    std::vector<std::pair<std::string, std::size_t>> stages;
+  };
+  std::deque<Remembered> remembered_;  // the most recently remembered last; at most kRemembered
 };
 
 }  // namespace splitflow::detail
