@@ -138,6 +138,8 @@ bench: release
 	  --data $(BUILD)/bench-data/images --json $(BUILD)/bench/bench_memory.json
 	$(BUILD)/release/benchmarks/image_pipeline_bench grid $(BUILD)/bench-data/images-2000 \
 	  > $(BUILD)/bench/image_pipeline_grid.json
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images_grid.py \
+	  --data $(BUILD)/bench-data/images --images 2000 --json $(BUILD)/bench/bench_images_grid.json
 	/usr/bin/python3 benchmarks/summary.py $(BUILD)/bench
 
 clean:
