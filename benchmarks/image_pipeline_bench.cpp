@@ -148,6 +148,18 @@ std::string conc_name(std::size_t c) {
   return std::to_string(c);
 }
 
+// One configuration of the grid: the stages' concurrencies.
+struct Config {
+  std::size_t read, decode, collate;
+};
+
+Args with(Args a, const Config& c) {
+  a.read = c.read;
+  a.decode = c.decode;
+  a.collate = c.collate;
+  return a;
+}
+
 // Every stage's concurrency on automatic against a grid search over them, in the same run:
 // `rounds` rounds, each running every configuration (the order reversed every other round) for
 // `epochs` epochs (a fresh graph each, as the pipeline mode runs), each configuration's figure
@@ -159,9 +171,6 @@ int grid(const image::FileList& files, Args a, int threads) {
   cfg.threads = threads;
   cfg.device.backend = BackendKind::automatic;
   Runtime rt(cfg);
-  struct Config {
-    std::size_t read, decode, collate;
-  };
   std::vector<Config> configs;
   for (std::size_t r : {std::size_t{1}, std::size_t{2}})
     for (std::size_t d : {std::size_t{1}, std::size_t{2}, Concurrency::unlimited})
@@ -174,10 +183,7 @@ int grid(const image::FileList& files, Args a, int threads) {
     std::vector<double> rate(configs.size(), 0.0);
     for (std::size_t k = 0; k < configs.size(); ++k) {
       const std::size_t i = round % 2 == 0 ? k : configs.size() - 1 - k;
-      Args b = a;
-      b.read = configs[i].read;
-      b.decode = configs[i].decode;
-      b.collate = configs[i].collate;
+      const Args b = with(a, configs[i]);
       std::string table;
       for (int e = 0; e < a.epochs; ++e)
         rate[i] = std::max(rate[i], pipeline_epoch(rt, files, b, static_cast<std::uint64_t>(e), table));
@@ -192,11 +198,7 @@ int grid(const image::FileList& files, Args a, int threads) {
     std::vector<double> again[2];
     for (int e = 0; e < 2 * a.epochs; ++e)
       for (int side : {e % 2, 1 - e % 2}) {
-        const Config& c = configs[side == 0 ? best : auto_index];
-        Args b = a;
-        b.read = c.read;
-        b.decode = c.decode;
-        b.collate = c.collate;
+        const Args b = with(a, configs[side == 0 ? best : auto_index]);
         std::string table;
         again[side].push_back(pipeline_epoch(rt, files, b, static_cast<std::uint64_t>(e), table));
         if (side == 1) auto_table = table;

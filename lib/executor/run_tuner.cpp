@@ -58,12 +58,16 @@ void RunTuner::warm_start() {
                     ": where the last run of graph '" + graph_.name() + "' ended (warm start)");
   }
   if (changes.empty()) return;
-  graph_.post_if_running([changes](WorkList& w) {
-    for (const auto& [node, n] : changes) node->set_concurrency(n, w);
-  });
+  post(std::move(changes));
   std::lock_guard lk(mu_);
   for (std::string& t : texts)
     if (events_.size() < kKeptFirst) events_.push_back(std::move(t));  // among the first kept
+}
+
+void RunTuner::post(std::vector<std::pair<NodeBase*, std::size_t>> changes) {
+  graph_.post_if_running([changes = std::move(changes)](WorkList& w) {
+    for (const auto& [node, n] : changes) node->set_concurrency(n, w);
+  });
 }
 
 RunTuner::~RunTuner() { stop(); }
@@ -215,10 +219,7 @@ void RunTuner::loop() {
         if (n->auto_concurrency())
           changes.emplace_back(n, std::max<std::size_t>(d.allocation.stages[k].concurrency, 1));
       }
-    if (!changes.empty())
-      graph_.post_if_running([changes](WorkList& w) {
-        for (const auto& [node, n] : changes) node->set_concurrency(n, w);
-      });
+    if (!changes.empty()) post(std::move(changes));
     std::vector<std::string> texts;
     for (const autotune::TuneEvent& e : d.events) texts.push_back(e.text());
     if (graph_.observed() && !d.events.empty()) {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "splitflow/executor/autotune.hpp"
@@ -54,6 +55,8 @@ class RunTuner {
   void loop();
   /// Starts the automatic stages where the last tuned run of a graph of this name ended them.
   void warm_start();
+  /// Applies new concurrencies on the graph's arena (NodeBase::set_concurrency).
+  void post(std::vector<std::pair<NodeBase*, std::size_t>> changes);
 
   GraphCore& graph_;
   std::vector<NodeBase*> nodes_;
