@@ -24,6 +24,15 @@
 //                           `cores` threads: their tuners share the threads (TuningBoard). The
 //                           bound: cores / 400 us summed over both. Counters over the last of
 //                           5 s: total_rate, bound_rate, rate_over_bound, slower_over_faster.
+//   BM_AutotuneIo/auto      source >> read (an async stage whose answers come 3 ms later from a
+//                           timer thread: I/O latency without CPU or an arena thread) >> parse
+//                           (spins 300 us) >> sink, both automatic, `cores` threads, 5 s. Bound:
+//                           cores / 300 us (the CPU per item; read's latency is hidden by 20
+//                           reads out at once, which the tuner must find: past the cores).
+//                           Counters: tuned_rate, bound_rate, rate_over_bound, seconds_to_95 (of
+//                           the bound), read_concurrency, and threads_only_rate: the same graph
+//                           with read held at the threads' count (what a stage that held a
+//                           thread while it waited could reach), measured in the same run.
 //
 // Every run's rate is sampled from Run::stats() every 50 ms by the benchmark's thread (which only
 // waits and reads: the sampling is the measurement, not a synchronisation).
@@ -210,6 +219,43 @@ void BM_AutotuneGpu(benchmark::State& state) {
   state.counters["model_concurrency"] = static_cast<double>(s.back().limits[1]);
 }
 
+constexpr std::chrono::microseconds kReadLatency = 3ms, kParse = 300us;
+
+/// The I/O chain with read's concurrency `read` (0: Concurrency::automatic).
+std::vector<Sample> io_chain(std::size_t read, double seconds, std::vector<std::string>* decisions) {
+  sf::Runtime rt({.threads = cores()});
+  sf::Graph g(rt, "io", {.autotune_window = 100ms});
+  auto clock = sf::BatchClock::steady();
+  auto src = g.source("n", [i = 0L]() mutable { return forever(i); });
+  auto rd = g.async_stage<long, long>("read", [clock](long x, sf::Completion<long> c) {
+    auto held = std::make_shared<sf::Completion<long>>(std::move(c));
+    clock->call_at(clock->now() + kReadLatency, [held, x] { held->done(x); });
+  }, {.concurrency = read ? read : sf::Concurrency::automatic});
+  auto parse = g.stage("parse", [](long x) { spin(kParse); return x; },
+                       {.concurrency = sf::Concurrency::automatic});
+  src >> rd >> parse >> g.sink("s", [](long) {});
+  return sample_run(g, seconds, {"read", "parse"}, decisions);
+}
+
+void BM_AutotuneIo(benchmark::State& state) {
+  std::vector<Sample> s, held;
+  std::vector<std::string> decisions;
+  for (auto _ : state) {
+    held = io_chain(static_cast<std::size_t>(cores()), 2.0, nullptr);
+    s = io_chain(0, 5.0, &decisions);
+  }
+  for (const std::string& d : decisions) std::fprintf(stderr, "  tuner: %s\n", d.c_str());
+  const double rate = rate_over_last(s, 1.0, s.size() - 1);
+  const double bound = static_cast<double>(cores()) / std::chrono::duration<double>(kParse).count();
+  state.counters["tuned_rate"] = rate;
+  state.counters["bound_rate"] = bound;
+  state.counters["rate_over_bound"] = rate / bound;
+  state.counters["seconds_to_95"] = seconds_to(s, 0.95 * bound, 0.5);
+  state.counters["read_concurrency"] = static_cast<double>(s.back().limits[0]);
+  state.counters["parse_concurrency"] = static_cast<double>(s.back().limits[1]);
+  state.counters["threads_only_rate"] = rate_over_last(held, 1.0, held.size() - 1);
+}
+
 }  // namespace
 
 // Two graphs, each the chain on automatic, on one runtime of cores() threads: the tuners share
@@ -260,5 +306,6 @@ void BM_AutotuneTwoGraphs(benchmark::State& state) {
 BENCHMARK(BM_AutotuneChainGrid)->Name("BM_AutotuneChain/grid")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneChainAuto)->Name("BM_AutotuneChain/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneGpu)->Name("BM_AutotuneGpu/auto")->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_AutotuneIo)->Name("BM_AutotuneIo/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneTwoGraphs)->Name("BM_AutotuneTwoGraphs/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK_MAIN();

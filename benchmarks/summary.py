@@ -168,6 +168,11 @@ def main():
          (lambda c, f: None if c is None or f is None else c - (f + 1))(
              counter(tune, "BM_AutotuneGpu/auto", "prep_cores"),
              counter(tune, "BM_AutotuneGpu/auto", "fewest_cores")), "<= 0", lambda v: v <= 0),
+        ("17", "Autotune I/O read (async, 3 ms): tuned rate / bound",
+         counter(tune, "BM_AutotuneIo/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Autotune I/O read: seconds to 95% of the bound",
+         (lambda v: v if v is None or v >= 0 else float("inf"))(
+             counter(tune, "BM_AutotuneIo/auto", "seconds_to_95")), "<= 5", lambda v: v <= 5),
         ("17", "Autotune two graphs on one runtime: summed / bound",
          counter(tune, "BM_AutotuneTwoGraphs/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
         ("17", "Autotune two graphs: slower / faster graph",

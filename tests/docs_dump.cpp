@@ -2,7 +2,7 @@
 // tests/check_docs.py names (ctest docs.names): writes into the directory given
 //   run.json, trace.json, metrics.prom   a traced graph with every kind of figure: a tuned CPU
 //                                        stage that skips items (skipped, errors, the tuner's
-//                                        decisions), a pinned ring into
+//                                        decisions), an async stage, a pinned ring into
 //                                        a GPU stage (ring, copy H2D), to_host (copy D2H), a
 //                                        kernel, a sink; the device's figures
 //   service.json, service.prom           a service with a dynamic batch and a GPU stage
@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
       if (i % 8 == 7) throw std::runtime_error("item " + std::to_string(i) + " is bad");
       return i;
     }, {.concurrency = sf::Concurrency::automatic, .on_error = sf::OnError::skip});
+    // An async stage (its call_ns), answered at once.
+    auto fetch = g.async_stage<long, long>("fetch", [](long i, sf::Completion<long> c) { c.done(i); },
+                                           {.concurrency = 2});
     auto load = g.stage("load", [](long i, sf::HostAllocator& a) {
       sf::HostTensor t = a.empty(sf::DType::i64, {256});
       t.data<std::int64_t>()[0] = i;
@@ -58,7 +61,7 @@ int main(int argc, char** argv) {
       return ctx.to_host(t);
     }, o);
     auto sink = g.sink("step", [](sf::HostTensor) {});
-    src >> check >> load >> model >> sink;
+    src >> check >> fetch >> load >> model >> sink;
     auto run = g.run();
     run.wait();
     const auto stats = run.stats();

@@ -433,3 +433,114 @@ TEST(AutotuneRuntime, AGraphBuiltAnewStartsWhereTheLastRunOfItsNameEnded) {
   board.remember("g5", {{"s", 9}});  // remembered again: replaced, and now the newest
   EXPECT_EQ(board.recall("g5")[0].second, 9u);
 }
+
+// "Stages that wait rather than compute (reads from a slow file system or object store: latency
+// without CPU) get concurrency beyond the core count where that raises the rate": an async
+// stage (Graph::async_stage) whose answers come 2 ms later from a timer thread (the I/O: no CPU,
+// no arena thread) is measured as an I/O stage (its bodies' calls are its CPU) and given more
+// items out at once than the runtime has threads, at most the slots of its consumer's queue.
+TEST(AutotuneRuntime, AnAsyncIoStageGoesBeyondTheThreadsUpToItsConsumersQueue) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "io", tuned(20ms));
+  constexpr long kItems = 3000;
+  auto clock = BatchClock::steady();
+  std::atomic<int> out{0}, most{0};
+  auto src = g.source("n", counter(kItems));
+  auto read = g.async_stage<long, long>("read", [&](long x, Completion<long> c) {
+    const int now = out.fetch_add(1) + 1;
+    for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);) {
+    }
+    auto held = std::make_shared<Completion<long>>(std::move(c));
+    clock->call_at(clock->now() + 2ms, [held, x, &out] {
+      out.fetch_sub(1);
+      held->done(x * 2);
+    });
+  }, {.concurrency = Concurrency::automatic});
+  auto work = g.stage("work", [](long x) { spin_us(20); return x + 1; },
+                      {.concurrency = Concurrency::automatic});
+  std::vector<long> got;
+  auto sink = g.sink("s", [&](long x) { got.push_back(x); });
+  src >> read >> work >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(kItems));
+  for (long i = 0; i < kItems; ++i) ASSERT_EQ(got[static_cast<std::size_t>(i)], 2 * i + 1) << i;
+  const RunStats st = run.stats();
+  std::string all;
+  for (const std::string& e : st.autotune) all += "\n  " + e;
+  const StageStats* r = st.find("read");
+  const StageStats* w = st.find("work");
+  // Its calls are measured apart from its items' time (which includes the 2 ms wait).
+  ASSERT_GE(r->call_ns, 0);
+  EXPECT_LT(r->call_ns, r->work_ns / 2);
+  EXPECT_GE(r->work_ns, static_cast<std::int64_t>(kItems) * 2'000'000) << "each item waited 2 ms";
+  EXPECT_EQ(w->call_ns, -1) << "a synchronous stage has no separate call time";
+  // The model calls it I/O: "read 1 -> N: 2.xx ms per item (y us CPU), ...".
+  const std::regex raise(R"(^read 1 -> (\d+): \S+ ms per item \(\S+ \S+ CPU\), .+)");
+  std::size_t first = 0;
+  for (const std::string& e : st.autotune) {
+    std::smatch m;
+    if (std::regex_match(e, m, raise)) {
+      first = std::stoul(m[1]);
+      break;
+    }
+  }
+  EXPECT_GT(first, 2u) << "the model's raise of 'read' past the 2 threads is not among:" << all;
+  // Beyond the threads at once, never beyond the slots of its consumer's queue.
+  EXPECT_GT(most.load(), 2) << all;
+  EXPECT_GT(r->max_concurrency, 2u);
+  EXPECT_LE(r->concurrency_limit, w->capacity);
+  EXPECT_LE(static_cast<std::size_t>(most.load()), w->capacity);
+  // The CPU stage stays within the threads.
+  EXPECT_LE(w->concurrency_limit, 2u);
+}
+
+// White-box: what the tuner is told of an async stage's window: its calls' time as its CPU, the
+// smallest of its consumers' queue capacities as its ceiling; a synchronous stage's ceiling is
+// the cores and its CPU unknown.
+TEST(AutotuneRuntime, AnAsyncStagesSampleIsItsCallsCpuAndItsConsumersSlots) {
+  RunStats before, now;
+  before.wall_ns = 0;
+  now.wall_ns = 1'000'000'000;
+  auto stage = [](const char* name, StageKind kind, std::int64_t work, std::int64_t call,
+                  std::size_t capacity, std::vector<std::string> consumers) {
+    StageStats s;
+    s.name = name;
+    s.kind = kind;
+    s.work_ns = work;
+    s.call_ns = call;
+    s.capacity = capacity;
+    s.items_out = 100;
+    s.concurrency_limit = 3;
+    s.consumers = std::move(consumers);
+    return s;
+  };
+  before.stages = {stage("src", StageKind::source, 0, -1, 0, {"read"}),
+                   stage("read", StageKind::stage, 0, 0, 32, {"a", "b"}),
+                   stage("a", StageKind::stage, 0, -1, 24, {"s"}),
+                   stage("b", StageKind::stage, 0, -1, 40, {"s"}),
+                   stage("s", StageKind::sink, 0, -1, 32, {})};
+  now.stages = before.stages;
+  for (StageStats& s : now.stages) s.items_out = 200;
+  now.stages[1].work_ns = 200'000'000;  // 100 items of 2 ms out
+  now.stages[1].call_ns = 500'000;      // their calls: 5 us each
+  now.stages[2].work_ns = 10'000'000;
+  const std::vector<bool> tuned = {false, true, true, false, false};
+  std::vector<std::size_t> modelled;
+  const autotune::Sample s = detail::RunTuner::sample_of(before, now, tuned, 2, &modelled, nullptr);
+  ASSERT_EQ(modelled, (std::vector<std::size_t>{1, 2}));
+  ASSERT_EQ(s.stages.size(), 2u);
+  EXPECT_EQ(s.stages[0].name, "read");
+  EXPECT_EQ(s.stages[0].cpu_ns, 500'000);
+  EXPECT_EQ(s.stages[0].work_ns, 200'000'000);
+  EXPECT_EQ(s.stages[0].max_concurrency, 24u) << "the smaller of its consumers' queues";
+  EXPECT_EQ(s.stages[1].cpu_ns, -1) << "a synchronous stage's CPU is not measured";
+  EXPECT_EQ(s.stages[1].max_concurrency, 2u) << "the cores";
+  // The model: 'read' is an I/O stage (5 us of CPU in 2 ms).
+  autotune::CostEstimator est;
+  est.add(s);
+  const auto models = est.models();
+  ASSERT_EQ(models.size(), 2u);
+  EXPECT_EQ(models[0].resource, autotune::Resource::io);
+  EXPECT_EQ(models[1].resource, autotune::Resource::cpu);
+}

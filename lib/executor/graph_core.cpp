@@ -156,10 +156,10 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
   // batch's consumers see n of them per item), and the claims its producers can have out.
   const std::size_t threads = static_cast<std::size_t>(std::max(runtime_->threads(), 1));
   std::unordered_map<const NodeBase*, double> items;
-  std::unordered_map<const NodeBase*, std::size_t> floor;
+  std::unordered_map<const NodeBase*, std::size_t> floor, room;
   for (NodeBase* n : order) {
     const double in = items.count(n) ? items[n] : 1.0;
-    n->size_default_queue(in, std::max<std::size_t>(floor[n], 2));
+    n->size_default_queue(in, std::max<std::size_t>(floor[n], 2), room[n]);
     const double out = in * n->items_per_output();
     // A claim of n's holds a slot of its consumers' queues until it emits: they keep room for
     // as many claims as n can run (at most the runtime's threads; an automatic stage may be
@@ -168,6 +168,11 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
     for (const Edge& e : n->successors()) {
       items[e.node] = std::max(items.count(e.node) ? items[e.node] : 0.0, out);
       floor[e.node] += claims;
+      // An automatic async stage's items out wait without a thread, each holding a slot here
+      // until it is emitted: the tuner may raise it past the cores (an I/O stage), up to this
+      // queue's slots, so the queue has room for the items the graph lets in at once
+      // (max_in_flight: the bound on its memory already).
+      if (n->auto_concurrency() && n->asynchronous()) room[e.node] = opts_.max_in_flight;
     }
   }
 }

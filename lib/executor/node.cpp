@@ -56,13 +56,13 @@ void NodeBase::add_successor(NodeBase& consumer, int port) {
                          std::max(consumer.npred_[0], consumer.npred_[1]);
 }
 
-void NodeBase::size_default_queue(double items, std::size_t floor) {
+void NodeBase::size_default_queue(double items, std::size_t floor, std::size_t room) {
   if (!default_capacity_) return;
   const double base = static_cast<double>(graph_->options().default_capacity *
                                           std::max(npred_[0], npred_[1]));
   const auto scaled = static_cast<std::size_t>(std::ceil(base / std::max(items, 1.0)));
   // The floor never goes past what the default gives without batches (a default of 1 stays 1).
-  capacity_ = std::max({scaled, std::min(floor, static_cast<std::size_t>(base)), std::size_t{1}});
+  capacity_ = std::max({scaled, std::min(floor, static_cast<std::size_t>(base)), room, std::size_t{1}});
 }
 
 void NodeBase::validate() const {

@@ -50,8 +50,10 @@ void RunTuner::warm_start() {
       std::lock_guard lk(n->mutex());
       from = n->concurrency();
     }
-    const std::size_t to =
-        n->kind() == StageKind::gpu_stage ? it->second : std::min(it->second, whole_cores);
+    // (GPU stages' bursts and async stages' items out hold no thread while they wait.)
+    const std::size_t to = n->kind() == StageKind::gpu_stage || n->asynchronous()
+                               ? it->second
+                               : std::min(it->second, whole_cores);
     if (to <= from) continue;
     changes.emplace_back(n, to);
     texts.push_back(n->name() + " " + std::to_string(from) + " -> " + std::to_string(to) +
@@ -175,6 +177,18 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
                                                                static_cast<double>(x.work_ns) /
                                                                static_cast<double>(gpu_work))
                                    : gpu_busy;
+    } else if (b.call_ns >= 0) {
+      // An async stage (Graph::async_stage): its bodies hand each item on and return; the
+      // answer comes later, from elsewhere. The calls are its CPU, the rest of its time per item
+      // is a wait that holds no thread (an I/O stage to the model when the calls are under half
+      // of it), so its concurrency may go past the cores: up to the slots its consumers' queues
+      // have, each item out holding one of them until it is emitted.
+      x.cpu_ns = b.call_ns - a.call_ns;
+      std::size_t slots = autotune::kUnlimited;
+      for (const std::string& c : b.consumers)
+        for (const StageStats& t : now.stages)
+          if (t.name == c) slots = std::min(slots, std::max<std::size_t>(t.capacity, 1));
+      x.max_concurrency = slots == autotune::kUnlimited ? whole_cores : slots;
     } else {
       x.max_concurrency = whole_cores;
     }

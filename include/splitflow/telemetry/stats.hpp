@@ -158,6 +158,10 @@ struct StageStats {
   std::int64_t starved_ns = 0;
   std::int64_t blocked_ns = 0;
   std::int64_t work_ns = 0;          ///< sum of body durations (exceeds busy with concurrency)
+  /// Async stages (Graph::async_stage): the time their bodies' calls took to hand the items on,
+  /// summed: their CPU part (work_ns runs to each item's answer, the wait included). -1 for
+  /// other kinds.
+  std::int64_t call_ns = -1;
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
   double mean_queue = 0;             ///< items queued at its input, averaged over wall time

@@ -123,7 +123,9 @@ class AsyncStageNode final : public Emitter<Out> {
           in->clear();
           try {
             std::invoke(f_, std::move(item), Completion<Out>(inv));
+            called(t0);
           } catch (...) {
+            called(t0);
             // The body threw before handing its Completion on (whose drop then answered it with
             // its own error) or after: the item fails with what was thrown, if it is not
             // answered yet.
@@ -135,6 +137,17 @@ class AsyncStageNode final : public Emitter<Out> {
   }
 
   std::size_t clear_queues_locked() override { return in_.clear(); }
+
+  bool asynchronous() const noexcept override { return true; }
+
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    Emitter<Out>::reset(start, telemetry, parallelism);
+    call_ticks_.store(0, std::memory_order_relaxed);
+  }
+
+  void add_stats_locked(StageStats& s) const override {
+    s.call_ns = ticks_to_ns(call_ticks_.load(std::memory_order_relaxed));
+  }
 
   /// A cancel (or a failure) withdraws the items out at once: the run need not wait for their
   /// answers, which then find them answered (done() and fail() return false).
@@ -229,8 +242,17 @@ class AsyncStageNode final : public Emitter<Out> {
     this->graph().release_unit();
   }
 
+  /// The body's call, begun at t0, returned (or threw): its time is the stage's CPU part, what
+  /// the tuner tells an I/O stage by (an answer may come before the call returns: finish()
+  /// cannot measure it).
+  void called(Ticks t0) noexcept {
+    if (this->telemetry())
+      call_ticks_.fetch_add(now_ticks() - t0, std::memory_order_relaxed);
+  }
+
   F f_;
   InputPort<In> in_;
+  std::atomic<Ticks> call_ticks_{0};  // summed time of the bodies' calls (StageStats::call_ns)
   std::unordered_set<Invocation*> out_;  // under mu_: items out, not yet finished
 };
 

@@ -159,6 +159,9 @@ class NodeBase {
   std::size_t concurrency() const noexcept { return concurrency_; }
   /// Whether the tuner sets the concurrency (Concurrency::automatic).
   bool auto_concurrency() const noexcept { return auto_; }
+  /// An async stage: its invocations wait for answers without holding a thread, so its
+  /// concurrency is not bounded by the cores.
+  virtual bool asynchronous() const noexcept { return false; }
   /// The tuner's new concurrency (at least 1): claims start at once if it rose.
   void set_concurrency(std::size_t n, WorkList& w);
   Order order() const noexcept { return order_; }
@@ -210,8 +213,9 @@ class NodeBase {
   /// default counts source items, so after a batch of n it holds default / n of its items,
   /// times its producers (a merge), and never fewer than `floor` (what its producers' claims
   /// need to run at their concurrency) unless the unscaled default is smaller. `items` is what
-  /// one of its input items stands for.
-  void size_default_queue(double items, std::size_t floor);
+  /// one of its input items stands for. `room`: at least this many, whatever the default (the
+  /// consumer of an automatic async stage: the graph's max_in_flight).
+  void size_default_queue(double items, std::size_t floor, std::size_t room = 0);
 
   // ---- consumer side of the slot protocol ----------------------------------------------------
   /// Called by a producer holding its own lock: reserve up to `want` slots on `port` (with
