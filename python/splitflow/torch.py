@@ -127,6 +127,17 @@ class DatasetRun:
             text = text.rstrip("\n") + "\n" + self.remote.report() + "\n"
         return text
 
+    def json(self):
+        """The run's JSON summary (``Run.json``); with a remote source also ``"remote"``, the
+        remote pass's figures as in ``stats()``."""
+        text = self.run.json()
+        if self.remote is None:
+            return text
+        import json as _json
+        s = _json.loads(text)
+        s["remote"] = self.remote.stats()
+        return _json.dumps(s)
+
     def __getattr__(self, name):
         return getattr(self.run, name)
 

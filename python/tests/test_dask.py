@@ -6,6 +6,7 @@ remote errors are named and skips counted; a lost scheduler fails the run within
 splits in flight stay bounded under a slow consumer; ranks get disjoint shares; resume is exact.
 Each test starts its own cluster and closes it."""
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -272,9 +273,18 @@ def test_resume_mid_epoch_is_exact():
         again.load_state_dict(state)
         rest = [i for b in again for i in b["index"].tolist()]
         stats = again.last_run.stats()
+        summary = json.loads(again.last_run.json())
+        report = again.last_run.report()
     assert state["by_index"] and state["samples_seen"] == 24
     assert first + rest == expected and sorted(expected) == list(range(61))
     assert stats["remote"]["items_out"] == 61 - 24
+    # The remote figures in the stats, the JSON summary and the report alike.
+    assert summary["remote"]["items_out"] == 61 - 24
+    assert summary["stages"] and summary["graph"] == stats["graph"]
+    workers = summary["remote"]["workers"]
+    assert sum(w["items"] for w in workers.values()) >= 61 - 24
+    assert all(w["busy_s"] > 0 and w["bytes"] > 0 for w in workers.values() if w["items"])
+    assert "remote 'remote': 37 items from" in report
 
 
 def test_tensors_travel_out_of_band_without_a_copy():
