@@ -164,6 +164,8 @@ def main():
              counter(tune, "BM_AutotuneChain/auto", "seconds_to_95")), "<= 5", lambda v: v <= 5),
         ("17", "Autotune GPU-bound: device busy",
          counter(tune, "BM_AutotuneGpu/auto", "device_busy"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Autotune GPU-bound: device busy / best of a grid",
+         counter(tune, "BM_AutotuneGpu/auto", "busy_over_best_grid"), "(stated)", None),
         ("17", "Autotune GPU-bound: prep's cores - (fewest + 1)",
          (lambda c, f: None if c is None or f is None else c - (f + 1))(
              counter(tune, "BM_AutotuneGpu/auto", "prep_cores"),
