@@ -10,7 +10,10 @@
 //                           over the run's last second), bound_rate, rate_over_bound,
 //                           seconds_to_95 (the end of the first 0.5 s over which the rate was at
 //                           least 0.95 of the grid's best; -1: never), final concurrencies;
-//                           the tuner's decisions are printed to stderr.
+//                           the tuner's decisions are printed to stderr; queued_items (mean
+//                           items queued at a and b over the last second), and the same graph
+//                           with its queues as sized (autotune_queues false) in the same run:
+//                           fixed_queues_rate, rate_over_fixed_queues, fixed_queues_queued_items.
 //   BM_AutotuneChain/grid   the same graph with hand-set concurrencies a, b in 1..3 each, 1.5 s
 //                           each; best_rate is the best of the grid (its last second's rate),
 //                           best_a / best_b where it was.
@@ -72,6 +75,7 @@ struct Sample {
   std::int64_t work_ns;             // of the first stage watched
   std::int64_t busy_ns;             // the device's (GpuStats::busy_ns)
   std::vector<std::size_t> limits;  // the watched stages' concurrency limits
+  double queue_area;                // items queued at the watched stages x seconds, so far
 };
 
 /// Runs `g` for `seconds` (its source never ends: the run is cancelled), sampling every 50 ms;
@@ -85,8 +89,11 @@ std::vector<Sample> sample_run(sf::Graph& g, double seconds, std::vector<const c
     std::this_thread::sleep_for(50ms);
     const double t = std::chrono::duration<double>(Clock::now() - t0).count();
     const sf::RunStats st = run.stats();
-    Sample x{t, st.items_delivered(), st.find(watch.front())->work_ns, st.gpu.busy_ns, {}};
-    for (const char* name : watch) x.limits.push_back(st.find(name)->concurrency_limit);
+    Sample x{t, st.items_delivered(), st.find(watch.front())->work_ns, st.gpu.busy_ns, {}, 0};
+    for (const char* name : watch) {
+      x.limits.push_back(st.find(name)->concurrency_limit);
+      x.queue_area += st.find(name)->mean_queue * static_cast<double>(st.wall_ns) * 1e-9;
+    }
     out.push_back(std::move(x));
     if (t >= seconds) {
       if (decisions) *decisions = st.autotune;
@@ -106,6 +113,14 @@ double rate_over_last(const std::vector<Sample>& s, double span, std::size_t end
   return dt > 0 ? static_cast<double>(s[end].items - s[i].items) / dt : 0;
 }
 
+/// Items queued at the watched stages, on average over the last `span` seconds.
+double queued_over_last(const std::vector<Sample>& s, double span) {
+  std::size_t i = s.size() - 1;
+  while (i > 0 && s.back().t - s[i].t < span) --i;
+  const double dt = s.back().t - s[i].t;
+  return dt > 0 ? (s.back().queue_area - s[i].queue_area) / dt : 0;
+}
+
 /// The end of the first `span` seconds over which the rate reached `target` (-1: never).
 double seconds_to(const std::vector<Sample>& s, double target, double span) {
   for (std::size_t k = 0; k < s.size(); ++k)
@@ -117,11 +132,13 @@ std::optional<long> forever(long& i) { return i++; }
 
 constexpr auto kA = 100us, kB = 300us;
 
-/// The chain with concurrencies a and b (0: Concurrency::automatic).
+/// The chain with concurrencies a and b (0: Concurrency::automatic); `queues`:
+/// GraphOptions::autotune_queues.
 std::vector<Sample> chain(std::size_t a, std::size_t b, double seconds, std::size_t* final_a,
-                          std::size_t* final_b, std::vector<std::string>* decisions = nullptr) {
+                          std::size_t* final_b, std::vector<std::string>* decisions = nullptr,
+                          bool queues = true) {
   sf::Runtime rt({.threads = cores()});
-  sf::Graph g(rt, "chain", {.autotune_window = 100ms});
+  sf::Graph g(rt, "chain", {.autotune_window = 100ms, .autotune_queues = queues});
   const auto conc = [](std::size_t n) { return n ? n : sf::Concurrency::automatic; };
   auto src = g.source("n", [i = 0L]() mutable { return forever(i); });
   auto sa = g.stage("a", [](long x) { spin(kA); return x; }, {.concurrency = conc(a)});
@@ -172,9 +189,19 @@ void BM_AutotuneChainAuto(benchmark::State& state) {
   std::vector<Sample> s;
   std::size_t fa = 0, fb = 0;
   std::vector<std::string> decisions;
-  for (auto _ : state) s = chain(0, 0, 5.0, &fa, &fb, &decisions);
+  std::vector<Sample> fixed;
+  for (auto _ : state) {
+    // The same with the queues at their sized capacity (GraphOptions::autotune_queues false).
+    fixed = chain(0, 0, 5.0, nullptr, nullptr, nullptr, false);
+    s = chain(0, 0, 5.0, &fa, &fb, &decisions);
+  }
   for (const std::string& d : decisions) std::fprintf(stderr, "  tuner: %s\n", d.c_str());
   const double rate = rate_over_last(s, 1.0, s.size() - 1);
+  const double fixed_rate = rate_over_last(fixed, 1.0, fixed.size() - 1);
+  state.counters["fixed_queues_rate"] = fixed_rate;
+  state.counters["rate_over_fixed_queues"] = fixed_rate > 0 ? rate / fixed_rate : 0;
+  state.counters["queued_items"] = queued_over_last(s, 1.0);
+  state.counters["fixed_queues_queued_items"] = queued_over_last(fixed, 1.0);
   const double bound = static_cast<double>(cores()) / std::chrono::duration<double>(kA + kB).count();
   state.counters["tuned_rate"] = rate;
   state.counters["bound_rate"] = bound;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -489,8 +490,10 @@ TEST(AutotuneRuntime, AnAsyncIoStageGoesBeyondTheThreadsUpToItsConsumersQueue) {
   // Beyond the threads at once, never beyond the slots of its consumer's queue.
   EXPECT_GT(most.load(), 2) << all;
   EXPECT_GT(r->max_concurrency, 2u);
-  EXPECT_LE(r->concurrency_limit, w->capacity);
-  EXPECT_LE(static_cast<std::size_t>(most.load()), w->capacity);
+  // (The tuner sizes 'work''s queue too: from 1 up to max_in_flight, its ceiling; at the end it
+  // has the slots 'read''s items out reserve.)
+  EXPECT_LE(r->concurrency_limit, w->capacity) << all;
+  EXPECT_LE(static_cast<std::size_t>(most.load()), GraphOptions{}.max_in_flight);
   // The CPU stage stays within the threads.
   EXPECT_LE(w->concurrency_limit, 2u);
 }
@@ -543,4 +546,64 @@ TEST(AutotuneRuntime, AnAsyncStagesSampleIsItsCallsCpuAndItsConsumersSlots) {
   ASSERT_EQ(models.size(), 2u);
   EXPECT_EQ(models[0].resource, autotune::Resource::io);
   EXPECT_EQ(models[1].resource, autotune::Resource::cpu);
+}
+
+// "automatic queue capacities": the input queues of automatic CPU stages whose capacity the
+// user did not set are sized by the tuner (its capacity decisions reach the nodes); a capacity
+// the user set is kept, a queue after a batch is not tuned (its producer reserves one slot per
+// several items), and GraphOptions::autotune_queues = false keeps every queue as sized.
+TEST(AutotuneRuntime, TheTunerSizesTheQueuesOfAutomaticStagesItsUserDidNotSize) {
+  auto build_and_run = [](bool queues) {
+    Runtime rt({.threads = 2});
+    GraphOptions o = tuned(10ms);
+    o.autotune_queues = queues;
+    Graph g(rt, "queues", o);
+    constexpr long kItems = 6000;
+    auto src = g.source("n", counter(kItems));
+    auto a = g.stage("a", [](long x) { spin_us(20); return x; },
+                     {.concurrency = Concurrency::automatic});
+    auto b = g.stage("b", [](long x) { spin_us(60); return x + 1; },
+                     {.concurrency = Concurrency::automatic});
+    auto c = g.stage("c", [](long x) { spin_us(5); return x; },
+                     {.concurrency = Concurrency::automatic, .capacity = 5});
+    auto batch = g.batch<long>("batch", 4);
+    auto d = g.stage("d", [](std::vector<long> v) { spin_us(5); return v; },
+                     {.concurrency = Concurrency::automatic});
+    std::vector<long> got;
+    auto sink = g.sink("s", [&](std::vector<long> v) { got.insert(got.end(), v.begin(), v.end()); });
+    src >> a >> b >> c >> batch >> d >> sink;
+    auto run = g.run();
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(got.size(), static_cast<std::size_t>(kItems));
+    for (long i = 0; i < kItems && i < static_cast<long>(got.size()); ++i)
+      EXPECT_EQ(got[static_cast<std::size_t>(i)], i + 1) << i;
+    return run.stats();
+  };
+  const std::regex cap(R"(^(\S+) capacity (\d+) -> (\d+): .+)");
+  auto last_capacity = [&](const RunStats& st) {
+    std::map<std::string, std::size_t> last;
+    for (const std::string& e : st.autotune) {
+      std::smatch m;
+      if (std::regex_match(e, m, cap)) last[m[1]] = std::stoul(m[3]);
+    }
+    return last;
+  };
+  const RunStats on = build_and_run(true);
+  std::string all;
+  for (const std::string& e : on.autotune) all += "\n  " + e;
+  const auto last = last_capacity(on);
+  ASSERT_TRUE(last.count("a") && last.count("b")) << "no capacity decision for a or b:" << all;
+  // The last decision reached each queue (within its ceiling, max_in_flight).
+  for (const char* name : {"a", "b"}) {
+    const std::size_t want = std::min(last.at(name), GraphOptions{}.max_in_flight);
+    EXPECT_EQ(on.find(name)->capacity, want) << name << all;
+  }
+  EXPECT_FALSE(last.count("c")) << "c's capacity is its user's";
+  EXPECT_EQ(on.find("c")->capacity, 5u);
+  EXPECT_FALSE(last.count("d")) << "d is fed by a batch";
+  // Off: no capacity decisions; the queues as sized (the default 32).
+  const RunStats off = build_and_run(false);
+  EXPECT_TRUE(last_capacity(off).empty());
+  EXPECT_EQ(off.find("a")->capacity, 32u);
+  EXPECT_EQ(off.find("b")->capacity, 32u);
 }

@@ -157,6 +157,7 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
   const std::size_t threads = static_cast<std::size_t>(std::max(runtime_->threads(), 1));
   std::unordered_map<const NodeBase*, double> items;
   std::unordered_map<const NodeBase*, std::size_t> floor, room;
+  std::unordered_map<const NodeBase*, bool> fixed;
   for (NodeBase* n : order) {
     const double in = items.count(n) ? items[n] : 1.0;
     n->size_default_queue(in, std::max<std::size_t>(floor[n], 2), room[n]);
@@ -172,9 +173,27 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
       // until it is emitted: the tuner may raise it past the cores (an I/O stage), up to this
       // queue's slots, so the queue has room for the items the graph lets in at once
       // (max_in_flight: the bound on its memory already).
-      if (n->auto_concurrency() && n->asynchronous()) room[e.node] = opts_.max_in_flight;
+      // (Not tuned: each item out, answered in any order, holds its slot until those before it
+      // are emitted, more than the policy's reserved slots plus a buffer allow for.)
+      if (n->auto_concurrency() && n->asynchronous()) {
+        room[e.node] = opts_.max_in_flight;
+        fixed[e.node] = true;
+      }
+      // A producer that reserves several slots at once (all or none: an unbatch), or one per
+      // several items, or a GPU stage (its rings), keeps its consumer's queue as sized, as
+      // does an automatic async stage (above).
+      if (n->kind() == StageKind::gpu_stage || n->items_per_output() != 1.0 ||
+          n->splits_batches_of() != 0 || n->forms_batches_of() != 0)
+        fixed[e.node] = true;
     }
   }
+  // The tuner sizes the input queues of automatic CPU stages whose capacity the user did not
+  // set, fed by 1:1 producers only: from 1 up to the larger of the sized capacity and the items
+  // the graph lets in at once (max_in_flight), which bounds their memory already.
+  for (NodeBase* n : order)
+    n->tune_capacity(opts_.autotune_queues && n->auto_concurrency() && n->default_capacity() &&
+                         n->kind() == StageKind::stage && !fixed[n],
+                     opts_.max_in_flight);
 }
 
 void GraphCore::check_batching(const std::vector<NodeBase*>& order) {

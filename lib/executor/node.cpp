@@ -338,6 +338,16 @@ void NodeBase::set_concurrency(std::size_t n, WorkList& w) {
   }
 }
 
+void NodeBase::set_capacity(std::size_t n, WorkList& w) {
+  std::lock_guard lk(mu_);
+  if (!auto_capacity_) return;
+  n = std::clamp<std::size_t>(n, 1, max_capacity_);
+  if (n == capacity_) return;
+  const bool raised = n > capacity_;
+  capacity_ = n;
+  if (raised) take_waiters_locked(w);  // room for the producers that found it full
+}
+
 void NodeBase::refresh_state_locked(Ticks now) {
   int s = executing_ > 0 ? kBusy : (blocked_ || waiting_ > 0 ? kBlocked : kStarved);
   if (kind_ == StageKind::pull_sink) s = ports_[0].queued > 0 ? kBusy : kStarved;

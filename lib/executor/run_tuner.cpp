@@ -18,8 +18,15 @@ RunTuner::RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::
       pool_(pool),
       board_(board),
       priority_(priority),
-      tuner_(autotune::PolicyOptions{}, autotune::Budget{.cores = cores, .pool = pool}) {
-  for (NodeBase* n : nodes_) tuned_.push_back(n->auto_concurrency());
+      // A queue's buffer beyond its producers' reserved slots: at least 8 items here (the
+      // policy's 2 is for the simulator's items of one claim each): a producer's claim takes a
+      // run of slots, and its consumer's pops wake it only once the queue drained to half.
+      tuner_(autotune::PolicyOptions{.min_capacity = 8},
+             autotune::Budget{.cores = cores, .pool = pool}) {
+  for (NodeBase* n : nodes_) {
+    tuned_.push_back(n->auto_concurrency());
+    max_capacity_.push_back(n->auto_capacity() ? n->max_capacity() : 0);
+  }
 }
 
 void RunTuner::start() {
@@ -37,7 +44,7 @@ void RunTuner::warm_start() {
   const auto last = board_->recall(graph_.name());
   if (last.empty()) return;
   const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores_));
-  std::vector<std::pair<NodeBase*, std::size_t>> changes;
+  std::vector<Change> changes;
   std::vector<std::string> texts;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     NodeBase* n = nodes_[i];
@@ -55,7 +62,7 @@ void RunTuner::warm_start() {
                                ? it->second
                                : std::min(it->second, whole_cores);
     if (to <= from) continue;
-    changes.emplace_back(n, to);
+    changes.push_back({n, to});
     texts.push_back(n->name() + " " + std::to_string(from) + " -> " + std::to_string(to) +
                     ": where the last run of graph '" + graph_.name() + "' ended (warm start)");
   }
@@ -66,9 +73,12 @@ void RunTuner::warm_start() {
     if (events_.size() < kKeptFirst) events_.push_back(std::move(t));  // among the first kept
 }
 
-void RunTuner::post(std::vector<std::pair<NodeBase*, std::size_t>> changes) {
+void RunTuner::post(std::vector<Change> changes) {
   graph_.post_if_running([changes = std::move(changes)](WorkList& w) {
-    for (const auto& [node, n] : changes) node->set_concurrency(n, w);
+    for (const Change& c : changes) {
+      if (c.capacity) c.node->set_capacity(c.capacity, w);
+      if (c.concurrency) c.node->set_concurrency(c.concurrency, w);
+    }
   });
 }
 
@@ -112,7 +122,11 @@ std::vector<std::string> RunTuner::events() const {
 
 autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now,
                                      const std::vector<bool>& tuned, double cores,
-                                     std::vector<std::size_t>* modelled, double* fixed_cores) {
+                                     std::vector<std::size_t>* modelled, double* fixed_cores,
+                                     const std::vector<std::size_t>* tuned_capacity) {
+  const auto ceiling = [&](std::size_t i) -> std::size_t {
+    return tuned_capacity && i < tuned_capacity->size() ? (*tuned_capacity)[i] : 0;
+  };
   autotune::Sample s;
   s.end_ns = now.wall_ns;
   s.window_ns = now.wall_ns - before.wall_ns;
@@ -161,7 +175,8 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
                                   a.mean_queue * static_cast<double>(before.wall_ns)) /
                                      window);
     x.capacity = std::max<std::size_t>(b.capacity, 1);
-    x.fixed_capacity = x.capacity;  // queues are not tuned yet
+    // A queue the tuner sizes is not fixed; the others (a user's number, after a batch) are.
+    if (ceiling(i) == 0) x.fixed_capacity = x.capacity;
     // A stage left unlimited by its user holds at most the cores' worth of threads.
     const std::size_t limit =
         b.concurrency_limit == Concurrency::unlimited ? whole_cores : b.concurrency_limit;
@@ -185,9 +200,12 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
       // have, each item out holding one of them until it is emitted.
       x.cpu_ns = b.call_ns - a.call_ns;
       std::size_t slots = autotune::kUnlimited;
+      // (A consumer's queue the tuner sizes may grow to its ceiling.)
       for (const std::string& c : b.consumers)
-        for (const StageStats& t : now.stages)
-          if (t.name == c) slots = std::min(slots, std::max<std::size_t>(t.capacity, 1));
+        for (std::size_t j = 0; j < now.stages.size(); ++j)
+          if (now.stages[j].name == c)
+            slots = std::min(slots, std::max<std::size_t>(
+                                        ceiling(j) ? ceiling(j) : now.stages[j].capacity, 1));
       x.max_concurrency = slots == autotune::kUnlimited ? whole_cores : slots;
     } else {
       x.max_concurrency = whole_cores;
@@ -213,7 +231,8 @@ void RunTuner::loop() {
     RunStats now = graph_.snapshot();
     std::vector<std::size_t> modelled;
     double fixed = 0;
-    const autotune::Sample s = sample_of(before, now, tuned_, cores_, &modelled, &fixed);
+    const autotune::Sample s =
+        sample_of(before, now, tuned_, cores_, &modelled, &fixed, &max_capacity_);
     // The graph's share of the runtime's threads among the tuned runs now (all of them while
     // it is alone), within its own budget; a share is not a pool (the others run on the rest).
     double cores = cores_;
@@ -226,12 +245,16 @@ void RunTuner::loop() {
       tuner_.set_budget({.cores = left, .pool = pool});
     const autotune::Decision d = tuner_.observe(s);
     before = std::move(now);
-    std::vector<std::pair<NodeBase*, std::size_t>> changes;
+    std::vector<Change> changes;
     if (d.changed)
       for (std::size_t k = 0; k < modelled.size() && k < d.allocation.stages.size(); ++k) {
         NodeBase* n = nodes_[modelled[k]];
-        if (n->auto_concurrency())
-          changes.emplace_back(n, std::max<std::size_t>(d.allocation.stages[k].concurrency, 1));
+        const autotune::StageSetting& a = d.allocation.stages[k];
+        Change c{n};
+        if (n->auto_concurrency()) c.concurrency = std::max<std::size_t>(a.concurrency, 1);
+        if (max_capacity_[modelled[k]] && a.capacity != s.stages[k].capacity)
+          c.capacity = std::clamp<std::size_t>(a.capacity, 1, max_capacity_[modelled[k]]);
+        if (c.concurrency || c.capacity) changes.push_back(c);
       }
     if (!changes.empty()) post(std::move(changes));
     std::vector<std::string> texts;

@@ -47,20 +47,30 @@ class RunTuner {
   /// The policy's view of one window, from two snapshots of the run: the stages with automatic
   /// concurrency (`tuned[i]`, by stats index; their indices go to `modelled`), and the cores
   /// the other stages with bodies used meanwhile (`fixed_cores`: off the tuned ones' budget).
+  /// `tuned_capacity` (by stats index, if given): the ceiling of each input queue the tuner
+  /// sizes (NodeBase::auto_capacity), 0 for the queues it keeps (their capacity is fixed).
   static autotune::Sample sample_of(const RunStats& before, const RunStats& now,
                                     const std::vector<bool>& tuned, double cores,
-                                    std::vector<std::size_t>* modelled, double* fixed_cores);
+                                    std::vector<std::size_t>* modelled, double* fixed_cores,
+                                    const std::vector<std::size_t>* tuned_capacity = nullptr);
 
  private:
   void loop();
   /// Starts the automatic stages where the last tuned run of a graph of this name ended them.
   void warm_start();
-  /// Applies new concurrencies on the graph's arena (NodeBase::set_concurrency).
-  void post(std::vector<std::pair<NodeBase*, std::size_t>> changes);
+  /// A stage's new settings (0: unchanged).
+  struct Change {
+    NodeBase* node;
+    std::size_t concurrency = 0;
+    std::size_t capacity = 0;
+  };
+  /// Applies them on the graph's arena (NodeBase::set_concurrency, set_capacity).
+  void post(std::vector<Change> changes);
 
   GraphCore& graph_;
   std::vector<NodeBase*> nodes_;
   std::vector<bool> tuned_;
+  std::vector<std::size_t> max_capacity_;  // per node: its queue's ceiling if tuned, else 0
   std::chrono::milliseconds window_;
   double cores_;
   bool pool_;

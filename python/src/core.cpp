@@ -977,8 +977,10 @@ Error when the run ends first.)doc")
 A job: stages joined by bounded queues. Python callables run with the GIL (they serialise on
 it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_setup(collectable_graph))
       .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, std::size_t max_in_flight,
-                       std::size_t capacity, bool trace, double autotune_window) {
+                       std::size_t capacity, bool trace, double autotune_window,
+                       bool autotune_queues) {
              GraphOptions o;
+             o.autotune_queues = autotune_queues;
              o.max_in_flight = max_in_flight;
              o.default_capacity = capacity;
              o.trace = trace;
@@ -989,7 +991,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
              return make_released(std::make_unique<PyGraph>(std::move(rt), std::move(name), o));
            }),
            py::arg("runtime"), py::arg("name") = "graph", py::arg("max_in_flight") = 256,
-           py::arg("capacity") = 32, py::arg("trace") = false, py::arg("autotune_window") = 0.25)
+           py::arg("capacity") = 32, py::arg("trace") = false, py::arg("autotune_window") = 0.25,
+           py::arg("autotune_queues") = true)
       .def_property_readonly("name", [](const PyGraph& g) { return g.graph.name(); })
       .def("source", [](std::shared_ptr<PyGraph> g, std::string name, py::object iterable) {
         auto s = g->graph.source(name, PythonSource{g->hold(std::move(iterable)), {}});

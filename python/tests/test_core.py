@@ -411,6 +411,20 @@ def test_concurrency_auto_is_tuned_and_explained():
     assert events[0].startswith("model per item: "), events[0]
     stage = next(s for s in stats["stages"] if s["name"] == "work")
     assert 1 <= stage["concurrency_limit"] <= 4
+    # Its queue is sized by the tuner too (autotune_queues, on by default): the model's first
+    # allocation sets it ("work capacity 32 -> N: ..."), and the last such decision is the queue's.
+    caps = [e for e in events if e.startswith("work capacity ")]
+    assert caps, events
+    last = int(caps[-1].split(" -> ")[1].split(":")[0])
+    assert stage["capacity"] == min(last, 256)
+    g3 = sf.Graph(rt4, "fixed-queues", autotune_window=0.01, autotune_queues=False)
+    out3 = g3.pull_sink("out")
+    g3.indices("i", list(range(3000))) >> g3.stage("work", work, concurrency="auto") >> out3
+    run3 = g3.run()
+    assert sum(1 for _ in out3) == 3000 and run3.wait(timeout=60) == "succeeded"
+    s3 = run3.stats()
+    assert not [e for e in s3["autotune"] if " capacity " in e]
+    assert next(s for s in s3["stages"] if s["name"] == "work")["capacity"] == 32
     # Without automatic stages there is no tuner and no decision.
     g2, out2 = chain(rt4, "fixed", range(10), lambda x: x)
     assert list(g2.iterate(out2)) == list(range(10))

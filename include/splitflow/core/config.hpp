@@ -85,6 +85,9 @@ struct GraphOptions {
   /// cores their bodies may hold at once (0: the runtime's threads).
   std::chrono::milliseconds autotune_window{250};
   double autotune_cores = 0;
+  /// The tuner sizes the input queues of automatic CPU stages whose capacity is not set (fed
+  /// by 1:1 producers), between 1 and max_in_flight; false: they keep default_capacity.
+  bool autotune_queues = true;
 };
 
 /// What submit() does when max_pending requests are already waiting for answers.

@@ -159,6 +159,8 @@ class NodeBase {
   std::size_t concurrency() const noexcept { return concurrency_; }
   /// Whether the tuner sets the concurrency (Concurrency::automatic).
   bool auto_concurrency() const noexcept { return auto_; }
+  /// Whether the input queue's capacity is the graph's default (its user did not set one).
+  bool default_capacity() const noexcept { return default_capacity_; }
   /// An async stage: its invocations wait for answers without holding a thread, so its
   /// concurrency is not bounded by the cores.
   virtual bool asynchronous() const noexcept { return false; }
@@ -171,6 +173,21 @@ class NodeBase {
   bool stamps() const noexcept { return stamps_; }
   /// Input queue capacity of every port, in items.
   std::size_t capacity() const noexcept { return capacity_; }
+  /// Whether the tuner sets the input queue's capacity (an automatic CPU stage whose capacity
+  /// its user did not set, fed by 1:1 producers; GraphCore::size_queues decides per run).
+  bool auto_capacity() const noexcept { return auto_capacity_; }
+  /// The most the capacity can be this run: the tuner's ceiling for a tuned queue, else the
+  /// capacity (what a producer's reorder ring is sized by).
+  std::size_t max_capacity() const noexcept { return auto_capacity_ ? max_capacity_ : capacity_; }
+  /// Lets the tuner set the input queue's capacity this run, within [1, `max`] (set before the
+  /// run starts; off: the capacity stays as sized).
+  void tune_capacity(bool on, std::size_t max) noexcept {
+    auto_capacity_ = on;
+    max_capacity_ = std::max(max, capacity_);
+  }
+  /// The tuner's new capacity (clamped to [1, max_capacity()]): a raise wakes the producers
+  /// waiting for room; a cut stops new reservations until the queue drains below it.
+  void set_capacity(std::size_t n, WorkList& w);
   OnError on_error() const noexcept { return on_error_; }
 
   /// A body threw on item `seq`. Under OnError::fail this fails the run and returns false;
@@ -381,8 +398,10 @@ class NodeBase {
   bool auto_;  // Concurrency::automatic: concurrency_ is the tuner's (under mu_)
   std::size_t concurrency_;
   Order order_;
-  std::size_t capacity_;
+  std::size_t capacity_;  // under mu_ while a run is on (the tuner may change it)
   bool default_capacity_;  // the graph's default, times the producers of a merge
+  bool auto_capacity_ = false;    // the tuner sets capacity_ (under mu_) this run
+  std::size_t max_capacity_ = 0;  // its ceiling then
   OnError on_error_;
   std::size_t max_claim_ = 64;  // items per claim at most
   int nports_;

@@ -228,7 +228,8 @@ class Emitter : public NodeBase {
       // most the smallest consumer capacity. (Not the concurrency: waiting outputs no longer
       // count against it.)
       std::size_t span = std::numeric_limits<std::size_t>::max();
-      for (const Edge& e : successors_) span = std::min(span, e.node->capacity());
+      // (A queue the tuner sizes may grow to its max_capacity during the run.)
+      for (const Edge& e : successors_) span = std::min(span, e.node->max_capacity());
       reorder_.resize(std::max<std::size_t>(span, 1));
     }
     next_emit_ = 0;
