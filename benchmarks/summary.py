@@ -159,6 +159,8 @@ def main():
          counter(tune, "BM_AutotuneChain/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
         ("17", "Autotune CPU chain: tuned / best of a grid (same run)",
          counter(tune, "BM_AutotuneChain/auto", "rate_over_best_grid"), "(stated)", None),
+        ("17", "Autotune CPU chain: tuned queues' rate / queues as sized",
+         counter(tune, "BM_AutotuneChain/auto", "rate_over_fixed_queues"), "(stated)", None),
         ("17", "Autotune CPU chain: seconds to 95% of the grid's best",
          (lambda v: v if v is None or v >= 0 else float("inf"))(
              counter(tune, "BM_AutotuneChain/auto", "seconds_to_95")), "<= 5", lambda v: v <= 5),

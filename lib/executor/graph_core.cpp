@@ -1,6 +1,7 @@
 #include "splitflow/executor/detail/graph_core.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -189,11 +190,14 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
   }
   // The tuner sizes the input queues of automatic CPU stages whose capacity the user did not
   // set, fed by 1:1 producers only: from 1 up to the larger of the sized capacity and the items
-  // the graph lets in at once (max_in_flight), which bounds their memory already.
-  for (NodeBase* n : order)
+  // the graph lets in at once (max_in_flight source items, which bounds their memory already:
+  // a queue of 64-image batches, 256 / 64 = 4 of them).
+  for (NodeBase* n : order) {
+    const double in = items.count(n) ? std::max(items[n], 1.0) : 1.0;
     n->tune_capacity(opts_.autotune_queues && n->auto_concurrency() && n->default_capacity() &&
                          n->kind() == StageKind::stage && !fixed[n],
-                     opts_.max_in_flight);
+                     static_cast<std::size_t>(std::ceil(static_cast<double>(opts_.max_in_flight) / in)));
+  }
 }
 
 void GraphCore::check_batching(const std::vector<NodeBase*>& order) {
