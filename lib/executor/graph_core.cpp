@@ -173,9 +173,9 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
       // An automatic async stage's items out wait without a thread, each holding a slot here
       // until it is emitted: the tuner may raise it past the cores (an I/O stage), up to this
       // queue's slots, so the queue has room for the items the graph lets in at once
-      // (max_in_flight: the bound on its memory already).
-      // (Not tuned: each item out, answered in any order, holds its slot until those before it
-      // are emitted, more than the policy's reserved slots plus a buffer allow for.)
+      // (max_in_flight: the bound on its memory already). The tuner keeps that room: answered
+      // in any order, an item out holds its slot until those before it are emitted, longer
+      // than the policy's reserved slots plus a buffer allow for.
       if (n->auto_concurrency() && n->asynchronous()) {
         room[e.node] = opts_.max_in_flight;
         fixed[e.node] = true;

@@ -252,8 +252,9 @@ void RunTuner::loop() {
         const autotune::StageSetting& a = d.allocation.stages[k];
         Change c{n};
         if (n->auto_concurrency()) c.concurrency = std::max<std::size_t>(a.concurrency, 1);
+        // (set_capacity holds it within [1, the queue's ceiling].)
         if (max_capacity_[modelled[k]] && a.capacity != s.stages[k].capacity)
-          c.capacity = std::clamp<std::size_t>(a.capacity, 1, max_capacity_[modelled[k]]);
+          c.capacity = std::max<std::size_t>(a.capacity, 1);
         if (c.concurrency || c.capacity) changes.push_back(c);
       }
     if (!changes.empty()) post(std::move(changes));
