@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -606,4 +607,118 @@ TEST(AutotuneRuntime, TheTunerSizesTheQueuesOfAutomaticStagesItsUserDidNotSize) 
   EXPECT_TRUE(last_capacity(off).empty());
   EXPECT_EQ(off.find("a")->capacity, 32u);
   EXPECT_EQ(off.find("b")->capacity, 32u);
+}
+
+namespace {
+// An item of 1 MiB whose buffers are counted while they live: the most alive at once is what
+// the run's items held at most.
+struct Counted {
+  static constexpr std::size_t kBytes = std::size_t{1} << 20;
+  static inline std::atomic<long> live{0}, peak{0};
+  // (Not written: what it costs to make is the allocation's, not 1 MiB of page faults.)
+  std::unique_ptr<std::uint8_t[]> data{new std::uint8_t[kBytes]};
+  Counted() {
+    const long n = live.fetch_add(1) + 1;
+    for (long p = peak.load(); n > p && !peak.compare_exchange_weak(p, n);) {
+    }
+  }
+  ~Counted() { live.fetch_sub(1); }
+  Counted(const Counted&) = delete;
+};
+struct Blob {
+  std::unique_ptr<Counted> buf;
+  long n = 0;
+};
+std::size_t host_bytes(const Blob& b) { return sizeof b + (b.buf ? Counted::kBytes : 0); }
+}  // namespace
+
+// "Budgets on the Runtime: ... the host memory (pinned rings, queues, in-flight items) they may
+// hold. The tuner never exceeds either": items of 1 MiB, a budget of 12 MiB. Without the budget
+// the same graph holds more (its queues are sized for the rate, not the bytes).
+TEST(AutotuneRuntime, TheTunedQueuesHoldTheirItemsWithinTheRuntimesMemoryBudget) {
+  constexpr std::size_t kBudget = 12 * Counted::kBytes;
+  auto build_and_run = [](std::size_t budget) {
+    Counted::peak = 0;
+    Runtime rt({.threads = 2, .host_memory_budget = budget});
+    Graph g(rt, "blobs", tuned(10ms));
+    constexpr long kItems = 3000;
+    auto src = g.source("n", counter(kItems));
+    auto make = g.stage("make", [](long x) { spin_us(50); return Blob{std::make_unique<Counted>(), x}; },
+                        {.concurrency = Concurrency::automatic});
+    auto work = g.stage("work", [](Blob b) { spin_us(300); return b; },
+                        {.concurrency = Concurrency::automatic});
+    long seen = 0, next = 0;
+    bool ordered = true;
+    auto sink = g.sink("s", [&](Blob b) { ordered &= b.n == next++; ++seen; }, {.capacity = 2});
+    src >> make >> work >> sink;
+    auto run = g.run();
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(seen, kItems);
+    EXPECT_TRUE(ordered);
+    EXPECT_EQ(Counted::live.load(), 0) << "every item freed";
+    return std::pair{run.stats(), Counted::peak.load()};
+  };
+  const auto [with, peak] = build_and_run(kBudget);
+  std::string all;
+  for (const std::string& e : with.autotune) all += "\n  " + e;
+  const StageStats& work = *with.find("work");
+  EXPECT_EQ(work.item_bytes, sizeof(Blob) + Counted::kBytes) << "its items, as sampled";
+  EXPECT_LE(static_cast<std::size_t>(peak) * Counted::kBytes, kBudget)
+      << peak << " items of 1 MiB alive at once; work's queue " << work.capacity << all;
+  // The capacity decisions say the budget: the 12 MiB less what the sink can hold (3 items).
+  const std::regex said(R"(^work capacity \d+ -> \d+: .*items of 1 MiB, the graph's ([0-9.]+) MiB within a memory budget of ([0-9.]+) MiB$)");
+  bool told = false;
+  for (const std::string& e : with.autotune) {
+    std::smatch m;
+    if (!std::regex_match(e, m, said)) continue;
+    told = true;
+    EXPECT_LE(std::stod(m[1]), std::stod(m[2])) << e;
+    EXPECT_LE(std::stod(m[2]), 9.0) << e;
+    EXPECT_GE(std::stod(m[2]), 8.0) << e;
+  }
+  EXPECT_TRUE(told) << "no capacity decision for work names the budget:" << all;
+  // The sink's queue (its user's 2) and body are taken off first: the tuned queue holds the rest.
+  EXPECT_LE((work.capacity + work.concurrency_limit) * work.item_bytes, kBudget - 3 * work.item_bytes) << all;
+  const auto [without, unbounded_peak] = build_and_run(0);
+  EXPECT_GT(static_cast<std::size_t>(unbounded_peak) * Counted::kBytes, kBudget)
+      << "without a budget the same graph holds more than 12 MiB (" << unbounded_peak << " items)";
+}
+
+// docs/autotune.md, "Queues": a tuned queue's ceiling is max_in_flight in source items. After a
+// batch of 64 and a 1:1 stage, each item stands for 64 source items: 256 / 64 = 4 of them, what
+// the graph lets in at once, however deep the policy would make the queue.
+TEST(AutotuneRuntime, ATunedQueuesCeilingIsMaxInFlightInSourceItems) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "ceiling", tuned(10ms));
+  constexpr long kItems = 64 * 120;
+  auto src = g.source("n", counter(kItems));
+  auto batch = g.batch<long>("batch", 64);
+  auto collate = g.stage("collate", [](std::vector<long> v) { spin_us(100); return v; },
+                         {.concurrency = Concurrency::automatic});
+  auto norm = g.stage("norm", [](std::vector<long> v) { spin_us(400); return v; },
+                      {.concurrency = Concurrency::automatic});
+  long next = 0;
+  bool ordered = true;
+  auto sink = g.sink("s", [&](std::vector<long> v) {
+    for (long x : v) ordered &= x == next++;
+  });
+  src >> batch >> collate >> norm >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(next, kItems);
+  EXPECT_TRUE(ordered);
+  const RunStats st = run.stats();
+  std::string all;
+  std::size_t wanted = 0, last = 0;
+  const std::regex cap(R"(^norm capacity \d+ -> (\d+): .+)");
+  for (const std::string& e : st.autotune) {
+    all += "\n  " + e;
+    std::smatch m;
+    if (!std::regex_match(e, m, cap)) continue;
+    last = std::stoul(m[1]);
+    wanted = std::max(wanted, last);
+  }
+  ASSERT_GT(wanted, 4u) << "the policy's buffer (8 items) is deeper than the ceiling:" << all;
+  EXPECT_EQ(st.find("norm")->capacity, std::min<std::size_t>(last, 4)) << "held at 256 / 64:" << all;
+  EXPECT_LE(st.find("norm")->max_queue, 4u);
 }

@@ -5,7 +5,14 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <variant>
+#include <vector>
 #include <splitflow/splitflow.hpp>
 
 #include "helpers.hpp"
@@ -29,6 +36,105 @@ void expect_partition(const RunStats& st) {
 }
 
 }  // namespace
+
+namespace app {
+// A type of a user's that says what it holds (found by argument-dependent lookup), and one
+// that says it with a member.
+struct Frame {
+  std::vector<float> pixels;
+};
+std::size_t host_bytes(const Frame& f) { return sizeof f + f.pixels.capacity() * sizeof(float); }
+struct Tagged {
+  std::size_t n;
+  std::size_t host_bytes() const { return 1000 + n; }
+};
+struct Opaque {  // says nothing: its sizeof
+  std::vector<int>* p;
+};
+}  // namespace app
+
+// docs/telemetry.md, `item_bytes`: what bytes_of counts (splitflow/core/bytes.hpp).
+TEST(ItemBytes, ContainersCountTheirContentsAndTypesSayWhatTheyHold) {
+  EXPECT_EQ(bytes_of(42L), sizeof(long));
+  std::vector<int> v(10);
+  v.reserve(16);
+  EXPECT_EQ(bytes_of(v), sizeof v + 16 * sizeof(int)) << "the capacity, not the size";
+  const std::string small = "abc", large(1000, 'x');
+  EXPECT_EQ(bytes_of(small), sizeof small) << "a short string is inside the object";
+  EXPECT_GE(bytes_of(large), sizeof large + 1000);
+  EXPECT_LE(bytes_of(large), sizeof large + 1100);
+  // Nested: each inner vector's heap block too.
+  std::vector<std::vector<std::uint8_t>> nested(3, std::vector<std::uint8_t>(100));
+  EXPECT_EQ(bytes_of(nested), sizeof nested + 3 * (sizeof(std::vector<std::uint8_t>) + 100));
+  EXPECT_EQ(bytes_of(std::pair<long, std::vector<std::uint8_t>>{1, std::vector<std::uint8_t>(50)}),
+            sizeof(std::pair<long, std::vector<std::uint8_t>>) + 50);
+  EXPECT_EQ(bytes_of(std::tuple<int, std::vector<double>>{1, std::vector<double>(4)}),
+            sizeof(std::tuple<int, std::vector<double>>) + 32);
+  EXPECT_EQ(bytes_of(std::optional<std::vector<char>>{}), sizeof(std::optional<std::vector<char>>));
+  EXPECT_EQ(bytes_of(std::optional<std::vector<char>>{std::vector<char>(7)}),
+            sizeof(std::optional<std::vector<char>>) + 7);
+  using V = std::variant<long, std::vector<std::uint16_t>>;
+  EXPECT_EQ(bytes_of(V{std::vector<std::uint16_t>(8)}), sizeof(V) + 16);
+  EXPECT_EQ(bytes_of(V{3L}), sizeof(V));
+  EXPECT_EQ(bytes_of(std::make_shared<std::vector<int>>(5)),
+            sizeof(std::shared_ptr<int>) + sizeof(std::vector<int>) + 20);
+  EXPECT_EQ(bytes_of(std::unique_ptr<long>()), sizeof(std::unique_ptr<long>));
+  // The library's own types: a host tensor's elements; a device tensor's are on the device.
+  EXPECT_EQ(bytes_of(HostTensor::empty(DType::f32, {3, 5})), sizeof(HostTensor) + 60);
+  EXPECT_EQ(bytes_of(DeviceTensor()), sizeof(DeviceTensor));
+  image::Image img{7, "a.jpg", HostTensor::empty(DType::u8, {2, 2, 3})};
+  EXPECT_EQ(bytes_of(img), sizeof(image::Image) + 5 + 12);
+  // A user's types.
+  EXPECT_EQ(bytes_of(app::Frame{std::vector<float>(256)}), sizeof(app::Frame) + 1024);
+  EXPECT_EQ(bytes_of(app::Tagged{24}), 1024u);
+  EXPECT_EQ(bytes_of(std::vector<app::Frame>(2, app::Frame{std::vector<float>(4)})),
+            sizeof(std::vector<app::Frame>) + 2 * (sizeof(app::Frame) + 16));
+  EXPECT_EQ(bytes_of(app::Opaque{nullptr}), sizeof(app::Opaque));
+  Batch<std::vector<std::uint8_t>> b{{std::vector<std::uint8_t>(10), std::vector<std::uint8_t>(30)}, {1, 2}, {}};
+  EXPECT_EQ(bytes_of(b), sizeof b + 2 * sizeof(std::vector<std::uint8_t>) + 40 + 2 * sizeof(std::uint64_t));
+}
+
+// docs/telemetry.md, `item_bytes`: each stage's input items, sampled (every 8th delivery).
+TEST(Stats, EachStagesInputItemBytesAreSampled) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "bytes");
+  constexpr long kItems = 4000;
+  auto src = g.source("n", counter(kItems));
+  auto grow = g.stage("grow", [](long x) { return std::vector<std::uint8_t>(1000 + (x % 2) * 2000); });
+  auto keep = g.stage("keep", [](std::vector<std::uint8_t> v) { return v; });
+  long seen = 0;
+  auto sink = g.sink("s", [&](std::vector<std::uint8_t>) { ++seen; });
+  src >> grow >> keep >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(seen, kItems);
+  const RunStats st = run.stats();
+  const StageStats& a = *st.find("grow");
+  const StageStats& b = *st.find("keep");
+  EXPECT_EQ(a.item_bytes, sizeof(long)) << "grow takes longs";
+  EXPECT_EQ(a.max_item_bytes, sizeof(long));
+  EXPECT_GT(a.item_bytes_samples, 0u);
+  EXPECT_LE(a.item_bytes_samples, a.invocations) << "one per sampled delivery, at most one per claim";
+  constexpr std::size_t vec = sizeof(std::vector<std::uint8_t>);
+  for (const StageStats* s : {&b, st.find("s")}) {
+    EXPECT_GT(s->item_bytes_samples, 0u) << s->name;
+    // Between the sizes the items have (1,000 and 3,000 bytes), the largest one of them.
+    EXPECT_GE(s->item_bytes, vec + 1000) << s->name;
+    EXPECT_LE(s->item_bytes, vec + 3000) << s->name;
+    EXPECT_TRUE(s->max_item_bytes == vec + 1000 || s->max_item_bytes == vec + 3000) << s->max_item_bytes;
+  }
+  EXPECT_EQ(st.find("n")->item_bytes_samples, 0u) << "a source has no input";
+  const std::string json = to_json(st);
+  EXPECT_NE(json.find("\"item_bytes\":" + std::to_string(b.item_bytes)), std::string::npos) << json;
+  // Without telemetry nothing is sampled.
+  Runtime quiet({.threads = 2, .telemetry = false});
+  Graph q(quiet, "quiet");
+  q.source("n", counter(100)) >> q.stage("grow", [](long x) { return std::vector<std::uint8_t>(x); }) >>
+      q.sink("s", [](std::vector<std::uint8_t>) {});
+  auto r = q.run();
+  ASSERT_EQ(r.wait(), RunStatus::succeeded);
+  EXPECT_EQ(r.stats().find("s")->item_bytes_samples, 0u);
+}
 
 // "Stats per stage: items in/out, busy time, time starved, time blocked, max queue occupancy"
 TEST(Stats, CountsAndTheStatePartitionOfWallTime) {

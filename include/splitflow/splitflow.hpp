@@ -12,6 +12,7 @@
 //     run.wait();
 #pragma once
 
+#include "splitflow/core/bytes.hpp"
 #include "splitflow/core/config.hpp"
 #include "splitflow/core/error.hpp"
 #include "splitflow/core/tensor.hpp"

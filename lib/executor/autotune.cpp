@@ -138,6 +138,17 @@ std::string seconds(double s) {
 
 std::string percent(double f) { return fmt::format("{:.0f}%", 100 * f); }
 
+std::string byte_text(double b) {
+  if (b >= double(1 << 30)) return fmt::format("{:.3g} GiB", b / double(1 << 30));
+  if (b >= double(1 << 20)) return fmt::format("{:.3g} MiB", b / double(1 << 20));
+  if (b >= 1024) return fmt::format("{:.3g} KiB", b / 1024);
+  return fmt::format("{:.0f} B", b);
+}
+
+std::string memory_text(std::size_t bytes) {
+  return bytes == kUnlimited ? std::string("unlimited") : byte_text(static_cast<double>(bytes));
+}
+
 // "19 of 32 cores"; on a pool, whose threads take invocations in turn, the slots' worth.
 std::string cores_text(const Allocation& a, const Budget& b) {
   return b.pool ? fmt::format("slots for {:.4g} cores on a pool of {:g}", a.cores, b.cores)
@@ -685,12 +696,18 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
                            stage_rate(m, n.concurrency), n.concurrency)});
     if (n.capacity != c0)
       emit(d, {s.end_ns, action, m.name, "capacity", c0, n.capacity,
-               m.producers.empty() || m.producers[0] >= next.stages.size()
-                   ? fmt::format("fed by the source; concurrency {} here", n.concurrency)
-                   : fmt::format("{} invocations of '{}' reserve a slot each, and a buffer for "
-                                 "concurrency {} here",
-                                 next.stages[m.producers[0]].concurrency,
-                                 models_[m.producers[0]].name, n.concurrency)});
+               (m.producers.empty() || m.producers[0] >= next.stages.size()
+                    ? fmt::format("fed by the source; concurrency {} here", n.concurrency)
+                    : fmt::format("{} invocations of '{}' reserve a slot each, and a buffer for "
+                                  "concurrency {} here",
+                                  next.stages[m.producers[0]].concurrency,
+                                  models_[m.producers[0]].name, n.concurrency)) +
+                         (budget_.memory_bytes != kUnlimited && m.item_bytes > 0
+                              ? fmt::format("; items of {}, the graph's {} within a memory budget of {}",
+                                            byte_text(static_cast<double>(m.item_bytes)),
+                                            byte_text(static_cast<double>(next.bytes)),
+                                            byte_text(static_cast<double>(budget_.memory_bytes)))
+                              : std::string())});
   }
   if ((bound_.limit == Limit::gpu || bound_.limit == Limit::stage) && next.cores + 1 <= budget_.cores)
     emit(d, {s.end_ns, Action::release, "", "", 0, 0,
@@ -939,8 +956,8 @@ Decision Autotuner::observe(const Sample& s) {
                                                         : " (a share of a pool)",
                        budget_.memory_bytes == old_budget_.memory_bytes
                            ? std::string()
-                           : fmt::format(", {} -> {} bytes", old_budget_.memory_bytes,
-                                         budget_.memory_bytes)),
+                           : fmt::format(", memory {} -> {}", memory_text(old_budget_.memory_bytes),
+                                         memory_text(budget_.memory_bytes))),
            d);
     return d;
   }

@@ -192,11 +192,16 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
   // set, fed by 1:1 producers only: from 1 up to the larger of the sized capacity and the items
   // the graph lets in at once (max_in_flight source items, which bounds their memory already:
   // a queue of 64-image batches, 256 / 64 = 4 of them).
+  // Under a memory budget (RuntimeConfig::host_memory_budget) such a queue starts with room
+  // for its producers' claims and one more item: the tuner raises it within the budget once it
+  // has measured what the items hold (not from a default sized for small ones).
+  const bool budget = runtime_->config().host_memory_budget > 0;
   for (NodeBase* n : order) {
     const double in = items.count(n) ? std::max(items[n], 1.0) : 1.0;
     n->tune_capacity(opts_.autotune_queues && n->auto_concurrency() && n->default_capacity() &&
                          n->kind() == StageKind::stage && !fixed[n],
-                     static_cast<std::size_t>(std::ceil(static_cast<double>(opts_.max_in_flight) / in)));
+                     static_cast<std::size_t>(std::ceil(static_cast<double>(opts_.max_in_flight) / in)),
+                     budget ? std::max<std::size_t>(floor[n] + 1, 2) : 0);
   }
 }
 

@@ -387,6 +387,9 @@ void NodeBase::reset(Ticks start, bool telemetry, std::size_t parallelism) {
   work_ticks_ = 0;
   items_in_ = items_out_ = invocations_ = 0;
   max_executing_ = max_queue_ = 0;
+  bytes_sum_ = 0;
+  bytes_samples_ = 0;
+  max_item_bytes_ = 0;
   queue_area_ = 0;
   queue_since_ = start_ = start;
   latency_.reset(parallelism_, graph_->runtime_core());
@@ -443,6 +446,10 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
   for (const Edge& e : successors_) s.consumers.push_back(e.node->name());
   s.max_concurrency = max_executing_;
   s.max_queue = max_queue_;
+  s.item_bytes_samples = bytes_samples_;
+  if (bytes_samples_ > 0)
+    s.item_bytes = static_cast<std::size_t>(std::llround(bytes_sum_ / static_cast<double>(bytes_samples_)));
+  s.max_item_bytes = max_item_bytes_;
   add_stats_locked(s);
   return s;
 }

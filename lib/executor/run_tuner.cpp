@@ -123,7 +123,8 @@ std::vector<std::string> RunTuner::events() const {
 autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now,
                                      const std::vector<bool>& tuned, double cores,
                                      std::vector<std::size_t>* modelled, double* fixed_cores,
-                                     const std::vector<std::size_t>* tuned_capacity) {
+                                     const std::vector<std::size_t>* tuned_capacity,
+                                     std::size_t* fixed_bytes) {
   const auto ceiling = [&](std::size_t i) -> std::size_t {
     return tuned_capacity && i < tuned_capacity->size() ? (*tuned_capacity)[i] : 0;
   };
@@ -136,10 +137,30 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
   std::unordered_map<std::string, std::size_t> index;
   std::vector<std::size_t> picked;
   const double window = static_cast<double>(std::max<std::int64_t>(s.window_ns, 1));
+  const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores));
   double fixed = 0;
+  std::size_t held = 0;
+  const auto sat = [](std::size_t a, std::size_t b) {
+    return a > autotune::kUnlimited - b ? autotune::kUnlimited : a + b;
+  };
   for (std::size_t i = 0; i < now.stages.size(); ++i) {
-    const StageKind k = now.stages[i].kind;
-    if (k == StageKind::source || k == StageKind::pull_sink) continue;
+    const StageStats& st = now.stages[i];
+    const StageKind k = st.kind;
+    held = sat(held, st.ring_capacity);  // (pinned rings: fixed for the run)
+    if (k == StageKind::source) continue;
+    if (k == StageKind::pull_sink || !tuned[i]) {
+      // What the stages the tuner does not model can hold: their queue, and an item in each
+      // body they can run at once (an unlimited one: at most the cores').
+      const std::size_t bodies =
+          k == StageKind::pull_sink ? 0
+          : st.concurrency_limit == Concurrency::unlimited ? whole_cores
+                                                             : st.concurrency_limit;
+      const std::size_t items = sat(st.capacity, bodies);
+      held = sat(held, st.item_bytes > 0 && items > autotune::kUnlimited / st.item_bytes
+                           ? autotune::kUnlimited
+                           : items * st.item_bytes);
+    }
+    if (k == StageKind::pull_sink) continue;
     if (!tuned[i]) {
       // A stage whose concurrency its user set is not modelled: the cores it used in the
       // window are taken off the budget of the automatic ones (the tuner works around it).
@@ -152,7 +173,7 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
     picked.push_back(i);
   }
   if (fixed_cores) *fixed_cores = fixed;
-  const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores));
+  if (fixed_bytes) *fixed_bytes = held;
   // The graph's device time (GpuStats::busy_ns) is per graph: with several GPU stages each
   // automatic one is given the share of its bursts' host work among all of them.
   std::int64_t gpu_work = 0;
@@ -175,6 +196,15 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
                                   a.mean_queue * static_cast<double>(before.wall_ns)) /
                                      window);
     x.capacity = std::max<std::size_t>(b.capacity, 1);
+    // What one of its input items holds: the mean of those sampled in the window.
+    const std::uint64_t samples = b.item_bytes_samples - std::min(a.item_bytes_samples, b.item_bytes_samples);
+    x.item_bytes =
+        samples > 0 && b.item_bytes_samples >= a.item_bytes_samples
+            ? static_cast<std::size_t>(std::llround(
+                  std::max(0.0, static_cast<double>(b.item_bytes) * static_cast<double>(b.item_bytes_samples) -
+                                    static_cast<double>(a.item_bytes) * static_cast<double>(a.item_bytes_samples)) /
+                  static_cast<double>(samples)))
+            : b.item_bytes;
     // A queue the tuner sizes is not fixed; the others (a user's number, after a batch) are.
     if (ceiling(i) == 0) x.fixed_capacity = x.capacity;
     // A stage left unlimited by its user holds at most the cores' worth of threads.
@@ -231,18 +261,38 @@ void RunTuner::loop() {
     RunStats now = graph_.snapshot();
     std::vector<std::size_t> modelled;
     double fixed = 0;
+    std::size_t fixed_bytes = 0;
     const autotune::Sample s =
-        sample_of(before, now, tuned_, cores_, &modelled, &fixed, &max_capacity_);
-    // The graph's share of the runtime's threads among the tuned runs now (all of them while
-    // it is alone), within its own budget; a share is not a pool (the others run on the rest).
+        sample_of(before, now, tuned_, cores_, &modelled, &fixed, &max_capacity_, &fixed_bytes);
+    // The graph's share of the runtime's threads (and memory budget) among the tuned runs now
+    // (all of them while it is alone), within its own budget; a share is not a pool (the others
+    // run on the rest).
     double cores = cores_;
+    std::size_t memory = autotune::kUnlimited;
     bool alone = true;
-    if (board_) cores = std::min(cores, board_->share(this, tuner_.demand(priority_), &alone).cores);
+    if (board_) {
+      const autotune::Budget share = board_->share(this, tuner_.demand(priority_), &alone);
+      cores = std::min(cores, share.cores);
+      memory = share.memory_bytes;
+    }
     const bool pool = pool_ && alone;
     // Whole cores, so that noise in the fixed stages' use does not re-tune every window.
     const double left = std::max(1.0, std::round(cores - fixed));
-    if (left != tuner_.budget().cores || pool != tuner_.budget().pool)
-      tuner_.set_budget({.cores = left, .pool = pool});
+    // The memory the modelled stages may hold: the share less what the others can hold, in
+    // steps of a sixteenth of the share, lowered at once and raised only by more than a step
+    // (a new item size, a graph's start or end), so that the sampling's noise does not re-tune
+    // every window and the budget is never over-posted.
+    if (memory != autotune::kUnlimited) {
+      const std::size_t step = std::max<std::size_t>(memory / 16, 1);
+      const std::size_t want = (memory > fixed_bytes ? memory - fixed_bytes : 0) / step * step;
+      if (memory_left_ == autotune::kUnlimited || want < memory_left_ || want > memory_left_ + step)
+        memory_left_ = want;
+    } else {
+      memory_left_ = autotune::kUnlimited;
+    }
+    if (left != tuner_.budget().cores || pool != tuner_.budget().pool ||
+        memory_left_ != tuner_.budget().memory_bytes)
+      tuner_.set_budget({.cores = left, .memory_bytes = memory_left_, .pool = pool});
     const autotune::Decision d = tuner_.observe(s);
     before = std::move(now);
     std::vector<Change> changes;

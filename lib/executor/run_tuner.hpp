@@ -49,10 +49,15 @@ class RunTuner {
   /// the other stages with bodies used meanwhile (`fixed_cores`: off the tuned ones' budget).
   /// `tuned_capacity` (by stats index, if given): the ceiling of each input queue the tuner
   /// sizes (NodeBase::auto_capacity), 0 for the queues it keeps (their capacity is fixed).
+  /// Each modelled stage's item_bytes is the mean its input's sampled items held in the window
+  /// (StageStats::item_bytes; the run's mean if none was sampled in it). `fixed_bytes`: what
+  /// the others can hold (their queues' capacity and bodies' items at their item bytes, a pull
+  /// sink's queue, GPU stages' pinned rings), off the memory budget of the modelled ones.
   static autotune::Sample sample_of(const RunStats& before, const RunStats& now,
                                     const std::vector<bool>& tuned, double cores,
                                     std::vector<std::size_t>* modelled, double* fixed_cores,
-                                    const std::vector<std::size_t>* tuned_capacity = nullptr);
+                                    const std::vector<std::size_t>* tuned_capacity = nullptr,
+                                    std::size_t* fixed_bytes = nullptr);
 
  private:
   void loop();
@@ -74,6 +79,7 @@ class RunTuner {
   std::chrono::milliseconds window_;
   double cores_;
   bool pool_;
+  std::size_t memory_left_ = autotune::kUnlimited;  // the memory budget posted to the policy
   TuningBoard* board_;
   int priority_;
   bool joined_ = false;

@@ -119,7 +119,7 @@ class RuntimeCore {
 
   RuntimeConfig config_;
   int threads_;
-  TuningBoard tuning_board_{static_cast<double>(threads_)};
+  TuningBoard tuning_board_{static_cast<double>(threads_), config_.host_memory_budget};
   tbb::task_arena arena_;
   tbb::task_group group_;
   Ticks slice_ticks_;

@@ -33,9 +33,11 @@ autotune::Budget TuningBoard::share(const void* who, autotune::GraphDemand deman
     demands.push_back(entries_[i].demand);
   }
   if (alone) *alone = entries_.size() <= 1;
-  if (mine == entries_.size() || entries_.size() == 1) return {.cores = cores_};
-  const std::vector<autotune::Budget> shares = autotune::split_budget(demands, {.cores = cores_});
-  return {.cores = shares[mine].cores};
+  if (mine == entries_.size() || entries_.size() == 1) return {.cores = cores_, .memory_bytes = memory_};
+  const std::vector<autotune::Budget> shares =
+      autotune::split_budget(demands, {.cores = cores_, .memory_bytes = memory_});
+  return {.cores = shares[mine].cores,
+          .memory_bytes = memory_ == autotune::kUnlimited ? memory_ : shares[mine].memory_bytes};
 }
 
 void TuningBoard::remember(const std::string& graph,

@@ -20,18 +20,22 @@ namespace splitflow::detail {
 
 class TuningBoard {
  public:
-  explicit TuningBoard(double cores) : cores_(cores) {}
+  /// `memory`: the runtime's host memory budget (0: none).
+  explicit TuningBoard(double cores, std::size_t memory = 0)
+      : cores_(cores), memory_(memory ? memory : autotune::kUnlimited) {}
 
   /// `who` (a RunTuner) is tuned from now on, with its graph's priority.
   void join(const void* who, int priority);
   /// `who` is no longer tuned (its run ended); the others share what it had.
   void leave(const void* who) noexcept;
-  /// Posts `who`'s demand (its priority kept from join) and returns its share of the cores.
+  /// Posts `who`'s demand (its priority kept from join) and returns its share of the cores and
+  /// of the memory (autotune::kUnlimited without a budget).
   /// `alone`: no other run is tuned now (its share is then all the cores).
   autotune::Budget share(const void* who, autotune::GraphDemand demand, bool* alone = nullptr);
   /// The runs tuned now.
   std::size_t size() const;
   double cores() const noexcept { return cores_; }
+  std::size_t memory() const noexcept { return memory_; }
 
   /// The automatic stages' concurrencies of the latest tuned run of the graph named `graph`
   /// (stage name, concurrency), kept for the next run of a graph of that name: a graph built
@@ -47,6 +51,7 @@ class TuningBoard {
     autotune::GraphDemand demand;
   };
   const double cores_;
+  const std::size_t memory_;
   mutable std::mutex mu_;
   std::vector<Entry> entries_;  // in joining order
   struct Remembered {

@@ -62,6 +62,10 @@ Json stage_json(const StageStats& s) {
   j["max_concurrency"] = std::uint64_t{s.max_concurrency};
   j["max_queue"] = std::uint64_t{s.max_queue};
   j["mean_queue"] = fixed(s.mean_queue, 3);
+  if (s.item_bytes_samples > 0) {  // (sampled with telemetry on)
+    j["item_bytes"] = std::uint64_t{s.item_bytes};
+    j["max_item_bytes"] = std::uint64_t{s.max_item_bytes};
+  }
   j["latency_ns"] = latency_json(s.latency);
   j["consumers"] = s.consumers;
   if (s.ring_capacity > 0) {

@@ -802,12 +802,16 @@ void bind_graph(py::module_& m) {
 The shared executor: a oneTBB arena of `threads` threads (0: one per core) and, created lazily
 when a GPU stage first runs, one device with a pool of `streams` streams shared by every graph.
 `arbiter` shares the device with other processes (C++ ArbiterConfig, docs/sharing.md): a dict
-with "name" and optionally "capacity", "share", "group", "liveness" (seconds) and "label".)doc")
+with "name" and optionally "capacity", "share", "group", "liveness" (seconds) and "label".
+`host_memory_budget`: bytes the items of its tuned graphs may hold at once (C++
+RuntimeConfig::host_memory_budget; 0: none): the tuner sizes their queues within it.)doc")
       .def(py::init([](int threads, bool telemetry, std::string backend, std::size_t streams,
-                       int host_compute_slots, std::optional<py::dict> arbiter) {
+                       int host_compute_slots, std::optional<py::dict> arbiter,
+                       std::size_t host_memory_budget) {
              RuntimeConfig c;
              c.threads = threads;
              c.telemetry = telemetry;
+             c.host_memory_budget = host_memory_budget;
              if (backend == "auto") c.device.backend = BackendKind::automatic;
              else if (backend == "host") c.device.backend = BackendKind::host;
              else if (backend == "cuda") c.device.backend = BackendKind::cuda;
@@ -836,7 +840,7 @@ with "name" and optionally "capacity", "share", "group", "liveness" (seconds) an
            }),
            py::arg("threads") = 0, py::arg("telemetry") = true, py::arg("backend") = "auto",
            py::arg("streams") = 8, py::arg("host_compute_slots") = 1,
-           py::arg("arbiter") = py::none())
+           py::arg("arbiter") = py::none(), py::arg("host_memory_budget") = 0)
       .def_property_readonly("threads", [](const PyRuntime& r) { return r.rt.threads(); })
       .def("device_stats", [](const PyRuntime& r) -> py::object {
         auto d = r.rt.device_stats();

@@ -310,7 +310,19 @@ Value from_python(py::handle h) {
     if (!overflow && !(i == -1 && PyErr_Occurred())) return static_cast<std::int64_t>(i);
     PyErr_Clear();
   }
-  return PyObj(py::reinterpret_borrow<py::object>(h));
+  // What a buffer (a NumPy array, bytes) holds, for the tuner's memory budget: read now, with
+  // the GIL (a torch tensor, which exports no buffer, counts as its reference).
+  std::size_t bytes = 0;
+  if (PyObject_CheckBuffer(h.ptr())) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(h.ptr(), &view, PyBUF_RECORDS_RO) == 0) {
+      bytes = view.len > 0 ? static_cast<std::size_t>(view.len) : 0;
+      PyBuffer_Release(&view);
+    } else {
+      PyErr_Clear();
+    }
+  }
+  return PyObj(py::reinterpret_borrow<py::object>(h), bytes);
 }
 
 HostTensor as_host(const Value& v, const char* what) {
@@ -612,5 +624,15 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
   list->fields = std::move(items);
   return list;
 }
+
+}  // namespace splitflow::python
+
+namespace splitflow::python {
+
+std::size_t host_bytes(const Sample& s) {
+  return sizeof(Sample) + (bytes_of(s.keys) - sizeof(s.keys)) + (bytes_of(s.fields) - sizeof(s.fields));
+}
+
+std::size_t host_bytes(const BatchBox& b) { return sizeof(BatchBox) - sizeof(b.batch) + bytes_of(b.batch); }
 
 }  // namespace splitflow::python

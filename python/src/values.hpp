@@ -29,15 +29,18 @@ class PyObj {
   PyObj() = default;
   /// Takes `o`'s reference (call with the GIL).
   explicit PyObj(py::object o) noexcept : p_(o.release().ptr()) {}
-  PyObj(const PyObj& o) : p_(o.p_) {
+  PyObj(const PyObj& o) : p_(o.p_), bytes_(o.bytes_) {
     if (p_) {
       py::gil_scoped_acquire gil;
       Py_INCREF(p_);
     }
   }
-  PyObj(PyObj&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  /// `bytes`: what the object holds, if known (a buffer's length: host_bytes()).
+  PyObj(py::object o, std::size_t bytes) noexcept : p_(o.release().ptr()), bytes_(bytes) {}
+  PyObj(PyObj&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
   PyObj& operator=(PyObj o) noexcept {
     std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
     return *this;
   }
   ~PyObj() { reset(); }
@@ -52,9 +55,13 @@ class PyObj {
   explicit operator bool() const noexcept { return p_ != nullptr; }
   /// The object, borrowed (null when empty); for the GC's traversal.
   PyObject* ptr() const noexcept { return p_; }
+  /// Host bytes it holds, as far as known without the GIL (splitflow::bytes_of): the reference,
+  /// and a buffer's length (a NumPy array, bytes) measured when it entered the graph.
+  std::size_t host_bytes() const noexcept { return sizeof(PyObj) + bytes_; }
 
  private:
   PyObject* p_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 /// A device tensor and whether its memory is CUDA memory (on the host backend it is host
@@ -102,6 +109,11 @@ struct Sample {
   Value& at(const py::object& field, const std::string& who);
   std::string describe() const;
 };
+
+/// Host bytes an item holds (splitflow::bytes_of: the tuner's memory budget). A Python object
+/// counts as its reference (its size would need the GIL); tensors and images by their bytes.
+std::size_t host_bytes(const Sample& s);
+std::size_t host_bytes(const BatchBox& b);
 
 /// `p`, or a copy of it when another item shares it (copy-on-write).
 Sample& writable(SamplePtr& p);

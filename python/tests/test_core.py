@@ -389,6 +389,49 @@ def test_order_takes_the_cpp_names(rt):
 # concurrency="auto" (C++'s Concurrency::automatic, docs/autotune.md "In the runtime"): the
 # graph's tuner sets the stage's concurrency while it runs and explains each decision in the
 # stats; bad values are refused when the stage is built, naming it.
+def test_item_bytes_and_the_runtimes_memory_budget():
+    # Each stage's input items are sampled (StageStats::item_bytes): a NumPy array by its
+    # buffer's length. Under Runtime(host_memory_budget=...) the tuner sizes the queue of an
+    # automatic stage fed with 256 KiB arrays within the budget, and says so.
+    np = pytest.importorskip("numpy")
+    budget = 2 << 20
+
+    def held(budget):  # (the run's stats, and what work's queue and bodies can hold)
+        rt = sf.Runtime(threads=2, backend="host", host_memory_budget=budget)
+        g = sf.Graph(rt, "arrays", autotune_window=0.01)
+        out = g.pull_sink("out")
+        g.indices("i", list(range(1500))) >> g.stage("make", make) >> \
+            g.stage("work", work, concurrency="auto") >> out
+        run = g.run()
+        assert [v for v in out] == [i % 251 for i in range(1500)]
+        assert run.wait(timeout=60) == "succeeded"
+        stats = run.stats()
+        w = next(s for s in stats["stages"] if s["name"] == "work")
+        return stats, w, (w["capacity"] + w["concurrency_limit"]) * w["item_bytes"]
+
+    def make(i):
+        return np.full(256 * 1024, i % 251, dtype=np.uint8)
+
+    def work(a):
+        s = 0
+        for i in range(2000):  # ~100 us of Python per item: the bottleneck
+            s += i
+        return int(a[0])
+
+    stats, work_stage, bytes_held = held(budget)
+    assert 256 * 1024 <= work_stage["item_bytes"] <= 256 * 1024 + 256, work_stage
+    assert work_stage["max_item_bytes"] >= work_stage["item_bytes"]
+    said = [e for e in stats["autotune"] if e.startswith("work capacity ") and "memory budget of" in e]
+    assert said, stats["autotune"]
+    # Its queue and bodies within the budget, less what the others hold (the pull sink's queue
+    # of ints, make's queue of ints and its body's array).
+    assert bytes_held <= budget, (work_stage, stats["autotune"])
+    # Without a budget its queue is sized for the rate alone, and holds more.
+    assert held(0)[2] > budget
+    with pytest.raises(TypeError):
+        sf.Runtime(threads=1, host_memory_budget=-1)
+
+
 def test_concurrency_auto_is_tuned_and_explained():
     rt4 = sf.Runtime(threads=4, backend="host")
     g = sf.Graph(rt4, "auto", autotune_window=0.01)

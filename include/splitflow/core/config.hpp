@@ -188,6 +188,19 @@ struct RuntimeConfig {
   static constexpr int kMaxThreads = 1024;
   /// Per-stage timing (busy / starved / blocked, work time). Item counters are always kept.
   bool telemetry = true;
+  /// Host bytes the items of this runtime's tuned graphs (those with Concurrency::automatic
+  /// stages) may hold at once: queued, in bodies, in pinned rings. 0: no budget. The tuner
+  /// keeps the queues it sizes (GraphOptions::autotune_queues), and the concurrencies it sets,
+  /// within it, from what each queue's items hold (StageStats::item_bytes, sampled); what the
+  /// stages it does not tune hold (a capacity or concurrency their user set, rings) is taken
+  /// off first. Graphs tuned at once share it by demand and priority, as they share the threads.
+  /// Needs telemetry (the item sizes are sampled with it).
+  /// \code
+  ///   splitflow::RuntimeConfig c;
+  ///   c.host_memory_budget = std::size_t{2} << 30;   // the tuned graphs' items: 2 GiB at most
+  ///   splitflow::Runtime rt(c);
+  /// \endcode
+  std::size_t host_memory_budget = 0;
   DeviceConfig device{};
 };
 

@@ -131,6 +131,10 @@ struct HostCacheStats {
 };
 HostCacheStats host_cache_stats();
 
+/// Host bytes a HostTensor holds (splitflow::bytes_of, core/bytes.hpp): its elements' (a view
+/// counts what it views).
+inline std::size_t host_bytes(const HostTensor& t) noexcept { return sizeof(HostTensor) + t.nbytes(); }
+
 namespace detail {
 /// Device memory whose free is stream-ordered (splitflow's device pool implements it).
 class StreamOrderedMemory {

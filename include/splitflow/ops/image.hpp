@@ -57,6 +57,10 @@ struct Image {
   std::string path;
   HostTensor pixels;
 };
+/// Host bytes an Image holds (splitflow::bytes_of): its bytes or pixels and its path.
+inline std::size_t host_bytes(const Image& i) noexcept {
+  return sizeof(Image) + i.path.size() + i.pixels.nbytes();
+}
 
 /// An ordered list of files. The order is the data set's: sorted paths for a directory or glob,
 /// file order for a list file.

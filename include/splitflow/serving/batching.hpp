@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "splitflow/core/bytes.hpp"
 #include "splitflow/core/error.hpp"
 #include "splitflow/executor/graph.hpp"
 
@@ -43,6 +44,11 @@ struct Batch {
   std::vector<std::exception_ptr> errors;
 
   std::size_t size() const noexcept { return items.size(); }
+  /// Host bytes the batch holds (splitflow::bytes_of): its items' and its ids'.
+  std::size_t host_bytes() const {
+    return sizeof(*this) + (bytes_of(items) - sizeof(items)) + (bytes_of(ids) - sizeof(ids)) +
+           (bytes_of(errors) - sizeof(errors));
+  }
   /// The results of this batch's items, in the same order: a Batch<U> with the same ids.
   template <class U>
   Batch<U> with(std::vector<U> results) && {

@@ -165,6 +165,13 @@ struct StageStats {
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
   double mean_queue = 0;             ///< items queued at its input, averaged over wall time
+  /// Host bytes one item arriving at its input holds (splitflow::bytes_of, core/bytes.hpp):
+  /// the mean of those sampled (the first item of every 8th delivery; with telemetry on), the
+  /// largest, and how many were sampled (0: none, the two are 0). What the tuner's memory
+  /// budget (RuntimeConfig::host_memory_budget) counts per queued item.
+  std::size_t item_bytes = 0;
+  std::size_t max_item_bytes = 0;
+  std::uint64_t item_bytes_samples = 0;
   /// Time an item spent in the stage: from its arrival in the input queue to the end of the
   /// invocation that processed it (GPU stages: to its device work's completion; pull sinks: to
   /// the consumer's next(); sources: the generator's time per item).

@@ -189,11 +189,13 @@ class GpuStageNode final : public Emitter<Out> {
    public:
     Port(GpuStageNode& n, int port) : Receiver<In>(n, port), node_(&n) {}
     void push(std::vector<Envelope<In>>& items, WorkList& w, Ticks produced) override {
+      const std::size_t bytes = this->sample_bytes(items);
       std::lock_guard lk(node_->mu_);
       if (node_->graph().stopping()) {
         node_->rejected_locked(this->port_, items.size(), w);
         return;
       }
+      if (bytes) node_->sampled_bytes_locked(bytes);
       const Ticks now = node_->stamps() ? (produced ? produced : now_ticks()) : 0;
       for (auto& e : items) node_->queue_.push_back({Entry(std::move(e.value)), e.seq, 0, now});
       node_->arrived_locked(this->port_, items.size(), w, now);

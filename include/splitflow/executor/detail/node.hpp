@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -26,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "splitflow/core/bytes.hpp"
 #include "splitflow/core/config.hpp"
 #include "splitflow/core/detail/clock.hpp"
 #include "splitflow/telemetry/detail/sharded_histogram.hpp"
@@ -137,8 +139,13 @@ class Receiver {
   int port() const noexcept { return port_; }
 
  protected:
+  /// Call before locking the node: every 8th delivery (telemetry on), the host bytes its first
+  /// item holds (bytes_of, at least 1), for NodeBase::sampled_bytes_locked; 0 for the others.
+  std::size_t sample_bytes(const std::vector<Envelope<T>>& items) noexcept;
+
   NodeBase* node_;
   int port_;
+  std::atomic<std::uint32_t> deliveries_{0};  // (producers deliver from several threads)
 };
 
 class NodeBase {
@@ -180,10 +187,12 @@ class NodeBase {
   /// capacity (what a producer's reorder ring is sized by).
   std::size_t max_capacity() const noexcept { return auto_capacity_ ? max_capacity_ : capacity_; }
   /// Lets the tuner set the input queue's capacity this run, within [1, `max`] (set before the
-  /// run starts; off: the capacity stays as sized).
-  void tune_capacity(bool on, std::size_t max) noexcept {
+  /// run starts; off: the capacity stays as sized). `start` (if not 0): the capacity the run
+  /// starts with, when smaller (a memory budget: the tuner raises it once it knows the items).
+  void tune_capacity(bool on, std::size_t max, std::size_t start = 0) noexcept {
     auto_capacity_ = on;
     max_capacity_ = std::max(max, capacity_);
+    if (on && start > 0) capacity_ = std::min(capacity_, start);
   }
   /// The tuner's new capacity (clamped to [1, max_capacity()]): a raise wakes the producers
   /// waiting for room; a cut stops new reservations until the queue drains below it.
@@ -247,6 +256,13 @@ class NodeBase {
   void arrived_locked(int port, std::size_t n, WorkList& w, Ticks now = 0);
   /// Called with mu_ held when `n` items for reserved slots were dropped (the run is stopping).
   void rejected_locked(int port, std::size_t n, WorkList& w);
+  /// Called with mu_ held: an item delivered to this node's input held `bytes` (bytes_of,
+  /// sampled by the typed input ports; StageStats::item_bytes).
+  void sampled_bytes_locked(std::size_t bytes) noexcept {
+    bytes_sum_ += static_cast<double>(bytes);
+    ++bytes_samples_;
+    max_item_bytes_ = std::max(max_item_bytes_, bytes);
+  }
 
   // ---- run lifecycle (GraphCore) ------------------------------------------------------------
   /// Before a run, after validation: acquire what the run needs (a device, rings). May throw.
@@ -447,10 +463,24 @@ class NodeBase {
   std::vector<ItemError> errors_;  // the first StageStats::kMaxItemErrors
   std::size_t max_executing_ = 0;
   std::size_t max_queue_ = 0;
+  double bytes_sum_ = 0;              // sampled input items' bytes, summed
+  std::uint64_t bytes_samples_ = 0;
+  std::size_t max_item_bytes_ = 0;
   Ticks start_ = 0;        // the run's
   double queue_area_ = 0;  // queued items x ticks
   Ticks queue_since_ = 0;
   ShardedHistogram latency_;  // (its own locks: recorded outside mu_)
 };
+
+template <class T>
+std::size_t Receiver<T>::sample_bytes(const std::vector<Envelope<T>>& items) noexcept {
+  if (items.empty() || !node_->telemetry()) return 0;
+  if ((deliveries_.fetch_add(1, std::memory_order_relaxed) & 7u) != 0) return 0;
+  try {
+    return std::max<std::size_t>(bytes_of(items.front().value), 1);
+  } catch (...) {  // a user's host_bytes that throws: not sampled
+    return 0;
+  }
+}
 
 }  // namespace splitflow::detail

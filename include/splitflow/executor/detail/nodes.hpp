@@ -35,11 +35,13 @@ class InputPort final : public Receiver<T> {
     // The items' arrival time, for their latency: when the producer made them, or read now,
     // before locking to keep the lock short.
     const Ticks now = this->node_->stamps() ? (produced ? produced : now_ticks()) : 0;
+    const std::size_t bytes = this->sample_bytes(items);
     std::lock_guard lk(this->node_->mutex());
     if (this->node_->graph().stopping()) {
       this->node_->rejected_locked(this->port_, items.size(), w);
       return;
     }
+    if (bytes) this->node_->sampled_bytes_locked(bytes);
     for (auto& e : items) queue_.push_back(std::move(e));
     if (!arrivals_.empty() && arrivals_.back().ticks == now) {
       arrivals_.back().count += items.size();
@@ -846,12 +848,14 @@ class PullSinkNode final : public NodeBase {
     explicit Port(PullSinkNode& n) : Receiver<T>(n, 0), sink_(&n) {}
     void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks) override {
       const std::size_t n = items.size();
+      const std::size_t bytes = this->sample_bytes(items);
       {
         std::lock_guard lk(sink_->mu_);
         if (sink_->graph().stopping()) {
           sink_->rejected_locked(0, n, w);
           return;
         }
+        if (bytes) sink_->sampled_bytes_locked(bytes);
         const Ticks now = sink_->telemetry() ? now_ticks() : 0;
         for (auto& e : items) sink_->queue_.emplace_back(std::move(e.value), now);
         sink_->arrived_locked(0, n, w, now);  // grants no claim (concurrency 0): next() pops
