@@ -38,6 +38,9 @@
 //                           the bound), read_concurrency, and threads_only_rate: the same graph
 //                           with read held at the threads' count (what a stage that held a
 //                           thread while it waited could reach), measured in the same run.
+//   BM_AutotuneIo/blocking  the same with read a synchronous body that sleeps 3 ms, given
+//                           StageOptions::blocking: it waits on the runtime's blocking threads
+//                           (its CPU charged from them), which the tuner must take past the cores.
 //
 // Every run's rate is sampled from Run::stats() every 50 ms by the benchmark's thread (which only
 // waits and reads: the sampling is the measurement, not a synchronisation).
@@ -73,6 +76,7 @@ struct Sample {
   double t;                         // seconds since the run started
   std::uint64_t items;              // delivered
   std::int64_t work_ns;             // of the first stage watched
+  std::int64_t call_ns;             // of the first stage watched (async and blocking stages' CPU)
   std::int64_t busy_ns;             // the device's (GpuStats::busy_ns)
   std::vector<std::size_t> limits;  // the watched stages' concurrency limits
   double queue_area;                // items queued at the watched stages x seconds, so far
@@ -89,7 +93,8 @@ std::vector<Sample> sample_run(sf::Graph& g, double seconds, std::vector<const c
     std::this_thread::sleep_for(50ms);
     const double t = std::chrono::duration<double>(Clock::now() - t0).count();
     const sf::RunStats st = run.stats();
-    Sample x{t, st.items_delivered(), st.find(watch.front())->work_ns, st.gpu.busy_ns, {}, 0};
+    Sample x{t, st.items_delivered(), st.find(watch.front())->work_ns,
+             st.find(watch.front())->call_ns, st.gpu.busy_ns, {}, 0};
     for (const char* name : watch) {
       x.limits.push_back(st.find(name)->concurrency_limit);
       x.queue_area += st.find(name)->mean_queue * static_cast<double>(st.wall_ns) * 1e-9;
@@ -272,28 +277,35 @@ void BM_AutotuneGpu(benchmark::State& state) {
 
 constexpr std::chrono::microseconds kReadLatency = 3ms, kParse = 300us;
 
-/// The I/O chain with read's concurrency `read` (0: Concurrency::automatic).
-std::vector<Sample> io_chain(std::size_t read, double seconds, std::vector<std::string>* decisions) {
+/// The I/O chain with read's concurrency `read` (0: Concurrency::automatic). `blocking`: read
+/// is a synchronous body that sleeps for its latency, given StageOptions::blocking (it holds a
+/// blocking thread while it waits); otherwise an async stage answered by a timer thread.
+std::vector<Sample> io_chain(std::size_t read, double seconds, std::vector<std::string>* decisions,
+                             bool blocking = false) {
   sf::Runtime rt({.threads = cores()});
   sf::Graph g(rt, "io", {.autotune_window = 100ms});
   auto clock = sf::BatchClock::steady();
   auto src = g.source("n", [i = 0L]() mutable { return forever(i); });
-  auto rd = g.async_stage<long, long>("read", [clock](long x, sf::Completion<long> c) {
-    auto held = std::make_shared<sf::Completion<long>>(std::move(c));
-    clock->call_at(clock->now() + kReadLatency, [held, x] { held->done(x); });
-  }, {.concurrency = read ? read : sf::Concurrency::automatic});
+  const std::size_t k = read ? read : sf::Concurrency::automatic;
+  auto rd = blocking
+                ? g.stage("read", [](long x) { std::this_thread::sleep_for(kReadLatency); return x; },
+                          {.concurrency = k, .blocking = true})
+                : g.async_stage<long, long>("read", [clock](long x, sf::Completion<long> c) {
+                    auto held = std::make_shared<sf::Completion<long>>(std::move(c));
+                    clock->call_at(clock->now() + kReadLatency, [held, x] { held->done(x); });
+                  }, {.concurrency = k});
   auto parse = g.stage("parse", [](long x) { spin(kParse); return x; },
                        {.concurrency = sf::Concurrency::automatic});
   src >> rd >> parse >> g.sink("s", [](long) {});
   return sample_run(g, seconds, {"read", "parse"}, decisions);
 }
 
-void BM_AutotuneIo(benchmark::State& state) {
+void io_bench(benchmark::State& state, bool blocking) {
   std::vector<Sample> s, held;
   std::vector<std::string> decisions;
   for (auto _ : state) {
-    held = io_chain(static_cast<std::size_t>(cores()), 2.0, nullptr);
-    s = io_chain(0, 5.0, &decisions);
+    held = io_chain(static_cast<std::size_t>(cores()), 2.0, nullptr, blocking);
+    s = io_chain(0, 5.0, &decisions, blocking);
   }
   for (const std::string& d : decisions) std::fprintf(stderr, "  tuner: %s\n", d.c_str());
   const double rate = rate_over_last(s, 1.0, s.size() - 1);
@@ -305,7 +317,21 @@ void BM_AutotuneIo(benchmark::State& state) {
   state.counters["read_concurrency"] = static_cast<double>(s.back().limits[0]);
   state.counters["parse_concurrency"] = static_cast<double>(s.back().limits[1]);
   state.counters["threads_only_rate"] = rate_over_last(held, 1.0, held.size() - 1);
+  // What read's bodies cost in CPU per item over the last second (its calls, and for a
+  // blocking stage the thread CPU its bodies charged: waking from the sleep is not free), and
+  // the bound with it counted: cores / (parse + read's CPU).
+  std::size_t i = s.size() - 1;
+  while (i > 0 && s.back().t - s[i].t < 1.0) --i;
+  const double items = static_cast<double>(s.back().items - s[i].items);
+  const double read_cpu = items > 0 ? static_cast<double>(s.back().call_ns - s[i].call_ns) * 1e-9 / items : 0;
+  const double cpu_bound = static_cast<double>(cores()) /
+                           (std::chrono::duration<double>(kParse).count() + read_cpu);
+  state.counters["read_cpu_us"] = read_cpu * 1e6;
+  state.counters["rate_over_cpu_bound"] = rate / cpu_bound;
 }
+
+void BM_AutotuneIo(benchmark::State& state) { io_bench(state, false); }
+void BM_AutotuneIoBlocking(benchmark::State& state) { io_bench(state, true); }
 
 }  // namespace
 
@@ -358,5 +384,6 @@ BENCHMARK(BM_AutotuneChainGrid)->Name("BM_AutotuneChain/grid")->Iterations(1)->U
 BENCHMARK(BM_AutotuneChainAuto)->Name("BM_AutotuneChain/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneGpu)->Name("BM_AutotuneGpu/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneIo)->Name("BM_AutotuneIo/auto")->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_AutotuneIoBlocking)->Name("BM_AutotuneIo/blocking")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneTwoGraphs)->Name("BM_AutotuneTwoGraphs/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK_MAIN();

@@ -177,6 +177,10 @@ def main():
         ("17", "Autotune I/O read: seconds to 95% of the bound",
          (lambda v: v if v is None or v >= 0 else float("inf"))(
              counter(tune, "BM_AutotuneIo/auto", "seconds_to_95")), "<= 5", lambda v: v <= 5),
+        ("17", "Autotune I/O read (blocking stage, 3 ms sleep): rate / bound with its CPU",
+         counter(tune, "BM_AutotuneIo/blocking", "rate_over_cpu_bound"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Autotune I/O read (blocking): rate / parse-only bound",
+         counter(tune, "BM_AutotuneIo/blocking", "rate_over_bound"), "(stated)", None),
         ("17", "Autotune two graphs on one runtime: summed / bound",
          counter(tune, "BM_AutotuneTwoGraphs/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
         ("17", "Autotune two graphs: slower / faster graph",

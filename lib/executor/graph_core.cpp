@@ -52,6 +52,8 @@ GpuAccount* GraphCore::gpu_account() {
   return gpu_.get();
 }
 
+void GraphCore::post_blocking(BlockingTask t) { runtime_->blocking_pool().post(std::move(t)); }
+
 bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
   if (!try_acquire_unit()) return false;
   post(std::move(fn));

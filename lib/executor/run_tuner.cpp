@@ -223,8 +223,9 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
                                                                static_cast<double>(gpu_work))
                                    : gpu_busy;
     } else if (b.call_ns >= 0) {
-      // An async stage (Graph::async_stage): its bodies hand each item on and return; the
-      // answer comes later, from elsewhere. The calls are its CPU, the rest of its time per item
+      // An async stage (Graph::async_stage, or a blocking stage, whose bodies run on the
+      // runtime's blocking threads and charge their CPU time to call_ns): its bodies hand each
+      // item on and return; the answer comes later, from elsewhere. The calls are its CPU, the rest of its time per item
       // is a wait that holds no thread (an I/O stage to the model when the calls are under half
       // of it), so its concurrency may go past the cores: up to the slots its consumers' queues
       // have, each item out holding one of them until it is emitted.
@@ -237,6 +238,10 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
             slots = std::min(slots, std::max<std::size_t>(
                                         ceiling(j) ? ceiling(j) : now.stages[j].capacity, 1));
       x.max_concurrency = slots == autotune::kUnlimited ? whole_cores : slots;
+      // A CPU stage after all (its calls and the CPU its answerers charged are most of its
+      // time: a blocking stage that computes): no more than the cores, as any CPU stage.
+      if (x.items > 0 && x.cpu_ns * 2 >= x.work_ns)
+        x.max_concurrency = std::min(x.max_concurrency, whole_cores);
     } else {
       x.max_concurrency = whole_cores;
     }

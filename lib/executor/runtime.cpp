@@ -168,6 +168,9 @@ RuntimeConfig validated(RuntimeConfig c) {
   if (c.device.host_compute_slots < 1 || c.device.host_compute_slots > 1024)
     throw Error("splitflow::Runtime: DeviceConfig::host_compute_slots must be 1 to 1024, not " +
                 std::to_string(c.device.host_compute_slots));
+  if (c.blocking_threads < 1 || c.blocking_threads > 4096)
+    throw Error("splitflow::Runtime: blocking_threads must be 1 to 4096, not " +
+                std::to_string(c.blocking_threads));
   return c;
 }
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "splitflow/core/config.hpp"
 #include "splitflow/core/detail/clock.hpp"
+#include "splitflow/executor/detail/blocking_pool.hpp"
 #include "tuning_board.hpp"
 
 namespace splitflow::detail {
@@ -31,6 +32,8 @@ class RuntimeCore {
   int threads() const noexcept { return threads_; }
   /// The tuned runs on this runtime, which share its threads as cores (RunTuner).
   TuningBoard& tuning_board() noexcept { return tuning_board_; }
+  /// The threads of blocking stages (StageOptions::blocking).
+  BlockingPool& blocking_pool() noexcept { return blocking_pool_; }
   const RuntimeConfig& config() const noexcept { return config_; }
   /// The calling thread's slot in the arena of `runtime` while it runs one of that runtime's
   /// tasks, else -1. Read once per task (TaskScope), so a claim pays a thread-local read, not
@@ -131,6 +134,9 @@ class RuntimeCore {
   std::mutex urgent_mu_;
   std::deque<std::function<void()>> urgent_;  // under urgent_mu_
   std::atomic<std::size_t> urgent_pending_{0};
+  // Last: destroyed first, joining its threads before the arena goes (a cancelled run's
+  // blocking bodies may still be running; their answers find their items withdrawn).
+  BlockingPool blocking_pool_{config_.blocking_threads};
 };
 
 }  // namespace splitflow::detail

@@ -804,11 +804,14 @@ when a GPU stage first runs, one device with a pool of `streams` streams shared 
 `arbiter` shares the device with other processes (C++ ArbiterConfig, docs/sharing.md): a dict
 with "name" and optionally "capacity", "share", "group", "liveness" (seconds) and "label".
 `host_memory_budget`: bytes the items of its tuned graphs may hold at once (C++
-RuntimeConfig::host_memory_budget; 0: none): the tuner sizes their queues within it.)doc")
+RuntimeConfig::host_memory_budget; 0: none): the tuner sizes their queues within it.
+`blocking_threads`: the most bodies of blocking stages (`Graph.stage(..., blocking=True)`)
+waiting at once.)doc")
       .def(py::init([](int threads, bool telemetry, std::string backend, std::size_t streams,
                        int host_compute_slots, std::optional<py::dict> arbiter,
-                       std::size_t host_memory_budget) {
+                       std::size_t host_memory_budget, std::size_t blocking_threads) {
              RuntimeConfig c;
+             c.blocking_threads = blocking_threads;
              c.threads = threads;
              c.telemetry = telemetry;
              c.host_memory_budget = host_memory_budget;
@@ -840,7 +843,8 @@ RuntimeConfig::host_memory_budget; 0: none): the tuner sizes their queues within
            }),
            py::arg("threads") = 0, py::arg("telemetry") = true, py::arg("backend") = "auto",
            py::arg("streams") = 8, py::arg("host_compute_slots") = 1,
-           py::arg("arbiter") = py::none(), py::arg("host_memory_budget") = 0)
+           py::arg("arbiter") = py::none(), py::arg("host_memory_budget") = 0,
+           py::arg("blocking_threads") = 64)
       .def_property_readonly("threads", [](const PyRuntime& r) { return r.rt.threads(); })
       .def("device_stats", [](const PyRuntime& r) -> py::object {
         auto d = r.rt.device_stats();
@@ -1016,10 +1020,14 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
                        py::object concurrency, bool ordered, std::size_t capacity,
                        std::string on_error, py::object substitute, py::object order,
-                       py::object field, long long processes) {
-        // concurrency="auto": C++'s Concurrency::automatic (the graph's tuner sets it).
+                       py::object field, long long processes, bool blocking) {
+        // concurrency="auto": C++'s Concurrency::automatic (the graph's tuner sets it). Not
+        // given: "auto" for a C++ op (the library's, safe on any number of threads at once),
+        // 1 for a Python function (whose state is its author's: serial unless they say).
         std::size_t n;
-        if (py::isinstance<py::str>(concurrency)) {
+        if (concurrency.is_none()) {
+          n = py::isinstance<CpuOp>(body) && processes == 0 ? Concurrency::automatic : Concurrency::serial;
+        } else if (py::isinstance<py::str>(concurrency)) {
           if (concurrency.cast<std::string>() != "auto")
             throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency must be a "
                              "number (0: unlimited) or 'auto', not '" +
@@ -1036,6 +1044,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           n = static_cast<std::size_t>(v);
         }
         StageOptions o = stage_options(n, order_of(ordered, order), capacity, on_error);
+        if (blocking && processes > 0)
+          throw GraphError("splitflow.Graph.stage('" + name + "'): blocking=True runs the body on "
+                           "the runtime's blocking threads; processes= runs it in worker "
+                           "processes: give one of them");
+        o.blocking = blocking;
         std::optional<Stage<Value, Value>> s;
         std::function<Value(Value)> fn;
         if (processes < 0)
@@ -1100,12 +1113,14 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         s = g->graph.stage<Value>(name, std::move(fn), o);
         if (!substitute.is_none()) s->substitute_on_error(from_python(substitute));
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
-      }, py::arg("name"), py::arg("body"), py::arg("concurrency") = 1, py::arg("ordered") = true,
+      }, py::arg("name"), py::arg("body"), py::arg("concurrency") = py::none(), py::arg("ordered") = true,
       py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),
       py::arg("order") = py::none(), py::arg("field") = py::none(), py::arg("processes") = 0,
+      py::arg("blocking") = false,
       "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "
       "splitflow.ops (no GIL). concurrency 0 means unlimited; 'auto': set by the graph's tuner "
-      "while it runs (its decisions in the stats' 'autotune'). order='in_order' (default) or "
+      "while it runs (its decisions in the stats' 'autotune'); not given: 'auto' for a C++ op, "
+      "1 for a Python function (serial: its state is yours). order='in_order' (default) or "
       "'out_of_order', as in C++ (ordered=True/False says the same). on_error='skip' drops items "
       "whose body raises (counted, with their messages, in the stats: 'skipped', 'errors'); "
       "substitute=value emits value in their place instead. field='image' (a dict's key) or "
@@ -1114,7 +1129,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "processes=N runs a Python function in N spawned worker processes (past the GIL, as "
       "DataLoader workers; the function must be importable by name), arrays moving through "
       "shared memory; same order, error and skip semantics; a worker that dies fails (or skips) "
-      "only the item it held and is replaced.")
+      "only the item it held and is replaced. blocking=True: the body waits rather than "
+      "computes (a slow read, a blocking call): it runs on the runtime's blocking threads, not "
+      "the arena's, so concurrency may go past the cores ('auto' takes it there when its "
+      "measured CPU is a small part of its time); a Python body holds the GIL only while it "
+      "runs Python.")
       .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t size, bool drop_last) {
         // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
         auto b = g->graph.batch<Value>(name, size, {.drop_last = drop_last});

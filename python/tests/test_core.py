@@ -389,6 +389,55 @@ def test_order_takes_the_cpp_names(rt):
 # concurrency="auto" (C++'s Concurrency::automatic, docs/autotune.md "In the runtime"): the
 # graph's tuner sets the stage's concurrency while it runs and explains each decision in the
 # stats; bad values are refused when the stage is built, naming it.
+def test_a_blocking_stage_waits_past_the_threads_in_order():
+    # blocking=True: the body runs on the runtime's blocking threads, so six calls wait at once
+    # on a runtime of two threads (a barrier only six at once can pass); order and errors as
+    # for any stage; an automatic one that sleeps is raised past the threads by the tuner.
+    import threading
+    import time
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "reads")
+    barrier = threading.Barrier(6, timeout=20)
+    met = []
+
+    def read(i):
+        if i < 6:
+            barrier.wait()  # raises BrokenBarrierError if six never wait at once
+            met.append(i)
+        time.sleep(0.0005)
+        return i * 3
+
+    out = g.pull_sink("out")
+    g.indices("i", list(range(300))) >> g.stage("read", read, concurrency=6, blocking=True) >> out
+    assert list(g.iterate(out)) == [3 * i for i in range(300)]
+    assert sorted(met) == list(range(6))
+
+    def flaky(i):
+        if i == 7:
+            raise ValueError("unreadable")
+        return i
+
+    g2 = sf.Graph(rt, "flaky")
+    out2 = g2.pull_sink("out")
+    g2.indices("i", list(range(20))) >> g2.stage("read", flaky, concurrency=4, blocking=True) >> out2
+    with pytest.raises(sf.StageError, match="unreadable") as e:
+        list(g2.iterate(out2))
+    assert e.value.stage == "read" and e.value.item == 7
+
+    g3 = sf.Graph(rt, "tuned-reads", autotune_window=0.01)
+    out3 = g3.pull_sink("out")
+    g3.indices("i", list(range(1500))) >> \
+        g3.stage("read", lambda i: time.sleep(0.002) or i, concurrency="auto", blocking=True) >> out3
+    run = g3.run()
+    assert [v for v in out3] == list(range(1500))
+    assert run.wait(timeout=60) == "succeeded"
+    raised = [int(e.split(" -> ")[1].split(":")[0]) for e in run.stats()["autotune"]
+              if e.startswith("read ") and " -> " in e and "capacity" not in e]
+    assert raised and max(raised) > 2, run.stats()["autotune"]
+    with pytest.raises(sf.GraphError, match="blocking=True .* processes="):
+        sf.Graph(rt, "bad").stage("w", read, blocking=True, processes=2)
+
+
 def test_item_bytes_and_the_runtimes_memory_budget():
     # Each stage's input items are sampled (StageStats::item_bytes): a NumPy array by its
     # buffer's length. Under Runtime(host_memory_budget=...) the tuner sizes the queue of an
@@ -430,6 +479,34 @@ def test_item_bytes_and_the_runtimes_memory_budget():
     assert held(0)[2] > budget
     with pytest.raises(TypeError):
         sf.Runtime(threads=1, host_memory_budget=-1)
+
+
+def test_a_stage_of_an_op_given_no_concurrency_is_tuned_and_a_functions_is_serial():
+    # docs/api.md, "Concurrency": where a user sets nothing the library's own work is tuned; a
+    # Python function's state is its author's, so it runs one at a time.
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "ops-auto", autotune_window=0.01)
+    out = g.pull_sink("out")
+    calls = []
+    g.indices("i", list(range(2000))) >> g.stage("fill", sf.ops.fill([64, 64], "uint8")) >> \
+        g.stage("py", lambda t: calls.append(1) or t) >> out
+    run = g.run()
+    assert sum(1 for _ in out) == 2000
+    assert run.wait(timeout=60) == "succeeded" and len(calls) == 2000
+    stats = run.stats()
+    events = stats["autotune"]
+    assert events and events[0].startswith("model per item: fill "), events
+    assert "py" not in events[0], "a function stage is not modelled: its concurrency is 1"
+    stages = {s["name"]: s for s in stats["stages"]}
+    assert 1 <= stages["fill"]["concurrency_limit"] <= 2
+    assert stages["py"]["concurrency_limit"] == 1 and stages["py"]["max_concurrency"] == 1
+    # A number given is kept, for an op too.
+    g2 = sf.Graph(rt, "ops-fixed", autotune_window=0.01)
+    out2 = g2.pull_sink("out")
+    g2.indices("i", list(range(100))) >> g2.stage("fill", sf.ops.fill([4], "uint8"), concurrency=1) >> out2
+    run2 = g2.run()
+    assert sum(1 for _ in out2) == 100 and run2.wait(timeout=60) == "succeeded"
+    assert run2.stats()["autotune"] == []
 
 
 def test_concurrency_auto_is_tuned_and_explained():

@@ -47,6 +47,17 @@ struct StageOptions {
   Order order = Order::in_order;
   std::size_t capacity = 0;
   OnError on_error = OnError::fail;
+  /// Graph::stage only: the body waits rather than computes (a read from a slow file system or
+  /// an object store, a blocking client's call). It runs on the runtime's blocking threads
+  /// (RuntimeConfig::blocking_threads), not on the arena's, so `concurrency` may go past the
+  /// cores (with Concurrency::automatic the tuner takes it there when the body's measured CPU
+  /// is a small part of its time) and no arena thread is held while it waits. Its CPU time is
+  /// measured (StageStats::call_ns). Order, errors and skips as for any stage.
+  /// \code
+  ///   auto read = g.stage("read", [](std::string path) { return slurp(path); },
+  ///                       {.concurrency = splitflow::Concurrency::automatic, .blocking = true});
+  /// \endcode
+  bool blocking = false;
 };
 
 /// Per-batch-node policy (Graph::batch).
@@ -201,6 +212,9 @@ struct RuntimeConfig {
   ///   splitflow::Runtime rt(c);
   /// \endcode
   std::size_t host_memory_budget = 0;
+  /// Threads for blocking stages (StageOptions::blocking), started as they are needed: at most
+  /// this many bodies of blocking stages wait at once; more wait for one of them.
+  std::size_t blocking_threads = 64;
   DeviceConfig device{};
 };
 

@@ -383,6 +383,34 @@ class Graph {
     static_assert(!std::is_void_v<Out>,
                   "splitflow::Graph::stage: the body returns nothing; use sink() for a body "
                   "without output");
+    if (options.blocking) {
+      if constexpr (std::is_invocable_v<F&, I&&>) {
+        // An async stage whose answers come from the runtime's blocking threads: the body runs
+        // there, its thread CPU time charged to the stage (the tuner's measure of its CPU).
+        auto kept = std::make_shared<F>(std::move(body));
+        detail::GraphCore* core = core_.get();
+        auto submit = [kept, core](I item, Completion<Out> c) {
+          core->post_blocking(detail::BlockingTask(
+              [kept, item = std::move(item), c = std::move(c)]() mutable {
+                const std::int64_t cpu0 = detail::thread_cpu_ns();
+                try {
+                  Out out = std::invoke(*kept, std::move(item));
+                  c.charge_cpu(std::chrono::nanoseconds(detail::thread_cpu_ns() - cpu0));
+                  c.done(std::move(out));
+                } catch (...) {
+                  c.charge_cpu(std::chrono::nanoseconds(detail::thread_cpu_ns() - cpu0));
+                  c.fail(std::current_exception());
+                }
+              }));
+        };
+        auto& n = add<detail::AsyncStageNode<I, Out, decltype(submit)>>(std::move(name),
+                                                                        std::move(submit), options);
+        return Stage<I, Out>(n, &n.input(), &n);
+      } else {
+        throw GraphError("splitflow::Graph::stage('" + name + "'): a blocking stage's body takes "
+                         "its item alone (Out(In)), not a HostAllocator");
+      }
+    }
     auto& n = add<detail::StageNode<I, Out, F>>(std::move(name), std::move(body), options);
     return Stage<I, Out>(n, &n.input(), &n);
   }
@@ -417,6 +445,9 @@ class Graph {
     static_assert(std::is_invocable_v<F&, In&&, Completion<Out>&&>,
                   "splitflow::Graph::async_stage: the body must be callable as void(In, "
                   "Completion<Out>)");
+    if (options.blocking)
+      throw GraphError("splitflow::Graph::async_stage('" + name + "'): StageOptions::blocking is "
+                       "for Graph::stage (an async stage's body returns at once already)");
     auto& n = add<detail::AsyncStageNode<In, Out, F>>(std::move(name), std::move(body), options);
     return Stage<In, Out>(n, &n.input(), &n);
   }
@@ -448,6 +479,9 @@ class Graph {
     using I = typename detail::input_type<In, F>::type;
     static_assert(std::is_invocable_v<F&, I&&>,
                   "splitflow::Graph::sink: the body cannot be called with the input type");
+    if (options.blocking)
+      throw GraphError("splitflow::Graph::sink('" + name + "'): StageOptions::blocking is for "
+                       "Graph::stage; a sink that waits can be a blocking stage into a sink");
     auto& n = add<detail::SinkNode<I, F>>(std::move(name), std::move(body), options);
     return Sink<I>(n, &n.input(), nullptr);
   }

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <unordered_set>
@@ -24,6 +26,8 @@ class AsyncAnswer {
  public:
   /// Returns whether this was the item's answer (false: it was answered already).
   virtual bool answer(std::exception_ptr error, void* value) noexcept = 0;
+  /// CPU time the item's work cost where it ran, in ns (Completion::charge_cpu).
+  virtual void charge_cpu(std::int64_t ns) noexcept = 0;
 
  protected:
   ~AsyncAnswer() = default;
@@ -68,6 +72,13 @@ class Completion {
     if (!to) return false;
     if (!error) error = std::make_exception_ptr(Error("failed with no error given"));
     return to->answer(std::move(error), nullptr);
+  }
+  /// The CPU time the item's work cost where it ran (a pool's thread, measured with its thread
+  /// CPU clock): added to the stage's StageStats::call_ns, which the tuner takes as the stage's
+  /// CPU (an I/O stage's work is mostly waiting). Call before done() or fail(); later it does
+  /// nothing. Blocking stages (StageOptions::blocking) charge their bodies' CPU this way.
+  void charge_cpu(std::chrono::nanoseconds cpu) noexcept {
+    if (to_) to_->charge_cpu(cpu.count());
   }
   /// Whether it still waits for its answer.
   explicit operator bool() const noexcept { return to_ != nullptr; }
@@ -143,10 +154,12 @@ class AsyncStageNode final : public Emitter<Out> {
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     Emitter<Out>::reset(start, telemetry, parallelism);
     call_ticks_.store(0, std::memory_order_relaxed);
+    charged_ns_.store(0, std::memory_order_relaxed);
   }
 
   void add_stats_locked(StageStats& s) const override {
-    s.call_ns = ticks_to_ns(call_ticks_.load(std::memory_order_relaxed));
+    s.call_ns = ticks_to_ns(call_ticks_.load(std::memory_order_relaxed)) +
+                charged_ns_.load(std::memory_order_relaxed);
   }
 
   /// A cancel (or a failure) withdraws the items out at once: the run need not wait for their
@@ -198,11 +211,15 @@ class AsyncStageNode final : public Emitter<Out> {
       n->graph().post([n, self](WorkList& w) { n->finish(self, w); });
       return true;
     }
+    void charge_cpu(std::int64_t ns) noexcept override {
+      if (ns > 0) charged.fetch_add(ns, std::memory_order_relaxed);
+    }
     void release() noexcept {
       if (holders.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
     }
     AsyncStageNode* node;
     std::atomic<bool> answered{false};
+    std::atomic<std::int64_t> charged{0};  // Completion::charge_cpu (read by finish)
     std::atomic<int> holders{3};
     std::uint64_t seq = 0;
     std::uint64_t ticket = 0;
@@ -218,6 +235,8 @@ class AsyncStageNode final : public Emitter<Out> {
       std::lock_guard lk(this->mu_);
       out_.erase(inv);
     }
+    if (this->telemetry())
+      charged_ns_.fetch_add(inv->charged.load(std::memory_order_relaxed), std::memory_order_relaxed);
     if (inv->error) {
       std::optional<Out> replacement;
       inv->out.reset();
@@ -253,6 +272,7 @@ class AsyncStageNode final : public Emitter<Out> {
   F f_;
   InputPort<In> in_;
   std::atomic<Ticks> call_ticks_{0};  // summed time of the bodies' calls (StageStats::call_ns)
+  std::atomic<std::int64_t> charged_ns_{0};  // CPU the answerers charged (Completion::charge_cpu)
   std::unordered_set<Invocation*> out_;  // under mu_: items out, not yet finished
 };
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "splitflow/core/config.hpp"
+#include "splitflow/executor/detail/blocking_pool.hpp"
 #include "splitflow/executor/detail/node.hpp"
 #include "splitflow/telemetry/stats.hpp"
 #include "splitflow/telemetry/telemetry.hpp"
@@ -106,6 +107,8 @@ class GraphCore {
   /// post() for a caller that may not hold a unit: does nothing (returns false) if the run has
   /// ended, otherwise the posted task keeps the run, and so the graph, alive until it ran.
   bool post_if_running(std::function<void(WorkList&)> fn);
+  /// Runs `t` on the runtime's blocking threads (a blocking stage's body: StageOptions::blocking).
+  void post_blocking(BlockingTask t);
   /// Whether the run has observers (GraphOptions::observer, the tracer); cheap.
   bool observed() const noexcept { return !observers_.empty(); }
   const std::vector<Observer*>& observers() const noexcept { return observers_; }

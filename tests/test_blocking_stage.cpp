@@ -1,0 +1,259 @@
+// Blocking stages (StageOptions::blocking): a body that waits runs on the runtime's blocking
+// threads, not the arena's. Checks that more bodies wait at once than the runtime has threads
+// (a rendezvous that only that many at once can pass), order, the cap of blocking threads, the
+// error policies, a cancel with bodies waiting, the CPU charged to the stage (call_ns), that
+// the tuner takes an automatic one past the cores when it waits and not when it computes, and
+// that nothing leaks. Checks docs/autotune.md, "I/O stages", and StageOptions::blocking.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <regex>
+#include <splitflow/splitflow.hpp>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "helpers.hpp"
+
+using namespace splitflow;
+using namespace std::chrono_literals;
+using testing_helpers::counter;
+using testing_helpers::raise_max;
+using testing_helpers::spin_us;
+using testing_helpers::Tracked;
+
+namespace {
+
+// The first `n` arrivals wait until all `n` are in (or 20 s pass: then `met` stays false);
+// later ones pass at once.
+class Rendezvous {
+ public:
+  explicit Rendezvous(std::size_t n) : n_(n) {}
+  void arrive() {
+    std::unique_lock lk(mu_);
+    if (met_) return;
+    if (++in_ == n_) {
+      met_ = true;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait_for(lk, 20s, [&] { return met_; });
+  }
+  bool met() {
+    std::lock_guard lk(mu_);
+    return met_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t n_, in_ = 0;
+  bool met_ = false;
+};
+
+}  // namespace
+
+// "Stages that wait rather than compute get concurrency beyond the core count": eight bodies
+// of a blocking stage wait at once on a runtime of two threads, and the outputs keep the order.
+TEST(BlockingStage, MoreBodiesWaitAtOnceThanTheRuntimeHasThreadsInOrder) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "reads");
+  Rendezvous eight(8);
+  std::atomic<long> inside{0}, most{0};
+  auto read = g.stage("read", [&](long x) {
+    raise_max(most, ++inside);
+    eight.arrive();
+    std::this_thread::sleep_for(200us);
+    --inside;
+    return x * 10;
+  }, {.concurrency = 8, .blocking = true});
+  std::vector<long> got;
+  auto sink = g.sink("s", [&](long v) { got.push_back(v); });
+  g.source("n", counter(500)) >> read >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_TRUE(eight.met()) << "eight bodies never waited at once (most: " << most << ")";
+  EXPECT_LE(most.load(), 8) << "the stage's concurrency bounds its bodies at once";
+  ASSERT_EQ(got.size(), 500u);
+  for (long i = 0; i < 500; ++i) EXPECT_EQ(got[static_cast<std::size_t>(i)], i * 10) << i;
+  const RunStats st = run.stats();
+  const StageStats& r = *st.find("read");
+  EXPECT_EQ(r.items_out, 500u);
+  EXPECT_EQ(r.max_concurrency, 8u);
+  // Its CPU, measured on the blocking threads, is a small part of its time (it sleeps).
+  ASSERT_GE(r.call_ns, 0);
+  EXPECT_LT(r.call_ns, r.work_ns / 2) << "call " << r.call_ns << " work " << r.work_ns;
+}
+
+// RuntimeConfig::blocking_threads caps the bodies waiting at once, across the stages.
+TEST(BlockingStage, TheRuntimesBlockingThreadsCapTheBodiesAtOnce) {
+  Runtime rt({.threads = 2, .blocking_threads = 3});
+  Graph g(rt, "capped");
+  std::atomic<long> inside{0}, most{0};
+  auto body = [&](long x) {
+    raise_max(most, ++inside);
+    std::this_thread::sleep_for(300us);
+    --inside;
+    return x;
+  };
+  auto a = g.stage("a", body, {.concurrency = 8, .blocking = true});
+  auto b = g.stage("b", body, {.concurrency = 8, .blocking = true});
+  long n = 0, next = 0;
+  bool ordered = true;
+  auto sink = g.sink("s", [&](long v) { ordered &= v == next++; ++n; });
+  g.source("n", counter(400)) >> a >> b >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, 400);
+  EXPECT_TRUE(ordered);
+  EXPECT_LE(most.load(), 3) << "at most the runtime's 3 blocking threads";
+  EXPECT_GE(most.load(), 2);
+}
+
+// Errors as for any stage: a failure names the graph, the stage and the item; skip drops the
+// item alone; the body's CPU is charged either way.
+TEST(BlockingStage, ErrorsFollowTheStagesPolicy) {
+  Runtime rt({.threads = 2});
+  {
+    Graph g(rt, "failing");
+    auto read = g.stage("read", [](long x) {
+      if (x == 37) throw std::runtime_error("no such file");
+      return x;
+    }, {.concurrency = 4, .blocking = true});
+    g.source("n", counter(100)) >> read >> g.sink("s", [](long) {});
+    auto run = g.run();
+    try {
+      run.wait();
+      ADD_FAILURE() << "no error";
+    } catch (const StageError& e) {
+      EXPECT_EQ(e.stage(), "read");
+      EXPECT_EQ(e.item(), 37u);
+      EXPECT_NE(std::string(e.what()).find("no such file"), std::string::npos) << e.what();
+      EXPECT_EQ(e.graph(), "failing");
+    }
+    EXPECT_EQ(run.status(), RunStatus::failed);
+  }
+  Graph g(rt, "skipping");
+  auto read = g.stage("read", [](long x) {
+    if (x % 10 == 3) throw std::runtime_error("corrupt");
+    return x;
+  }, {.concurrency = 4, .on_error = OnError::skip, .blocking = true});
+  std::vector<long> got;
+  g.source("n", counter(100)) >> read >> g.sink("s", [&](long v) { got.push_back(v); });
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  std::vector<long> want;
+  for (long i = 0; i < 100; ++i)
+    if (i % 10 != 3) want.push_back(i);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(run.stats().find("read")->items_skipped, 10u);
+}
+
+// A cancel with bodies waiting ends the run without waiting for them; their items are not lost
+// track of (nothing leaks), and the graph runs again.
+TEST(BlockingStage, ACancelWithBodiesWaitingEndsTheRunAndTheGraphRunsAgain) {
+  Tracked::live = 0;
+  {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "cancelled");
+    std::atomic<bool> release{false};
+    std::atomic<long> entered{0};
+    auto read = g.stage("read", [&](Tracked t) {
+      ++entered;
+      while (!release.load()) std::this_thread::sleep_for(1ms);
+      return t;
+    }, {.concurrency = 4, .blocking = true});
+    long seen = 0;
+    auto src = g.source("n", [i = 0]() mutable -> std::optional<Tracked> {
+      if (i == 50) return std::nullopt;
+      return Tracked(i++);
+    });
+    src >> read >> g.sink("s", [&](Tracked) { ++seen; });
+    auto run = g.run();
+    while (entered.load() < 4) std::this_thread::yield();
+    run.cancel();
+    EXPECT_EQ(run.wait(), RunStatus::cancelled) << "the run ends with four bodies still waiting";
+    release = true;
+    // Again, to the end.
+    auto again = g.run();
+    EXPECT_EQ(again.wait(), RunStatus::succeeded);
+    EXPECT_EQ(again.stats().find("s")->items_out, 50u);
+  }
+  EXPECT_EQ(Tracked::live.load(), 0) << "every item freed, those withdrawn by the cancel too";
+}
+
+// The tuner: an automatic blocking stage that waits goes past the runtime's threads; one that
+// computes (its CPU, charged from the blocking threads, is its whole time) stays within them.
+TEST(BlockingStage, TheTunerTakesAWaitingOnePastTheCoresAndNotAComputingOne) {
+  auto tuned = [](bool waits) {
+    Runtime rt({.threads = 2});
+    GraphOptions o;
+    o.autotune_window = 10ms;
+    Graph g(rt, waits ? "waits" : "computes", o);
+    auto read = g.stage("read", [waits](long x) {
+      if (waits) std::this_thread::sleep_for(2ms);
+      else spin_us(500);
+      return x;
+    }, {.concurrency = Concurrency::automatic, .blocking = true});
+    auto parse = g.stage("parse", [](long x) { spin_us(100); return x + 1; },
+                         {.concurrency = Concurrency::automatic});
+    long next = 1;
+    bool ordered = true;
+    g.source("n", counter(waits ? 3000 : 1500)) >> read >> parse >>
+        g.sink("s", [&](long v) { ordered &= v == next++; });
+    auto run = g.run();
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_TRUE(ordered);
+    return run.stats();
+  };
+  const std::regex raised(R"(^read (\d+) -> (\d+): .+)");
+  auto most = [&](const RunStats& st) {
+    std::size_t m = 1;
+    for (const std::string& e : st.autotune) {
+      std::smatch x;
+      if (std::regex_match(e, x, raised)) m = std::max<std::size_t>(m, std::stoul(x[2]));
+    }
+    return m;
+  };
+  auto text = [](const RunStats& st) {
+    std::string all;
+    for (const std::string& e : st.autotune) all += "\n  " + e;
+    return all;
+  };
+  const RunStats w = tuned(true);
+  EXPECT_GT(most(w), 2u) << "a waiting body goes past the 2 threads:" << text(w);
+  EXPECT_NE(text(w).find("read "), std::string::npos);
+  const RunStats c = tuned(false);
+  EXPECT_LE(most(c), 2u) << "a computing body stays within the cores:" << text(c);
+  EXPECT_LE(c.find("read")->concurrency_limit, 2u);
+  // Its CPU is charged from the blocking threads: about its 500 us of spinning per item.
+  const StageStats& r = *c.find("read");
+  EXPECT_GT(r.call_ns, static_cast<std::int64_t>(r.items_out) * 300'000) << r.call_ns;
+}
+
+// StageOptions::blocking is for Graph::stage: elsewhere it is refused, naming the node.
+TEST(BlockingStage, OnlyAStageTakesBlocking) {
+  Runtime rt({.threads = 1});
+  Graph g(rt, "misused");
+  try {
+    g.sink("s", [](long) {}, {.blocking = true});
+    ADD_FAILURE() << "a blocking sink was accepted";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("sink('s')"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((g.async_stage<long, long>("a", [](long x, Completion<long> c) { c.done(x); },
+                                          {.blocking = true})),
+               GraphError);
+  try {
+    Runtime none({.threads = 1, .blocking_threads = 0});
+    ADD_FAILURE() << "no blocking threads accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blocking_threads must be 1 to 4096, not 0"), std::string::npos)
+        << e.what();
+  }
+}
