@@ -158,11 +158,13 @@ TEST(BlockingStage, ErrorsFollowTheStagesPolicy) {
 // track of (nothing leaks), and the graph runs again.
 TEST(BlockingStage, ACancelWithBodiesWaitingEndsTheRunAndTheGraphRunsAgain) {
   Tracked::live = 0;
+  // (Declared before the runtime: the bodies withdrawn by the cancel still read them until the
+  // runtime's blocking threads are joined, at its end.)
+  std::atomic<bool> release{false};
+  std::atomic<long> entered{0};
   {
     Runtime rt({.threads = 2});
     Graph g(rt, "cancelled");
-    std::atomic<bool> release{false};
-    std::atomic<long> entered{0};
     auto read = g.stage("read", [&](Tracked t) {
       ++entered;
       while (!release.load()) std::this_thread::sleep_for(1ms);
