@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
     // An async stage (its call_ns), answered at once.
     auto fetch = g.async_stage<long, long>("fetch", [](long i, sf::Completion<long> c) { c.done(i); },
                                            {.concurrency = 2});
+    // A blocking stage (its call_ns and wait_ns): a short wait on the blocking threads.
+    auto wait = g.stage("wait", [](long i) { std::this_thread::sleep_for(50us); return i; },
+                        {.concurrency = 4, .blocking = true});
     auto load = g.stage("load", [](long i, sf::HostAllocator& a) {
       sf::HostTensor t = a.empty(sf::DType::i64, {256});
       t.data<std::int64_t>()[0] = i;
@@ -61,7 +64,7 @@ int main(int argc, char** argv) {
       return ctx.to_host(t);
     }, o);
     auto sink = g.sink("step", [](sf::HostTensor) {});
-    src >> check >> fetch >> load >> model >> sink;
+    src >> check >> fetch >> wait >> load >> model >> sink;
     auto run = g.run();
     run.wait();
     const auto stats = run.stats();

@@ -7,11 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -65,6 +68,31 @@ struct MoveOnly {
   MoveOnly& operator=(MoveOnly&&) noexcept = default;
   MoveOnly(const MoveOnly&) = delete;
   MoveOnly& operator=(const MoveOnly&) = delete;
+};
+
+/// Bodies that hold until `limit` of them run at once (the first time only; 20 s at most), so
+/// that the observed maximum reaches the limit if and only if the runtime allows it: enter()
+/// at a body's start, leave() at its end; `met`, `max_seen` under the lock once the run ended.
+struct Rendezvous {
+  explicit Rendezvous(long limit) : limit(limit) {}
+  void enter() {
+    std::unique_lock lk(mu);
+    ++current;
+    max_seen = std::max(max_seen, current);
+    if (current >= limit) met = true;
+    cv.notify_all();
+    cv.wait_for(lk, std::chrono::seconds(20), [&] { return met; });
+  }
+  void leave() {
+    std::lock_guard lk(mu);
+    --current;
+  }
+  const long limit;
+  std::mutex mu;
+  std::condition_variable cv;
+  long current = 0;
+  long max_seen = 0;
+  bool met = false;
 };
 
 /// Running maximum of a value updated concurrently.

@@ -24,39 +24,10 @@ using namespace splitflow;
 using namespace std::chrono_literals;
 using testing_helpers::counter;
 using testing_helpers::raise_max;
+using testing_helpers::Rendezvous;
 using testing_helpers::spin_us;
 using testing_helpers::Tracked;
 
-namespace {
-
-// The first `n` arrivals wait until all `n` are in (or 20 s pass: then `met` stays false);
-// later ones pass at once.
-class Rendezvous {
- public:
-  explicit Rendezvous(std::size_t n) : n_(n) {}
-  void arrive() {
-    std::unique_lock lk(mu_);
-    if (met_) return;
-    if (++in_ == n_) {
-      met_ = true;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait_for(lk, 20s, [&] { return met_; });
-  }
-  bool met() {
-    std::lock_guard lk(mu_);
-    return met_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::size_t n_, in_ = 0;
-  bool met_ = false;
-};
-
-}  // namespace
 
 // "Stages that wait rather than compute get concurrency beyond the core count": eight bodies
 // of a blocking stage wait at once on a runtime of two threads, and the outputs keep the order.
@@ -64,12 +35,10 @@ TEST(BlockingStage, MoreBodiesWaitAtOnceThanTheRuntimeHasThreadsInOrder) {
   Runtime rt({.threads = 2});
   Graph g(rt, "reads");
   Rendezvous eight(8);
-  std::atomic<long> inside{0}, most{0};
   auto read = g.stage("read", [&](long x) {
-    raise_max(most, ++inside);
-    eight.arrive();
+    eight.enter();
     std::this_thread::sleep_for(200us);
-    --inside;
+    eight.leave();
     return x * 10;
   }, {.concurrency = 8, .blocking = true});
   std::vector<long> got;
@@ -77,8 +46,8 @@ TEST(BlockingStage, MoreBodiesWaitAtOnceThanTheRuntimeHasThreadsInOrder) {
   g.source("n", counter(500)) >> read >> sink;
   auto run = g.run();
   ASSERT_EQ(run.wait(), RunStatus::succeeded);
-  EXPECT_TRUE(eight.met()) << "eight bodies never waited at once (most: " << most << ")";
-  EXPECT_LE(most.load(), 8) << "the stage's concurrency bounds its bodies at once";
+  EXPECT_TRUE(eight.met) << "eight bodies never waited at once (most: " << eight.max_seen << ")";
+  EXPECT_EQ(eight.max_seen, 8) << "the stage's concurrency bounds its bodies at once";
   ASSERT_EQ(got.size(), 500u);
   for (long i = 0; i < 500; ++i) EXPECT_EQ(got[static_cast<std::size_t>(i)], i * 10) << i;
   const RunStats st = run.stats();

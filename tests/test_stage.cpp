@@ -23,38 +23,12 @@ using testing_helpers::flatten;
 using testing_helpers::iota_vec;
 using testing_helpers::iota_vector;
 using testing_helpers::raise_max;
+using testing_helpers::Rendezvous;
 using testing_helpers::spin_us;
 using testing_helpers::Tracked;
 using testing_helpers::tracked_source;
 using testing_helpers::work_for;
 
-namespace {
-
-// Bodies that hold until `limit` of them run at once (the first time only), so that the
-// observed maximum reaches the limit if and only if the runtime allows it.
-struct Rendezvous {
-  explicit Rendezvous(long limit) : limit(limit) {}
-  void enter() {
-    std::unique_lock lk(mu);
-    ++current;
-    max_seen = std::max(max_seen, current);
-    if (current >= limit) met = true;
-    cv.notify_all();
-    cv.wait_for(lk, std::chrono::seconds(20), [&] { return met; });
-  }
-  void leave() {
-    std::lock_guard lk(mu);
-    --current;
-  }
-  const long limit;
-  std::mutex mu;
-  std::condition_variable cv;
-  long current = 0;
-  long max_seen = 0;
-  bool met = false;
-};
-
-}  // namespace
 
 // "ordering: in-order: output order equals input order even when parallel"
 TEST(Ordering, InOrderParallelStagesPreserveSourceOrder) {

@@ -238,9 +238,13 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
             slots = std::min(slots, std::max<std::size_t>(
                                         ceiling(j) ? ceiling(j) : now.stages[j].capacity, 1));
       x.max_concurrency = slots == autotune::kUnlimited ? whole_cores : slots;
-      // A CPU stage after all (its calls and the CPU its answerers charged are most of its
-      // time: a blocking stage that computes): no more than the cores, as any CPU stage.
-      if (x.items > 0 && x.cpu_ns * 2 >= x.work_ns)
+      // A CPU stage after all: its calls and the CPU its answerers charged are most of its
+      // time, or (a blocking stage, which says how long its bodies waited) its bodies did not
+      // wait clearly longer than they computed (twice: a busy machine, a VM's stolen time, a
+      // first window of few items make a computing body seem to wait a little): no more than
+      // the cores, as any CPU stage.
+      const std::int64_t waited = b.wait_ns >= 0 ? b.wait_ns - std::max<std::int64_t>(a.wait_ns, 0) : -1;
+      if (x.items > 0 && (x.cpu_ns * 2 >= x.work_ns || (waited >= 0 && waited < 2 * x.cpu_ns)))
         x.max_concurrency = std::min(x.max_concurrency, whole_cores);
     } else {
       x.max_concurrency = whole_cores;

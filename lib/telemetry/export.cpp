@@ -58,6 +58,7 @@ Json stage_json(const StageStats& s) {
   j["blocked_ns"] = std::int64_t{s.blocked_ns};
   j["work_ns"] = std::int64_t{s.work_ns};
   if (s.call_ns >= 0) j["call_ns"] = std::int64_t{s.call_ns};  // async stages only
+  if (s.wait_ns >= 0) j["wait_ns"] = std::int64_t{s.wait_ns};  // blocking stages only
   j["mean_concurrency"] = fixed(s.mean_concurrency(), 3);
   j["max_concurrency"] = std::uint64_t{s.max_concurrency};
   j["max_queue"] = std::uint64_t{s.max_queue};

@@ -386,19 +386,30 @@ class Graph {
     if (options.blocking) {
       if constexpr (std::is_invocable_v<F&, I&&>) {
         // An async stage whose answers come from the runtime's blocking threads: the body runs
-        // there, its thread CPU time charged to the stage (the tuner's measure of its CPU).
+        // there, its thread CPU time charged to the stage (call_ns), and the time it waited
+        // (its wall time less its CPU demand: time on a CPU or runnable waiting for one, so
+        // that a busy machine does not make a computing body look as if it waited; wait_ns).
         auto kept = std::make_shared<F>(std::move(body));
         detail::GraphCore* core = core_.get();
         auto submit = [kept, core](I item, Completion<Out> c) {
           core->post_blocking(detail::BlockingTask(
               [kept, item = std::move(item), c = std::move(c)]() mutable {
-                const std::int64_t cpu0 = detail::thread_cpu_ns();
+                const auto wall0 = std::chrono::steady_clock::now();
+                const std::int64_t cpu0 = detail::thread_cpu_ns(), demand0 = detail::thread_cpu_demand_ns();
+                auto charge = [&] {
+                  const std::int64_t cpu = detail::thread_cpu_ns() - cpu0;
+                  const std::int64_t demand = detail::thread_cpu_demand_ns() - demand0;
+                  const std::int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - wall0).count();
+                  c.charge_cpu(std::chrono::nanoseconds(cpu));
+                  c.charge_wait(std::chrono::nanoseconds(wall > demand ? wall - demand : 0));
+                };
                 try {
                   Out out = std::invoke(*kept, std::move(item));
-                  c.charge_cpu(std::chrono::nanoseconds(detail::thread_cpu_ns() - cpu0));
+                  charge();
                   c.done(std::move(out));
                 } catch (...) {
-                  c.charge_cpu(std::chrono::nanoseconds(detail::thread_cpu_ns() - cpu0));
+                  charge();
                   c.fail(std::current_exception());
                 }
               }));

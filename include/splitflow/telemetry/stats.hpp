@@ -162,6 +162,11 @@ struct StageStats {
   /// summed: their CPU part (work_ns runs to each item's answer, the wait included). -1 for
   /// other kinds.
   std::int64_t call_ns = -1;
+  /// Blocking stages (StageOptions::blocking; an async stage whose answerers call
+  /// Completion::charge_wait): the time their bodies waited (slept, read, blocked), summed:
+  /// their wall time less their CPU time and their time runnable waiting for a CPU. -1 for the
+  /// others. The tuner lets such a stage past the cores only while it waits more than it computes.
+  std::int64_t wait_ns = -1;
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
   double mean_queue = 0;             ///< items queued at its input, averaged over wall time

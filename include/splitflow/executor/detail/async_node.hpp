@@ -28,6 +28,8 @@ class AsyncAnswer {
   virtual bool answer(std::exception_ptr error, void* value) noexcept = 0;
   /// CPU time the item's work cost where it ran, in ns (Completion::charge_cpu).
   virtual void charge_cpu(std::int64_t ns) noexcept = 0;
+  /// Time the item's work waited where it ran (slept, read), in ns (Completion::charge_wait).
+  virtual void charge_wait(std::int64_t ns) noexcept = 0;
 
  protected:
   ~AsyncAnswer() = default;
@@ -79,6 +81,13 @@ class Completion {
   /// nothing. Blocking stages (StageOptions::blocking) charge their bodies' CPU this way.
   void charge_cpu(std::chrono::nanoseconds cpu) noexcept {
     if (to_) to_->charge_cpu(cpu.count());
+  }
+  /// The time the item's work waited where it ran (slept, read, blocked: its wall time less its
+  /// CPU time and its time runnable waiting for a CPU): StageStats::wait_ns. With it the tuner
+  /// tells a stage that waits (whose concurrency may go past the cores) from one that computes
+  /// and only seems slow on a busy machine. Call before done() or fail(); later it does nothing.
+  void charge_wait(std::chrono::nanoseconds waited) noexcept {
+    if (to_) to_->charge_wait(waited.count());
   }
   /// Whether it still waits for its answer.
   explicit operator bool() const noexcept { return to_ != nullptr; }
@@ -155,11 +164,14 @@ class AsyncStageNode final : public Emitter<Out> {
     Emitter<Out>::reset(start, telemetry, parallelism);
     call_ticks_.store(0, std::memory_order_relaxed);
     charged_ns_.store(0, std::memory_order_relaxed);
+    waited_ns_.store(0, std::memory_order_relaxed);
+    told_wait_.store(false, std::memory_order_relaxed);
   }
 
   void add_stats_locked(StageStats& s) const override {
     s.call_ns = ticks_to_ns(call_ticks_.load(std::memory_order_relaxed)) +
                 charged_ns_.load(std::memory_order_relaxed);
+    if (told_wait_.load(std::memory_order_relaxed)) s.wait_ns = waited_ns_.load(std::memory_order_relaxed);
   }
 
   /// A cancel (or a failure) withdraws the items out at once: the run need not wait for their
@@ -214,12 +226,18 @@ class AsyncStageNode final : public Emitter<Out> {
     void charge_cpu(std::int64_t ns) noexcept override {
       if (ns > 0) charged.fetch_add(ns, std::memory_order_relaxed);
     }
+    void charge_wait(std::int64_t ns) noexcept override {
+      waited.fetch_add(ns > 0 ? ns : 0, std::memory_order_relaxed);
+      told_wait.store(true, std::memory_order_relaxed);
+    }
     void release() noexcept {
       if (holders.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
     }
     AsyncStageNode* node;
     std::atomic<bool> answered{false};
     std::atomic<std::int64_t> charged{0};  // Completion::charge_cpu (read by finish)
+    std::atomic<std::int64_t> waited{0};   // Completion::charge_wait (read by finish)
+    std::atomic<bool> told_wait{false};
     std::atomic<int> holders{3};
     std::uint64_t seq = 0;
     std::uint64_t ticket = 0;
@@ -235,8 +253,13 @@ class AsyncStageNode final : public Emitter<Out> {
       std::lock_guard lk(this->mu_);
       out_.erase(inv);
     }
-    if (this->telemetry())
+    if (this->telemetry()) {
       charged_ns_.fetch_add(inv->charged.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      if (inv->told_wait.load(std::memory_order_relaxed)) {
+        waited_ns_.fetch_add(inv->waited.load(std::memory_order_relaxed), std::memory_order_relaxed);
+        told_wait_.store(true, std::memory_order_relaxed);
+      }
+    }
     if (inv->error) {
       std::optional<Out> replacement;
       inv->out.reset();
@@ -273,6 +296,8 @@ class AsyncStageNode final : public Emitter<Out> {
   InputPort<In> in_;
   std::atomic<Ticks> call_ticks_{0};  // summed time of the bodies' calls (StageStats::call_ns)
   std::atomic<std::int64_t> charged_ns_{0};  // CPU the answerers charged (Completion::charge_cpu)
+  std::atomic<std::int64_t> waited_ns_{0};   // waits they charged (Completion::charge_wait)
+  std::atomic<bool> told_wait_{false};       // some answer charged a wait: StageStats::wait_ns
   std::unordered_set<Invocation*> out_;  // under mu_: items out, not yet finished
 };
 
