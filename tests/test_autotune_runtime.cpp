@@ -645,8 +645,19 @@ TEST(AutotuneRuntime, TheTunedQueuesHoldTheirItemsWithinTheRuntimesMemoryBudget)
     auto src = g.source("n", counter(kItems));
     auto make = g.stage("make", [](long x) { spin_us(50); return Blob{std::make_unique<Counted>(), x}; },
                         {.concurrency = Concurrency::automatic});
-    auto work = g.stage("work", [](Blob b) { spin_us(300); return b; },
-                        {.concurrency = Concurrency::automatic});
+    // The first item waits (1 s at most) until 13 items are alive: the queues in front of work
+    // fill to what they may hold, whatever this machine's speed (a sanitizer's make is slower).
+    // Without the budget they let 13 in; with it the wait ends at its bound.
+    std::atomic<bool> first{true};
+    auto work = g.stage("work", [&first](Blob b) {
+      if (first.exchange(false)) {
+        const auto until = std::chrono::steady_clock::now() + 1s;
+        while (Counted::live.load() < 13 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(1ms);
+      }
+      spin_us(300);
+      return b;
+    }, {.concurrency = Concurrency::automatic});
     long seen = 0, next = 0;
     bool ordered = true;
     auto sink = g.sink("s", [&](Blob b) { ordered &= b.n == next++; ++seen; }, {.capacity = 2});
