@@ -92,7 +92,7 @@ std::int64_t thread_cpu_ns() noexcept {
   return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-std::int64_t thread_cpu_demand_ns() noexcept {
+ThreadCpu thread_cpu() noexcept {
   // The CPU clock, and the wait from /proc/thread-self/schedstat ("<ns on a CPU> <ns runnable,
   // waiting for one> <timeslices>"), read through a descriptor the thread keeps open.
   struct Stat {
@@ -113,10 +113,12 @@ std::int64_t thread_cpu_demand_ns() noexcept {
       char* end = nullptr;
       (void)std::strtoll(buf, &end, 10);
       const long long waited = end ? std::strtoll(end, nullptr, 10) : 0;
-      return thread_cpu_ns() + static_cast<std::int64_t>(waited > 0 ? waited : 0);
+      const std::int64_t cpu = thread_cpu_ns();
+      return {cpu, cpu + static_cast<std::int64_t>(waited > 0 ? waited : 0)};
     }
   }
-  return thread_cpu_ns();
+  const std::int64_t cpu = thread_cpu_ns();
+  return {cpu, cpu};
 }
 
 }  // namespace splitflow::detail

@@ -2,6 +2,8 @@
 // sharing and the online hill climb (include/splitflow/executor/autotune.hpp).
 #include "splitflow/executor/autotune.hpp"
 
+#include "saturating.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,14 +33,6 @@ std::map<int, double> device_rates(const std::vector<StageModel>& models) {
   std::map<int, double> rates;
   for (auto [d, l] : load) rates[d] = l > 0 ? 1.0 / l : kInf;
   return rates;
-}
-
-std::size_t sat_add(std::size_t a, std::size_t b) noexcept {
-  return a > kUnlimited - b ? kUnlimited : a + b;
-}
-
-std::size_t sat_mul(std::size_t a, std::size_t b) noexcept {
-  return (b != 0 && a > kUnlimited / b) ? kUnlimited : a * b;
 }
 
 // CPU seconds per item delivered, summed over the stages: the fluid bound's measure.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "saturating.hpp"
 #include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/executor/detail/node.hpp"
 
@@ -140,13 +141,12 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
   const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores));
   double fixed = 0;
   std::size_t held = 0;
-  const auto sat = [](std::size_t a, std::size_t b) {
-    return a > autotune::kUnlimited - b ? autotune::kUnlimited : a + b;
-  };
+  using autotune::sat_add;
+  using autotune::sat_mul;
   for (std::size_t i = 0; i < now.stages.size(); ++i) {
     const StageStats& st = now.stages[i];
     const StageKind k = st.kind;
-    held = sat(held, st.ring_capacity);  // (pinned rings: fixed for the run)
+    held = sat_add(held, st.ring_capacity);  // (pinned rings: fixed for the run)
     if (k == StageKind::source) continue;
     if (k == StageKind::pull_sink || !tuned[i]) {
       // What the stages the tuner does not model can hold: their queue, and an item in each
@@ -155,10 +155,7 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
           k == StageKind::pull_sink ? 0
           : st.concurrency_limit == Concurrency::unlimited ? whole_cores
                                                              : st.concurrency_limit;
-      const std::size_t items = sat(st.capacity, bodies);
-      held = sat(held, st.item_bytes > 0 && items > autotune::kUnlimited / st.item_bytes
-                           ? autotune::kUnlimited
-                           : items * st.item_bytes);
+      held = sat_add(held, sat_mul(sat_add(st.capacity, bodies), st.item_bytes));
     }
     if (k == StageKind::pull_sink) continue;
     if (!tuned[i]) {

@@ -395,10 +395,11 @@ class Graph {
           core->post_blocking(detail::BlockingTask(
               [kept, item = std::move(item), c = std::move(c)]() mutable {
                 const auto wall0 = std::chrono::steady_clock::now();
-                const std::int64_t cpu0 = detail::thread_cpu_ns(), demand0 = detail::thread_cpu_demand_ns();
+                const detail::ThreadCpu at0 = detail::thread_cpu();
                 auto charge = [&] {
-                  const std::int64_t cpu = detail::thread_cpu_ns() - cpu0;
-                  const std::int64_t demand = detail::thread_cpu_demand_ns() - demand0;
+                  const detail::ThreadCpu at1 = detail::thread_cpu();
+                  const std::int64_t cpu = at1.cpu_ns - at0.cpu_ns;
+                  const std::int64_t demand = at1.demand_ns - at0.demand_ns;
                   const std::int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::steady_clock::now() - wall0).count();
                   c.charge_cpu(std::chrono::nanoseconds(cpu));

@@ -33,10 +33,15 @@ inline std::int64_t ticks_to_ns(Ticks t) noexcept {
 std::int64_t steady_ns_of(Ticks t) noexcept;
 /// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ns: a system call, not a tick.
 std::int64_t thread_cpu_ns() noexcept;
-/// The calling thread's CPU demand in ns: its time on a CPU and its time runnable but waiting
-/// for one (/proc/thread-self/schedstat; thread_cpu_ns() where that cannot be read). Measured
-/// around a body, it tells a body that waits (sleeps, reads) from one that computes on a busy
-/// machine, whose CPU time alone falls behind its wall time.
-std::int64_t thread_cpu_demand_ns() noexcept;
+/// The calling thread's CPU time and CPU demand, read together (one CPU clock read).
+struct ThreadCpu {
+  std::int64_t cpu_ns = 0;     ///< thread_cpu_ns()
+  std::int64_t demand_ns = 0;  ///< cpu_ns plus the time it was runnable, waiting for a CPU
+};
+/// The calling thread's CPU time and its CPU demand in ns: its time on a CPU plus its time
+/// runnable but waiting for one (/proc/thread-self/schedstat; demand = CPU time where that
+/// cannot be read). Measured around a body, the demand tells a body that waits (sleeps, reads)
+/// from one that computes on a busy machine, whose CPU time alone falls behind its wall time.
+ThreadCpu thread_cpu() noexcept;
 
 }  // namespace splitflow::detail
