@@ -292,6 +292,70 @@ TEST(Autotune, SplitBudgetByDemandAndPriority) {
   }
 }
 
+// "the host memory (pinned rings, queues, in-flight items) they may hold. The tuner never
+// exceeds either": the items a graph lets in at once, from its share of the budget and the
+// largest item it holds (admission_limit).
+TEST(Autotune, TheAdmissionLimitFitsTheMemoryBudget) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  const AdmissionInput start{.current = 1, .memory = 12 * MiB, .unit_bytes = MiB, .widest = "work",
+                             .floor = 1, .ceiling = 256};
+  std::optional<TuneEvent> e = admission_limit(start, 7);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->to, 12u);
+  EXPECT_EQ(e->from, 1u);
+  EXPECT_EQ(e->at_ns, 7);
+  EXPECT_EQ(e->knob, "max_in_flight");
+  EXPECT_EQ(e->stage, "");
+  EXPECT_EQ(e->text(), "max_in_flight 1 -> 12: items of up to 1 MiB (at 'work'): 12 of them hold "
+                       "12 MiB, within the graph's 12 MiB of the memory budget");
+  // Items of 1 MiB and 16 bytes: 11 fit, not 12.
+  AdmissionInput in = start;
+  in.unit_bytes = MiB + 16;
+  EXPECT_EQ(admission_limit(in, 0)->to, 11u);
+  // The pinned rings come off first.
+  in = start;
+  in.fixed_bytes = 4 * MiB;
+  e = admission_limit(in, 0);
+  EXPECT_EQ(e->to, 8u);
+  EXPECT_NE(e->reason.find("less 4 MiB of pinned rings"), std::string::npos) << e->reason;
+  // At the limit it has: nothing. A cut is made at once, by one item too.
+  in = start;
+  in.current = 12;
+  EXPECT_FALSE(admission_limit(in, 0));
+  in.unit_bytes = MiB + 16;
+  EXPECT_EQ(admission_limit(in, 0)->to, 11u);
+  // A raise by less than an eighth of the limit is not made (item sizes vary); by more it is.
+  in = start;
+  in.current = 100;
+  in.memory = 107 * MiB;
+  EXPECT_FALSE(admission_limit(in, 0));
+  in.memory = 113 * MiB;
+  EXPECT_EQ(admission_limit(in, 0)->to, 113u);
+  // Never above max_in_flight, and it says so.
+  in = start;
+  in.memory = 1000 * MiB;
+  e = admission_limit(in, 0);
+  EXPECT_EQ(e->to, 256u);
+  EXPECT_NE(e->reason.find("(GraphOptions::max_in_flight)"), std::string::npos) << e->reason;
+  // Never below what its batches hold while they fill plus one, and it says what to change.
+  in = start;
+  in.current = 256;
+  in.unit_bytes = 64 * MiB;
+  in.floor = 64;
+  e = admission_limit(in, 0);
+  EXPECT_EQ(e->to, 64u);
+  EXPECT_NE(e->reason.find("holds 0 of them, but its batches hold 63 while they fill, so 64 at the least"),
+            std::string::npos) << e->reason;
+  EXPECT_NE(e->reason.find("RuntimeConfig::host_memory_budget"), std::string::npos) << e->reason;
+  // Without a budget, or before an item was measured: no decision.
+  in = start;
+  in.memory = kUnlimited;
+  EXPECT_FALSE(admission_limit(in, 0));
+  in = start;
+  in.unit_bytes = 0;
+  EXPECT_FALSE(admission_limit(in, 0));
+}
+
 // "a change is kept only if the measured rate improves, otherwise reverted"
 TEST(Autotune, HillClimbKeepsImprovementsAndRevertsTheRest) {
   // Two CPU stages on 4 cores, measured by hand: a at 10 ms, b at 30 ms per item.

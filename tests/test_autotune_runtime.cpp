@@ -630,6 +630,48 @@ struct Blob {
   long n = 0;
 };
 std::size_t host_bytes(const Blob& b) { return sizeof b + (b.buf ? Counted::kBytes : 0); }
+
+// source 'n' (a counter) >> 'make' (automatic: a Blob of 1 MiB) >> 'work' >> sink 's', on 2
+// threads under a memory budget (0: none). Work's first item waits (1 s at most) until `fill`
+// items are alive, so that the queues in front of it fill to what they may hold whatever this
+// machine's speed (a sanitizer's make is slower): without a bound they let `fill` in; with one
+// the wait ends at it. Checks that every item arrived, in order, and was freed; returns the
+// run's stats and the most items alive at once.
+struct BlobRun {
+  std::size_t budget = 0;
+  long items = 0;
+  int make_us = 0, work_us = 0;
+  long fill = 0;
+  StageOptions work{}, sink{};
+};
+std::pair<RunStats, long> run_blobs(const BlobRun& r) {
+  Counted::peak = 0;
+  Runtime rt({.threads = 2, .host_memory_budget = r.budget});
+  Graph g(rt, "blobs", tuned(10ms));
+  auto src = g.source("n", counter(r.items));
+  auto make = g.stage("make", [&r](long x) { spin_us(r.make_us); return Blob{std::make_unique<Counted>(), x}; },
+                      {.concurrency = Concurrency::automatic});
+  std::atomic<bool> first{true};
+  auto work = g.stage("work", [&first, &r](Blob b) {
+    if (first.exchange(false)) {
+      const auto until = std::chrono::steady_clock::now() + 1s;
+      while (Counted::live.load() < r.fill && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(1ms);
+    }
+    spin_us(r.work_us);
+    return b;
+  }, r.work);
+  long seen = 0, next = 0;
+  bool ordered = true;
+  auto sink = g.sink("s", [&](Blob b) { ordered &= b.n == next++; ++seen; }, r.sink);
+  src >> make >> work >> sink;
+  auto run = g.run();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(seen, r.items);
+  EXPECT_TRUE(ordered);
+  EXPECT_EQ(Counted::live.load(), 0) << "every item freed";
+  return std::pair{run.stats(), Counted::peak.load()};
+}
 }  // namespace
 
 // "Budgets on the Runtime: ... the host memory (pinned rings, queues, in-flight items) they may
@@ -637,37 +679,10 @@ std::size_t host_bytes(const Blob& b) { return sizeof b + (b.buf ? Counted::kByt
 // the same graph holds more (its queues are sized for the rate, not the bytes).
 TEST(AutotuneRuntime, TheTunedQueuesHoldTheirItemsWithinTheRuntimesMemoryBudget) {
   constexpr std::size_t kBudget = 12 * Counted::kBytes;
+  // Both stages automatic, work the slower; the sink's queue is its user's 2.
   auto build_and_run = [](std::size_t budget) {
-    Counted::peak = 0;
-    Runtime rt({.threads = 2, .host_memory_budget = budget});
-    Graph g(rt, "blobs", tuned(10ms));
-    constexpr long kItems = 3000;
-    auto src = g.source("n", counter(kItems));
-    auto make = g.stage("make", [](long x) { spin_us(50); return Blob{std::make_unique<Counted>(), x}; },
-                        {.concurrency = Concurrency::automatic});
-    // The first item waits (1 s at most) until 13 items are alive: the queues in front of work
-    // fill to what they may hold, whatever this machine's speed (a sanitizer's make is slower).
-    // Without the budget they let 13 in; with it the wait ends at its bound.
-    std::atomic<bool> first{true};
-    auto work = g.stage("work", [&first](Blob b) {
-      if (first.exchange(false)) {
-        const auto until = std::chrono::steady_clock::now() + 1s;
-        while (Counted::live.load() < 13 && std::chrono::steady_clock::now() < until)
-          std::this_thread::sleep_for(1ms);
-      }
-      spin_us(300);
-      return b;
-    }, {.concurrency = Concurrency::automatic});
-    long seen = 0, next = 0;
-    bool ordered = true;
-    auto sink = g.sink("s", [&](Blob b) { ordered &= b.n == next++; ++seen; }, {.capacity = 2});
-    src >> make >> work >> sink;
-    auto run = g.run();
-    EXPECT_EQ(run.wait(), RunStatus::succeeded);
-    EXPECT_EQ(seen, kItems);
-    EXPECT_TRUE(ordered);
-    EXPECT_EQ(Counted::live.load(), 0) << "every item freed";
-    return std::pair{run.stats(), Counted::peak.load()};
+    return run_blobs({.budget = budget, .items = 3000, .make_us = 50, .work_us = 300, .fill = 13,
+                      .work = {.concurrency = Concurrency::automatic}, .sink = {.capacity = 2}});
   };
   const auto [with, peak] = build_and_run(kBudget);
   std::string all;
@@ -693,6 +708,43 @@ TEST(AutotuneRuntime, TheTunedQueuesHoldTheirItemsWithinTheRuntimesMemoryBudget)
   const auto [without, unbounded_peak] = build_and_run(0);
   EXPECT_GT(static_cast<std::size_t>(unbounded_peak) * Counted::kBytes, kBudget)
       << "without a budget the same graph holds more than 12 MiB (" << unbounded_peak << " items)";
+}
+
+// The budget holds whatever capacities a user set: a serial stage whose queue its user sized
+// for 64 items, items of 1 MiB, a 12 MiB budget. Its queue alone could hold 64 MiB (the tuner
+// does not change a user's number); the items the graph lets in at once (its admission limit,
+// RunStats::max_in_flight) keep the whole graph within the budget.
+TEST(AutotuneRuntime, TheAdmissionLimitHoldsAUsersQueueWithinTheMemoryBudget) {
+  constexpr std::size_t kBudget = 12 * Counted::kBytes;
+  auto build_and_run = [](std::size_t budget) {
+    return run_blobs({.budget = budget, .items = 2000, .make_us = 20, .work_us = 200, .fill = 40,
+                      .work = {.concurrency = 1, .capacity = 64}});
+  };
+  const auto [with, peak] = build_and_run(kBudget);
+  std::string all;
+  for (const std::string& e : with.autotune) all += "\n  " + e;
+  EXPECT_EQ(with.find("work")->capacity, 64u) << "its user's capacity is kept";
+  EXPECT_EQ(with.find("work")->concurrency_limit, 1u);
+  // 12 MiB / (1 MiB and the Blob) = 11 items, told once with its reason; the run started at the
+  // least it can go on with (1: no batch), before any item was measured.
+  EXPECT_EQ(with.max_in_flight, 11u) << all;
+  EXPECT_LE(static_cast<std::size_t>(peak) * Counted::kBytes, kBudget) << peak << " items of 1 MiB alive at once" << all;
+  const std::regex said(R"(^max_in_flight (\d+) -> (\d+): items of up to 1 MiB \(at 'work'\): (\d+) of them hold (\d+) MiB, within the graph's 12 MiB of the memory budget$)");
+  int told = 0;
+  for (const std::string& e : with.autotune) {
+    std::smatch m;
+    if (!std::regex_match(e, m, said)) continue;
+    ++told;
+    EXPECT_EQ(m[1], "1") << e;
+    EXPECT_EQ(m[2], "11") << e;
+  }
+  EXPECT_EQ(told, 1) << "one admission decision, from 1 to 11:" << all;
+  // Without a budget: max_in_flight as set (the default 256), no such decision, and the user's
+  // queue holds more than the 12 MiB.
+  const auto [without, unbounded_peak] = build_and_run(0);
+  EXPECT_EQ(without.max_in_flight, GraphOptions{}.max_in_flight);
+  for (const std::string& e : without.autotune) EXPECT_EQ(e.find("max_in_flight"), std::string::npos) << e;
+  EXPECT_GE(unbounded_peak, 40) << "without a budget the user's queue lets 40 items of 1 MiB in";
 }
 
 // docs/autotune.md, "Queues": a tuned queue's ceiling is max_in_flight in source items. After a

@@ -394,6 +394,30 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
   return a;
 }
 
+std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t at_ns) {
+  if (in.memory == kUnlimited || in.unit_bytes == 0) return std::nullopt;
+  const std::size_t left = in.memory > in.fixed_bytes ? in.memory - in.fixed_bytes : 0;
+  const std::size_t fits = left / in.unit_bytes;
+  const std::size_t floor = std::min(std::max<std::size_t>(in.floor, 1), std::max<std::size_t>(in.ceiling, 1));
+  const std::size_t want = std::clamp(fits, floor, std::max(in.ceiling, floor));
+  if (want == in.current) return std::nullopt;
+  if (want > in.current && want - in.current < std::max<std::size_t>(1, in.current / 8)) return std::nullopt;
+  std::string why = fmt::format("items of up to {} (at '{}')", byte_text(double(in.unit_bytes)), in.widest);
+  const std::string share =
+      fmt::format("the graph's {} of the memory budget{}", byte_text(double(in.memory)),
+                  in.fixed_bytes ? fmt::format(", less {} of pinned rings", byte_text(double(in.fixed_bytes))) : std::string());
+  if (fits < floor)
+    why += fmt::format(": {} holds {} of them, but its batches hold {} while they fill, so {} at the "
+                       "least (a smaller batch or a larger RuntimeConfig::host_memory_budget fits it)",
+                       share, fits, floor - 1, floor);
+  else if (want == in.ceiling && fits > in.ceiling)
+    why += fmt::format(": {} of them (GraphOptions::max_in_flight) hold {}, within {}", want,
+                       byte_text(double(sat_mul(want, in.unit_bytes))), share);
+  else
+    why += fmt::format(": {} of them hold {}, within {}", want, byte_text(double(sat_mul(want, in.unit_bytes))), share);
+  return TuneEvent{at_ns, Action::retune, "", "max_in_flight", in.current, want, std::move(why)};
+}
+
 std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const Budget& total) {
   const std::size_t n = demands.size();
   std::vector<Budget> out(n);
@@ -482,6 +506,8 @@ std::string TuneEvent::text() const {
                                  : fmt::format("{} {} {} -> {}", stage, knob, number(from), number(to));
     return reason.empty() ? head : head + ": " + reason;
   }
+  if (stage.empty() && !knob.empty())  // the graph's own knob: "max_in_flight 1 -> 12: ..."
+    return fmt::format("{} {} -> {}", knob, from, to) + (reason.empty() ? "" : ": " + reason);
   return reason;
 }
 

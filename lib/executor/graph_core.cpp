@@ -219,11 +219,7 @@ void GraphCore::check_batching(const std::vector<NodeBase*>& order) {
       ++batches;
       names += (names.empty() ? "'" : ", '") + n->name() + "' (" + std::to_string(h + 1) + ")";
     }
-  // Sources waiting for max_in_flight wake when this much room is free (retire_items): at most
-  // half the limit, and never more than what batches holding items cannot take.
-  wake_room_ = std::max<std::size_t>(
-      1, std::min(opts_.max_in_flight / 2,
-                  opts_.max_in_flight > held ? opts_.max_in_flight - held : std::size_t{0}));
+  admit_floor_ = held + 1;
   if (batches > 1 && held + 1 > opts_.max_in_flight)
     throw GraphError("splitflow::Graph '" + name_ + "': its batches " + names + " can hold " +
                      std::to_string(held) + " items between them while they fill, and every "
@@ -381,6 +377,15 @@ std::shared_ptr<RunState> GraphCore::start() {
       token_waiters_.clear();
       token_waiting_.store(false);
     }
+    // The admit limit: max_in_flight; a tuned graph under a memory budget starts at the least
+    // it can go on with, and its tuner raises it once its items were measured (RunTuner), so
+    // that the first window does not hold max_in_flight items of a size not yet known.
+    const bool tuned = std::any_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->auto_concurrency(); });
+    const std::size_t limit = tuned && admit_limit_tunable() && runtime_->config().host_memory_budget > 0
+                                  ? std::min(admit_floor_, opts_.max_in_flight)
+                                  : opts_.max_in_flight;
+    admit_limit_.store(limit, std::memory_order_relaxed);
+    wake_room_.store(wake_room_for(limit), std::memory_order_relaxed);
     // One unit per source (released when it is exhausted) and one for the starting task.
     pending_.store(sources_.size() + 1, std::memory_order_release);
     current_ = run;
@@ -447,6 +452,22 @@ void GraphCore::dispatch_external(WorkList& w) {
   w.claims.clear();
 }
 
+std::size_t GraphCore::wake_room_for(std::size_t limit) const noexcept {
+  // Sources waiting for the admit limit wake when this much room is free (retire_items): at
+  // most half the limit, and never more than what batches holding items cannot take.
+  const std::size_t held = admit_floor_ - 1;
+  return std::max<std::size_t>(1, std::min(limit / 2, limit > held ? limit - held : std::size_t{0}));
+}
+
+void GraphCore::set_admit_limit(std::size_t n, WorkList& w) noexcept {
+  n = std::clamp(n, std::min(admit_floor_, opts_.max_in_flight), opts_.max_in_flight);
+  // Both before the check below, which wakes the waiters if the new limit has room for them
+  // (a retire that saw one of the two new values and not the other is covered by it).
+  wake_room_.store(wake_room_for(n), std::memory_order_seq_cst);
+  admit_limit_.store(n, std::memory_order_seq_cst);
+  retire_items(0, w);
+}
+
 void GraphCore::retire_items(std::uint64_t n, WorkList& w) noexcept {
   const std::uint64_t items =
       (pending_.fetch_sub(n << kItemShift, std::memory_order_seq_cst) >> kItemShift) - n;
@@ -456,7 +477,7 @@ void GraphCore::retire_items(std::uint64_t n, WorkList& w) noexcept {
   // less room than that took what it saw itself; wake_room_ <= max_in_flight - what batches
   // can hold, so retires always reach it.)
   if (token_waiting_.load(std::memory_order_seq_cst) &&
-      items + wake_room_ <= opts_.max_in_flight) {
+      items + wake_room_.load(std::memory_order_seq_cst) <= admit_limit_.load(std::memory_order_seq_cst)) {
     std::lock_guard lk(token_mu_);
     for (NodeBase* s : token_waiters_) w.pokes.push_back(s);
     token_waiters_.clear();
@@ -469,10 +490,11 @@ std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want) {
   // time cannot each see the whole room; a source gives back what it did not produce.
   const auto take = [&]() -> std::size_t {
     std::uint64_t v = pending_.load(std::memory_order_seq_cst);
+    const std::size_t limit = admit_limit_.load(std::memory_order_seq_cst);
     for (;;) {
       const std::uint64_t items = v >> kItemShift;
-      if (items >= opts_.max_in_flight) return 0;
-      const std::uint64_t n = std::min<std::uint64_t>(want, opts_.max_in_flight - items);
+      if (items >= limit) return 0;
+      const std::uint64_t n = std::min<std::uint64_t>(want, limit - items);
       if (pending_.compare_exchange_weak(v, v + (n << kItemShift), std::memory_order_seq_cst))
         return static_cast<std::size_t>(n);
     }
@@ -557,6 +579,7 @@ RunStats GraphCore::collect_stats(bool final) const {
   }
   if (gpu_) st.gpu = gpu_->snapshot(steady_now_ns());
   if (tuner_) st.autotune = tuner_->events();
+  st.max_in_flight = admit_limit();
   if (window) {
     st.gpu.device_wall_ns = window->wall_ns;
     st.gpu.device_busy_ns = window->busy_ns;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 
 #include "saturating.hpp"
@@ -23,7 +24,8 @@ RunTuner::RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::
       // policy's 2 is for the simulator's items of one claim each): a producer's claim takes a
       // run of slots, and its consumer's pops wake it only once the queue drained to half.
       tuner_(autotune::PolicyOptions{.min_capacity = 8},
-             autotune::Budget{.cores = cores, .pool = pool}) {
+             autotune::Budget{.cores = cores, .pool = pool}),
+      admit_limit_(graph.admit_limit()) {
   for (NodeBase* n : nodes_) {
     tuned_.push_back(n->auto_concurrency());
     max_capacity_.push_back(n->auto_capacity() ? n->max_capacity() : 0);
@@ -121,6 +123,17 @@ std::vector<std::string> RunTuner::events() const {
   return out;
 }
 
+std::size_t RunTuner::window_item_bytes(const StageStats& a, const StageStats& b) noexcept {
+  // What one of its input items holds: the mean of those sampled in the window.
+  const std::uint64_t samples = b.item_bytes_samples - std::min(a.item_bytes_samples, b.item_bytes_samples);
+  return samples > 0 && b.item_bytes_samples >= a.item_bytes_samples
+             ? static_cast<std::size_t>(std::llround(
+                   std::max(0.0, static_cast<double>(b.item_bytes) * static_cast<double>(b.item_bytes_samples) -
+                                     static_cast<double>(a.item_bytes) * static_cast<double>(a.item_bytes_samples)) /
+                   static_cast<double>(samples)))
+             : b.item_bytes;
+}
+
 autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now,
                                      const std::vector<bool>& tuned, double cores,
                                      std::vector<std::size_t>* modelled, double* fixed_cores,
@@ -193,15 +206,7 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
                                   a.mean_queue * static_cast<double>(before.wall_ns)) /
                                      window);
     x.capacity = std::max<std::size_t>(b.capacity, 1);
-    // What one of its input items holds: the mean of those sampled in the window.
-    const std::uint64_t samples = b.item_bytes_samples - std::min(a.item_bytes_samples, b.item_bytes_samples);
-    x.item_bytes =
-        samples > 0 && b.item_bytes_samples >= a.item_bytes_samples
-            ? static_cast<std::size_t>(std::llround(
-                  std::max(0.0, static_cast<double>(b.item_bytes) * static_cast<double>(b.item_bytes_samples) -
-                                    static_cast<double>(a.item_bytes) * static_cast<double>(a.item_bytes_samples)) /
-                  static_cast<double>(samples)))
-            : b.item_bytes;
+    x.item_bytes = window_item_bytes(a, b);
     // A queue the tuner sizes is not fixed; the others (a user's number, after a batch) are.
     if (ceiling(i) == 0) x.fixed_capacity = x.capacity;
     // A stage left unlimited by its user holds at most the cores' worth of threads.
@@ -300,6 +305,30 @@ void RunTuner::loop() {
         memory_left_ != tuner_.budget().memory_bytes)
       tuner_.set_budget({.cores = left, .memory_bytes = memory_left_, .pool = pool});
     const autotune::Decision d = tuner_.observe(s);
+    std::vector<autotune::TuneEvent> events = d.events;
+    // The items the graph lets in at once, within its share of the memory budget: each item
+    // alive counts against the limit, so this bounds what a user's capacities can hold too.
+    if (memory != autotune::kUnlimited && graph_.admit_limit_tunable()) {
+      autotune::AdmissionInput in{.current = admit_limit_,
+                                  .memory = memory,
+                                  .floor = graph_.admit_floor(),
+                                  .ceiling = graph_.options().max_in_flight};
+      for (std::size_t i = 0; i < now.stages.size() && i < before.stages.size(); ++i) {
+        const StageStats& b = now.stages[i];
+        in.fixed_bytes = autotune::sat_add(in.fixed_bytes, b.ring_capacity);
+        if (b.kind == StageKind::source) continue;
+        const std::size_t bytes = window_item_bytes(before.stages[i], b);
+        if (bytes > in.unit_bytes) {
+          in.unit_bytes = bytes;
+          in.widest = b.name;
+        }
+      }
+      if (std::optional<autotune::TuneEvent> e = autotune::admission_limit(in, s.end_ns)) {
+        admit_limit_ = e->to;
+        graph_.post_if_running([g = &graph_, n = e->to](WorkList& w) { g->set_admit_limit(n, w); });
+        events.push_back(std::move(*e));
+      }
+    }
     before = std::move(now);
     std::vector<Change> changes;
     if (d.changed)
@@ -315,13 +344,13 @@ void RunTuner::loop() {
       }
     if (!changes.empty()) post(std::move(changes));
     std::vector<std::string> texts;
-    for (const autotune::TuneEvent& e : d.events) texts.push_back(e.text());
-    if (graph_.observed() && !d.events.empty()) {
+    for (const autotune::TuneEvent& e : events) texts.push_back(e.text());
+    if (graph_.observed() && !events.empty()) {
       const std::int64_t t_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                     std::chrono::steady_clock::now().time_since_epoch())
                                     .count();
-      for (std::size_t i = 0; i < d.events.size(); ++i) {
-        const autotune::TuneEvent& e = d.events[i];
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        const autotune::TuneEvent& e = events[i];
         const TuningEvent te{&graph_.name(), &e.stage, &e.knob, e.from, e.to, &e.reason,
                              &texts[i], t_ns};
         graph_.for_each_observer([&](Observer& o) { o.on_tune(te); });

@@ -58,6 +58,8 @@ class RunTuner {
                                     std::vector<std::size_t>* modelled, double* fixed_cores,
                                     const std::vector<std::size_t>* tuned_capacity = nullptr,
                                     std::size_t* fixed_bytes = nullptr);
+  /// The mean bytes of the input items `b` sampled since `a` (its run's mean if none was).
+  static std::size_t window_item_bytes(const StageStats& a, const StageStats& b) noexcept;
 
  private:
   void loop();
@@ -84,6 +86,7 @@ class RunTuner {
   int priority_;
   bool joined_ = false;
   autotune::Autotuner tuner_;
+  std::size_t admit_limit_;  // the graph's admit limit as this tuner last set it (or found it)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -475,8 +475,16 @@ def test_item_bytes_and_the_runtimes_memory_budget():
     # Its queue and bodies within the budget, less what the others hold (the pull sink's queue
     # of ints, make's queue of ints and its body's array).
     assert bytes_held <= budget, (work_stage, stats["autotune"])
-    # Without a budget its queue is sized for the rate alone, and holds more.
-    assert held(0)[2] > budget
+    # The items the graph lets in at once fit the budget too (RunStats::max_in_flight): 2 MiB
+    # of arrays of 256 KiB and their header, 7; the decision says so.
+    assert stats["max_in_flight"] == budget // work_stage["item_bytes"] == 7, stats["autotune"]
+    assert any(e.startswith("max_in_flight 1 -> 7: items of up to 256 KiB") for e in stats["autotune"]), \
+        stats["autotune"]
+    # Without a budget its queue is sized for the rate alone, and holds more; max_in_flight is
+    # the graph's (the default 256).
+    unbounded = held(0)
+    assert unbounded[2] > budget
+    assert unbounded[0]["max_in_flight"] == 256
     with pytest.raises(TypeError):
         sf.Runtime(threads=1, host_memory_budget=-1)
 

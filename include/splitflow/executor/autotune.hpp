@@ -231,6 +231,35 @@ struct TuneEvent {
   std::string text() const;
 };
 
+/// What bounds the items a graph lets in at once under a memory budget (its admission limit,
+/// GraphCore's, at most GraphOptions::max_in_flight). Every item alive in a graph counts
+/// against it (a batch as one, the items a batch holds while it fills each as one), so the
+/// items it lets in hold at most the limit times the largest item: a bound on the graph's
+/// memory whatever capacities its user set.
+struct AdmissionInput {
+  std::size_t current = 0;      ///< the limit now
+  std::size_t memory = 0;       ///< the graph's share of the budget, in bytes (kUnlimited: none)
+  std::size_t fixed_bytes = 0;  ///< what it holds whatever its items: GPU stages' pinned rings
+  /// What one item alive holds at most: the largest of its stages' input items (0: none
+  /// measured yet), at `widest`'s input.
+  std::size_t unit_bytes = 0;
+  std::string widest{};
+  std::size_t floor = 1;        ///< the least it can go on with: its batches' held items + 1
+  std::size_t ceiling = 1;      ///< GraphOptions::max_in_flight
+};
+/// The admission limit for `in`: the items that fit the memory left after the fixed bytes,
+/// within [floor, ceiling]. A cut is made at once; a raise of less than an eighth of the
+/// current limit is not (item sizes vary from window to window). Returns the decision
+/// (knob "max_in_flight", from, to, its reason) if the limit changes, none otherwise (or
+/// without a budget, or before an item was measured).
+///
+///   autotune::AdmissionInput in{.current = 1, .memory = 12 << 20, .unit_bytes = 1 << 20,
+///                               .widest = "work", .floor = 1, .ceiling = 256};
+///   auto e = autotune::admission_limit(in, 0);
+///   // e->to == 12; e->text(): "max_in_flight 1 -> 12: items of up to 1 MiB (at 'work'):
+///   //   12 of them hold 12 MiB, within the graph's 12 MiB of the memory budget"
+std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t at_ns);
+
 /// The result of one observe().
 struct Decision {
   bool changed = false;          ///< the allocation differs from the one the window ran with

@@ -210,6 +210,10 @@ struct RunStats {
   /// without), each with its reason: "decode 1 -> 2: ...". Bounded: past 256, the first 32 and
   /// the latest are kept, with a line between them saying how many are not.
   std::vector<std::string> autotune;
+  /// The items the graph let in at once when the figures were taken: GraphOptions::max_in_flight,
+  /// or the tuner's lower limit under the runtime's memory budget (RuntimeConfig::
+  /// host_memory_budget: docs/autotune.md, "Memory").
+  std::size_t max_in_flight = 0;
   /// Items consumed by the graph's sinks.
   std::uint64_t items_delivered() const noexcept;
   /// items_delivered per second of wall time.

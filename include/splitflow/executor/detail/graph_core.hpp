@@ -95,6 +95,18 @@ class GraphCore {
   /// For a source holding its own lock: how many of `want` items may it admit under
   /// max_in_flight? Zero registers it to be poked when items retire.
   std::size_t try_admit(NodeBase& source, std::size_t want);
+  /// The items the run lets in at once now: GraphOptions::max_in_flight, or lower under the
+  /// runtime's memory budget (set_admit_limit).
+  std::size_t admit_limit() const noexcept { return admit_limit_.load(std::memory_order_relaxed); }
+  /// The least admit limit the run can go on with: what its batches hold while they fill, and
+  /// one more (validate).
+  std::size_t admit_floor() const noexcept { return admit_floor_; }
+  /// Whether the tuner may lower the admit limit: one source (with several, one could take all
+  /// the room while a zip waits for the other's items).
+  bool admit_limit_tunable() const noexcept { return sources_.size() == 1; }
+  /// Sets the admit limit, within [admit_floor(), max_in_flight] (the tuner, on the arena);
+  /// a raise wakes the sources waiting for room.
+  void set_admit_limit(std::size_t n, WorkList& w) noexcept;
   /// A unit of pending work (a task, an active source, a canceller) ended.
   void release_unit() noexcept;
   /// Takes one more unit, for work outside any task (a GPU invocation in flight). Only while
@@ -165,7 +177,12 @@ class GraphCore {
   std::atomic<bool> stop_{false};
   std::atomic<StopReason> stop_reason_{StopReason::none};
   std::atomic<bool> token_waiting_{false};
-  std::size_t wake_room_ = 1;  // room that wakes sources waiting for max_in_flight (validate)
+  // The admit limit (max_in_flight, or the tuner's lower one) and the room that wakes sources
+  // waiting for it (wake_room_for).
+  std::atomic<std::size_t> admit_limit_{1};
+  std::atomic<std::size_t> wake_room_{1};
+  std::size_t admit_floor_ = 1;   // batches' held items + 1 (validate)
+  std::size_t wake_room_for(std::size_t limit) const noexcept;
   std::mutex token_mu_;
   std::vector<NodeBase*> token_waiters_;
   bool telemetry_ = true;
