@@ -356,6 +356,89 @@ TEST(Autotune, TheAdmissionLimitFitsTheMemoryBudget) {
   EXPECT_FALSE(admission_limit(in, 0));
 }
 
+// "automatic queue capacities, ring depth and items in flight": an automatic pinned ring's
+// bytes for the next run, from what the last run committed in it and whether it held the GPU
+// stage back (ring_depth).
+TEST(Autotune, TheRingDepthIsWhatTheLastRunCommittedOrDoubleWhenItHeldTheGpuStageBack) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  const RingInput start{.stage = "model", .capacity = 64 * MiB, .item_bytes = MiB,
+                        .max_committed = 3 * MiB, .wall_ns = 1'000'000'000, .ceiling = 256 * MiB};
+  std::optional<TuneEvent> e = ring_depth(start, 9);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->at_ns, 9);
+  EXPECT_EQ(e->stage, "model");
+  EXPECT_EQ(e->knob, "ring_bytes");
+  EXPECT_EQ(e->from, 64 * MiB);
+  EXPECT_EQ(e->to, 5 * MiB) << "3 MiB, a quarter more, and the item a ring keeps free, up to a MiB";
+  EXPECT_EQ(e->text(), "model ring_bytes 64 MiB -> 5 MiB: the last run committed at most 3 MiB of it "
+                       "(items of up to 1 MiB); no producer waited for room");
+  // What it decides refuses none of the last run's reservations (a ring keeps one item free).
+  for (std::size_t committed : {MiB, 7 * MiB + 1, 20 * MiB, 37 * MiB}) {
+    RingInput in = start;
+    in.max_committed = committed;
+    e = ring_depth(in, 0);
+    ASSERT_TRUE(e) << committed;
+    EXPECT_GE(e->to, committed + in.item_bytes) << committed;
+    EXPECT_LE(e->to, committed + committed / 4 + in.item_bytes + MiB) << committed;
+    EXPECT_EQ(e->to % MiB, 0u) << committed;
+  }
+  // Never below two items: one budget and the item kept free.
+  RingInput in = start;
+  in.item_bytes = 16 * MiB;
+  in.max_committed = 2 * MiB;
+  EXPECT_EQ(ring_depth(in, 0)->to, 32 * MiB);
+  // A cut to more than three quarters of the ring is not made: the ring stays.
+  in = start;
+  in.max_committed = 40 * MiB;  // 40 + 10 + 1 = 51 MiB > 48
+  EXPECT_FALSE(ring_depth(in, 0));
+  // Producers refused room while the GPU stage waited for input: doubled, and it says so.
+  in = start;
+  in.max_committed = 63 * MiB;
+  in.refusals = 10;
+  in.wait_ns = 100'000'000;     // 10% of the run
+  in.starved_ns = 200'000'000;  // 20%
+  e = ring_depth(in, 0);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->to, 128 * MiB);
+  EXPECT_EQ(e->text(), "model ring_bytes 64 MiB -> 128 MiB: producers waited 10% of the last run for "
+                       "room in it (10 reservations refused, items of up to 1 MiB) while 'model' "
+                       "waited 20% of it for input");
+  // ... up to the ceiling, and it says so; at the ceiling it stays.
+  in.capacity = 192 * MiB;
+  e = ring_depth(in, 0);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->to, 256 * MiB);
+  EXPECT_NE(e->reason.find("; 256 MiB at most"), std::string::npos) << e->reason;
+  in.capacity = 256 * MiB;
+  EXPECT_FALSE(ring_depth(in, 0));
+  // Refused while the GPU stage was fed (under 5% starved), or seldom waiting (under 2%): the
+  // ring is not what holds the run back, it does not grow.
+  in = start;
+  in.max_committed = 63 * MiB;
+  in.refusals = 10;
+  in.wait_ns = 100'000'000;
+  in.starved_ns = 40'000'000;
+  EXPECT_FALSE(ring_depth(in, 0));
+  in.starved_ns = 200'000'000;
+  in.wait_ns = 10'000'000;
+  EXPECT_FALSE(ring_depth(in, 0));
+  // A ring above its ceiling (a memory budget set since) comes down to it.
+  in = start;
+  in.max_committed = 60 * MiB;
+  in.ceiling = 16 * MiB;
+  e = ring_depth(in, 0);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->to, 16 * MiB);
+  EXPECT_NE(e->reason.find("; 16 MiB at most"), std::string::npos) << e->reason;
+  // Nothing went through it, or no item size: no decision.
+  in = start;
+  in.max_committed = 0;
+  EXPECT_FALSE(ring_depth(in, 0));
+  in = start;
+  in.item_bytes = 0;
+  EXPECT_FALSE(ring_depth(in, 0));
+}
+
 // "a change is kept only if the measured rate improves, otherwise reverted"
 TEST(Autotune, HillClimbKeepsImprovementsAndRevertsTheRest) {
   // Two CPU stages on 4 cores, measured by hand: a at 10 ms, b at 30 ms per item.

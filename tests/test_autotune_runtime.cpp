@@ -78,7 +78,7 @@ TEST(AutotuneRuntime, AutomaticStagesAreTunedWithReasonsWithinTheCores) {
     EXPECT_LE(s->concurrency_limit, 4u) << name << ": more than the runtime's 4 threads";
     EXPECT_LE(s->max_concurrency, 4u) << name;
   }
-  EXPECT_NE(report(st).find("autotune (stages with Concurrency::automatic):"), std::string::npos);
+  EXPECT_NE(report(st).find("autotune (what the runtime sized: automatic stages, max_in_flight, rings):"), std::string::npos);
   EXPECT_NE(to_json(st).find("\"autotune\":[\""), std::string::npos);
 }
 

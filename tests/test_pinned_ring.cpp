@@ -7,6 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
 #include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
@@ -96,4 +100,145 @@ TEST(PinnedRing, OutputRingCarriesDeviceToHostAndBackpressures) {
   expect_returned(rt, run.stats());
   EXPECT_EQ(run.stats().find("d2h")->ring_capacity, (std::size_t{64} << 20) + 5 * 4096)
       << "the input ring (default size) and the output ring";
+}
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// A producer of 64 KiB tensors (item i filled with i) into a GPU stage that copies them back
+// for a sink that checks them, through the GPU stage's ring (items of up to `item_bytes`):
+// `producers` invocations at once, each `make_us` long. Runs as often as asked.
+struct RingGraph {
+  struct Run {
+    RunStats stats;
+    std::vector<std::string> ring_events;  // the run's "ring_bytes" decisions
+    std::size_t ring() const { return stats.find("model")->ring_capacity; }
+  };
+  Graph g;
+  long items, next = 0, n = 0, bad = 0;  // next: the source's
+
+  RingGraph(Runtime& rt, const std::string& name, long items_, std::size_t producers, double make_us,
+            std::size_t item_bytes, std::size_t ring_bytes = GpuStageOptions::automatic)
+      : g(rt, name), items(items_) {
+    auto src = g.source("n", [this]() -> std::optional<long> {
+      if (next == items) return std::nullopt;
+      return next++;
+    });
+    auto make = g.stage("make", [make_us](long i) {
+      HostTensor t = HostTensor::empty(DType::i32, {16 * 1024});
+      for (int k = 0; k < 16 * 1024; ++k) t.data<std::int32_t>()[k] = static_cast<std::int32_t>(i);
+      spin_us(make_us);
+      return t;
+    }, {.concurrency = producers});
+    GpuStageOptions o;
+    o.concurrency = 1;
+    o.capacity = 8;
+    o.ring_item_bytes = item_bytes;
+    o.ring_bytes = ring_bytes;
+    auto gpu = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+      ops::busy_kernel(ctx, std::chrono::microseconds(50));
+      return ctx.to_host(t);
+    }, o);
+    auto sink = g.sink("s", [this](HostTensor h) {
+      for (int k = 0; k < 16 * 1024; ++k) bad += h.data<std::int32_t>()[k] != n;  // whole, in order
+      ++n;
+    });
+    src >> make >> gpu >> sink;
+  }
+
+  Run run() {
+    next = n = bad = 0;  // each run counts afresh
+    auto r = g.run();
+    EXPECT_EQ(r.wait(), RunStatus::succeeded);
+    Run out{r.stats(), {}};
+    EXPECT_EQ(n, items);
+    EXPECT_EQ(bad, 0);
+    for (const std::string& e : out.stats.autotune)
+      if (e.find("ring_bytes") != std::string::npos) out.ring_events.push_back(e);
+    return out;
+  }
+};
+
+}  // namespace
+
+// "automatic queue capacities, ring depth and items in flight": a ring whose producer is slow
+// holds a few items at a time; the next run gets what this one needed (docs/autotune.md, "Ring
+// depths"), and so does the next graph of that name. A ring's user-set size stays.
+TEST(PinnedRing, AnAutomaticRingIsCutToWhatItsRunNeededAndTheNextRunStartsThere) {
+  Runtime rt(host_device(2, 2));
+  RingGraph rg(rt, "ring-auto", 300, 1, 100, kMiB);
+  const RingGraph::Run first = rg.run();
+  EXPECT_EQ(first.ring(), GpuStageOptions::kDefaultRingBytes) << "the first run's ring: 64 MiB";
+  // One serial producer and a queue of 8: at most 8 + 2 budgets of 1 MiB committed at once.
+  const std::regex said(R"(^model ring_bytes 64 MiB -> (\d+) MiB: the last run committed at most ([\d.]+) (MiB|KiB) of it \(items of up to 1 MiB\); no producer waited for room$)");
+  ASSERT_EQ(first.ring_events.size(), 1u) << (first.stats.autotune.empty() ? "" : first.stats.autotune.back());
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(first.ring_events[0], m, said)) << first.ring_events[0];
+  const std::size_t cut = std::stoul(m[1]) * kMiB;
+  EXPECT_GE(cut, 2 * kMiB);
+  EXPECT_LE(cut, 14 * kMiB) << first.ring_events[0];
+  testing_helpers::expect_returned(rt, first.stats);
+  // The next run allocates what the last one decided; its items come whole and in order.
+  const RingGraph::Run second = rg.run();
+  EXPECT_EQ(second.ring(), cut);
+  EXPECT_EQ(second.stats.find("model")->ring_budgets, 0u);
+  for (const std::string& e : second.ring_events) EXPECT_EQ(e.find("64 MiB"), std::string::npos) << e;
+  testing_helpers::expect_returned(rt, second.stats);
+  const std::size_t remembered = second.ring_events.empty() ? cut : std::stoul(
+      std::regex_replace(second.ring_events[0], std::regex(R"(^model ring_bytes \d+ MiB -> (\d+) MiB.*$)"), "$1")) * kMiB;
+  // A graph of that name built anew starts there; one of another name at 64 MiB.
+  {
+    RingGraph again(rt, "ring-auto", 50, 1, 100, kMiB);
+    EXPECT_EQ(again.run().ring(), remembered);
+  }
+  {
+    RingGraph other(rt, "ring-other", 50, 1, 100, kMiB);
+    EXPECT_EQ(other.run().ring(), GpuStageOptions::kDefaultRingBytes);
+  }
+  // A number its user set is its size, run after run, with no decision about it.
+  RingGraph fixed(rt, "ring-fixed", 300, 1, 100, kMiB, 64 * kMiB);
+  for (int i = 0; i < 2; ++i) {
+    const RingGraph::Run r = fixed.run();
+    EXPECT_EQ(r.ring(), 64 * kMiB);
+    EXPECT_TRUE(r.ring_events.empty()) << r.ring_events[0];
+  }
+}
+
+// A ring of one budget (items of up to 32 MiB in 64 MiB) between two producers and the GPU
+// stage: one producer waits for room while the GPU stage waits for input, so the next run's
+// ring is twice as deep, and that one lets more items in at once.
+TEST(PinnedRing, AnAutomaticRingThatHeldTheGpuStageBackGrows) {
+  Runtime rt(host_device(2, 2));
+  RingGraph rg(rt, "ring-grow", 150, 2, 1000, 32 * kMiB);
+  const RingGraph::Run first = rg.run();
+  EXPECT_EQ(first.ring(), 64 * kMiB);
+  EXPECT_GT(first.stats.find("model")->ring_refusals, 0u);
+  ASSERT_EQ(first.ring_events.size(), 1u);
+  const std::regex said(R"(^model ring_bytes 64 MiB -> 128 MiB: producers waited (\d+)% of the last run for room in it \((\d+) reservations refused, items of up to 32 MiB\) while 'model' waited (\d+)% of it for input$)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(first.ring_events[0], m, said)) << first.ring_events[0];
+  EXPECT_EQ(std::stoul(m[2]), first.stats.find("model")->ring_refusals);
+  testing_helpers::expect_returned(rt, first.stats);
+  const RingGraph::Run second = rg.run();
+  EXPECT_EQ(second.ring(), 128 * kMiB);
+  testing_helpers::expect_returned(rt, second.stats);
+}
+
+// Under a memory budget the first ring is a quarter of it (at least two items), and no ring
+// grows past half of it.
+TEST(PinnedRing, AnAutomaticRingStaysWithinTheMemoryBudget) {
+  RuntimeConfig c = host_device(2, 2);
+  c.host_memory_budget = 96 * kMiB;
+  Runtime rt(c);
+  RingGraph small(rt, "ring-budget", 50, 1, 100, kMiB);
+  EXPECT_EQ(small.run().ring(), 24 * kMiB);
+  RingGraph wide(rt, "ring-budget-grow", 100, 2, 1000, 16 * kMiB);
+  const RingGraph::Run first = wide.run();
+  EXPECT_EQ(first.ring(), 32 * kMiB) << "a quarter is 24 MiB: two items of 16 MiB at the least";
+  ASSERT_EQ(first.ring_events.size(), 1u);
+  EXPECT_EQ(first.ring_events[0].rfind("model ring_bytes 32 MiB -> 48 MiB: producers waited", 0), 0u)
+      << first.ring_events[0];
+  EXPECT_NE(first.ring_events[0].find("; 48 MiB at most"), std::string::npos) << first.ring_events[0];
+  EXPECT_EQ(wide.run().ring(), 48 * kMiB);
 }

@@ -751,7 +751,24 @@ PinnedRing::Figures PinnedRing::figures() const {
   const std::int64_t now = steady_now_ns();
   const double area = used_area_ + static_cast<double>(used_) * static_cast<double>(now - used_since_);
   return {max_used_, now > created_ns_ ? area / static_cast<double>(now - created_ns_) : 0.0,
-          refusals_, wait_ns_ + (waiting_ ? now - waiting_since_ : 0)};
+          refusals_, wait_ns_ + (waiting_ ? now - waiting_since_ : 0), max_committed_};
+}
+
+void PinnedRing::reset_figures() {
+  std::lock_guard lk(mu_);
+  const std::int64_t now = steady_now_ns();
+  created_ns_ = used_since_ = now;
+  used_area_ = 0;
+  max_used_ = used_;
+  max_committed_ = counted_ + budget_items_ * item_bytes_;
+  refusals_ = 0;
+  wait_ns_ = 0;
+  wraps_ = 0;
+  if (waiting_) waiting_since_ = now;
+}
+
+void PinnedRing::committed_changed_locked() noexcept {
+  max_committed_ = std::max(max_committed_, counted_ + budget_items_ * item_bytes_);
 }
 
 PinnedRing::~PinnedRing() {
@@ -778,6 +795,7 @@ std::size_t PinnedRing::try_reserve(std::size_t want) {
   const std::size_t room = committed < limit ? (limit - committed) / item_bytes_ : 0;
   const std::size_t got = std::min(want, room);
   budget_items_ += got;
+  committed_changed_locked();
   if (got == 0) {
     ++refusals_;
     if (!waiting_) waiting_since_ = steady_now_ns();
@@ -887,6 +905,7 @@ void PinnedRing::free_block(Block* b) noexcept {
       unpushed_.erase(base_ + b->offset);
       b->counted = true;
       counted_ += b->size;
+      committed_changed_locked();
     }
     // Reclaim freed blocks (and the wrap waste) from the tail, in allocation order.
     used_changed_locked();

@@ -498,12 +498,46 @@ std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const 
   return out;
 }
 
+std::optional<TuneEvent> ring_depth(const RingInput& in, std::int64_t at_ns) {
+  if (in.item_bytes == 0 || in.capacity == 0 || in.max_committed == 0) return std::nullopt;
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const std::size_t floor = sat_mul(2, in.item_bytes);
+  const std::size_t ceiling = std::max(floor, in.ceiling);
+  const double wall = static_cast<double>(std::max<std::int64_t>(in.wall_ns, 1));
+  const double waited = static_cast<double>(std::max<std::int64_t>(in.wait_ns, 0)) / wall;
+  const double starved = static_cast<double>(std::max<std::int64_t>(in.starved_ns, 0)) / wall;
+  const std::string items = fmt::format("items of up to {}", byte_text(double(in.item_bytes)));
+  std::size_t want = in.capacity;
+  std::string why;
+  if (in.refusals > 0 && waited >= 0.02 && starved >= 0.05) {
+    want = std::clamp(sat_mul(2, in.capacity), floor, ceiling);
+    why = fmt::format("producers waited {} of the last run for room in it ({} reservations refused, "
+                      "{}) while '{}' waited {} of it for input",
+                      percent(std::min(waited, 1.0)), in.refusals, items, in.stage, percent(std::min(starved, 1.0)));
+    if (want <= in.capacity) return std::nullopt;  // at its ceiling already
+    if (want == ceiling) why += fmt::format("; {} at most", byte_text(double(ceiling)));
+  } else {
+    const std::size_t need = sat_add(sat_add(in.max_committed, in.max_committed / 4), in.item_bytes);
+    const std::size_t rounded = need > kUnlimited - kMiB ? need : (need + kMiB - 1) / kMiB * kMiB;
+    want = std::clamp(rounded, floor, ceiling);
+    if (!(want <= in.capacity / 4 * 3 || (in.capacity > ceiling && want < in.capacity))) return std::nullopt;
+    why = fmt::format("the last run committed at most {} of it ({}); ", byte_text(double(in.max_committed)), items);
+    why += in.refusals == 0 ? std::string("no producer waited for room")
+                            : fmt::format("producers waited {} of the run for room, '{}' {} for input",
+                                          percent(std::min(waited, 1.0)), in.stage, percent(std::min(starved, 1.0)));
+    if (in.capacity > ceiling && want == ceiling) why += fmt::format("; {} at most", byte_text(double(ceiling)));
+  }
+  return TuneEvent{at_ns, Action::retune, in.stage, "ring_bytes", in.capacity, want, std::move(why)};
+}
+
 std::string TuneEvent::text() const {
   std::string head;
   if (!stage.empty() && !knob.empty()) {
     auto number = [](std::size_t x) { return x == kUnlimited ? std::string("unlimited") : std::to_string(x); };
+    const bool bytes = knob.size() > 6 && knob.compare(knob.size() - 6, 6, "_bytes") == 0;
     head = knob == "concurrency" ? fmt::format("{} {} -> {}", stage, number(from), number(to))
-                                 : fmt::format("{} {} {} -> {}", stage, knob, number(from), number(to));
+           : bytes ? fmt::format("{} {} {} -> {}", stage, knob, memory_text(from), memory_text(to))
+                   : fmt::format("{} {} {} -> {}", stage, knob, number(from), number(to));
     return reason.empty() ? head : head + ": " + reason;
   }
   if (stage.empty() && !knob.empty())  // the graph's own knob: "max_in_flight 1 -> 12: ..."

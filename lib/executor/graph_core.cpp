@@ -1,5 +1,7 @@
 #include "splitflow/executor/detail/graph_core.hpp"
 
+#include "splitflow/executor/autotune.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -596,6 +598,25 @@ RunStats GraphCore::collect_stats(bool final) const {
 
 RunStats GraphCore::snapshot() const { return collect_stats(false); }
 
+void GraphCore::retune_at_end(RunStats& st) noexcept {
+  // What nodes size for the next run from this one's figures (automatic pinned rings): their
+  // decisions join the run's, in its stats and to its observers.
+  try {
+    std::vector<autotune::TuneEvent> events;
+    for (std::size_t i = 0; i < nodes_.size() && i < st.stages.size(); ++i)
+      nodes_[i]->retune_at_end(st.stages[i], st.wall_ns, events);
+    std::vector<std::string> texts;
+    for (const autotune::TuneEvent& e : events) texts.push_back(e.text());
+    for (std::size_t i = 0; i < events.size() && observed(); ++i) {
+      const autotune::TuneEvent& e = events[i];
+      const TuningEvent te{&name_, &e.stage, &e.knob, e.from, e.to, &e.reason, &texts[i], e.at_ns};
+      for_each_observer([&](Observer& o) { o.on_tune(te); });
+    }
+    for (std::string& t : texts) st.autotune.push_back(std::move(t));
+  } catch (...) {  // no memory for the decision: the next run keeps this one's sizes
+  }
+}
+
 void GraphCore::complete() noexcept {
   if (tuner_) tuner_->stop();  // before the final figures (its decisions are among them)
   std::shared_ptr<RunState> run;
@@ -604,6 +625,7 @@ void GraphCore::complete() noexcept {
     run = current_;
   }
   RunStats st = collect_stats(true);
+  retune_at_end(st);
   const StopReason why = stop_reason_.load();
   const RunStatus status = why == StopReason::failed      ? RunStatus::failed
                            : why == StopReason::cancelled ? RunStatus::cancelled

@@ -57,6 +57,22 @@ std::vector<std::pair<std::string, std::size_t>> TuningBoard::recall(const std::
   return {};
 }
 
+void TuningBoard::remember_ring(const std::string& graph, const std::string& stage, std::size_t bytes) {
+  std::lock_guard lk(mu_);
+  const auto it = std::find_if(rings_.begin(), rings_.end(),
+                               [&](const Ring& r) { return r.graph == graph && r.stage == stage; });
+  if (it != rings_.end()) rings_.erase(it);
+  if (rings_.size() == kRemembered) rings_.pop_front();
+  rings_.push_back({graph, stage, bytes});
+}
+
+std::size_t TuningBoard::recall_ring(const std::string& graph, const std::string& stage) const {
+  std::lock_guard lk(mu_);
+  for (const Ring& r : rings_)
+    if (r.graph == graph && r.stage == stage) return r.bytes;
+  return 0;
+}
+
 std::size_t TuningBoard::size() const {
   std::lock_guard lk(mu_);
   return entries_.size();

@@ -44,6 +44,11 @@ class TuningBoard {
   void remember(const std::string& graph, std::vector<std::pair<std::string, std::size_t>> stages);
   std::vector<std::pair<std::string, std::size_t>> recall(const std::string& graph) const;
   static constexpr std::size_t kRemembered = 64;
+  /// An automatic pinned ring's bytes for the next run of stage `stage` of a graph named
+  /// `graph` (decided at the end of a run: autotune::ring_depth); 0 when none is remembered.
+  /// At most kRemembered rings (the least recently remembered go).
+  void remember_ring(const std::string& graph, const std::string& stage, std::size_t bytes);
+  std::size_t recall_ring(const std::string& graph, const std::string& stage) const;
 
  private:
   struct Entry {
@@ -59,6 +64,11 @@ class TuningBoard {
     std::vector<std::pair<std::string, std::size_t>> stages;
   };
   std::deque<Remembered> remembered_;  // the most recently remembered last; at most kRemembered
+  struct Ring {
+    std::string graph, stage;
+    std::size_t bytes;
+  };
+  std::deque<Ring> rings_;  // the most recently remembered last; at most kRemembered
 };
 
 }  // namespace splitflow::detail

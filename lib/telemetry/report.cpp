@@ -290,7 +290,7 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
   for (const auto& f : d.findings) out += "  - " + f + "\n";
   for (const auto& s : d.suggestions) out += "  > " + s + "\n";
   if (!st.autotune.empty()) {
-    out += "autotune (stages with Concurrency::automatic):\n";
+    out += "autotune (what the runtime sized: automatic stages, max_in_flight, rings):\n";
     for (const auto& e : st.autotune) out += "  - " + e + "\n";
   }
   return out;

@@ -220,6 +220,11 @@ struct RuntimeConfig {
 
 /// Per-GPU-stage policy. Each invocation holds one pooled stream for its kernel burst only.
 struct GpuStageOptions {
+  /// For ring_bytes: sized by the runtime (the default).
+  static constexpr std::size_t automatic = Concurrency::automatic;
+  /// An automatic ring's first size, and the most it grows to without a memory budget.
+  static constexpr std::size_t kDefaultRingBytes = std::size_t{64} << 20;
+  static constexpr std::size_t kMaxAutoRingBytes = std::size_t{256} << 20;
   /// Bursts of this stage in flight at once (each holds a stream while it runs);
   /// Concurrency::automatic: set by the graph's tuner.
   std::size_t concurrency = 2;
@@ -231,7 +236,19 @@ struct GpuStageOptions {
   OnError on_error = OnError::fail;
   /// Pinned ring between a CPU producer of HostTensor and this stage (input DeviceTensor): total
   /// bytes, and the largest item. The H2D copy runs on this stage's leased stream.
-  std::size_t ring_bytes = std::size_t{64} << 20;
+  /// GpuStageOptions::automatic (the default): the runtime sizes it. The first run of a graph of
+  /// this name allocates kDefaultRingBytes (under RuntimeConfig::host_memory_budget a quarter of
+  /// the budget, within [2 x ring_item_bytes, kDefaultRingBytes]); at the end of each run the
+  /// ring's depth is decided from what the run reserved in it (docs/autotune.md "Ring depths")
+  /// and the next run allocates that, within [2 x ring_item_bytes, kMaxAutoRingBytes] (under a
+  /// budget: half of it at most; never over a quarter of DeviceConfig::pinned_pool_bytes). A
+  /// number set here is the ring's size, always.
+  /// \code
+  ///   splitflow::GpuStageOptions o;                   // ring_bytes: automatic
+  ///   o.ring_item_bytes = 1 << 20;                     // items of up to 1 MiB
+  ///   auto model = g.gpu_stage("model", model_fn, o);  // run 1: 64 MiB; after it, what it needed
+  /// \endcode
+  std::size_t ring_bytes = automatic;
   std::size_t ring_item_bytes = std::size_t{16} << 20;
   /// Pinned ring for DeviceContext::to_host() (D2H); 0 = allocate from the pinned pool instead.
   std::size_t out_ring_bytes = 0;

@@ -224,7 +224,7 @@ struct TuneEvent {
   std::int64_t at_ns = 0;  ///< end of the window it was decided on
   Action action = Action::initial;
   std::string stage{};       ///< "" for the graph as a whole
-  std::string knob{};        ///< "concurrency", "capacity", or "" for the graph
+  std::string knob{};        ///< "concurrency", "capacity", "max_in_flight", "ring_bytes" (bytes), or ""
   std::size_t from = 0, to = 0;
   std::string reason{};      ///< "'model' waited 41% of the last 1.0 s for input; decode busy 98%"
   /// "decode 2 -> 3: 'model' waited 41% ..." (stage and knob changes), or the reason.
@@ -259,6 +259,34 @@ struct AdmissionInput {
 ///   // e->to == 12; e->text(): "max_in_flight 1 -> 12: items of up to 1 MiB (at 'work'):
 ///   //   12 of them hold 12 MiB, within the graph's 12 MiB of the memory budget"
 std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t at_ns);
+
+/// What decides an automatic pinned ring's depth (GpuStageOptions::ring_bytes = automatic) at
+/// the end of a run: what the run reserved in it, and whether the ring held the GPU stage back.
+struct RingInput {
+  std::string stage{};            ///< the GPU stage the ring feeds
+  std::size_t capacity = 0;       ///< the ring's bytes in the run
+  std::size_t item_bytes = 0;     ///< GpuStageOptions::ring_item_bytes (a producer's budget)
+  std::size_t max_committed = 0;  ///< PinnedRing::Figures::max_committed over the run
+  std::uint64_t refusals = 0;     ///< reservations the ring refused in the run
+  std::int64_t wait_ns = 0;       ///< time producers waited for room
+  std::int64_t starved_ns = 0;    ///< time the GPU stage waited for input (StageStats::starved_ns)
+  std::int64_t wall_ns = 0;       ///< the run's length
+  std::size_t ceiling = 0;        ///< the most it may hold (kMaxAutoRingBytes, or half the budget)
+};
+/// The ring's bytes for the next run, within [2 x item_bytes, ceiling] (the least a ring can
+/// work with: one budget): doubled when the ring held the stage back (producers refused and
+/// waiting at least 2% of the run while the GPU stage waited for input at least 5% of it),
+/// otherwise cut to what the run committed at most plus a quarter, plus the item_bytes of room
+/// a ring keeps (rounded up to a MiB) when that is at most three quarters of it. Returns the
+/// decision (stage, knob "ring_bytes", from, to in bytes, its reason), none when it stays (or
+/// nothing went through the ring).
+///
+///   autotune::RingInput in{.stage = "model", .capacity = 64 << 20, .item_bytes = 1 << 20,
+///                          .max_committed = 3 << 20, .wall_ns = 1'000'000'000, .ceiling = 256 << 20};
+///   auto e = autotune::ring_depth(in, 0);
+///   // e->to == 5 << 20; e->text(): "model ring_bytes 64 MiB -> 5 MiB: the last run committed
+///   //   at most 3 MiB of it (items of up to 1 MiB); no producer waited for room"
+std::optional<TuneEvent> ring_depth(const RingInput& in, std::int64_t at_ns);
 
 /// The result of one observe().
 struct Decision {

@@ -194,7 +194,7 @@ struct StageStats {
   std::size_t ring_budgets = 0;      ///< item budgets reserved by producers now
   std::uint64_t ring_wraps = 0;      ///< times the ring's head went past its end
   std::size_t ring_max_in_use = 0;
-  double ring_mean_in_use = 0;       ///< bytes, averaged over the time since the ring was made
+  double ring_mean_in_use = 0;       ///< bytes, averaged over the run (ring figures are each run's own)
   std::uint64_t ring_refusals = 0;   ///< reservations refused because the ring was full
   std::int64_t ring_wait_ns = 0;     ///< time producers waited for ring space
 };

@@ -102,7 +102,7 @@ struct DeviceOpEvent {
 struct TuningEvent {
   const std::string* graph;
   const std::string* stage;   ///< empty for the graph as a whole (the model, a kept change)
-  const std::string* knob;    ///< "concurrency", "capacity", or empty
+  const std::string* knob;    ///< "concurrency", "capacity", "max_in_flight" (the graph), "ring_bytes", or empty
   std::size_t from, to;       ///< the knob's value before and after (0 when there is no knob)
   const std::string* reason;  ///< why ("'heavy' busy 98% ...")
   const std::string* text;    ///< the decision as RunStats::autotune words it

@@ -158,15 +158,20 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   std::size_t bytes_in_use() const;
   std::size_t budgets() const;
   std::uint64_t wraps() const;
-  /// Occupancy figures since the ring was made (time-weighted mean in bytes, maximum),
-  /// reservations refused for lack of space, and the time producers waited for space.
+  /// Occupancy figures since the ring was made or reset_figures() (time-weighted mean in bytes,
+  /// maximum), reservations refused for lack of space, the time producers waited for space,
+  /// and the most bytes committed at once (blocks counted plus budgets x item_bytes: the room
+  /// a ring needs, less item_bytes, so as to refuse none of those reservations).
   struct Figures {
     std::size_t max_in_use;
     double mean_in_use;
     std::uint64_t refusals;
     std::int64_t wait_ns;
+    std::size_t max_committed = 0;
   };
   Figures figures() const;
+  /// Starts the figures afresh (a run starts: its figures are its own).
+  void reset_figures();
 
   struct Block;
   /// Called when the last tensor of a block is gone.
@@ -188,6 +193,8 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   std::size_t budget_items_ = 0;
   std::uint64_t wraps_ = 0;
   std::size_t max_used_ = 0;
+  std::size_t max_committed_ = 0;
+  void committed_changed_locked() noexcept;  // call after counted_ or budget_items_ grew
   double used_area_ = 0;  // bytes x ns
   std::int64_t created_ns_ = 0, used_since_ = 0, waiting_since_ = 0, wait_ns_ = 0;
   std::uint64_t refusals_ = 0;

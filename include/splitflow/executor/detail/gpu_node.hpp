@@ -19,6 +19,15 @@ namespace splitflow::detail {
 std::shared_ptr<DeviceRuntime> device_of(GraphCore& graph);
 /// The graph's GPU accounting (created with the graph's first GPU stage).
 GpuAccount* gpu_account(GraphCore& graph);
+/// The bytes an automatic input ring of GPU stage `stage` is allocated with for this run: what
+/// the last run of a graph of this name decided for it, else the first size
+/// (GpuStageOptions::ring_bytes).
+std::size_t auto_ring_bytes(GraphCore& graph, const std::string& stage, std::size_t item_bytes);
+/// At a run's end: the depth of that ring for the next run (autotune::ring_depth, from the
+/// run's figures), remembered for the next run of a graph of this name; its decision, if it
+/// changes, appended to `out`.
+void retune_ring(GraphCore& graph, const std::string& stage, const PinnedRing& ring, const StageStats& st,
+                 std::int64_t wall_ns, std::vector<autotune::TuneEvent>& out);
 
 template <class In, class Out, class F>
 class GpuStageNode final : public Emitter<Out> {
@@ -52,10 +61,20 @@ class GpuStageNode final : public Emitter<Out> {
     dev_ = device_of(this->graph());
     account_ = gpu_account(this->graph());
     if constexpr (kRing) {
-      if (this->predecessors(1) > 0 && !ring_) {
-        ring_ = std::make_shared<PinnedRing>(dev_, this->name(), opts_.ring_bytes,
-                                             opts_.ring_item_bytes);
-        ring_->set_notifier(notifier_);
+      if (this->predecessors(1) > 0) {
+        const bool automatic = opts_.ring_bytes == GpuStageOptions::automatic;
+        const std::size_t bytes =
+            automatic ? auto_ring_bytes(this->graph(), this->name(), opts_.ring_item_bytes) : opts_.ring_bytes;
+        // An automatic ring resized at the end of the last run is made anew once it is empty
+        // (tensors of the last run keep the old one alive until they go).
+        if (ring_ && automatic && ring_->capacity() != bytes && ring_->bytes_in_use() == 0 &&
+            ring_->budgets() == 0)
+          ring_.reset();
+        if (!ring_) {
+          ring_ = std::make_shared<PinnedRing>(dev_, this->name(), bytes, opts_.ring_item_bytes);
+          ring_->set_notifier(notifier_);
+        }
+        ring_->reset_figures();  // the run's figures are its own
       }
     }
     if (opts_.out_ring_bytes > 0 && !out_ring_) {
@@ -63,6 +82,14 @@ class GpuStageNode final : public Emitter<Out> {
                                                opts_.out_ring_item_bytes);
       out_ring_->set_notifier(notifier_);
     }
+    if (out_ring_) out_ring_->reset_figures();
+  }
+
+  void retune_at_end(const StageStats& st, std::int64_t wall_ns,
+                     std::vector<autotune::TuneEvent>& out) override {
+    if constexpr (kRing)
+      if (ring_ && opts_.ring_bytes == GpuStageOptions::automatic)
+        retune_ring(this->graph(), this->name(), *ring_, st, wall_ns, out);
   }
 
   void add_stats_locked(StageStats& s) const override {

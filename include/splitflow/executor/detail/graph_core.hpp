@@ -132,6 +132,7 @@ class GraphCore {
   std::shared_ptr<DeviceRuntime> device();
   /// The runtime it runs on (an identity for its arena's threads: ShardedHistogram).
   const RuntimeCore* runtime_core() const noexcept { return runtime_.get(); }
+  RuntimeCore* runtime_core() noexcept { return runtime_.get(); }
   GpuAccount* gpu_account();
   /// The graph's request tracker (a service's), or null. Set while building.
   ItemTracker* tracker() const noexcept { return tracker_; }
@@ -153,6 +154,7 @@ class GraphCore {
   void execute(WorkList& w);
   void stop(StopReason why) noexcept;
   void complete() noexcept;
+  void retune_at_end(RunStats& st) noexcept;
   void validate();
   /// Sizes the queues whose capacity the user did not set (NodeBase::size_default_queue).
   void size_queues(const std::vector<NodeBase*>& order);

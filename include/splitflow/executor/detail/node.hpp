@@ -36,6 +36,10 @@
 #include "splitflow/telemetry/stats.hpp"
 #include "splitflow/telemetry/telemetry.hpp"
 
+namespace splitflow::autotune {
+struct TuneEvent;
+}  // namespace splitflow::autotune
+
 namespace splitflow::detail {
 
 class NodeBase;
@@ -274,6 +278,11 @@ class NodeBase {
   virtual std::size_t clear_queues_locked() { return 0; }
   /// The run is over: let consumers of a pull sink see the end of the stream.
   virtual void end_of_stream() {}
+  /// The run's final figures are in (`st`: this node's; `wall_ns`: the run's): what the node
+  /// sizes from them for the next run (a GPU stage's automatic ring) is decided here, its
+  /// decisions appended to `out`. Runs on the completing thread, with no node lock held.
+  virtual void retune_at_end(const StageStats& /*st*/, std::int64_t /*wall_ns*/,
+                             std::vector<autotune::TuneEvent>& /*out*/) {}
   /// A pull sink's record of the items its reader took after the run's final figures were
   /// collected (the run's stats add them); null for other nodes.
   virtual std::shared_ptr<const LateTakes> late_takes() const { return nullptr; }
