@@ -654,6 +654,7 @@ TEST(KernelPriority, AReadyKernelOfAHigherPriorityGraphRunsFirst) {
   bool open = false;
   std::vector<std::string> order;
   std::atomic<int> enqueued{0};
+  std::atomic<bool> blocking{false};
   auto graph = [&](const std::string& name, int priority, long items, bool blocker) {
     GraphOptions go;
     go.priority = priority;
@@ -668,6 +669,7 @@ TEST(KernelPriority, AReadyKernelOfAHigherPriorityGraphRunsFirst) {
     auto k = g->gpu_stage("k", [&, name, blocker](long i, DeviceContext& ctx) {
       ctx.host_kernel([&, name, blocker] {
         if (blocker) {
+          blocking = true;  // on the slot now (ready is not enough: the slot may not have taken it)
           std::unique_lock lk(mu);
           cv.wait(lk, [&] { return open; });
         }
@@ -685,7 +687,7 @@ TEST(KernelPriority, AReadyKernelOfAHigherPriorityGraphRunsFirst) {
   auto low = graph("low", 0, 2, false);
   auto high = graph("high", 5, 1, false);
   auto r0 = blocker->run();
-  ASSERT_TRUE(eventually([&] { return enqueued.load() == 1; }));  // the slot is taken
+  ASSERT_TRUE(eventually([&] { return blocking.load(); }));  // the slot is taken
   auto r1 = low->run();
   ASSERT_TRUE(eventually([&] { return enqueued.load() == 3; }));  // low's two kernels are ready
   auto r2 = high->run();
