@@ -83,8 +83,13 @@ def test_split_auto_sizes_splits_from_the_measured_cost():
         got = run_local_graph(r)
     assert [int(x["index"]) for x in got] == list(range(120))
     s = r.stats()
-    assert 12 <= s["split_items"] <= 30, s["split_items"]
-    assert s["splits"] < 20
+    # On a quiet machine about 20 items (12-30); on a loaded one an item takes longer and the
+    # splits are smaller: what is checked is the size by the cost measured, whatever it was.
+    per = s["item_s"]
+    assert per and per >= 0.005, s
+    assert 0.05 <= s["split_items"] * per <= 0.2, (s["split_items"], per)
+    assert s["split_items"] > 4 or per > 0.025, (s["split_items"], per)  # past the probe's 4
+    assert s["splits"] < 120 // 4, s["splits"]  # fewer than splits of the probe's size
 
 
 def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing():
@@ -178,8 +183,12 @@ def test_scheduler_unreachable_fails_within_the_timeout():
         assert "items not computed" in str(info.value)
         assert [int(x["index"]) for x in got] == list(range(len(got)))
     finally:
-        # With the scheduler gone the cluster would wait for it (connect timeout, 30 s).
-        client.close(timeout=2)
+        # With the scheduler gone the cluster would wait for it (connect timeout, 30 s). The
+        # client's close, which Dask may not finish without a scheduler, is not what is tested.
+        try:
+            client.close(timeout=2)
+        except TimeoutError:
+            pass
         for w in list(c.workers.values()):
             c.sync(w.kill, timeout=1)
         with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}):
