@@ -10,13 +10,17 @@
 //                                     recycles about as many)
 // bytes_per_second is the figure; the goal is splitflow >= 0.8x memcpy at 1 MiB. The host
 // backend's copies are memcpys by an engine thread, so this measures the ring's overhead.
+//   BM_RingDepth                      an automatic ring (GpuStageOptions::ring_bytes) against a
+//                                     64 MiB one, runs interleaved: the rate at its depth (below)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 #include <vector>
 
@@ -97,8 +101,94 @@ void BM_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * items * static_cast<std::int64_t>(bytes));
 }
 
+// ---- BM_RingDepth: an automatic ring against the 64 MiB one a user would set -----------------
+// A decode-like producer (150 us of work, 256 KiB written into ring space) feeding a GPU stage
+// (two bursts of 100 us kernels), items of up to 1 MiB (ring_item_bytes), 2 arena threads: the
+// same graph with ring_bytes = 64 MiB (the old default) and ring_bytes = automatic, on one
+// runtime, their runs interleaved (fixed, automatic, automatic, fixed, ...), each graph run once before
+// (the automatic ring's first run decides its depth). Counters: rate_ratio (the automatic
+// ring's items/s over the fixed one's), ring_bytes_ratio (its bytes over 64 MiB), and each
+// ring's bytes and the most it held.
+struct DepthGraph {
+  splitflow::Graph g;
+  long items, next = 0;
+  std::uint64_t seen = 0;
+  DepthGraph(splitflow::Runtime& rt, const std::string& name, std::size_t ring_bytes, long n)
+      : g(rt, name), items(n) {
+    auto src = g.source("n", [this]() -> std::optional<long> {
+      if (next == items) return std::nullopt;
+      return next++;
+    });
+    auto make = g.stage("decode", [](long i, splitflow::HostAllocator& a) {
+      splitflow::HostTensor t = a.empty(splitflow::DType::u8, {256 << 10});
+      std::memset(t.raw(), static_cast<int>(i & 0xff), t.nbytes());
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(150);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      return t;
+    });
+    splitflow::GpuStageOptions o;
+    o.concurrency = 2;
+    o.ring_bytes = ring_bytes;
+    o.ring_item_bytes = 1 << 20;
+    auto gpu = g.gpu_stage("model", [](splitflow::DeviceTensor t, splitflow::DeviceContext& ctx) {
+      splitflow::ops::busy_kernel(ctx, std::chrono::microseconds(100));
+      return t;
+    }, o);
+    auto sink = g.sink("s", [this](splitflow::DeviceTensor) { ++seen; });
+    src >> make >> gpu >> sink;
+  }
+  // One run; its seconds.
+  double run(splitflow::StageStats* model) {
+    next = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = g.run();
+    r.wait();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (model) *model = *r.stats().find("model");
+    return s;
+  }
+};
+
+void BM_RingDepth(benchmark::State& state) {
+  constexpr long kItems = 2000;
+  splitflow::Runtime rt(splitflow::RuntimeConfig{.threads = 2, .device = {.backend = splitflow::BackendKind::host}});
+  DepthGraph fixed(rt, "fixed", kRingBytes, kItems), automatic(rt, "automatic", splitflow::GpuStageOptions::automatic, kItems);
+  fixed.run(nullptr);
+  automatic.run(nullptr);  // its first run: 64 MiB, and the depth it decides for the next
+  double t_fixed = 0, t_auto = 0;
+  splitflow::StageStats f{}, a{};
+  long runs = 0;
+  for (auto _ : state) {  // which goes first alternates
+    if (runs % 2 == 0) {
+      t_fixed += fixed.run(&f);
+      t_auto += automatic.run(&a);
+    } else {
+      t_auto += automatic.run(&a);
+      t_fixed += fixed.run(&f);
+    }
+    ++runs;
+  }
+  if (fixed.seen != static_cast<std::uint64_t>(kItems) * (runs + 1) || automatic.seen != fixed.seen)
+    state.SkipWithError("items were lost");
+  state.counters["rate_ratio"] = t_auto > 0 ? t_fixed / t_auto : 0;
+  state.counters["fixed_items_per_s"] = static_cast<double>(kItems * runs) / t_fixed;
+  state.counters["auto_items_per_s"] = static_cast<double>(kItems * runs) / t_auto;
+  state.counters["auto_ring_MiB"] = static_cast<double>(a.ring_capacity) / (1 << 20);
+  state.counters["fixed_ring_MiB"] = static_cast<double>(f.ring_capacity) / (1 << 20);
+  state.counters["ring_bytes_ratio"] = static_cast<double>(a.ring_capacity) / static_cast<double>(f.ring_capacity);
+  state.counters["auto_ring_max_in_use_MiB"] = static_cast<double>(a.ring_max_in_use) / (1 << 20);
+  state.counters["fixed_ring_max_in_use_MiB"] = static_cast<double>(f.ring_max_in_use) / (1 << 20);
+  // The last runs' refusals (a producer found no room) and the share of the run producers
+  // waited for room.
+  state.counters["auto_ring_refusals"] = static_cast<double>(a.ring_refusals);
+  state.counters["fixed_ring_refusals"] = static_cast<double>(f.ring_refusals);
+  state.counters["auto_ring_wait"] = static_cast<double>(a.ring_wait_ns) * 1e-9 * runs / t_auto;
+}
+
 }  // namespace
 
+BENCHMARK(BM_RingDepth)->Iterations(12)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_splitflow)->Name("BM_RingHandoff/splitflow")->RangeMultiplier(4)->Range(64 << 10, 4 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_splitflow_deep)->Name("BM_RingHandoff/splitflow_deep")->RangeMultiplier(4)->Range(64 << 10, 1 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_memcpy)->Name("BM_RingHandoff/memcpy")->RangeMultiplier(4)->Range(64 << 10, 4 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
