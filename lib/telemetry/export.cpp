@@ -72,6 +72,7 @@ Json stage_json(const StageStats& s) {
   if (s.ring_capacity > 0) {
     Json& r = j["ring"];
     r["capacity"] = std::uint64_t{s.ring_capacity};
+    r["automatic"] = s.ring_automatic;
     r["in_use"] = std::uint64_t{s.ring_in_use};
     r["max_in_use"] = std::uint64_t{s.ring_max_in_use};
     r["mean_in_use"] = fixed(s.ring_mean_in_use, 1);

@@ -116,6 +116,14 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
             g.name, mib(static_cast<double>(g.ring_item_bytes)), budget_items,
             mib(static_cast<double>(g.ring_capacity)),
             mib(static_cast<double>(g.ring_max_in_use))));
+      } else if (g.ring_automatic) {
+        // The runtime deepens an automatic ring for the next run itself (autotune::ring_depth).
+        d.suggestions.push_back(fmt::format(
+            "the ring of '{}' is automatic: the next run of graph '{}' gets a deeper one (see the "
+            "autotune decisions); to start deeper, set GpuStageOptions::ring_bytes to {} (it held "
+            "{} on average, {} at most)",
+            g.name, st.graph, mib(4.0 * static_cast<double>(g.ring_capacity)), mib(g.ring_mean_in_use),
+            mib(static_cast<double>(g.ring_max_in_use))));
       } else {
         d.suggestions.push_back(fmt::format(
             "enlarge the ring of '{}': GpuStageOptions::ring_bytes from {} to {} (it held {} on "

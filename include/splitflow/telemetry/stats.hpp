@@ -190,6 +190,7 @@ struct StageStats {
   /// GPU stages: their pinned rings (input and output, together), in bytes; 0 without.
   std::size_t ring_capacity = 0;
   std::size_t ring_item_bytes = 0;   ///< the budget a producer reserves per item in flight
+  bool ring_automatic = false;       ///< sized by the runtime (GpuStageOptions::ring_bytes = automatic)
   std::size_t ring_in_use = 0;       ///< bytes now (0 once every tensor from it is gone)
   std::size_t ring_budgets = 0;      ///< item budgets reserved by producers now
   std::uint64_t ring_wraps = 0;      ///< times the ring's head went past its end

@@ -96,7 +96,10 @@ class GpuStageNode final : public Emitter<Out> {
     for (const auto* ring : {ring_.get(), out_ring_.get()}) {
       if (!ring) continue;
       s.ring_capacity += ring->capacity();
-      if (ring == ring_.get()) s.ring_item_bytes = ring->item_bytes();
+      if (ring == ring_.get()) {
+        s.ring_item_bytes = ring->item_bytes();
+        s.ring_automatic = opts_.ring_bytes == GpuStageOptions::automatic;
+      }
       s.ring_in_use += ring->bytes_in_use();
       s.ring_budgets += ring->budgets();
       s.ring_wraps += ring->wraps();
