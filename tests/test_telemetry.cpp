@@ -64,6 +64,34 @@ std::string join(const std::vector<std::string>& lines) {
   return out;
 }
 
+// A producer of `items` tensors of `item` bytes in ring space (`spin` us each) into a GPU stage
+// of 4 bursts of 100 us kernels through a ring of `ring_bytes` (automatic or set) with
+// `item` bytes per item; the source starts again at each run.
+void small_ring_graph(Graph& g, long items, std::int64_t item, std::size_t ring_bytes, double spin) {
+  auto src = g.source("files", [items, i = 0L]() mutable -> std::optional<long> {
+    if (i == items) {
+      i = 0;  // the next run reads them again
+      return std::nullopt;
+    }
+    return i++;
+  });
+  auto load = g.stage("load", [item, spin](long, HostAllocator& a) {
+    HostTensor t = a.empty(DType::u8, {item});
+    spin_us(spin);  // producing it
+    return t;
+  });
+  GpuStageOptions o;
+  o.concurrency = 4;
+  o.ring_bytes = ring_bytes;
+  o.ring_item_bytes = static_cast<std::size_t>(item);
+  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
+    ops::busy_kernel(ctx, 100us);
+    return t;
+  }, o);
+  auto sink = g.sink("step", [](DeviceTensor) {});
+  src >> load >> model >> sink;
+}
+
 }  // namespace
 
 // "per-item latency p50/p95/p99 (an HDR-style or log-bucket histogram, fixed memory)"
@@ -221,22 +249,7 @@ TEST(Diagnosis, ATooSmallRingIsNamedAndEnlarged) {
   Runtime rt(host(2, 4, 4));
   Graph g(rt, "small-ring");
   constexpr std::int64_t kItem = 4 << 20;
-  auto src = g.source("files", counter(30));
-  auto load = g.stage("load", [](long, HostAllocator& a) {
-    HostTensor t = a.empty(DType::u8, {kItem});
-    spin_us(500);  // producing it
-    return t;
-  });
-  GpuStageOptions o;
-  o.concurrency = 4;
-  o.ring_bytes = 2 * kItem;  // budget for a single item
-  o.ring_item_bytes = kItem;
-  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
-    ops::busy_kernel(ctx, 100us);
-    return t;
-  }, o);
-  auto sink = g.sink("step", [](DeviceTensor) {});
-  src >> load >> model >> sink;
+  small_ring_graph(g, 30, kItem, 2 * kItem, 500);  // budget for a single item
   auto run = g.run();
   run.wait();
   const RunStats st = run.stats();
@@ -256,28 +269,7 @@ TEST(Diagnosis, ATooSmallRingIsNamedAndEnlarged) {
 TEST(Diagnosis, ATooSmallAutomaticRingIsNamedAndDeepenedForTheNextRun) {
   Runtime rt(host(2, 4, 4));
   Graph g(rt, "small-auto-ring");
-  constexpr std::int64_t kItem = 32 << 20;
-  auto src = g.source("files", [i = 0L]() mutable -> std::optional<long> {
-    if (i == 20) {
-      i = 0;  // the next run reads them again
-      return std::nullopt;
-    }
-    return i++;
-  });
-  auto load = g.stage("load", [](long, HostAllocator& a) {
-    HostTensor t = a.empty(DType::u8, {kItem});
-    spin_us(3000);
-    return t;
-  });
-  GpuStageOptions o;
-  o.concurrency = 4;
-  o.ring_item_bytes = kItem;  // ring_bytes: automatic
-  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) {
-    ops::busy_kernel(ctx, 100us);
-    return t;
-  }, o);
-  auto sink = g.sink("step", [](DeviceTensor) {});
-  src >> load >> model >> sink;
+  small_ring_graph(g, 20, 32 << 20, GpuStageOptions::automatic, 3000);
   auto run = g.run();
   run.wait();
   const RunStats st = run.stats();
