@@ -78,6 +78,16 @@ double RunStats::throughput() const noexcept {
   return wall_ns > 0 ? static_cast<double>(items_delivered()) * 1e9 / static_cast<double>(wall_ns) : 0;
 }
 
+// The decision deepening GPU stage g's automatic ring for the next run ("model ring_bytes 64
+// MiB -> 128 MiB: ..."), if the run's final stats hold one.
+const std::string* ring_decision(const RunStats& st, const StageStats& g) {
+  if (!g.ring_automatic) return nullptr;
+  const std::string head = g.name + " ring_bytes ";
+  for (const std::string& e : st.autotune)  // a raise says "... of the last run for room in it"
+    if (e.rfind(head, 0) == 0 && e.find("of the last run for room in it") != std::string::npos) return &e;
+  return nullptr;
+}
+
 Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device) {
   Diagnosis d;
   const std::int64_t wall = st.wall_ns;
@@ -116,14 +126,14 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
             g.name, mib(static_cast<double>(g.ring_item_bytes)), budget_items,
             mib(static_cast<double>(g.ring_capacity)),
             mib(static_cast<double>(g.ring_max_in_use))));
-      } else if (g.ring_automatic) {
-        // The runtime deepens an automatic ring for the next run itself (autotune::ring_depth).
+      } else if (const std::string* deeper = ring_decision(st, g)) {
+        // The runtime deepens an automatic ring for the next run itself (autotune::ring_depth,
+        // decided at the run's end: among the final stats' decisions).
         d.suggestions.push_back(fmt::format(
-            "the ring of '{}' is automatic: the next run of graph '{}' gets a deeper one (see the "
-            "autotune decisions); to start deeper, set GpuStageOptions::ring_bytes to {} (it held "
-            "{} on average, {} at most)",
-            g.name, st.graph, mib(4.0 * static_cast<double>(g.ring_capacity)), mib(g.ring_mean_in_use),
-            mib(static_cast<double>(g.ring_max_in_use))));
+            "the ring of '{}' is automatic: the next run of graph '{}' gets a deeper one ({}); to "
+            "start deeper, set GpuStageOptions::ring_bytes to {} (it held {} on average, {} at most)",
+            g.name, st.graph, *deeper, mib(4.0 * static_cast<double>(g.ring_capacity)),
+            mib(g.ring_mean_in_use), mib(static_cast<double>(g.ring_max_in_use))));
       } else {
         d.suggestions.push_back(fmt::format(
             "enlarge the ring of '{}': GpuStageOptions::ring_bytes from {} to {} (it held {} on "
