@@ -40,6 +40,7 @@ std::size_t auto_ring_bytes(GraphCore& g, const std::string& stage, std::size_t 
 void retune_ring(GraphCore& g, const std::string& stage, const PinnedRing& ring, const StageStats& st,
                  std::int64_t wall_ns, std::vector<autotune::TuneEvent>& out) {
   const PinnedRing::Figures f = ring.figures();
+  if (f.max_committed == 0) return;  // nothing went through it: nothing learnt
   const autotune::RingInput in{.stage = stage,
                                .capacity = ring.capacity(),
                                .item_bytes = ring.item_bytes(),
@@ -49,7 +50,6 @@ void retune_ring(GraphCore& g, const std::string& stage, const PinnedRing& ring,
                                .starved_ns = st.starved_ns,
                                .wall_ns = wall_ns,
                                .ceiling = ring_ceiling(g, ring.item_bytes())};
-  if (f.max_committed == 0) return;  // nothing went through it: nothing learnt
   std::optional<autotune::TuneEvent> e = autotune::ring_depth(in, steady_now_ns());
   g.runtime_core()->tuning_board().remember_ring(g.name(), stage, e ? e->to : ring.capacity());
   if (e) out.push_back(std::move(*e));

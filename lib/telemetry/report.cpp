@@ -78,6 +78,7 @@ double RunStats::throughput() const noexcept {
   return wall_ns > 0 ? static_cast<double>(items_delivered()) * 1e9 / static_cast<double>(wall_ns) : 0;
 }
 
+namespace {
 // The decision deepening GPU stage g's automatic ring for the next run ("model ring_bytes 64
 // MiB -> 128 MiB: ..."), if the run's final stats hold one.
 const std::string* ring_decision(const RunStats& st, const StageStats& g) {
@@ -87,6 +88,7 @@ const std::string* ring_decision(const RunStats& st, const StageStats& g) {
     if (e.rfind(head, 0) == 0 && e.find("of the last run for room in it") != std::string::npos) return &e;
   return nullptr;
 }
+}  // namespace
 
 Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device) {
   Diagnosis d;
