@@ -158,6 +158,82 @@ TEST(Zip, TwoSourcesPairByPositionAndExtrasAreCounted) {
   EXPECT_EQ(run.stats().find("z")->items_skipped, 20u);
 }
 
+// Two sources paired by a zip, a stage on each side, more items than max_in_flight: before,
+// the faster source's items filled max_in_flight waiting at the zip for the slower's, which
+// could then not be admitted, and the run hung (from about 256 items). Each source is now held
+// within pace_lead() of the other: every pair, in order, and the zip's waiting items bounded.
+TEST(Zip, TwoSourcesPairedByAZipArePacedAndNeverStall) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "zip-paced", {.max_in_flight = 64});
+  constexpr long kItems = 3000;
+  // How far a's generator ran ahead of b's, at most.
+  std::atomic<long> made_b{0};
+  long lead = 0;
+  auto a = g.source("a", [i = 0L, &made_b, &lead]() mutable -> std::optional<long> {
+    if (i == kItems) return std::nullopt;
+    lead = std::max(lead, i - made_b.load());
+    return i++;
+  });
+  auto b = g.source("b", [i = 0L, &made_b]() mutable -> std::optional<long> {
+    if (i == kItems) return std::nullopt;
+    made_b.store(i + 1);
+    return i++;
+  });
+  auto fast = g.stage("fast", [](long x) { return x; });
+  auto slow = g.stage("slow", [](long x) { spin_us(20); return x; }, {.concurrency = 2});
+  auto z = g.zip<long, long>("z");
+  long pairs = 0;
+  bool matched = true;
+  auto sink = g.sink("s", [&](std::pair<long, long> p) {
+    matched &= p.first == p.second && p.first == pairs;
+    ++pairs;
+  });
+  a >> fast >> z.first();
+  b >> slow >> z.second();
+  z >> sink;
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "the zip's sources stalled";
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(pairs, kItems);
+  EXPECT_TRUE(matched) << "pairs of equal items, in order";
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("z")->items_skipped, 0u);
+  // 64 / (2 x 2 sources) = 16 items of lead over what b was admitted, and what b was admitted
+  // and had not made yet (a claim, itself within 16 of a): well within max_in_flight (37 here;
+  // without the pace a ran 64 ahead and the run hung).
+  EXPECT_LE(lead, 48) << "a's generator ran ahead of b's";
+}
+
+// A source paired with one that ended early: its extra items (far more than max_in_flight) are
+// dropped at the zip as they arrive, not held until their own source ends (before: they filled
+// max_in_flight and kept it from ending: the run hung).
+TEST(Zip, TheExtrasOfTheLongerSourceAreDroppedAsTheyArrive) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "zip-extras", {.max_in_flight = 32});
+  auto a = g.source("a", counter(2000));
+  auto b = g.source("b", counter(100));
+  auto z = g.zip<long, long>("z");
+  long pairs = 0;
+  auto sink = g.sink("s", [&](std::pair<long, long> p) {
+    EXPECT_EQ(p.first, p.second);
+    ++pairs;
+  });
+  connect(a, z.first());
+  connect(b, z.second());
+  z >> sink;
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "the longer source stalled";
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(pairs, 100);
+  const RunStats st = run.stats();
+  const StageStats& zs = *st.find("z");
+  EXPECT_EQ(zs.items_skipped, 1900u);
+  EXPECT_EQ(st.find("a")->items_out, 2000u) << "every item of the longer source made";
+  ASSERT_FALSE(zs.errors.empty());
+  EXPECT_GE(zs.errors.front().item, 100u);
+  EXPECT_EQ(zs.errors.front().message, "no partner: the second input's source 'b' ended after 100 items");
+}
+
 // "a zip whose input merges two sources, or gets an item along two paths, is refused at run()"
 TEST(Zip, InputsThatCannotBeToldApartAreRefused) {
   Runtime rt({.threads = 2});

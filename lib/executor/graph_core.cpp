@@ -3,6 +3,7 @@
 #include "splitflow/executor/autotune.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <optional>
 #include <unordered_map>
@@ -86,6 +87,16 @@ NodeBase& GraphCore::adopt(std::unique_ptr<NodeBase> node) {
   if (node->kind() == StageKind::source) sources_.push_back(node.get());
   nodes_.push_back(std::move(node));
   return *nodes_.back();
+}
+
+bool GraphCore::admit_limit_tunable() const noexcept {
+  if (sources_.size() == 1) return true;
+  std::size_t pull_sinks = 0;
+  for (const auto& n : nodes_) {
+    if (n->kind() == StageKind::zip) return false;
+    pull_sinks += n->kind() == StageKind::pull_sink ? 1 : 0;
+  }
+  return pull_sinks <= 1;
 }
 
 void GraphCore::check_mutable() const {
@@ -256,6 +267,15 @@ void GraphCore::check_batching(const std::vector<NodeBase*>& order) {
 
 void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
   for (const auto& n : nodes_) n->clear_drop_listeners();
+  paced_.clear();
+  pace_lead_ = 0;
+  const auto paced = [&](NodeBase* s) -> std::size_t {
+    for (std::size_t i = 0; i < paced_.size(); ++i)
+      if (paced_[i]->source == s) return i;
+    paced_.push_back(std::make_unique<Paced>());
+    paced_.back()->source = s;
+    return paced_.size() - 1;
+  };
   std::unordered_map<const NodeBase*, std::vector<std::pair<NodeBase*, int>>> preds;
   for (NodeBase* n : order)
     for (const Edge& e : n->successors()) preds[e.node].push_back({n, e.port});
@@ -281,6 +301,7 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
     };
     const auto any = [](const NodeBase*) { return true; };
     std::unordered_set<const NodeBase*> anc[2];
+    NodeBase* numbered_by[2] = {nullptr, nullptr};
     for (int p = 0; p < 2; ++p) {
       const char* input = p == 0 ? "first" : "second";
       // Every node upstream of this input (anc), and those that number its items (num): past
@@ -292,7 +313,7 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
       });
       // Paths from each numbering node to this input (capped at 2), consumers before producers.
       std::unordered_map<const NodeBase*, int> paths;
-      std::vector<const NodeBase*> sources;
+      std::vector<NodeBase*> sources;
       for (auto it = order.rbegin(); it != order.rend(); ++it) {
         if (!num.count(*it)) continue;
         int c = 0;
@@ -304,7 +325,7 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
           }
         }
         paths[*it] = std::min(c, 2);
-        if (preds[*it].empty()) sources.push_back(*it);
+        if (preds[*it].empty()) sources.push_back(const_cast<NodeBase*>(*it));
       }
       // Pairs are matched by item number, which only names one item on one path.
       if (sources.size() != 1) {
@@ -320,6 +341,18 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
                          sources[0]->name() +
                          "' along more than one path (a fan-out merged again), so an item would "
                          "pair twice; give each zip input one path");
+      numbered_by[p] = sources[0];
+    }
+    // Two sources paired by position: paced against each other (try_admit), and each tells
+    // the zip when it ended (source_ended).
+    if (numbered_by[0] != numbered_by[1] && numbered_by[0]->kind() == StageKind::source &&
+        numbered_by[1]->kind() == StageKind::source) {
+      const std::size_t i = paced(numbered_by[0]), j = paced(numbered_by[1]);
+      for (auto [x, y] : {std::pair{i, j}, std::pair{j, i}})
+        if (std::find(paced_[x]->partners.begin(), paced_[x]->partners.end(), y) == paced_[x]->partners.end())
+          paced_[x]->partners.push_back(y);
+      paced_[i]->numbers.push_back({listener, 0});
+      paced_[j]->numbers.push_back({listener, 1});
     }
     for (int p = 0; p < 2; ++p) {
       for (const NodeBase* c : anc[p]) {
@@ -338,6 +371,13 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
           [](const NodeBase* n, int) { return n->kind() != StageKind::zip; });
       for (const NodeBase* n : near) const_cast<NodeBase*>(n)->add_drop_listener(*listener, p);
     }
+  }
+  // Items of one source waiting at a zip for the other's hold at most the lead: with the
+  // batches' held items, less than max_in_flight, so that the behind source can be admitted.
+  if (!paced_.empty()) {
+    const std::size_t held = admit_floor_ - 1;
+    const std::size_t room = opts_.max_in_flight > held ? opts_.max_in_flight - held : 1;
+    pace_lead_ = std::max<std::size_t>(1, room / (2 * paced_.size()));
   }
 }
 
@@ -378,6 +418,11 @@ std::shared_ptr<RunState> GraphCore::start() {
       std::lock_guard tl(token_mu_);
       token_waiters_.clear();
       token_waiting_.store(false);
+    }
+    for (const auto& p : paced_) {
+      p->admitted.store(0, std::memory_order_relaxed);
+      p->ended.store(false, std::memory_order_relaxed);
+      p->waiting.store(false, std::memory_order_relaxed);
     }
     // The admit limit: max_in_flight; a tuned graph under a memory budget starts at the least
     // it can go on with, and its tuner raises it once its items were measured (RunTuner), so
@@ -487,7 +532,70 @@ void GraphCore::retire_items(std::uint64_t n, WorkList& w) noexcept {
   }
 }
 
-std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want) {
+GraphCore::Paced* GraphCore::paced_of(const NodeBase& source) const noexcept {
+  for (const auto& p : paced_)
+    if (p->source == &source) return p.get();
+  return nullptr;
+}
+
+std::size_t GraphCore::pace_room(const Paced& p) const noexcept {
+  // Within pace_lead_ of every partner that has not ended (seq_cst: Dekker with poke_paced's
+  // callers, as for the admit limit).
+  const std::uint64_t mine = p.admitted.load(std::memory_order_seq_cst);
+  std::uint64_t room = std::numeric_limits<std::uint64_t>::max();
+  for (std::size_t i : p.partners) {
+    const Paced& q = *paced_[i];
+    if (q.ended.load(std::memory_order_seq_cst)) continue;
+    const std::uint64_t upto = q.admitted.load(std::memory_order_seq_cst) + pace_lead_;
+    room = std::min<std::uint64_t>(room, upto > mine ? upto - mine : 0);
+  }
+  return static_cast<std::size_t>(std::min<std::uint64_t>(room, std::numeric_limits<std::size_t>::max()));
+}
+
+void GraphCore::poke_paced(const Paced& p, WorkList& w) noexcept {
+  for (std::size_t i : p.partners) {
+    Paced& q = *paced_[i];
+    if (q.waiting.load(std::memory_order_seq_cst) && q.waiting.exchange(false, std::memory_order_seq_cst))
+      w.pokes.push_back(q.source);
+  }
+}
+
+void GraphCore::unadmit(NodeBase& source, std::size_t n, WorkList& w) noexcept {
+  if (Paced* p = paced_of(source)) p->admitted.fetch_sub(n, std::memory_order_seq_cst);
+  retire_items(n, w);
+}
+
+void GraphCore::source_ended(NodeBase& source, std::uint64_t items, WorkList& w) noexcept {
+  Paced* p = paced_of(source);
+  if (!p) return;
+  p->ended.store(true, std::memory_order_seq_cst);
+  poke_paced(*p, w);
+  for (const auto& [zip, port] : p->numbers) zip->numbering_source_ended(port, items, source, w);
+}
+
+std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want, WorkList& w) {
+  // A source a zip pairs with another is held within pace_lead_ items of it; waiting for it,
+  // it is poked when the partner admits or ends.
+  Paced* paced = paced_of(source);
+  if (paced) {
+    std::size_t room = pace_room(*paced);
+    if (room == 0) {
+      paced->waiting.store(true, std::memory_order_seq_cst);
+      room = pace_room(*paced);
+      if (room == 0) return 0;
+      paced->waiting.store(false, std::memory_order_relaxed);
+    }
+    want = std::min(want, room);
+  }
+  const std::size_t n = admit_within_limit(source, want);
+  if (paced && n > 0) {
+    paced->admitted.fetch_add(n, std::memory_order_seq_cst);
+    poke_paced(*paced, w);
+  }
+  return n;
+}
+
+std::size_t GraphCore::admit_within_limit(NodeBase& source, std::size_t want) {
   // Admitted items are counted at once (one atomic step), so that sources admitted at the same
   // time cannot each see the whole room; a source gives back what it did not produce.
   const auto take = [&]() -> std::size_t {

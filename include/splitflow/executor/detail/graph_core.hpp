@@ -93,17 +93,31 @@ class GraphCore {
   /// Items left the graph (consumed or dropped). Sources waiting for max_in_flight are poked.
   void retire_items(std::uint64_t n, WorkList& w) noexcept;
   /// For a source holding its own lock: how many of `want` items may it admit under
-  /// max_in_flight? Zero registers it to be poked when items retire.
-  std::size_t try_admit(NodeBase& source, std::size_t want);
+  /// max_in_flight (and, paired by a zip with another source, within pace_lead() items of it)?
+  /// Zero registers it to be poked when items retire (or its partner admits); pokes of sources
+  /// waiting for it go into `w`.
+  std::size_t try_admit(NodeBase& source, std::size_t want, WorkList& w);
+  /// `n` items a source was admitted will not be made after all (a consumer had fewer slots).
+  void unadmit(NodeBase& source, std::size_t n, WorkList& w) noexcept;
+  /// A source's generator ended after `items` items: the sources a zip pairs with it are no
+  /// longer paced by it, and those zips drop the other input's items past its end at once.
+  void source_ended(NodeBase& source, std::uint64_t items, WorkList& w) noexcept;
+  /// How far a source paired by a zip with another may run ahead of it, in items (0: no zip
+  /// pairs two sources). Without it the items of the faster could take all of max_in_flight
+  /// while the zip waits for the slower's, and the run would hang.
+  std::size_t pace_lead() const noexcept { return pace_lead_; }
   /// The items the run lets in at once now: GraphOptions::max_in_flight, or lower under the
   /// runtime's memory budget (set_admit_limit).
   std::size_t admit_limit() const noexcept { return admit_limit_.load(std::memory_order_relaxed); }
   /// The least admit limit the run can go on with: what its batches hold while they fill, and
   /// one more (validate).
   std::size_t admit_floor() const noexcept { return admit_floor_; }
-  /// Whether the tuner may lower the admit limit: one source (with several, one could take all
-  /// the room while a zip waits for the other's items).
-  bool admit_limit_tunable() const noexcept { return sources_.size() == 1; }
+  /// Whether the tuner may lower the admit limit: one source, or several whose items wait for
+  /// nothing of the others': no zip (one source's items could take all the room while the zip
+  /// waits for the other's: pace_lead is a share of max_in_flight) and at most one pull sink
+  /// (items of one source filling a sink its consumer does not read yet would keep out those
+  /// of the sink it reads).
+  bool admit_limit_tunable() const noexcept;
   /// Sets the admit limit, within [admit_floor(), max_in_flight] (the tuner, on the arena);
   /// a raise wakes the sources waiting for room.
   void set_admit_limit(std::size_t n, WorkList& w) noexcept;
@@ -187,6 +201,21 @@ class GraphCore {
   std::size_t wake_room_for(std::size_t limit) const noexcept;
   std::mutex token_mu_;
   std::vector<NodeBase*> token_waiters_;
+  // Sources that a zip pairs with another source (check_zips), paced against each other.
+  struct Paced {
+    NodeBase* source = nullptr;
+    std::vector<std::size_t> partners;                    // indices in paced_
+    std::vector<std::pair<DropListener*, int>> numbers;   // the zip inputs it numbers
+    std::atomic<std::uint64_t> admitted{0};               // items admitted this run
+    std::atomic<bool> ended{false};
+    std::atomic<bool> waiting{false};                     // for a partner to admit or end
+  };
+  std::vector<std::unique_ptr<Paced>> paced_;
+  std::size_t pace_lead_ = 0;
+  Paced* paced_of(const NodeBase& source) const noexcept;
+  std::size_t pace_room(const Paced& p) const noexcept;
+  std::size_t admit_within_limit(NodeBase& source, std::size_t want);
+  void poke_paced(const Paced& p, WorkList& w) noexcept;
   bool telemetry_ = true;
   Ticks start_ = 0;
   std::unique_ptr<GpuAccount> gpu_;  // with the first GPU stage's run

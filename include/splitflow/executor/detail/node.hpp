@@ -122,6 +122,10 @@ struct Edge {
 class DropListener {
  public:
   virtual void item_dropped(int port, std::uint64_t seq, const NodeBase& by) noexcept = 0;
+  /// The source that numbers the items of input `port` ended after `items` items: an item of
+  /// the other input numbered `items` or more has no partner to come.
+  virtual void numbering_source_ended(int port, std::uint64_t items, const NodeBase& source,
+                                      WorkList& w) noexcept = 0;
 
  protected:
   ~DropListener() = default;
@@ -310,7 +314,8 @@ class NodeBase {
   /// consumers their input from it ended (what lets a batch node emit its last, short batch).
   void maybe_close_locked(WorkList& w);
   /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
-  virtual std::size_t admit_locked(std::size_t want) { return want; }
+  /// Nodes to poke (outside the lock) go into `w`.
+  virtual std::size_t admit_locked(std::size_t want, WorkList& /*w*/) { return want; }
   /// `n` admitted items will not start after all (a consumer had fewer slots): give them back.
   virtual void unadmit_locked(std::size_t /*n*/, WorkList& /*w*/) {}
   /// Extra capacity of an input port beyond its item slots (a pinned ring's byte budget): how

@@ -377,7 +377,10 @@ class SourceNode final : public Emitter<T> {
           const std::size_t made = out->size();
           if (made < k) this->graph().retire_items(k - made, w);  // admitted, not made
           const std::size_t emitted = this->emit(0, k, *out, w, body_end);
-          if (done) finish();
+          if (done) {
+            this->graph().source_ended(*this, next_seq_, w);  // (zips pairing it with another)
+            finish();
+          }
           return ClaimResult{.emitted = emitted, .body_end = body_end, .items = made};
         });
   }
@@ -392,10 +395,10 @@ class SourceNode final : public Emitter<T> {
     return exhausted_ ? 0 : std::numeric_limits<std::size_t>::max() / 2;
   }
   bool inputs_done_locked() const override { return exhausted_; }
-  std::size_t admit_locked(std::size_t want) override {
-    return this->graph().try_admit(*this, want);
+  std::size_t admit_locked(std::size_t want, WorkList& w) override {
+    return this->graph().try_admit(*this, want, w);
   }
-  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
+  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().unadmit(*this, n, w); }
 
  private:
   // The source's unit of pending work ends once, whoever sees the end first.
@@ -543,9 +546,9 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
           const std::size_t popped = as->size() + bs->size();
           Taken t{.items = std::min(k, popped), .popped = {as->size(), bs->size()},
                   .tickets = 0, .announced = popped};
-          match(*as, *arrived_a, wait_a_, dead_b_, "second", wait_b_, *out, *pairs, lost,
+          match(*as, *arrived_a, wait_a_, dead_b_, 1, wait_b_, *out, *pairs, lost,
                 [](auto& mine, auto& other) { return Out{std::move(mine), std::move(other)}; });
-          match(*bs, *arrived_b, wait_b_, dead_a_, "first", wait_a_, *out, *pairs, lost,
+          match(*bs, *arrived_b, wait_b_, dead_a_, 0, wait_a_, *out, *pairs, lost,
                 [](auto& mine, auto& other) { return Out{std::move(other), std::move(mine)}; });
           // The end of both inputs: an item still waiting has no partner to come.
           if (this->inputs_done_locked() && a_.size() + b_.size() == 0) take_leftovers_locked(lost);
@@ -565,6 +568,41 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   }
 
   DropListener* drop_listener() noexcept override { return this; }
+
+  /// The source numbering input `port` (another than the other input's: GraphCore::check_zips)
+  /// ended after `items`: the other input's items from `items` on, waiting or to come, are
+  /// dropped at once, not held until that input ends too (they could take all of
+  /// max_in_flight and keep their own source from ending).
+  void numbering_source_ended(int port, std::uint64_t items, const NodeBase& source,
+                              WorkList& w) noexcept override {
+    std::vector<std::uint64_t> lost;
+    {
+      std::lock_guard lk(this->mu_);
+      end_[port] = items;
+      ender_[port] = &source;
+      const auto past = [&](auto& waiting) {
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          if (it->first < items) {
+            ++it;
+            continue;
+          }
+          try {
+            lost.push_back(it->first);
+          } catch (...) {
+            ++it;  // out of memory: it waits for the end of the input, as before
+            continue;
+          }
+          note_locked(it->first, past_end(port));
+          it = waiting.erase(it);
+        }
+      };
+      if (port == 0) past(wait_b_); else past(wait_a_);
+      this->skipped_ += lost.size();
+    }
+    if (lost.empty()) return;
+    for (std::uint64_t seq : lost) this->dropped(seq);
+    this->graph().retire_items(lost.size(), w);
+  }
 
   /// An upstream node of input `port` dropped item `seq`: its partner on the other input will
   /// never be paired.
@@ -594,6 +632,8 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     wait_b_.clear();
     dead_a_.clear();
     dead_b_.clear();
+    end_[0] = end_[1] = kNoEnd;
+    ender_[0] = ender_[1] = nullptr;
   }
 
   std::size_t clear_queues_locked() override {
@@ -623,16 +663,21 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
 
   // Pairs each popped item with its waiting partner, or keeps it waiting for it, or drops it
   // when its partner was dropped upstream (`other_dead`). Under mu_.
+  // Past the end of the other input's source (numbering_source_ended): dropped at once.
   template <class Mine, class Other, class Make>
   void match(std::vector<Envelope<Mine>>& items, const std::vector<Arrivals>& arrivals,
-             WaitMap<Mine>& mine, DeadMap& other_dead, const char* other_input,
+             WaitMap<Mine>& mine, DeadMap& other_dead, int other_port,
              WaitMap<Other>& other, std::vector<Envelope<Out>>& out,
              std::vector<Arrivals>& pairs, std::vector<std::uint64_t>& lost, Make make) {
+    const char* other_input = other_port == 0 ? "first" : "second";
     std::size_t i = 0;
     for (const Arrivals& a : arrivals) {
       for (std::size_t j = 0; j < a.count; ++j, ++i) {
         Envelope<Mine>& e = items[i];
-        if (auto it = other.find(e.seq); it != other.end()) {
+        if (e.seq >= end_[other_port]) {
+          lost.push_back(e.seq);
+          note_locked(e.seq, past_end(other_port));
+        } else if (auto it = other.find(e.seq); it != other.end()) {
           out.push_back(Envelope<Out>{make(e.value, it->second.value), e.seq});
           pairs.push_back({1, std::max(a.ticks, it->second.arrived)});
           other.erase(it);
@@ -683,10 +728,22 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     }
   }
 
+  std::string past_end(int ended_port) const {
+    return "no partner: the " + std::string(ended_port == 0 ? "first" : "second") +
+           " input's source '" + ender_[ended_port]->name() + "' ended after " +
+           std::to_string(end_[ended_port]) + " items";
+  }
+
+  static constexpr std::uint64_t kNoEnd = std::numeric_limits<std::uint64_t>::max();
   InputPort<A> a_;
   InputPort<B> b_;
-  // Under mu_: items waiting for their partner (bounded by max_in_flight), and items whose
-  // partner was dropped upstream before they arrived.
+  // Under mu_: where each input's numbering source ended, if it is another than the other
+  // input's (numbering_source_ended), and which source it was.
+  std::uint64_t end_[2] = {kNoEnd, kNoEnd};
+  const NodeBase* ender_[2] = {nullptr, nullptr};
+  // Under mu_: items waiting for their partner (bounded by max_in_flight; for two sources by
+  // GraphCore::pace_lead, and reordering), and items whose partner was dropped upstream before
+  // they arrived.
   WaitMap<A> wait_a_;
   WaitMap<B> wait_b_;
   DeadMap dead_a_, dead_b_;  // item -> the node that dropped that half
