@@ -210,6 +210,19 @@ TEST(Autotune, OnAPoolSlotsAreChargedTheCpuTheRateNeeds) {
   EXPECT_EQ(allocate(one, {.cores = 3, .pool = true}).stages[0].concurrency, 3u);
   EXPECT_NEAR(rate_bound(one, {.cores = 3, .pool = true}).rate, 3000, 1e-3);
 
+  // A memory share smaller than what the stages hold at their least (a user's queue took the
+  // rest: the runtime's case of 64 items of 1 MiB under 12 MiB) bounds the rate at the least,
+  // not at 0 items/s: the allocation cannot hold less, and the run goes on at that rate.
+  std::vector<StageModel> big = m;
+  for (StageModel& s : big) s.item_bytes = std::size_t{1} << 20;
+  const Bound starved = rate_bound(big, {.cores = 8, .memory_bytes = 0});
+  EXPECT_EQ(starved.limit, Limit::memory);
+  EXPECT_NEAR(starved.rate, 1 / 300e-6, 1e-3) << "(1, 1): the slower stage's rate";
+  EXPECT_NE(starved.why.find("less than the least queues hold"), std::string::npos) << starved.why;
+  const Allocation least = allocate(big, {.cores = 8, .memory_bytes = 0});
+  EXPECT_EQ(least.stages[0].concurrency, 1u);
+  EXPECT_EQ(least.stages[1].concurrency, 1u);
+
   // Online, against the simulator (a pool of 2 cores, costs x10): the tuner reaches the
   // fluid bound of 500 items/s, where the untuned start of concurrency 1 runs at a third less.
   SimPipeline p{.name = "two", .stages = {{.name = "light", .cpu_s = 0.001},

@@ -81,6 +81,16 @@ std::vector<std::size_t> min_capacities(const std::vector<StageModel>& models,
   return cap;
 }
 
+// What the items can hold with every stage at its least (concurrency 1 or its user's, the
+// least queues): no allocation holds less, so a memory budget below it bounds nothing below
+// it (the graph's admission limit bounds its items then: admission_limit).
+std::size_t least_bytes(const std::vector<StageModel>& models) {
+  std::vector<std::size_t> k(models.size());
+  for (std::size_t i = 0; i < models.size(); ++i)
+    k[i] = models[i].fixed_concurrency ? *models[i].fixed_concurrency : 1;
+  return bytes_with(models, k, min_capacities(models, k));
+}
+
 // Why a rate is out of reach, or Limit::none when it is feasible; k gets the concurrency it needs.
 Limit check(const std::vector<StageModel>& models, const Budget& budget, double r,
             std::vector<std::size_t>& k, std::size_t& at) {
@@ -120,7 +130,8 @@ Limit check(const std::vector<StageModel>& models, const Budget& budget, double 
     }
     if (!at_floor || !fits_cpu) return Limit::cores;
   }
-  if (bytes_with(models, k, min_capacities(models, k)) > budget.memory_bytes) return Limit::memory;
+  const std::size_t bytes = bytes_with(models, k, min_capacities(models, k));
+  if (bytes > budget.memory_bytes && bytes > least_bytes(models)) return Limit::memory;
   return Limit::none;
 }
 
@@ -307,7 +318,10 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
     if (b.limit == Limit::cores)
       b.why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu));
     else if (b.limit == Limit::memory)
-      b.why = fmt::format("memory: {} bytes", budget.memory_bytes);
+      b.why = budget.memory_bytes < least_bytes(models)
+                  ? fmt::format("memory: {} bytes, less than the least queues hold ({} bytes)",
+                                budget.memory_bytes, least_bytes(models))
+                  : fmt::format("memory: {} bytes", budget.memory_bytes);
     else if (b.limit == Limit::stage)
       b.why = fmt::format("'{}' at concurrency {}", models[b.stage].name, ceiling_of(models[b.stage]));
     else
@@ -382,7 +396,9 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
         if (a.cores + m.cores_per_slot() > budget.cores + kEps) continue;
         std::vector<std::size_t> kk(models.size());
         for (std::size_t j = 0; j < models.size(); ++j) kk[j] = a.stages[j].concurrency + (j == i);
-        if (bytes_with(models, kk, min_capacities(models, kk)) > budget.memory_bytes) continue;
+        if (const std::size_t bytes = bytes_with(models, kk, min_capacities(models, kk));
+            bytes > budget.memory_bytes && bytes > least_bytes(models))
+          continue;
         ++a.stages[i].concurrency;
         a.cores += m.cores_per_slot();
         more = true;
