@@ -234,6 +234,30 @@ TEST(Zip, TheExtrasOfTheLongerSourceAreDroppedAsTheyArrive) {
   EXPECT_EQ(zs.errors.front().message, "no partner: the second input's source 'b' ended after 100 items");
 }
 
+// A pair of two sources needs an item of each alive at once: max_in_flight 1 could never form
+// one (the first source's item would wait for the second's, which could not be admitted).
+TEST(Zip, TwoSourcesNeedRoomForAnItemOfEach) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "zip-room", {.max_in_flight = 1});
+  auto z = g.zip<long, long>("z");
+  connect(g.source("a", counter(10)), z.first());
+  connect(g.source("b", counter(10)), z.second());
+  long pairs = 0;
+  z >> g.sink("s", [&](std::pair<long, long>) { ++pairs; });
+  EXPECT_EQ(refusal(g), "splitflow::Graph 'zip-room': its zips pair the items of the sources 'a', "
+                        "'b', so an item of each must be alive at once, but max_in_flight (1) "
+                        "leaves room for 1; raise GraphOptions::max_in_flight to at least 2");
+  Graph ok(rt, "zip-room2", {.max_in_flight = 2});
+  auto z2 = ok.zip<long, long>("z");
+  connect(ok.source("a", counter(500)), z2.first());
+  connect(ok.source("b", counter(500)), z2.second());
+  z2 >> ok.sink("s", [&](std::pair<long, long> p) { pairs += p.first == p.second; });
+  auto run = ok.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "two sources in max_in_flight 2 stalled";
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(pairs, 500);
+}
+
 // "a zip whose input merges two sources, or gets an item along two paths, is refused at run()"
 TEST(Zip, InputsThatCannotBeToldApartAreRefused) {
   Runtime rt({.threads = 2});

@@ -374,9 +374,21 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
   }
   // Items of one source waiting at a zip for the other's hold at most the lead: with the
   // batches' held items, less than max_in_flight, so that the behind source can be admitted.
+  // A pair needs an item of each of its sources alive at once: the room must hold one of each.
   if (!paced_.empty()) {
     const std::size_t held = admit_floor_ - 1;
-    const std::size_t room = opts_.max_in_flight > held ? opts_.max_in_flight - held : 1;
+    const std::size_t room = opts_.max_in_flight > held ? opts_.max_in_flight - held : 0;
+    if (room < paced_.size()) {
+      std::string names;
+      for (const auto& p : paced_) names += (names.empty() ? "'" : ", '") + p->source->name() + "'";
+      throw GraphError("splitflow::Graph '" + name_ + "': its zips pair the items of the sources " +
+                       names + ", so an item of each must be alive at once, but max_in_flight (" +
+                       std::to_string(opts_.max_in_flight) + ")" +
+                       (held ? " less what its batches hold (" + std::to_string(held) + ")" : std::string()) +
+                       " leaves room for " + std::to_string(room) +
+                       "; raise GraphOptions::max_in_flight to at least " +
+                       std::to_string(held + paced_.size()));
+    }
     pace_lead_ = std::max<std::size_t>(1, room / (2 * paced_.size()));
   }
 }
