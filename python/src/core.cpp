@@ -298,6 +298,7 @@ struct PyNode {
   detail::Emitter<Value>* out = nullptr;
   std::optional<PullSink<Value>> pull;
   PyObj pool = {};  // a process stage's worker pool (splitflow._procs.ProcessPool)
+  std::shared_ptr<PyNode> first = nullptr, second = nullptr;  // a zip's two inputs
 };
 
 /// Graph.service: a graph's request entry and exit.
@@ -867,6 +868,14 @@ waiting at once.)doc")
         return make_released(std::move(it));
       }, "Iterates the items of the graph's current run (pull sinks only).")
       .def("__repr__", [](const PyNode& n) { return "<splitflow.Node " + n.name + ">"; })
+      .def("first", [](const PyNode& n) {
+        if (!n.first) throw GraphError("splitflow: '" + n.name + "' is not a zip; only Graph.zip has first() and second()");
+        return n.first;
+      }, "A zip's first input (Graph.zip): `a >> z.first()`.")
+      .def("second", [](const PyNode& n) {
+        if (!n.second) throw GraphError("splitflow: '" + n.name + "' is not a zip; only Graph.zip has first() and second()");
+        return n.second;
+      }, "A zip's second input (Graph.zip): `b >> z.second()`.")
       .def_property_readonly("pool", [](const PyNode& n) { return n.pool.get(); },
                              "A process stage's worker pool (pids, stats()); None for others.");
   py::class_<PyCompletion>(m, "_Completion")
@@ -1228,6 +1237,30 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });
         return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, std::nullopt});
       }, py::arg("name"), py::arg("body"), "A sink calling a Python callable on each item.")
+      .def("zip", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t capacity) {
+        // The C++ zip, then its pairs as (first, second) tuples (a Sample: C++ ops take a field
+        // without the GIL, Python sees a tuple).
+        auto z = g->graph.zip<Value, Value>(name, capacity);
+        auto t = g->graph.stage(name + ".tuple", [](std::pair<Value, Value> p) -> Value {
+          auto s = std::make_shared<Sample>();
+          s->kind = Sample::Kind::tuple;
+          s->fields.reserve(2);
+          s->fields.push_back(std::move(p.first));
+          s->fields.push_back(std::move(p.second));
+          return s;
+        });
+        z >> t;
+        auto node = std::make_shared<PyNode>(PyNode{g, name, nullptr, &t.out_port(), std::nullopt});
+        node->first = std::make_shared<PyNode>(PyNode{g, name + ".first", &z.first().in_port(), nullptr, std::nullopt});
+        node->second = std::make_shared<PyNode>(PyNode{g, name + ".second", &z.second().in_port(), nullptr, std::nullopt});
+        return node;
+      }, py::arg("name"), py::arg("capacity") = 0,
+      "Pairs the items of its two inputs that came from the same item upstream (a fan-out's "
+      "two branches: the same source item; two sources: the i-th item of each, the longer "
+      "one's extras dropped and counted as skipped), whatever order they arrive in, into "
+      "(first, second) tuples: `a >> z.first(); b >> z.second(); z >> next`. An item a "
+      "branch skips drops its partner. Two sources are paced: neither runs far ahead of the "
+      "other. capacity applies to each input (0: the graph's default).")
       .def("pull_sink", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t capacity) {
         auto s = g->graph.pull_sink<Value>(name, capacity);
         return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, s});

@@ -372,6 +372,61 @@ def test_bad_graph_errors_are_clear(rt):
         g.run()
 
 
+# Graph.zip, as C++'s Graph::zip (the same names: z.first(), z.second()): pairs into
+# (first, second) tuples. Two sources pair by position, the longer one's extras skipped at the
+# zip; more items than max_in_flight, one side slower and out of order (before the sources were
+# paced, the faster one's items filled max_in_flight waiting and the run hung).
+def test_zip_pairs_two_sources_by_position(rt):
+    g = sf.Graph(rt, "zip2", max_in_flight=32)
+    images = g.source("images", range(1000))
+    labels = g.source("labels", [f"l{i}" for i in range(990)])
+    slow = g.stage("slow", lambda x: x if x % 50 else (time.sleep(0.001), x)[1], concurrency=2,
+                   order="out_of_order")
+    z = g.zip("pair")
+    out = g.pull_sink("out")
+    images >> slow >> z.first()
+    labels >> z.second()
+    z >> out
+    run = g.run()
+    got = list(out)
+    assert run.wait() == "succeeded"
+    # (Pairs leave as they form: 'slow' answers out of order.)
+    assert sorted(got) == [(i, f"l{i}") for i in range(990)]
+    stages = {s["name"]: s for s in run.stats()["stages"]}
+    assert stages["pair"]["skipped"] == 10
+    assert stages["images"]["items_out"] == 1000
+
+
+# A zip of a fan-out's two branches pairs by item; an item one branch skips drops its partner.
+# With both branches in order, so are the pairs.
+def test_zip_of_two_branches_drops_the_partner_of_a_skipped_item(rt):
+    g = sf.Graph(rt, "zip1")
+    src = g.source("n", range(300))
+    def odd_only(x):
+        if x % 7 == 0:
+            raise ValueError(f"{x} is a multiple of 7")
+        return -x
+    a = g.stage("neg", odd_only, on_error="skip", concurrency=3, order="out_of_order")
+    b = g.stage("sq", lambda x: x * x)
+    z = g.zip("pair")
+    out = g.pull_sink("out")
+    src >> a >> z.first()
+    src >> b >> z.second()
+    z >> out
+    # (Pairs leave as they form: 'neg' answers out of order.)
+    assert sorted(g.iterate(out), key=lambda p: p[1]) == [(-x, x * x) for x in range(300) if x % 7]
+    with pytest.raises(sf.GraphError, match="'neg' is not a zip; only Graph.zip has first"):
+        a.first()
+    h = sf.Graph(rt, "zip1-ordered")
+    src = h.source("n", range(300))
+    z = h.zip("pair")
+    out = h.pull_sink("out")
+    src >> h.stage("neg", odd_only, on_error="skip", concurrency=3) >> z.first()
+    src >> h.stage("sq", lambda x: x * x) >> z.second()
+    z >> out
+    assert list(h.iterate(out)) == [(-x, x * x) for x in range(300) if x % 7]
+
+
 # docs/api.md: `order` carries C++'s names (ordered= says the same); bad values are named.
 def test_order_takes_the_cpp_names(rt):
     g = sf.Graph(rt, "order")

@@ -9,8 +9,10 @@ What is generated (``graph_specs``):
   fan-outs into two branches (every item copied to both, each branch with its own stages and
   sink), merges of two branches into one stage (the second branch sometimes from a second
   source of 0..100 ints), nested up to two levels; each leaf ends in a sink, a quarter of them
-  behind a ``Graph.batch`` (size 1..8, drop_last random). Zips are not generated:
-  ``Graph::zip`` has no Python binding;
+  behind a ``Graph.batch`` (size 1..8, drop_last random); zips (``Graph.zip``) of two branches
+  of 1..2 stages each, from the fan-out or the second from a second source of 0..100 ints
+  (pairs by position), into a sink, where no merge lies upstream (a zip input must come from
+  one source along one path);
 - per stage: x -> x*mult + add (1..3, 0..999), raising on the values of a drawn residue class
   (none, or x % m == r for m in 2..97), with on_error 'fail', 'skip' or substitute=value;
   concurrency 0 (unlimited) or 1..4, order 'in_order' or 'out_of_order', capacity 0 (the
@@ -105,7 +107,7 @@ SETTINGS = settings(
 
 @dataclasses.dataclass
 class Node:
-    kind: str  # "source" | "stage" | "batch" | "sink"
+    kind: str  # "source" | "stage" | "batch" | "zip" | "sink"
     name: str
     inputs: list
     params: dict
@@ -218,8 +220,8 @@ def graph_specs(draw):
         nodes.append(node)
         return node.name
 
-    def terminal(upstream):
-        if draw(st.integers(0, 3)) == 0:
+    def terminal(upstream, batch=True):
+        if batch and draw(st.integers(0, 3)) == 0:
             b = Node("batch", fresh("b"), [upstream],
                      {"size": draw(st.integers(1, 8)), "drop_last": draw(st.booleans())})
             nodes.append(b)
@@ -230,14 +232,16 @@ def graph_specs(draw):
             params["capacity"] = draw(st.sampled_from([0, 1, 2, 8]))
         nodes.append(Node("sink", fresh("out"), [upstream], params))
 
-    def segment(upstream, depth):
+    def segment(upstream, depth, merged_above=False):
         tails = ["sink"] if depth == 0 else ["sink", "sink"]
         if depth < 2:
             tails.append("fanout")
             if budget[0] >= 3:
                 tails.append("merge")
+        if budget[0] >= 2 and not merged_above:
+            tails.append("zip")
         tail = draw(st.sampled_from(tails))
-        reserve = 3 if tail == "merge" else 0
+        reserve = {"merge": 3, "zip": 2}.get(tail, 0)
         lo = 1 if (depth == 0 and tail == "sink") else 0
         lo = min(lo, budget[0])
         k = draw(st.integers(lo, max(lo, min(3, budget[0] - reserve))))
@@ -246,8 +250,21 @@ def graph_specs(draw):
         if tail == "sink":
             terminal(upstream)
         elif tail == "fanout":
-            segment(upstream, depth + 1)
-            segment(upstream, depth + 1)
+            segment(upstream, depth + 1, merged_above)
+            segment(upstream, depth + 1, merged_above)
+        elif tail == "zip":  # two branches of 1..2 stages each, paired, into a sink
+            ends = []
+            for branch in range(2):
+                start = upstream
+                if branch == 1 and len(sources) == 1 and draw(st.integers(0, 2)) == 0:
+                    start = source("src1", 100)
+                b = stage([start])
+                if budget[0] > 1 - branch and draw(st.booleans()):
+                    b = stage([b])
+                ends.append(b)
+            z = Node("zip", fresh("z"), ends, {"capacity": draw(st.sampled_from([0, 0, 1, 3]))})
+            nodes.append(z)
+            terminal(z.name, batch=False)
         else:  # merge: two branches of 1..2 stages each, into one stage
             ends = []
             for branch in range(2):
@@ -261,16 +278,19 @@ def graph_specs(draw):
                     b = stage([b])
                 ends.append(b)
             merged = stage(ends)
-            segment(merged, depth + 1)
+            segment(merged, depth + 1, True)
 
     segment("src", 0)
 
     # max_in_flight: a batch needs size <= max_in_flight, and several batches together need
     # room for what they hold while filling (GraphCore::check_batching).
+    # A zip of two sources needs an item of each alive at once (one of each, past the batches').
     batches = [b.params["size"] for b in nodes if b.kind == "batch"]
     need = max([1] + batches)
     if len(batches) > 1:
         need = max(need, sum(s - 1 for s in batches) + 1)
+    if len(sources) > 1 and any(n.kind == "zip" for n in nodes):
+        need = max(need, sum(s - 1 for s in batches) + 2)
     choices = [m for m in (1, 2, 3, 5, 8, 16, 64, 256) if m >= need] or [need]
     max_in_flight = draw(st.sampled_from(choices))
 
@@ -337,6 +357,17 @@ def model(spec):
                                    "skipped": skipped, "substituted": substituted}
             error_items[node.name] = errs
             out[node.name] = (emitted, is_ordered and p["order"] == "in_order")
+        elif node.kind == "zip":
+            # Pairs by item (a fan-out's) or position (two sources): (first, second) for every
+            # item both inputs have; each half without a partner skipped. In order when both are.
+            a, b = out[node.inputs[0]], out[node.inputs[1]]
+            second = dict(b[0])
+            firsts = {seq for seq, _ in a[0]}
+            pairs = [(seq, (v, second[seq])) for seq, v in a[0] if seq in second]
+            lone = sum(seq not in second for seq, _ in a[0]) + sum(seq not in firsts for seq, _ in b[0])
+            counters[node.name] = {"items_in": len(a[0]) + len(b[0]), "items_out": len(pairs),
+                                   "skipped": lone}
+            out[node.name] = (pairs, a[1] and b[1])
         elif node.kind == "batch":
             size, drop_last = node.params["size"], node.params["drop_last"]
             vals = [v for _, v in items]
@@ -423,12 +454,18 @@ class Built:
                 h = self.g.stage(node.name, stage_body(p, self.active[node.name]), **kw)
             elif node.kind == "batch":
                 h = self.g.batch(node.name, p["size"], drop_last=p["drop_last"])
+            elif node.kind == "zip":
+                h = self.g.zip(node.name, p["capacity"])
             elif p["pull"]:
                 h = self.g.pull_sink(node.name, p["capacity"])
                 self.pulls.append(node.name)
             else:
                 h = self.g.sink(node.name, functools.partial(self.receive, node.name))
             self.handles[node.name] = h
+            if node.kind == "zip":
+                self.handles[node.inputs[0]] >> h.first()
+                self.g.connect(self.handles[node.inputs[1]], h.second())
+                continue
             for j, src in enumerate(node.inputs):
                 if (i + j) % 2:
                     self.g.connect(self.handles[src], h)
