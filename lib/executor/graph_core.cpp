@@ -6,6 +6,7 @@
 #include <limits>
 #include <cmath>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -279,6 +280,9 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
   std::unordered_map<const NodeBase*, std::vector<std::pair<NodeBase*, int>>> preds;
   for (NodeBase* n : order)
     for (const Edge& e : n->successors()) preds[e.node].push_back({n, e.port});
+  // Each zip's nodes upstream of both its inputs (zips come in topological order: an inner
+  // one's before the zips after it).
+  std::unordered_map<const NodeBase*, std::unordered_set<const NodeBase*>> common;
   for (NodeBase* z : order) {
     DropListener* listener = z->drop_listener();
     if (!listener) continue;
@@ -363,14 +367,35 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
                            " input only, so the two inputs number their items differently; "
                            "batch before the fan-out or after the zip");
       }
-      // The nodes of this branch alone tell the zip of the items they drop; past another zip
-      // that one passes the drops on (it drops their partners, or they were both dropped).
+      // The nodes of this branch alone tell the zip of the items they drop. Past another zip,
+      // that one passes on the drops of the nodes upstream of one of its inputs (it drops
+      // their partners, or they were both dropped); those upstream of both of its inputs drop
+      // both halves, so that it never hears of them: they tell this zip themselves.
+      // (A walk: past an inner zip, through its one-input nodes without them, to its common
+      // ones; each node once.)
       std::unordered_set<const NodeBase*> near;
-      upstream(
-          p, near, [&](const NodeBase* n) { return !anc[1 - p].count(n); },
-          [](const NodeBase* n, int) { return n->kind() != StageKind::zip; });
+      std::set<std::pair<const NodeBase*, const NodeBase*>> passed;
+      std::vector<std::pair<const NodeBase*, const NodeBase*>> stack;  // (node, inner zip)
+      for (const auto& [q, port] : preds[z])
+        if (port == p) stack.push_back({q, nullptr});
+      while (!stack.empty()) {
+        const auto [n, inner] = stack.back();
+        stack.pop_back();
+        if (anc[1 - p].count(n)) continue;  // upstream of both inputs: drops reach both
+        if (inner && !common[inner].count(n)) {  // the inner zip passes its drops on
+          if (passed.insert({n, inner}).second)
+            for (const auto& [q, port] : preds[n]) stack.push_back({q, inner});
+          continue;
+        }
+        if (!near.insert(n).second) continue;
+        for (const auto& [q, port] : preds[n])
+          stack.push_back({q, n->kind() == StageKind::zip ? n : nullptr});
+      }
       for (const NodeBase* n : near) const_cast<NodeBase*>(n)->add_drop_listener(*listener, p);
     }
+    for (const NodeBase* n : anc[0])
+      if (anc[1].count(n)) common[z].insert(n);
+    listener->set_upstream(anc[0], anc[1]);
   }
   // Items of one source waiting at a zip for the other's hold at most the lead: with the
   // batches' held items, less than max_in_flight, so that the behind source can be admitted.
@@ -513,7 +538,10 @@ void GraphCore::dispatch_external(WorkList& w) {
 
 std::size_t GraphCore::wake_room_for(std::size_t limit) const noexcept {
   // Sources waiting for the admit limit wake when this much room is free (retire_items): at
-  // most half the limit, and never more than what batches holding items cannot take.
+  // most half the limit, and never more than what batches holding items cannot take. Paced
+  // sources (a zip pairing them) wake at every free slot: the ahead source's items wait at
+  // the zip until the other is admitted, so retires may stop short of more room.
+  if (!paced_.empty()) return 1;
   const std::size_t held = admit_floor_ - 1;
   return std::max<std::size_t>(1, std::min(limit / 2, limit > held ? limit - held : std::size_t{0}));
 }

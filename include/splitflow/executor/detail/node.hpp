@@ -24,6 +24,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -126,6 +127,10 @@ class DropListener {
   /// the other input numbered `items` or more has no partner to come.
   virtual void numbering_source_ended(int port, std::uint64_t items, const NodeBase& source,
                                       WorkList& w) noexcept = 0;
+  /// The nodes upstream of each input (set while validating): a drop passed on from a node
+  /// upstream of the other input too needs nothing here (that input will not get the item).
+  virtual void set_upstream(std::unordered_set<const NodeBase*> first,
+                            std::unordered_set<const NodeBase*> second) = 0;
 
  protected:
   ~DropListener() = default;
@@ -231,8 +236,11 @@ class NodeBase {
   void add_drop_listener(DropListener& l, int port) { drop_listeners_.push_back({&l, port}); }
   void clear_drop_listeners() noexcept { drop_listeners_.clear(); }
   /// This node dropped item `seq` (skipped, expired, unpaired): its listeners hear of it.
-  void dropped(std::uint64_t seq) noexcept {
-    for (const auto& [l, port] : drop_listeners_) l->item_dropped(port, seq, *this);
+  void dropped(std::uint64_t seq) noexcept { dropped(seq, *this); }
+  /// The same for a drop that began at `origin` (a zip passing on the drop that lost it a
+  /// partner, or the end of the source numbering its other input).
+  void dropped(std::uint64_t seq, const NodeBase& origin) noexcept {
+    for (const auto& [l, port] : drop_listeners_) l->item_dropped(port, seq, origin);
   }
   /// Items a batch node may hold while it waits to fill (a batch of n: n - 1); 0 for others.
   virtual std::size_t holds_while_filling() const noexcept { return 0; }

@@ -514,6 +514,8 @@ class SinkNode final : public OneInputNode<SinkNode<In, F>, NodeBase, In> {
 template <class A, class B>
 class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   using Out = std::pair<A, B>;
+  // Items dropped here, and the node where each drop began (what zips downstream are told).
+  using Lost = std::vector<std::pair<std::uint64_t, const NodeBase*>>;
 
  public:
   ZipNode(GraphCore& g, std::string name, std::size_t capacity)
@@ -534,7 +536,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     Scratch<Arrivals> arrived_a, arrived_b;
     Scratch<Envelope<Out>> out;
     Scratch<Arrivals> pairs;  // a pair's latency starts when its second half arrived
-    std::vector<std::uint64_t> lost;  // items whose partner was dropped upstream
+    Lost lost;  // items whose partner was dropped upstream, and where each drop began
     this->claim(
         w, k,
         [&](Ticks) {
@@ -557,7 +559,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
           return t;
         },
         [&](const ClaimInfo&, Ticks) {
-          for (std::uint64_t seq : lost) this->dropped(seq);
+          for (const auto& [seq, origin] : lost) this->dropped(seq, *origin);
           const std::size_t n = out->size();
           const Ticks body_end = now_ticks();
           this->graph().retire_items(n + lost.size(), w);  // two items became one; lost ones left
@@ -575,7 +577,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   /// max_in_flight and keep their own source from ending).
   void numbering_source_ended(int port, std::uint64_t items, const NodeBase& source,
                               WorkList& w) noexcept override {
-    std::vector<std::uint64_t> lost;
+    Lost lost;
     {
       std::lock_guard lk(this->mu_);
       end_[port] = items;
@@ -587,7 +589,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
             continue;
           }
           try {
-            lost.push_back(it->first);
+            lost.push_back({it->first, &source});
           } catch (...) {
             ++it;  // out of memory: it waits for the end of the input, as before
             continue;
@@ -600,30 +602,46 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
       this->skipped_ += lost.size();
     }
     if (lost.empty()) return;
-    for (std::uint64_t seq : lost) this->dropped(seq);
+    for (const auto& [seq, origin] : lost) this->dropped(seq, *origin);
     this->graph().retire_items(lost.size(), w);
   }
 
   /// An upstream node of input `port` dropped item `seq`: its partner on the other input will
   /// never be paired.
   void item_dropped(int port, std::uint64_t seq, const NodeBase& by) noexcept override {
-    Lost what;
+    // Begun upstream of the other input too (passed on by a zip there): neither half comes.
+    if (up_[1 - port].count(&by)) return;
+    Loss what;
     {
       std::lock_guard lk(this->mu_);
       what = port == 0 ? partner_lost(seq, by, wait_b_, dead_b_, dead_a_)
                        : partner_lost(seq, by, wait_a_, dead_a_, dead_b_);
-      if (what == Lost::partner) {
+      if (what == Loss::partner) {
         ++this->skipped_;
         note_locked(seq, "its partner on the " + std::string(port == 0 ? "first" : "second") +
                              " input was dropped by '" + by.name() + "'");
       }
     }
-    // No pair for `seq` will leave: zips downstream drop their halves of it.
-    if (what != Lost::later) this->dropped(seq);
-    if (what != Lost::partner) return;
+    // No pair for `seq` will leave: zips downstream drop their halves of it (where it began
+    // tells them whether their other half comes).
+    if (what != Loss::later) this->dropped(seq, by);
+    if (what != Loss::partner) return;
     WorkList w;
     this->graph().retire_items(1, w);
     this->graph().dispatch_external(w);
+  }
+
+  void set_upstream(std::unordered_set<const NodeBase*> first,
+                    std::unordered_set<const NodeBase*> second) override {
+    up_[0] = std::move(first);
+    up_[1] = std::move(second);
+  }
+
+  /// Items waiting for a partner, and notes of partners to drop on arrival (white-box tests:
+  /// nothing is left once a run ended).
+  std::size_t held_for_partners() const {
+    std::lock_guard lk(this->mu_);
+    return wait_a_.size() + wait_b_.size() + dead_a_.size() + dead_b_.size();
   }
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
@@ -668,21 +686,21 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   void match(std::vector<Envelope<Mine>>& items, const std::vector<Arrivals>& arrivals,
              WaitMap<Mine>& mine, DeadMap& other_dead, int other_port,
              WaitMap<Other>& other, std::vector<Envelope<Out>>& out,
-             std::vector<Arrivals>& pairs, std::vector<std::uint64_t>& lost, Make make) {
+             std::vector<Arrivals>& pairs, Lost& lost, Make make) {
     const char* other_input = other_port == 0 ? "first" : "second";
     std::size_t i = 0;
     for (const Arrivals& a : arrivals) {
       for (std::size_t j = 0; j < a.count; ++j, ++i) {
         Envelope<Mine>& e = items[i];
         if (e.seq >= end_[other_port]) {
-          lost.push_back(e.seq);
+          lost.push_back({e.seq, ender_[other_port]});
           note_locked(e.seq, past_end(other_port));
         } else if (auto it = other.find(e.seq); it != other.end()) {
           out.push_back(Envelope<Out>{make(e.value, it->second.value), e.seq});
           pairs.push_back({1, std::max(a.ticks, it->second.arrived)});
           other.erase(it);
         } else if (auto d = other_dead.find(e.seq); d != other_dead.end()) {
-          lost.push_back(e.seq);
+          lost.push_back({e.seq, d->second});
           note_locked(e.seq, std::string("its partner on the ") + other_input +
                                  " input was dropped by '" + d->second->name() + "'");
           other_dead.erase(d);
@@ -694,28 +712,28 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     items.clear();
   }
 
-  enum class Lost { later, partner, both };
+  enum class Loss { later, partner, both };
   // One half of item `seq` was dropped upstream. Its partner, if waiting, is dropped now
-  // (Lost::partner); if still to come, it is remembered in `mine_dead` and dropped on arrival
-  // (Lost::later), unless the partner was itself dropped (`partner_dead`): then nothing is left
-  // of the pair (Lost::both).
+  // (Loss::partner); if still to come, it is remembered in `mine_dead` and dropped on arrival
+  // (Loss::later), unless the partner was itself dropped (`partner_dead`): then nothing is left
+  // of the pair (Loss::both).
   template <class T>
-  static Lost partner_lost(std::uint64_t seq, const NodeBase& by, WaitMap<T>& partner_wait,
+  static Loss partner_lost(std::uint64_t seq, const NodeBase& by, WaitMap<T>& partner_wait,
                            DeadMap& partner_dead, DeadMap& mine_dead) noexcept {
-    if (partner_wait.erase(seq)) return Lost::partner;
-    if (partner_dead.erase(seq)) return Lost::both;
+    if (partner_wait.erase(seq)) return Loss::partner;
+    if (partner_dead.erase(seq)) return Loss::both;
     try {
       mine_dead.emplace(seq, &by);
     } catch (...) {  // out of memory: the partner will wait until the end of the input
     }
-    return Lost::later;
+    return Loss::later;
   }
 
-  void take_leftovers_locked(std::vector<std::uint64_t>& lost) {
-    for (const auto& [seq, v] : wait_a_) lost.push_back(seq);
-    for (const auto& [seq, v] : wait_b_) lost.push_back(seq);
+  void take_leftovers_locked(Lost& lost) {
+    for (const auto& [seq, v] : wait_a_) lost.push_back({seq, this});
+    for (const auto& [seq, v] : wait_b_) lost.push_back({seq, this});
     for (std::size_t i = lost.size() - wait_a_.size() - wait_b_.size(); i < lost.size(); ++i)
-      note_locked(lost[i], "no partner arrived on the other input");
+      note_locked(lost[i].first, "no partner arrived on the other input");
     wait_a_.clear();
     wait_b_.clear();
   }
@@ -735,6 +753,8 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   }
 
   static constexpr std::uint64_t kNoEnd = std::numeric_limits<std::uint64_t>::max();
+  // The nodes upstream of each input (set_upstream; read-only while a run goes on).
+  std::unordered_set<const NodeBase*> up_[2];
   InputPort<A> a_;
   InputPort<B> b_;
   // Under mu_: where each input's numbering source ended, if it is another than the other
