@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <splitflow/splitflow.hpp>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "helpers.hpp"
@@ -17,6 +19,14 @@ using testing_helpers::counter;
 using testing_helpers::refusal;
 using testing_helpers::spin_us;
 using testing_helpers::work_for;
+
+namespace {
+// White-box: what a zip still holds for partners (items waiting, notes of dropped halves).
+template <class A, class B>
+std::size_t held_for_partners(const Zip<A, B>& z) {
+  return dynamic_cast<const detail::ZipNode<A, B>&>(z.out_port()).held_for_partners();
+}
+}  // namespace
 
 // "zip (pair the i-th items of two branches into a std::pair)"
 TEST(Topology, ZipPairsTheIthItemsOfTwoBranches) {
@@ -245,9 +255,10 @@ TEST(Zip, TwoSourcesNeedRoomForAnItemOfEach) {
   connect(g.source("b", counter(10)), z.second());
   long pairs = 0;
   z >> g.sink("s", [&](std::pair<long, long>) { ++pairs; });
-  EXPECT_EQ(refusal(g), "splitflow::Graph 'zip-room': its zips pair the items of the sources 'a', "
-                        "'b', so an item of each must be alive at once, but max_in_flight (1) "
-                        "leaves room for 1; raise GraphOptions::max_in_flight to at least 2");
+  EXPECT_EQ(refusal(g), "splitflow::Graph 'zip-room': a zip pairs the items of the sources 'a', "
+                        "'b', whose items wait at the zips for each other's (up to 1 at once), but "
+                        "max_in_flight (1) leaves room for 1; raise GraphOptions::max_in_flight to "
+                        "at least 2");
   Graph ok(rt, "zip-room2", {.max_in_flight = 2});
   auto z2 = ok.zip<long, long>("z");
   connect(ok.source("a", counter(500)), z2.first());
@@ -330,12 +341,136 @@ TEST(Zip, APassedOnDropWhosePartnerNeverComesLeavesNothingBehind) {
   ASSERT_TRUE(run.wait_for(std::chrono::seconds(60)));
   ASSERT_EQ(run.wait(), RunStatus::succeeded);
   EXPECT_EQ(n, kItems / 2);
-  auto* inner = dynamic_cast<detail::ZipNode<std::pair<long, long>, long>*>(&z2.out_port());
-  ASSERT_NE(inner, nullptr);
-  EXPECT_EQ(inner->held_for_partners(), 0u) << "notes of partners that never came";
+  EXPECT_EQ(held_for_partners(z2), 0u) << "notes of partners that never came";
   const RunStats st = run.stats();
   EXPECT_EQ(st.find("z1")->items_skipped, static_cast<std::uint64_t>(kItems / 2)) << "w's halves";
   EXPECT_EQ(st.find("z2")->items_skipped, 0u);
+}
+
+// An empty source numbering an inner zip's first input: the inner zip drops all of b's items
+// and passes the drops on; the outer zip, whose other input c outlasts a, kept a note for each
+// (7 left after the run; 1000 for 500,000 items of b).
+TEST(Zip, DropsPastAnEndedSourceLeaveNoNotes) {
+  using P = std::pair<long, long>;
+  Runtime rt({.threads = 2});
+  Graph g(rt, "notes");
+  auto z1 = g.zip<long, long>("z1");
+  auto z2 = g.zip<P, long>("z2");
+  g.source("a", counter(0)) >> z1.first();
+  g.source("b", counter(700)) >> z1.second();
+  z1 >> z2.first();
+  g.source("c", counter(1000)) >> z2.second();
+  long n = 0;
+  z2 >> g.sink("k", [&](std::pair<P, long>) { ++n; });
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60)));
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, 0);
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("z1")->items_skipped, 700u);
+  EXPECT_EQ(st.find("z2")->items_skipped, 1000u);
+  EXPECT_EQ(held_for_partners(z1), 0u);
+  EXPECT_EQ(held_for_partners(z2), 0u);
+}
+
+// Three sources through nested zips, each shorter than the last: z1 drops a's items past b's
+// end and passes the drops on; z2 pairs what z1 gives with c, whose source ends first. Every
+// triple of a position all three have, each lone half counted once, and nothing left in either
+// zip (a note to drop a partner past its source's end would never be used).
+TEST(Zip, ThreeSourcesOfDifferentLengthsThroughNestedZips) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "zip3", {.max_in_flight = 16});
+  auto z1 = g.zip<long, long>("z1");
+  g.source("a", counter(1000)) >> z1.first();
+  g.source("b", counter(500)) >> g.stage("slow", [](long x) { spin_us(5); return x; }, {.concurrency = 2}) >> z1.second();
+  auto z2 = g.zip<std::pair<long, long>, long>("z2");
+  z1 >> z2.first();
+  g.source("c", counter(300)) >> z2.second();
+  long n = 0;
+  bool matched = true;
+  z2 >> g.sink("k", [&](std::pair<std::pair<long, long>, long> p) {
+    matched &= p.first.first == p.first.second && p.first.first == p.second;
+    ++n;
+  });
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60)));
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, 300);
+  EXPECT_TRUE(matched);
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("z1")->items_skipped, 500u) << "a's items past b's end";
+  EXPECT_EQ(st.find("z2")->items_skipped, 200u) << "z1's pairs past c's end";
+  EXPECT_EQ(held_for_partners(z1), 0u);
+  EXPECT_EQ(held_for_partners(z2), 0u);
+}
+
+// The items waiting at zips add up: two sources fanned out to 5 zips (each held a lead of 64
+// of a's items over b's: 5 x 64 > 256, and b could not be admitted), and a chain of three
+// sources at the least max_in_flight run() took (3: an item of a and one of the inner pair
+// waited, and c's could not come). The lead is now a share of the room per zip and source.
+TEST(Zip, TheItemsWaitingAtSeveralZipsLeaveRoomForTheSourceBehind) {
+  {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "fanzip");
+    constexpr long kItems = 20000;
+    auto a = g.source("a", counter(kItems));
+    auto b = g.source("b", [i = 0L]() mutable -> std::optional<long> {
+      if (i == kItems) return std::nullopt;
+      if (i % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // b falls behind
+      return i++;
+    });
+    constexpr int kZips = 5;
+    std::vector<long> n(kZips, 0), bad(kZips, 0);
+    for (int i = 0; i < kZips; ++i) {
+      auto z = g.zip<long, long>("z" + std::to_string(i));
+      a >> z.first();
+      b >> z.second();
+      z >> g.sink("k" + std::to_string(i), [&, i](std::pair<long, long> p) { bad[i] += p.first != p.second; ++n[i]; });
+    }
+    auto run = g.run();
+    ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "five zips of two sources stalled";
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    for (int i = 0; i < kZips; ++i) {
+      EXPECT_EQ(n[i], kItems) << i;
+      EXPECT_EQ(bad[i], 0) << i;
+    }
+  }
+  using P = std::pair<long, long>;
+  const auto chain = [](std::size_t limit) {
+    Runtime rt({.threads = 2});
+    auto g = std::make_unique<Graph>(rt, "chain3", GraphOptions{.max_in_flight = limit});
+    auto inner = g->zip<long, long>("inner");
+    auto outer = g->zip<long, P>("outer");
+    g->source("a", counter(3000)) >> outer.first();
+    g->source("b", counter(3000)) >> inner.first();
+    g->source("c", [i = 0L]() mutable -> std::optional<long> {
+      if (i == 3000) return std::nullopt;
+      if (i % 100 == 99) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return i++;
+    }) >> inner.second();
+    inner >> outer.second();
+    long n = 0;
+    bool matched = true;
+    outer >> g->sink("k", [&](std::pair<long, P> p) { matched &= p.first == p.second.first && p.first == p.second.second; ++n; });
+    std::string error;
+    try {
+      auto run = g->run();
+      EXPECT_TRUE(run.wait_for(std::chrono::seconds(60))) << "a chain of three sources stalled at " << limit;
+      if (run.wait() == RunStatus::succeeded) {
+        EXPECT_EQ(n, 3000);
+        EXPECT_TRUE(matched);
+      }
+    } catch (const GraphError& e) {
+      error = e.what();
+    }
+    return error;
+  };
+  // 2 zips x 2 other sources: up to 4 waiting, so 5 at least.
+  const std::string refused = chain(4);
+  EXPECT_NE(refused.find("2 zips pair the items of the sources 'b', 'c', 'a', whose items wait at "
+                          "the zips for each other's (up to 4 at once), but max_in_flight (4) leaves "
+                          "room for 4; raise GraphOptions::max_in_flight to at least 5"), std::string::npos) << refused;
+  for (std::size_t limit : {5u, 8u, 256u}) EXPECT_EQ(chain(limit), "") << limit;
 }
 
 // Two zipped sources into a batch that holds most of max_in_flight while it fills: the items
@@ -343,7 +478,7 @@ TEST(Zip, APassedOnDropWhosePartnerNeverComesLeavesNothingBehind) {
 // the ahead source's item at the zip cannot leave before the other source is admitted: the
 // run stalled with one slot free (batch 7 of max_in_flight 8 every time; 254 of 256 often).
 TEST(Zip, TwoZippedSourcesIntoALargeBatchNeverStall) {
-  for (const auto [batch, limit] : {std::pair{7, 8}, std::pair{254, 256}, std::pair{13, 16}}) {
+  for (const auto& [batch, limit] : {std::pair{7, 8}, std::pair{254, 256}, std::pair{13, 16}}) {
     Runtime rt({.threads = 2});
     Graph g(rt, "zip-batch", {.max_in_flight = static_cast<std::size_t>(limit)});
     constexpr long kItems = 6000;

@@ -283,6 +283,7 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
   // Each zip's nodes upstream of both its inputs (zips come in topological order: an inner
   // one's before the zips after it).
   std::unordered_map<const NodeBase*, std::unordered_set<const NodeBase*>> common;
+  std::size_t pairing_zips = 0;  // zips whose inputs two sources number
   for (NodeBase* z : order) {
     DropListener* listener = z->drop_listener();
     if (!listener) continue;
@@ -357,6 +358,7 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
           paced_[x]->partners.push_back(y);
       paced_[i]->numbers.push_back({listener, 0});
       paced_[j]->numbers.push_back({listener, 1});
+      ++pairing_zips;
     }
     for (int p = 0; p < 2; ++p) {
       for (const NodeBase* c : anc[p]) {
@@ -397,24 +399,28 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
       if (anc[1].count(n)) common[z].insert(n);
     listener->set_upstream(anc[0], anc[1]);
   }
-  // Items of one source waiting at a zip for the other's hold at most the lead: with the
-  // batches' held items, less than max_in_flight, so that the behind source can be admitted.
-  // A pair needs an item of each of its sources alive at once: the room must hold one of each.
+  // Items of one source waiting at a zip for another's must leave room, with the batches'
+  // held items, for the behind source to be admitted. Each zip pairing two sources holds at most the lead of one over the other, per source
+  // the pair's items wait for besides (a chain of nested zips: the leads add up along it): at
+  // most lead x zips x (sources - 1) items wait at the zips, which the lead keeps to half the
+  // room. With a lead of 1, one more than that must fit.
   if (!paced_.empty()) {
     const std::size_t held = admit_floor_ - 1;
     const std::size_t room = opts_.max_in_flight > held ? opts_.max_in_flight - held : 0;
-    if (room < paced_.size()) {
+    const std::size_t waiting = pairing_zips * (paced_.size() - 1);
+    if (room <= waiting) {
       std::string names;
       for (const auto& p : paced_) names += (names.empty() ? "'" : ", '") + p->source->name() + "'";
-      throw GraphError("splitflow::Graph '" + name_ + "': its zips pair the items of the sources " +
-                       names + ", so an item of each must be alive at once, but max_in_flight (" +
-                       std::to_string(opts_.max_in_flight) + ")" +
+      throw GraphError("splitflow::Graph '" + name_ + "': " +
+                       (pairing_zips == 1 ? std::string("a zip pairs") : std::to_string(pairing_zips) + " zips pair") +
+                       " the items of the sources " + names +
+                       ", whose items wait at the zips for each other's (up to " + std::to_string(waiting) +
+                       " at once), but max_in_flight (" + std::to_string(opts_.max_in_flight) + ")" +
                        (held ? " less what its batches hold (" + std::to_string(held) + ")" : std::string()) +
                        " leaves room for " + std::to_string(room) +
-                       "; raise GraphOptions::max_in_flight to at least " +
-                       std::to_string(held + paced_.size()));
+                       "; raise GraphOptions::max_in_flight to at least " + std::to_string(held + waiting + 1));
     }
-    pace_lead_ = std::max<std::size_t>(1, room / (2 * paced_.size()));
+    pace_lead_ = std::max<std::size_t>(1, room / (2 * waiting));
   }
 }
 

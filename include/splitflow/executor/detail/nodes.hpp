@@ -600,6 +600,10 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
       };
       if (port == 0) past(wait_b_); else past(wait_a_);
       this->skipped_ += lost.size();
+      // Notes of drops past its end, either way: this input's half never comes, and the other's
+      // is dropped as it arrives (match).
+      for (DeadMap* moot : {&dead_a_, &dead_b_})
+        for (auto it = moot->begin(); it != moot->end();) it = it->first >= items ? moot->erase(it) : std::next(it);
     }
     if (lost.empty()) return;
     for (const auto& [seq, origin] : lost) this->dropped(seq, *origin);
@@ -614,8 +618,11 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
     Loss what;
     {
       std::lock_guard lk(this->mu_);
-      what = port == 0 ? partner_lost(seq, by, wait_b_, dead_b_, dead_a_)
-                       : partner_lost(seq, by, wait_a_, dead_a_, dead_b_);
+      // Past the end of either input's source: the other half never comes, or is dropped
+      // as it arrives (match).
+      if (seq >= end_[1 - port] || seq >= end_[port]) what = Loss::both;
+      else what = port == 0 ? partner_lost(seq, by, wait_b_, dead_b_, dead_a_)
+                            : partner_lost(seq, by, wait_a_, dead_a_, dead_b_);
       if (what == Loss::partner) {
         ++this->skipped_;
         note_locked(seq, "its partner on the " + std::string(port == 0 ? "first" : "second") +
@@ -693,6 +700,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
       for (std::size_t j = 0; j < a.count; ++j, ++i) {
         Envelope<Mine>& e = items[i];
         if (e.seq >= end_[other_port]) {
+          other_dead.erase(e.seq);  // (a note of its partner's drop, made before the end)
           lost.push_back({e.seq, ender_[other_port]});
           note_locked(e.seq, past_end(other_port));
         } else if (auto it = other.find(e.seq); it != other.end()) {
