@@ -373,6 +373,32 @@ TEST(Zip, DropsPastAnEndedSourceLeaveNoNotes) {
   EXPECT_EQ(held_for_partners(z2), 0u);
 }
 
+// A skip past the other source's end: the inner zip (b, c) kept a note of each of b's skips
+// past c's single item, to drop a partner that never came, instead of passing the drop on, and
+// the outer zip held a's partners of them until max_in_flight was full: the run hung.
+TEST(Zip, ASkipPastTheOtherSourcesEndPassesOn) {
+  using P = std::pair<long, long>;
+  Runtime rt({.threads = 2});
+  Graph g(rt, "skip-past-end", {.max_in_flight = 16});
+  auto inner = g.zip<long, long>("inner");
+  auto outer = g.zip<long, P>("outer");
+  g.source("a", counter(1000)) >> outer.first();
+  g.source("b", counter(3000)) >> g.stage("odd", [](long x) {
+    if (x % 2) throw std::runtime_error("odd");
+    return x;
+  }, {.on_error = OnError::skip}) >> inner.first();
+  g.source("c", counter(1)) >> inner.second();
+  inner >> outer.second();
+  long n = 0;
+  outer >> g.sink("k", [&](std::pair<long, P> p) { n += p.first == 0 && p.second == P{0, 0}; });
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << "the outer zip held a's partners";
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(held_for_partners(inner), 0u);
+  EXPECT_EQ(held_for_partners(outer), 0u);
+}
+
 // Three sources through nested zips, each shorter than the last: z1 drops a's items past b's
 // end and passes the drops on; z2 pairs what z1 gives with c, whose source ends first. Every
 // triple of a position all three have, each lone half counted once, and nothing left in either
