@@ -577,7 +577,7 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
   /// max_in_flight and keep their own source from ending).
   void numbering_source_ended(int port, std::uint64_t items, const NodeBase& source,
                               WorkList& w) noexcept override {
-    Lost lost;
+    Lost lost, gone;  // items dropped now; pairs lost whole (no item held: passed on only)
     {
       std::lock_guard lk(this->mu_);
       end_[port] = items;
@@ -600,11 +600,25 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
       };
       if (port == 0) past(wait_b_); else past(wait_a_);
       this->skipped_ += lost.size();
-      // Notes of drops past its end, either way: this input's half never comes, and the other's
-      // is dropped as it arrives (match).
-      for (DeadMap* moot : {&dead_a_, &dead_b_})
-        for (auto it = moot->begin(); it != moot->end();) it = it->first >= items ? moot->erase(it) : std::next(it);
+      // Notes of drops past its end: the other input's half was dropped and this input's never
+      // comes, so nothing of the pair is left (zips downstream hear of it, as for a drop of
+      // both halves); this input's half dropped past it (none should be) is moot.
+      DeadMap& other_dropped = port == 0 ? dead_b_ : dead_a_;
+      for (auto it = other_dropped.begin(); it != other_dropped.end();) {
+        if (it->first < items) {
+          ++it;
+          continue;
+        }
+        try {
+          gone.push_back({it->first, it->second});
+        } catch (...) {
+        }
+        it = other_dropped.erase(it);
+      }
+      DeadMap& mine = port == 0 ? dead_a_ : dead_b_;
+      for (auto it = mine.begin(); it != mine.end();) it = it->first >= items ? mine.erase(it) : std::next(it);
     }
+    for (const auto& [seq, origin] : gone) this->dropped(seq, *origin);
     if (lost.empty()) return;
     for (const auto& [seq, origin] : lost) this->dropped(seq, *origin);
     this->graph().retire_items(lost.size(), w);
