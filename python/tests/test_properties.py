@@ -232,6 +232,21 @@ def graph_specs(draw):
             params["capacity"] = draw(st.sampled_from([0, 1, 2, 8]))
         nodes.append(Node("sink", fresh("out"), [upstream], params))
 
+    def two_branches(upstream, after, one_in):
+        """Two branches of 1..2 stages each from `upstream`, the second sometimes (1 in
+        `one_in`) from a second source instead; `after`: the stages still to come after them."""
+        ends = []
+        for branch in range(2):
+            start = upstream
+            if branch == 1 and len(sources) == 1 and draw(st.integers(0, one_in - 1)) == 0:
+                start = source("src1", 100)
+            b = stage([start])
+            # (the other branch's first stage, and those after, still to come)
+            if budget[0] > 1 - branch + after and draw(st.booleans()):
+                b = stage([b])
+            ends.append(b)
+        return ends
+
     def segment(upstream, depth, merged_above=False):
         tails = ["sink"] if depth == 0 else ["sink", "sink"]
         if depth < 2:
@@ -253,31 +268,12 @@ def graph_specs(draw):
             segment(upstream, depth + 1, merged_above)
             segment(upstream, depth + 1, merged_above)
         elif tail == "zip":  # two branches of 1..2 stages each, paired, into a sink
-            ends = []
-            for branch in range(2):
-                start = upstream
-                if branch == 1 and len(sources) == 1 and draw(st.integers(0, 2)) == 0:
-                    start = source("src1", 100)
-                b = stage([start])
-                if budget[0] > 1 - branch and draw(st.booleans()):
-                    b = stage([b])
-                ends.append(b)
+            ends = two_branches(upstream, after=0, one_in=3)
             z = Node("zip", fresh("z"), ends, {"capacity": draw(st.sampled_from([0, 0, 1, 3]))})
             nodes.append(z)
             terminal(z.name, batch=False)
         else:  # merge: two branches of 1..2 stages each, into one stage
-            ends = []
-            for branch in range(2):
-                # The second branch may start at a second source instead of the fan-out.
-                start = upstream
-                if branch == 1 and len(sources) == 1 and draw(st.integers(0, 3)) == 0:
-                    start = source("src1", 100)
-                b = stage([start])
-                still_needed = 2 - branch  # the other branch's first stage, the merge stage
-                if budget[0] > still_needed and draw(st.booleans()):
-                    b = stage([b])
-                ends.append(b)
-            merged = stage(ends)
+            merged = stage(two_branches(upstream, after=1, one_in=4))
             segment(merged, depth + 1, True)
 
     segment("src", 0)
