@@ -400,10 +400,10 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
     listener->set_upstream(anc[0], anc[1]);
   }
   // Items of one source waiting at a zip for another's must leave room, with the batches'
-  // held items, for the behind source to be admitted. Each zip pairing two sources holds at most the lead of one over the other, per source
-  // the pair's items wait for besides (a chain of nested zips: the leads add up along it): at
-  // most lead x zips x (sources - 1) items wait at the zips, which the lead keeps to half the
-  // room. With a lead of 1, one more than that must fit.
+  // held items, for the behind source to be admitted. Each zip pairing two sources holds at
+  // most the lead of one over the other, per source the pair's items wait for besides (a chain
+  // of nested zips: the leads add up along it): at most lead x zips x (sources - 1) items wait
+  // at the zips, which the lead keeps to half the room. With a lead of 1, one more must fit.
   if (!paced_.empty()) {
     const std::size_t held = admit_floor_ - 1;
     const std::size_t room = opts_.max_in_flight > held ? opts_.max_in_flight - held : 0;

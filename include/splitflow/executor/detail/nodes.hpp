@@ -582,41 +582,23 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
       std::lock_guard lk(this->mu_);
       end_[port] = items;
       ender_[port] = &source;
-      const auto past = [&](auto& waiting) {
-        for (auto it = waiting.begin(); it != waiting.end();) {
-          if (it->first < items) {
-            ++it;
-            continue;
-          }
-          try {
-            lost.push_back({it->first, &source});
-          } catch (...) {
-            ++it;  // out of memory: it waits for the end of the input, as before
-            continue;
-          }
-          note_locked(it->first, past_end(port));
-          it = waiting.erase(it);
-        }
-      };
-      if (port == 0) past(wait_b_); else past(wait_a_);
+      if (port == 0) {
+        erase_past(wait_b_, items, [&](std::uint64_t seq, auto&) { return take_past_end(seq, port, lost); });
+      } else {
+        erase_past(wait_a_, items, [&](std::uint64_t seq, auto&) { return take_past_end(seq, port, lost); });
+      }
       this->skipped_ += lost.size();
       // Notes of drops past its end: the other input's half was dropped and this input's never
       // comes, so nothing of the pair is left (zips downstream hear of it, as for a drop of
       // both halves); this input's half dropped past it (none should be) is moot.
-      DeadMap& other_dropped = port == 0 ? dead_b_ : dead_a_;
-      for (auto it = other_dropped.begin(); it != other_dropped.end();) {
-        if (it->first < items) {
-          ++it;
-          continue;
-        }
+      erase_past(port == 0 ? dead_b_ : dead_a_, items, [&](std::uint64_t seq, const NodeBase* by) {
         try {
-          gone.push_back({it->first, it->second});
+          gone.push_back({seq, by});
         } catch (...) {
         }
-        it = other_dropped.erase(it);
-      }
-      DeadMap& mine = port == 0 ? dead_a_ : dead_b_;
-      for (auto it = mine.begin(); it != mine.end();) it = it->first >= items ? mine.erase(it) : std::next(it);
+        return true;
+      });
+      erase_past(port == 0 ? dead_a_ : dead_b_, items, [](std::uint64_t, const NodeBase*) { return true; });
     }
     for (const auto& [seq, origin] : gone) this->dropped(seq, *origin);
     if (lost.empty()) return;
@@ -766,6 +748,25 @@ class ZipNode final : public Emitter<std::pair<A, B>>, public DropListener {
       this->errors_.push_back({seq, std::move(why)});
     } catch (...) {
     }
+  }
+
+  // Erases the entries of `map` from item `items` on for which take(seq, value) says so.
+  template <class Map, class Take>
+  static void erase_past(Map& map, std::uint64_t items, Take take) {
+    for (auto it = map.begin(); it != map.end();)
+      it = it->first >= items && take(it->first, it->second) ? map.erase(it) : std::next(it);
+  }
+
+  // An item waiting past the end of input `ended_port`'s source: dropped, with its note (false,
+  // kept waiting for the end of the input, when there is no memory to record it).
+  bool take_past_end(std::uint64_t seq, int ended_port, Lost& lost) noexcept {
+    try {
+      lost.push_back({seq, ender_[ended_port]});
+    } catch (...) {
+      return false;
+    }
+    note_locked(seq, past_end(ended_port));
+    return true;
   }
 
   std::string past_end(int ended_port) const {
