@@ -328,6 +328,66 @@ TEST(ImageDecode, RegionsAndTheFusedCropEqualTheFullDecode) {
   }
 }
 
+// A file decode_jpeg refuses is refused by the region decode and the fused crop whatever the
+// region (a new user's report: a file truncated at 90% was accepted by the fused crop in 18
+// epochs of 40, refused in the others, so a skip policy kept it or dropped it by epoch; junk
+// before the end marker and corrupt data, found at the end, were accepted every time).
+TEST(ImageDecode, EveryRegionOfADamagedFileIsRefusedAsTheFullDecodeRefusesIt) {
+  const int h = 240, w = 320;
+  const auto jpeg = encode(random_pixels(h, w, 3, 41), h, w, 3, 90, TJSAMP_420);
+  auto cut = [&](double f) {
+    return std::vector<std::uint8_t>(jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(f * double(jpeg.size())));
+  };
+  std::vector<std::uint8_t> junk = jpeg;  // 50 bytes before the end marker
+  junk.insert(junk.end() - 2, 50, std::uint8_t{0x5a});
+  std::vector<std::uint8_t> flipped = jpeg;  // bytes of the last rows' data inverted
+  for (std::size_t i = jpeg.size() - 300; i < jpeg.size() - 250; ++i) flipped[i] = static_cast<std::uint8_t>(~flipped[i]);
+  const struct {
+    const char* name;
+    std::vector<std::uint8_t> bytes;
+  } cases[] = {{"cut60.jpg", cut(0.6)}, {"cut90.jpg", cut(0.9)}, {"cut98.jpg", cut(0.98)},
+               {"junk.jpg", junk}, {"flipped.jpg", flipped}};
+  int refused_by_decode = 0;
+  for (const auto& c : cases) {
+    bool refused = false;
+    try {
+      image::decode_jpeg(c.bytes.data(), c.bytes.size(), image::Color::rgb, c.name);
+    } catch (const Error&) {
+      refused = true;
+    }
+    refused_by_decode += refused;
+    // Regions at the top (where the damage is not), in the middle and at the bottom.
+    for (const image::Box b : {image::Box{0, 0, 8, w}, image::Box{0, 0, h / 4, w / 4},
+                               image::Box{h / 2, w / 2, 16, 16}, image::Box{h - 8, 0, 8, w}}) {
+      bool region_refused = false;
+      try {
+        image::decode_jpeg_region(c.bytes.data(), c.bytes.size(), b, image::Color::rgb, c.name);
+      } catch (const Error& e) {
+        region_refused = true;
+        EXPECT_NE(std::string(e.what()).find(std::string("'") + c.name + "'"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(region_refused, refused) << c.name << " box y" << b.y << " x" << b.x << " h" << b.h;
+    }
+    HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(c.bytes.size())});
+    std::memcpy(bytes.raw(), c.bytes.data(), c.bytes.size());
+    for (std::uint64_t epoch = 0; epoch < 20; ++epoch) {
+      const image::AugmentSpec spec{.size = 32, .seed = 9, .epoch = epoch};
+      bool fused_refused = false;
+      try {
+        image::decode_random_resized_crop({0, c.name, bytes}, spec, image::Color::rgb);
+      } catch (const Error&) {
+        fused_refused = true;
+      }
+      EXPECT_EQ(fused_refused, refused) << c.name << " epoch " << epoch;
+    }
+  }
+  EXPECT_GE(refused_by_decode, 4) << "the cuts and the junk are refused by decode_jpeg";
+  // An intact file still decodes in every region, equal to the full decode's rows.
+  const HostTensor full = image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "ok.jpg");
+  const HostTensor top = image::decode_jpeg_region(jpeg.data(), jpeg.size(), {0, 0, 8, w}, image::Color::rgb, "ok.jpg");
+  EXPECT_EQ(0, std::memcmp(top.raw(), full.raw(), std::size_t(8) * w * 3));
+}
+
 // "reports truncated or corrupt files as errors" naming the file
 TEST(ImageDecode, TruncatedGarbageAndEmptyFilesAreErrorsNamingTheFile) {
   const auto jpeg = encode(random_pixels(120, 160, 3, 5), 120, 160, 3);

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -315,10 +316,13 @@ void check_coefficients(const std::uint8_t* data, std::size_t size, const std::s
 }
 
 // Decodes rows [y, y + h) of columns [*x, *x + *w) (widened by libjpeg to whole iMCUs: *x and
-// *w are updated) into `out`, whose rows are `pitch` bytes. Rows after the region are never
-// decoded.
+// *w are updated) into `out`, whose rows are `pitch` bytes. The rows after the region are
+// entropy-decoded but not transformed (skipped, but for the last, read into `spare`, a row of
+// `pitch` bytes), and the file is read to its end: a file decode_jpeg refuses (truncated,
+// corrupt data found at the end marker) is refused whatever the region, not only when the
+// region reaches the damage.
 bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::uint8_t* out,
-                 std::size_t pitch, unsigned* out_x, unsigned* out_w) {
+                 std::size_t pitch, unsigned* out_x, unsigned* out_w, std::uint8_t* spare) {
   if (setjmp(d.errors.jump)) return false;
   jpeg_start_decompress(&d.cinfo);
   // Columns too: upsampling the region's edge columns needs their neighbours, so ask for one
@@ -354,7 +358,15 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
     JSAMPROW row = out + static_cast<std::size_t>(r) * pitch;
     jpeg_read_scanlines(&d.cinfo, &row, 1);
   }
-  jpeg_abort_decompress(&d.cinfo);
+  // The rest (a skip to the very end would only mark the end reached: stop one row short and
+  // read it), then the markers up to the end of the image, whose warnings are errors.
+  const JDIMENSION rows = d.cinfo.output_height;
+  if (d.cinfo.output_scanline + 1 < rows) jpeg_skip_scanlines(&d.cinfo, rows - 1 - d.cinfo.output_scanline);
+  while (d.cinfo.output_scanline < rows) {
+    JSAMPROW row = spare;
+    jpeg_read_scanlines(&d.cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&d.cinfo);
   return true;
 }
 
@@ -397,8 +409,9 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
   // box's columns are the result (a view: no copy).
   HostTensor rows = HostTensor::empty(DType::u8, {box.h, static_cast<std::int64_t>(max_w), C});
   unsigned x = static_cast<unsigned>(box.x), w = static_cast<unsigned>(box.w), out_x = 0, out_w = 0;
+  std::vector<std::uint8_t> spare(static_cast<std::size_t>(max_w) * C);  // the last row's
   if (!decode_rows(d, box.y, box.h, &x, &w, static_cast<std::uint8_t*>(rows.raw()),
-                   static_cast<std::size_t>(max_w) * C, &out_x, &out_w))
+                   static_cast<std::size_t>(max_w) * C, &out_x, &out_w, spare.data()))
     throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
                             d.errors.message, W, H));
   // Compact the box's columns to the front of each row (memmove: rows overlap in place).

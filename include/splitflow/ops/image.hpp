@@ -199,10 +199,11 @@ class RandomResizedCrop {
   AugmentSpec spec_;
 };
 
-/// Decodes only `box` of a JPEG (libjpeg's row skipping and column cropping: rows past the box
-/// are never decoded, rows before it are skipped, columns outside it mostly so), the same
-/// pixels as that box of decode_jpeg's output. An empty box is the whole image. `height` and
-/// `width`, when given, receive the image's size.
+/// Decodes only `box` of a JPEG (libjpeg's row skipping and column cropping: rows before and
+/// after the box are skipped, columns outside it mostly so), the same pixels as that box of
+/// decode_jpeg's output. The file is read to its end whatever the box, so a file decode_jpeg
+/// refuses (truncated, corrupt) is refused here too. An empty box is the whole image. `height`
+/// and `width`, when given, receive the image's size.
 HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box,
                               Color color = Color::rgb, const std::string& what = "JPEG data",
                               int* height = nullptr, int* width = nullptr);
