@@ -41,6 +41,11 @@
 //   BM_AutotuneIo/blocking  the same with read a synchronous body that sleeps 3 ms, given
 //                           StageOptions::blocking: it waits on the runtime's blocking threads
 //                           (its CPU charged from them), which the tuner must take past the cores.
+//   BM_AutotuneIo/placed    the same sleeping body on automatic without StageOptions::blocking,
+//                           two epochs of graph "io" on one runtime: the first (2 s) on the
+//                           arena, whose end moves read to the blocking threads
+//                           (autotune::body_placement), the second (5 s) built anew. Counters as
+//                           blocking's, threads_only_rate the first epoch's, placed_on_blocking.
 //
 // Every run's rate is sampled from Run::stats() every 50 ms by the benchmark's thread (which only
 // waits and reads: the sampling is the measurement, not a synchronisation).
@@ -277,19 +282,24 @@ void BM_AutotuneGpu(benchmark::State& state) {
 
 constexpr std::chrono::microseconds kReadLatency = 3ms, kParse = 300us;
 
-/// The I/O chain with read's concurrency `read` (0: Concurrency::automatic). `blocking`: read
-/// is a synchronous body that sleeps for its latency, given StageOptions::blocking (it holds a
-/// blocking thread while it waits); otherwise an async stage answered by a timer thread.
+/// How the I/O chain's read waits: an async stage answered by a timer thread; a synchronous
+/// body that sleeps, given StageOptions::blocking (it holds a blocking thread while it waits);
+/// or the same body without it, on automatic (placed where its bodies' measured times say).
+enum class Read { async, blocking, placed };
+
+/// The I/O chain with read's concurrency `read` (0: Concurrency::automatic), on `rt` (null: a
+/// runtime of its own).
 std::vector<Sample> io_chain(std::size_t read, double seconds, std::vector<std::string>* decisions,
-                             bool blocking = false) {
-  sf::Runtime rt({.threads = cores()});
-  sf::Graph g(rt, "io", {.autotune_window = 100ms});
+                             Read how = Read::async, sf::Runtime* rt = nullptr) {
+  std::optional<sf::Runtime> own;
+  if (!rt) rt = &own.emplace(sf::RuntimeConfig{.threads = cores()});
+  sf::Graph g(*rt, "io", {.autotune_window = 100ms});
   auto clock = sf::BatchClock::steady();
   auto src = g.source("n", [i = 0L]() mutable { return forever(i); });
   const std::size_t k = read ? read : sf::Concurrency::automatic;
-  auto rd = blocking
-                ? g.stage("read", [](long x) { std::this_thread::sleep_for(kReadLatency); return x; },
-                          {.concurrency = k, .blocking = true})
+  auto sleeper = [](long x) { std::this_thread::sleep_for(kReadLatency); return x; };
+  auto rd = how != Read::async
+                ? g.stage("read", sleeper, {.concurrency = k, .blocking = how == Read::blocking})
                 : g.async_stage<long, long>("read", [clock](long x, sf::Completion<long> c) {
                     auto held = std::make_shared<sf::Completion<long>>(std::move(c));
                     clock->call_at(clock->now() + kReadLatency, [held, x] { held->done(x); });
@@ -300,13 +310,22 @@ std::vector<Sample> io_chain(std::size_t read, double seconds, std::vector<std::
   return sample_run(g, seconds, {"read", "parse"}, decisions);
 }
 
-void io_bench(benchmark::State& state, bool blocking) {
+void io_bench(benchmark::State& state, Read how) {
   std::vector<Sample> s, held;
-  std::vector<std::string> decisions;
+  std::vector<std::string> decisions, first;
   for (auto _ : state) {
-    held = io_chain(static_cast<std::size_t>(cores()), 2.0, nullptr, blocking);
-    s = io_chain(0, 5.0, &decisions, blocking);
+    if (how == Read::placed) {
+      // Two epochs of a graph of one name on one runtime: the first on the arena, where read's
+      // sleeping bodies hold the threads (its end moves it); the second built anew.
+      sf::Runtime rt({.threads = cores()});
+      held = io_chain(0, 2.0, &first, how, &rt);
+      s = io_chain(0, 5.0, &decisions, how, &rt);
+    } else {
+      held = io_chain(static_cast<std::size_t>(cores()), 2.0, nullptr, how);
+      s = io_chain(0, 5.0, &decisions, how);
+    }
   }
+  for (const std::string& d : first) std::fprintf(stderr, "  tuner (first epoch): %s\n", d.c_str());
   for (const std::string& d : decisions) std::fprintf(stderr, "  tuner: %s\n", d.c_str());
   const double rate = rate_over_last(s, 1.0, s.size() - 1);
   const double bound = static_cast<double>(cores()) / std::chrono::duration<double>(kParse).count();
@@ -316,22 +335,28 @@ void io_bench(benchmark::State& state, bool blocking) {
   state.counters["seconds_to_95"] = seconds_to(s, 0.95 * bound, 0.5);
   state.counters["read_concurrency"] = static_cast<double>(s.back().limits[0]);
   state.counters["parse_concurrency"] = static_cast<double>(s.back().limits[1]);
+  // The read held at the threads' count; for `placed`, its first epoch, on the arena.
   state.counters["threads_only_rate"] = rate_over_last(held, 1.0, held.size() - 1);
+  if (how == Read::placed)  // 1: the second epoch's read ran on the blocking threads
+    state.counters["placed_on_blocking"] = s.back().call_ns >= 0 ? 1 : 0;
   // What read's bodies cost in CPU per item over the last second (its calls, and for a
   // blocking stage the thread CPU its bodies charged: waking from the sleep is not free), and
   // the bound with it counted: cores / (parse + read's CPU).
   std::size_t i = s.size() - 1;
   while (i > 0 && s.back().t - s[i].t < 1.0) --i;
   const double items = static_cast<double>(s.back().items - s[i].items);
-  const double read_cpu = items > 0 ? static_cast<double>(s.back().call_ns - s[i].call_ns) * 1e-9 / items : 0;
+  const double read_cpu = items > 0 && s.back().call_ns >= 0
+                              ? static_cast<double>(s.back().call_ns - s[i].call_ns) * 1e-9 / items
+                              : 0;
   const double cpu_bound = static_cast<double>(cores()) /
                            (std::chrono::duration<double>(kParse).count() + read_cpu);
   state.counters["read_cpu_us"] = read_cpu * 1e6;
   state.counters["rate_over_cpu_bound"] = rate / cpu_bound;
 }
 
-void BM_AutotuneIo(benchmark::State& state) { io_bench(state, false); }
-void BM_AutotuneIoBlocking(benchmark::State& state) { io_bench(state, true); }
+void BM_AutotuneIo(benchmark::State& state) { io_bench(state, Read::async); }
+void BM_AutotuneIoBlocking(benchmark::State& state) { io_bench(state, Read::blocking); }
+void BM_AutotuneIoPlaced(benchmark::State& state) { io_bench(state, Read::placed); }
 
 }  // namespace
 
@@ -385,5 +410,6 @@ BENCHMARK(BM_AutotuneChainAuto)->Name("BM_AutotuneChain/auto")->Iterations(1)->U
 BENCHMARK(BM_AutotuneGpu)->Name("BM_AutotuneGpu/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneIo)->Name("BM_AutotuneIo/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneIoBlocking)->Name("BM_AutotuneIo/blocking")->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_AutotuneIoPlaced)->Name("BM_AutotuneIo/placed")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK(BM_AutotuneTwoGraphs)->Name("BM_AutotuneTwoGraphs/auto")->Iterations(1)->Unit(benchmark::kSecond);
 BENCHMARK_MAIN();

@@ -185,6 +185,12 @@ def main():
          counter(tune, "BM_AutotuneIo/blocking", "rate_over_cpu_bound"), ">= 0.95", lambda v: v >= 0.95),
         ("17", "Autotune I/O read (blocking): rate / parse-only bound",
          counter(tune, "BM_AutotuneIo/blocking", "rate_over_bound"), "(stated)", None),
+        ("17", "Autotune I/O read (plain stage, placed by the tuner), 2nd epoch: rate / bound with its CPU",
+         counter(tune, "BM_AutotuneIo/placed", "rate_over_cpu_bound"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Autotune I/O read (placed): 2nd epoch's / 1st epoch's (on the arena) rate",
+         (lambda a, b: None if a is None or not b else a / b)(
+             counter(tune, "BM_AutotuneIo/placed", "tuned_rate"),
+             counter(tune, "BM_AutotuneIo/placed", "threads_only_rate")), "(stated)", None),
         ("17", "Autotune two graphs on one runtime: summed / bound",
          counter(tune, "BM_AutotuneTwoGraphs/auto", "rate_over_bound"), ">= 0.95", lambda v: v >= 0.95),
         ("17", "Autotune two graphs: slower / faster graph",

@@ -452,6 +452,63 @@ TEST(Autotune, TheRingDepthIsWhatTheLastRunCommittedOrDoubleWhenItHeldTheGpuStag
   EXPECT_FALSE(ring_depth(in, 0));
 }
 
+// "Stages that wait rather than compute get concurrency beyond the core count": where an
+// automatic synchronous stage's bodies run in the next graph of its name, from their sampled
+// times (body_placement): to the blocking threads when they waited twice what they computed and
+// half their time; back when they computed more than they waited; between the two, it stays.
+TEST(Autotune, ABodyThatWaitsGoesToTheBlockingThreadsAndOneThatComputesComesBack) {
+  const PlacementInput waits{.stage = "read", .graph = "io", .samples = 40, .wall_ns = 80'000'000,
+                             .cpu_ns = 2'000'000, .wait_ns = 77'000'000};
+  std::optional<TuneEvent> e = body_placement(waits, 5);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->at_ns, 5);
+  EXPECT_EQ(e->stage, "read");
+  EXPECT_EQ(e->knob, "blocking");
+  EXPECT_EQ(e->from, 0u);
+  EXPECT_EQ(e->to, 1u);
+  EXPECT_EQ(e->text(), "read to the blocking threads: its bodies waited 96% of their time without a "
+                       "CPU (40 claims measured: 2 ms CPU, 77 ms waiting), holding the arena's "
+                       "threads; the next graph 'io' built runs them on the runtime's blocking "
+                       "threads, where its concurrency may go past the cores "
+                       "(StageOptions::blocking sets it for good)");
+  // Too few claims measured to decide on.
+  PlacementInput in = waits;
+  in.samples = kMinPlacementSamples - 1;
+  EXPECT_FALSE(body_placement(in, 0));
+  in.samples = kMinPlacementSamples;
+  EXPECT_TRUE(body_placement(in, 0));
+  // Waiting less than twice its CPU: it stays on the arena.
+  in = waits;
+  in.cpu_ns = 30'000'000;
+  in.wait_ns = 50'000'000;
+  EXPECT_FALSE(body_placement(in, 0));
+  in.wait_ns = 60'000'000;
+  in.wall_ns = 90'000'000;
+  EXPECT_TRUE(body_placement(in, 0)) << "twice its CPU and two thirds of its time";
+  // Twice its CPU but under half its time (the rest runnable, waiting for a CPU: a busy
+  // machine, not a wait of the body's): it stays.
+  in = waits;
+  in.cpu_ns = 10'000'000;
+  in.wait_ns = 30'000'000;
+  in.wall_ns = 100'000'000;
+  EXPECT_FALSE(body_placement(in, 0));
+  // On the blocking threads: back when the bodies computed more than they waited ...
+  in = {.stage = "read", .graph = "io", .blocking = true, .samples = 100, .wall_ns = 0,
+        .cpu_ns = 50'000'000, .wait_ns = 20'000'000};
+  e = body_placement(in, 0);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->from, 1u);
+  EXPECT_EQ(e->to, 0u);
+  EXPECT_EQ(e->text(), "read back to the arena's threads: its bodies computed more than they "
+                       "waited (100 items measured: 50 ms CPU, 20 ms waiting); the next graph 'io' "
+                       "built runs them on the arena's threads again, within the cores");
+  // ... and stays while they wait as much as they compute or more (no move back and forth).
+  in.wait_ns = 50'000'000;
+  EXPECT_FALSE(body_placement(in, 0));
+  in.wait_ns = 500'000'000;
+  EXPECT_FALSE(body_placement(in, 0));
+}
+
 // "a change is kept only if the measured rate improves, otherwise reverted"
 TEST(Autotune, HillClimbKeepsImprovementsAndRevertsTheRest) {
   // Two CPU stages on 4 cores, measured by hand: a at 10 ms, b at 30 ms per item.

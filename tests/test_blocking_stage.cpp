@@ -207,6 +207,91 @@ TEST(BlockingStage, TheTunerTakesAWaitingOnePastTheCoresAndNotAComputingOne) {
   EXPECT_GT(r.call_ns, static_cast<std::int64_t>(r.items_out) * 300'000) << r.call_ns;
 }
 
+namespace {
+bool said(const RunStats& st, const std::string& text) {
+  return std::any_of(st.autotune.begin(), st.autotune.end(),
+                     [&](const std::string& e) { return e.find(text) != std::string::npos; });
+}
+std::string decisions(const RunStats& st) {
+  std::string all;
+  for (const std::string& e : st.autotune) all += "\n  " + e;
+  return all;
+}
+}  // namespace
+
+// Without StageOptions::blocking: an automatic stage whose bodies wait (sampled: at most a claim a
+// millisecond measured with the thread's CPU clock) holds the arena's threads, so its run's end moves it to
+// the blocking threads for the next graph of its name, which goes past the threads; when its
+// bodies compute again, a run's end moves it back. Order and counts hold in every run.
+TEST(BlockingStage, AnAutomaticStageWhoseBodiesWaitRunsOnTheBlockingThreadsInTheNextGraphOfItsName) {
+  Runtime rt({.threads = 2});
+  std::atomic<bool> waits{true};
+  auto epoch = [&](long items) {
+    GraphOptions o;
+    o.autotune_window = 10ms;
+    Graph g(rt, "io", o);
+    auto read = g.stage("read", [&waits](long x) {
+      if (waits.load()) std::this_thread::sleep_for(2ms);
+      else spin_us(300);
+      return x;
+    }, {.concurrency = Concurrency::automatic});
+    long next = 0;
+    bool ordered = true;
+    g.source("n", counter(items)) >> read >> g.sink("s", [&](long v) { ordered &= v == next++; });
+    auto run = g.run();
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_TRUE(ordered);
+    EXPECT_EQ(next, items);
+    return run.stats();
+  };
+  // On the arena: a synchronous stage's (no call_ns), within the 2 threads; its end moves it.
+  const RunStats a = epoch(400);
+  EXPECT_EQ(a.find("read")->call_ns, -1);
+  EXPECT_LE(a.find("read")->max_concurrency, 2u);
+  EXPECT_TRUE(said(a, "read to the blocking threads: its bodies waited ")) << decisions(a);
+  // Built anew: on the blocking threads (an async stage's call_ns), said at the start, and past
+  // the threads.
+  const RunStats b = epoch(1000);
+  EXPECT_GE(b.find("read")->call_ns, 0);
+  EXPECT_TRUE(said(b, "read on the blocking threads: the last run of graph 'io' found its bodies "
+                      "waiting (warm start)")) << decisions(b);
+  EXPECT_GT(b.find("read")->max_concurrency, 2u) << decisions(b);
+  EXPECT_FALSE(said(b, "read back to")) << decisions(b);
+  // Its bodies compute now: the run's end moves it back, and the next graph runs it on the arena.
+  waits = false;
+  const RunStats c = epoch(400);
+  EXPECT_TRUE(said(c, "read back to the arena's threads: its bodies computed more than they "
+                      "waited")) << decisions(c);
+  const RunStats d = epoch(400);
+  EXPECT_EQ(d.find("read")->call_ns, -1);
+  EXPECT_LE(d.find("read")->max_concurrency, 2u);
+  EXPECT_FALSE(said(d, "blocking threads")) << decisions(d);
+}
+
+// An automatic stage that computes stays on the arena, and so does one whose user set its
+// concurrency whatever its bodies do (it is not measured).
+TEST(BlockingStage, AComputingAutomaticStageAndAUsersNumberStayOnTheArena) {
+  Runtime rt({.threads = 2});
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    GraphOptions o;
+    o.autotune_window = 10ms;
+    Graph g(rt, "mixed", o);
+    auto fetch = g.stage("fetch", [](long x) { std::this_thread::sleep_for(1ms); return x; },
+                         {.concurrency = 2});
+    auto parse = g.stage("parse", [](long x) { spin_us(200); return x + 1; },
+                         {.concurrency = Concurrency::automatic});
+    long sum = 0;
+    g.source("n", counter(300)) >> fetch >> parse >> g.sink("s", [&](long v) { sum += v; });
+    auto run = g.run();
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(sum, 300 * 301 / 2);
+    const RunStats st = run.stats();
+    EXPECT_FALSE(said(st, "blocking threads")) << "epoch " << epoch << decisions(st);
+    EXPECT_EQ(st.find("fetch")->call_ns, -1);
+    EXPECT_EQ(st.find("parse")->call_ns, -1);
+  }
+}
+
 // StageOptions::blocking is for Graph::stage: elsewhere it is refused, naming the node.
 TEST(BlockingStage, OnlyAStageTakesBlocking) {
   Runtime rt({.threads = 1});

@@ -1,6 +1,7 @@
 #include "splitflow/core/detail/clock.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,6 +93,13 @@ std::int64_t thread_cpu_ns() noexcept {
   return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
+namespace {
+std::int64_t voluntary_switches() noexcept {
+  rusage u{};
+  return getrusage(RUSAGE_THREAD, &u) == 0 ? static_cast<std::int64_t>(u.ru_nvcsw) : 0;
+}
+}  // namespace
+
 ThreadCpu thread_cpu() noexcept {
   // The CPU clock, and the wait from /proc/thread-self/schedstat ("<ns on a CPU> <ns runnable,
   // waiting for one> <timeslices>"), read through a descriptor the thread keeps open.
@@ -114,11 +122,11 @@ ThreadCpu thread_cpu() noexcept {
       (void)std::strtoll(buf, &end, 10);
       const long long waited = end ? std::strtoll(end, nullptr, 10) : 0;
       const std::int64_t cpu = thread_cpu_ns();
-      return {cpu, cpu + static_cast<std::int64_t>(waited > 0 ? waited : 0)};
+      return {cpu, cpu + static_cast<std::int64_t>(waited > 0 ? waited : 0), voluntary_switches()};
     }
   }
   const std::int64_t cpu = thread_cpu_ns();
-  return {cpu, cpu};
+  return {cpu, cpu, voluntary_switches()};
 }
 
 }  // namespace splitflow::detail

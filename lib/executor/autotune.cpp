@@ -546,8 +546,37 @@ std::optional<TuneEvent> ring_depth(const RingInput& in, std::int64_t at_ns) {
   return TuneEvent{at_ns, Action::retune, in.stage, "ring_bytes", in.capacity, want, std::move(why)};
 }
 
+std::optional<TuneEvent> body_placement(const PlacementInput& in, std::int64_t at_ns) {
+  if (in.samples < kMinPlacementSamples) return std::nullopt;
+  const std::int64_t cpu = std::max<std::int64_t>(in.cpu_ns, 0);
+  const std::int64_t wait = std::max<std::int64_t>(in.wait_ns, 0);
+  const std::int64_t wall = std::max<std::int64_t>({in.wall_ns, cpu + wait, 1});
+  const double waited = static_cast<double>(wait) / static_cast<double>(wall);
+  const std::string measured =
+      fmt::format("{} {} measured: {} CPU, {} waiting", in.samples, in.blocking ? "items" : "claims",
+                  seconds(static_cast<double>(cpu) * 1e-9), seconds(static_cast<double>(wait) * 1e-9));
+  if (!in.blocking && wait >= 2 * cpu && 2 * wait >= wall)
+    return TuneEvent{at_ns, Action::retune, in.stage, "blocking", 0, 1,
+                     fmt::format("its bodies waited {} of their time without a CPU ({}), holding "
+                                 "the arena's threads; the next graph '{}' built runs them on the "
+                                 "runtime's blocking threads, where its concurrency may go past "
+                                 "the cores (StageOptions::blocking sets it for good)",
+                                 percent(waited), measured, in.graph)};
+  if (in.blocking && wait < cpu)
+    return TuneEvent{at_ns, Action::retune, in.stage, "blocking", 1, 0,
+                     fmt::format("its bodies computed more than they waited ({}); the next graph "
+                                 "'{}' built runs them on the arena's threads again, within the "
+                                 "cores",
+                                 measured, in.graph)};
+  return std::nullopt;
+}
+
 std::string TuneEvent::text() const {
   std::string head;
+  if (!stage.empty() && knob == "blocking") {
+    head = stage + (to ? " to the blocking threads" : " back to the arena's threads");
+    return reason.empty() ? head : head + ": " + reason;
+  }
   if (!stage.empty() && !knob.empty()) {
     auto number = [](std::size_t x) { return x == kUnlimited ? std::string("unlimited") : std::to_string(x); };
     const bool bytes = knob.size() > 6 && knob.compare(knob.size() - 6, 6, "_bytes") == 0;

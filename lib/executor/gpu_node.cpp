@@ -29,7 +29,7 @@ std::size_t ring_ceiling(GraphCore& g, std::size_t item_bytes) {
 
 std::size_t auto_ring_bytes(GraphCore& g, const std::string& stage, std::size_t item_bytes) {
   const std::size_t floor = ring_floor(item_bytes), ceiling = ring_ceiling(g, item_bytes);
-  if (const std::size_t last = g.runtime_core()->tuning_board().recall_ring(g.name(), stage))
+  if (const std::size_t last = g.runtime_core()->tuning_board().recall_stage(g.name(), stage, "ring_bytes"))
     return std::clamp(last, floor, ceiling);
   const std::size_t budget = g.runtime_core()->config().host_memory_budget;
   const std::size_t first = budget > 0 ? std::min(budget / 4, GpuStageOptions::kDefaultRingBytes)
@@ -51,7 +51,8 @@ void retune_ring(GraphCore& g, const std::string& stage, const PinnedRing& ring,
                                .wall_ns = wall_ns,
                                .ceiling = ring_ceiling(g, ring.item_bytes())};
   std::optional<autotune::TuneEvent> e = autotune::ring_depth(in, steady_now_ns());
-  g.runtime_core()->tuning_board().remember_ring(g.name(), stage, e ? e->to : ring.capacity());
+  g.runtime_core()->tuning_board().remember_stage(g.name(), stage, "ring_bytes",
+                                                  e ? e->to : ring.capacity());
   if (e) out.push_back(std::move(*e));
 }
 

@@ -44,6 +44,14 @@ void RunTuner::start() {
 void RunTuner::warm_start() {
   // The latest tuned run of a graph of this name ended its automatic stages at these
   // concurrencies: start there (within the cores), not at 1; the tuner goes on from there.
+  {
+    // The stages the graph built on the blocking threads from the last run's placement.
+    std::lock_guard lk(mu_);
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      if (tuned_[i] && nodes_[i]->auto_placed() && events_.size() < kKeptFirst)
+        events_.push_back(nodes_[i]->name() + " on the blocking threads: the last run of graph '" +
+                          graph_.name() + "' found its bodies waiting (warm start)");
+  }
   const auto last = board_->recall(graph_.name());
   if (last.empty()) return;
   const auto whole_cores = static_cast<std::size_t>(std::max(1.0, cores_));

@@ -57,19 +57,22 @@ std::vector<std::pair<std::string, std::size_t>> TuningBoard::recall(const std::
   return {};
 }
 
-void TuningBoard::remember_ring(const std::string& graph, const std::string& stage, std::size_t bytes) {
+void TuningBoard::remember_stage(const std::string& graph, const std::string& stage,
+                                 const std::string& knob, std::size_t value) {
   std::lock_guard lk(mu_);
-  const auto it = std::find_if(rings_.begin(), rings_.end(),
-                               [&](const Ring& r) { return r.graph == graph && r.stage == stage; });
-  if (it != rings_.end()) rings_.erase(it);
-  if (rings_.size() == kRemembered) rings_.pop_front();
-  rings_.push_back({graph, stage, bytes});
+  const auto it = std::find_if(stage_notes_.begin(), stage_notes_.end(), [&](const StageNote& n) {
+    return n.graph == graph && n.stage == stage && n.knob == knob;
+  });
+  if (it != stage_notes_.end()) stage_notes_.erase(it);
+  if (stage_notes_.size() == kRememberedStages) stage_notes_.pop_front();
+  stage_notes_.push_back({graph, stage, knob, value});
 }
 
-std::size_t TuningBoard::recall_ring(const std::string& graph, const std::string& stage) const {
+std::size_t TuningBoard::recall_stage(const std::string& graph, const std::string& stage,
+                                      const std::string& knob) const {
   std::lock_guard lk(mu_);
-  for (const Ring& r : rings_)
-    if (r.graph == graph && r.stage == stage) return r.bytes;
+  for (const StageNote& n : stage_notes_)
+    if (n.graph == graph && n.stage == stage && n.knob == knob) return n.value;
   return 0;
 }
 

@@ -44,11 +44,16 @@ class TuningBoard {
   void remember(const std::string& graph, std::vector<std::pair<std::string, std::size_t>> stages);
   std::vector<std::pair<std::string, std::size_t>> recall(const std::string& graph) const;
   static constexpr std::size_t kRemembered = 64;
-  /// An automatic pinned ring's bytes for the next run of stage `stage` of a graph named
-  /// `graph` (decided at the end of a run: autotune::ring_depth); 0 when none is remembered.
-  /// At most kRemembered rings (the least recently remembered go).
-  void remember_ring(const std::string& graph, const std::string& stage, std::size_t bytes);
-  std::size_t recall_ring(const std::string& graph, const std::string& stage) const;
+  /// What a run decided of stage `stage` of a graph named `graph` for the next run of a graph
+  /// of that name, by knob: "ring_bytes", an automatic pinned ring's bytes (at the end of a
+  /// run: autotune::ring_depth); "blocking", 1 when an automatic stage's bodies run on the
+  /// runtime's blocking threads (autotune::body_placement). 0 when none is remembered. At most
+  /// kRememberedStages (the least recently remembered go).
+  void remember_stage(const std::string& graph, const std::string& stage, const std::string& knob,
+                      std::size_t value);
+  std::size_t recall_stage(const std::string& graph, const std::string& stage,
+                           const std::string& knob) const;
+  static constexpr std::size_t kRememberedStages = 128;
 
  private:
   struct Entry {
@@ -64,11 +69,11 @@ class TuningBoard {
     std::vector<std::pair<std::string, std::size_t>> stages;
   };
   std::deque<Remembered> remembered_;  // the most recently remembered last; at most kRemembered
-  struct Ring {
-    std::string graph, stage;
-    std::size_t bytes;
+  struct StageNote {
+    std::string graph, stage, knob;
+    std::size_t value;
   };
-  std::deque<Ring> rings_;  // the most recently remembered last; at most kRemembered
+  std::deque<StageNote> stage_notes_;  // the most recently remembered last; at most kRememberedStages
 };
 
 }  // namespace splitflow::detail

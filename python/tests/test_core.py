@@ -493,6 +493,33 @@ def test_a_blocking_stage_waits_past_the_threads_in_order():
         sf.Graph(rt, "bad").stage("w", read, blocking=True, processes=2)
 
 
+def test_an_automatic_stage_that_waits_runs_on_the_blocking_threads_in_the_next_graph():
+    # Without blocking=True: an automatic stage whose bodies sleep holds the arena's threads;
+    # its run's end says so and the next graph of its name (an epoch built anew) runs it on the
+    # blocking threads, past the runtime's two threads; items in order in both.
+    import time
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def epoch(n):
+        g = sf.Graph(rt, "py-io", autotune_window=0.01)
+        out = g.pull_sink("out")
+        g.indices("i", list(range(n))) >> \
+            g.stage("read", lambda i: time.sleep(0.002) or i * 2, concurrency="auto") >> out
+        run = g.run()
+        assert [v for v in out] == [2 * i for i in range(n)]
+        assert run.wait(timeout=60) == "succeeded"
+        return run.stats()["autotune"]
+
+    first = epoch(300)
+    assert any(e.startswith("read to the blocking threads: its bodies waited ") for e in first), first
+    second = epoch(1000)
+    assert "read on the blocking threads: the last run of graph 'py-io' found its bodies waiting " \
+           "(warm start)" in second, second
+    raised = [int(e.split(" -> ")[1].split(":")[0]) for e in second
+              if e.startswith("read ") and " -> " in e and "capacity" not in e]
+    assert raised and max(raised) > 2, second
+
+
 def test_item_bytes_and_the_runtimes_memory_budget():
     # Each stage's input items are sampled (StageStats::item_bytes): a NumPy array by its
     # buffer's length. Under Runtime(host_memory_budget=...) the tuner sizes the queue of an

@@ -52,7 +52,9 @@ struct StageOptions {
   /// (RuntimeConfig::blocking_threads), not on the arena's, so `concurrency` may go past the
   /// cores (with Concurrency::automatic the tuner takes it there when the body's measured CPU
   /// is a small part of its time) and no arena thread is held while it waits. Its CPU time is
-  /// measured (StageStats::call_ns). Order, errors and skips as for any stage.
+  /// measured (StageStats::call_ns). Order, errors and skips as for any stage. An automatic
+  /// stage without it whose bodies a run found waiting runs there in the next graph of its
+  /// graph's name (docs/autotune.md, "Placement"); set it where the body always waits.
   /// \code
   ///   auto read = g.stage("read", [](std::string path) { return slurp(path); },
   ///                       {.concurrency = splitflow::Concurrency::automatic, .blocking = true});

@@ -224,7 +224,7 @@ struct TuneEvent {
   std::int64_t at_ns = 0;  ///< end of the window it was decided on
   Action action = Action::initial;
   std::string stage{};       ///< "" for the graph as a whole
-  std::string knob{};        ///< "concurrency", "capacity", "max_in_flight", "ring_bytes" (bytes), or ""
+  std::string knob{};        ///< "concurrency", "capacity", "max_in_flight", "ring_bytes" (bytes), "blocking", or ""
   std::size_t from = 0, to = 0;
   std::string reason{};      ///< "'model' waited 41% of the last 1.0 s for input; decode busy 98%"
   /// "decode 2 -> 3: 'model' waited 41% ..." (stage and knob changes), or the reason.
@@ -287,6 +287,39 @@ struct RingInput {
 ///   // e->to == 5 << 20; e->text(): "model ring_bytes 64 MiB -> 5 MiB: the last run committed
 ///   //   at most 3 MiB of it (items of up to 1 MiB); no producer waited for room"
 std::optional<TuneEvent> ring_depth(const RingInput& in, std::int64_t at_ns);
+
+/// Where an automatic synchronous stage's bodies (Graph::stage with Concurrency::automatic, a
+/// body Out(In)) run in the next graph of its name, decided at the end of a run from its
+/// bodies' sampled times (at most a claim a millisecond measured with the thread's CPU clock and
+/// /proc/thread-self/schedstat, as a blocking stage's bodies are): on the arena's threads, a
+/// body that waits (reads, sleeps) holds one of them, so its concurrency stops at the cores; on
+/// the runtime's blocking threads (StageOptions::blocking) it may go past them.
+struct PlacementInput {
+  std::string stage{};
+  std::string graph{};
+  bool blocking = false;      ///< its bodies ran on the runtime's blocking threads this run
+  std::uint64_t samples = 0;  ///< bodies' claims measured (on blocking threads: items)
+  std::int64_t wall_ns = 0;   ///< their wall time
+  std::int64_t cpu_ns = 0;    ///< their CPU time
+  std::int64_t wait_ns = 0;   ///< their time neither on a CPU nor runnable (wall less demand)
+};
+/// The fewest measured claims a placement is decided on.
+inline constexpr std::uint64_t kMinPlacementSamples = 8;
+/// Moves a stage on the arena to the blocking threads when its bodies waited at least twice as
+/// long as they computed and at least half their time (at least kMinPlacementSamples claims
+/// measured); moves one there back when they waited less than they computed (between the two
+/// it stays: a body that waits and computes alike is not moved back and forth). Returns the
+/// decision (knob "blocking", from and to 0 (arena) or 1 (blocking threads), its reason), none
+/// when it stays.
+///
+///   autotune::PlacementInput in{.stage = "read", .graph = "io", .samples = 40,
+///                               .wall_ns = 80'000'000, .cpu_ns = 2'000'000, .wait_ns = 77'000'000};
+///   auto e = autotune::body_placement(in, 0);
+///   // e->to == 1; e->text(): "read to the blocking threads: its bodies waited 96% of their
+///   //   time without a CPU (40 claims measured: 2 ms CPU, 77 ms waiting), holding the arena's
+///   //   threads; the next graph 'io' built runs them on the runtime's blocking threads, where
+///   //   its concurrency may go past the cores (StageOptions::blocking sets it for good)"
+std::optional<TuneEvent> body_placement(const PlacementInput& in, std::int64_t at_ns);
 
 /// The result of one observe().
 struct Decision {

@@ -383,6 +383,13 @@ class Graph {
     static_assert(!std::is_void_v<Out>,
                   "splitflow::Graph::stage: the body returns nothing; use sink() for a body "
                   "without output");
+    // An automatic stage whose bodies the last run of a graph of this name found waiting runs
+    // on the blocking threads (autotune::body_placement; each run's end decides again).
+    bool placed = false;
+    if constexpr (std::is_invocable_v<F&, I&&>)
+      if (!options.blocking && options.concurrency == Concurrency::automatic &&
+          detail::placed_on_blocking_threads(*core_, name))
+        options.blocking = placed = true;
     if (options.blocking) {
       if constexpr (std::is_invocable_v<F&, I&&>) {
         // An async stage whose answers come from the runtime's blocking threads: the body runs
@@ -398,12 +405,10 @@ class Graph {
                 const detail::ThreadCpu at0 = detail::thread_cpu();
                 auto charge = [&] {
                   const detail::ThreadCpu at1 = detail::thread_cpu();
-                  const std::int64_t cpu = at1.cpu_ns - at0.cpu_ns;
-                  const std::int64_t demand = at1.demand_ns - at0.demand_ns;
                   const std::int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::steady_clock::now() - wall0).count();
-                  c.charge_cpu(std::chrono::nanoseconds(cpu));
-                  c.charge_wait(std::chrono::nanoseconds(wall > demand ? wall - demand : 0));
+                  c.charge_cpu(std::chrono::nanoseconds(at1.cpu_ns - at0.cpu_ns));
+                  c.charge_wait(std::chrono::nanoseconds(detail::waited_ns(at0, at1, wall)));
                 };
                 try {
                   Out out = std::invoke(*kept, std::move(item));
@@ -417,6 +422,7 @@ class Graph {
         };
         auto& n = add<detail::AsyncStageNode<I, Out, decltype(submit)>>(std::move(name),
                                                                         std::move(submit), options);
+        if (placed) n.placed_automatically();
         return Stage<I, Out>(n, &n.input(), &n);
       } else {
         throw GraphError("splitflow::Graph::stage('" + name + "'): a blocking stage's body takes "

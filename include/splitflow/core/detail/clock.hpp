@@ -37,7 +37,18 @@ std::int64_t thread_cpu_ns() noexcept;
 struct ThreadCpu {
   std::int64_t cpu_ns = 0;     ///< thread_cpu_ns()
   std::int64_t demand_ns = 0;  ///< cpu_ns plus the time it was runnable, waiting for a CPU
+  /// The thread's voluntary context switches so far (getrusage: it blocked: slept, read, waited
+  /// on a lock). A body between two readings that made none did not wait, whatever its wall
+  /// time: on this project's VM the runnable time (schedstat) missed most of a spinning
+  /// thread's wait for a CPU when threads outnumbered the cores.
+  std::int64_t blocked = 0;
 };
+/// What a body measured from `at0` to `at1` over `wall_ns` waited: its wall time less its CPU
+/// demand, and none when it never blocked (ThreadCpu::blocked).
+inline std::int64_t waited_ns(const ThreadCpu& at0, const ThreadCpu& at1, std::int64_t wall_ns) noexcept {
+  const std::int64_t demand = at1.demand_ns - at0.demand_ns;
+  return at1.blocked > at0.blocked && wall_ns > demand ? wall_ns - demand : 0;
+}
 /// The calling thread's CPU time and its CPU demand in ns: its time on a CPU plus its time
 /// runnable but waiting for one (/proc/thread-self/schedstat; demand = CPU time where that
 /// cannot be read). Measured around a body, the demand tells a body that waits (sleeps, reads)

@@ -160,6 +160,19 @@ class AsyncStageNode final : public Emitter<Out> {
 
   bool asynchronous() const noexcept override { return true; }
 
+  /// Built on the blocking threads (a blocking stage's submit) because the last run of a graph
+  /// of its name found its automatic bodies waiting: each run's end decides again.
+  void placed_automatically() noexcept { auto_placed_ = true; }
+  bool auto_placed() const noexcept override { return auto_placed_; }
+  void retune_at_end(const StageStats& st, std::int64_t, std::vector<autotune::TuneEvent>& out) override {
+    if (!auto_placed_ || st.wait_ns < 0) return;  // (no answer charged a wait)
+    const std::int64_t cpu = charged_ns_.load(std::memory_order_relaxed);
+    retune_placement(this->graph(), this->name(),
+                     {.blocking = true, .samples = st.items_out, .wall_ns = cpu + st.wait_ns,
+                      .cpu_ns = cpu, .wait_ns = st.wait_ns},
+                     out);
+  }
+
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     Emitter<Out>::reset(start, telemetry, parallelism);
     call_ticks_.store(0, std::memory_order_relaxed);
@@ -299,6 +312,7 @@ class AsyncStageNode final : public Emitter<Out> {
   std::atomic<std::int64_t> waited_ns_{0};   // waits they charged (Completion::charge_wait)
   std::atomic<bool> told_wait_{false};       // some answer charged a wait: StageStats::wait_ns
   std::unordered_set<Invocation*> out_;  // under mu_: items out, not yet finished
+  bool auto_placed_ = false;             // placed_automatically()
 };
 
 }  // namespace detail

@@ -184,6 +184,9 @@ class NodeBase {
   /// An async stage: its invocations wait for answers without holding a thread, so its
   /// concurrency is not bounded by the cores.
   virtual bool asynchronous() const noexcept { return false; }
+  /// An automatic stage the graph built on the runtime's blocking threads because the last run
+  /// of a graph of its name found its bodies waiting (autotune::body_placement).
+  virtual bool auto_placed() const noexcept { return false; }
   /// The tuner's new concurrency (at least 1): claims start at once if it rose.
   void set_concurrency(std::size_t n, WorkList& w);
   Order order() const noexcept { return order_; }

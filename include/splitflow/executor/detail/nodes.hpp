@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "splitflow/executor/autotune.hpp"
 #include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/executor/detail/node.hpp"
 #include "splitflow/core/detail/scratch.hpp"
@@ -420,6 +422,66 @@ class SourceNode final : public Emitter<T> {
 };
 
 /// A stage: `Out(In)` (or `Out(In, HostAllocator&)`), any concurrency, in or out of order.
+/// The sampled times of an automatic synchronous stage's bodies (autotune::body_placement): at
+/// most a claim a millisecond (kPeriodNs) is measured, with the thread's CPU clock and its CPU
+/// demand (thread_cpu: two system calls and a read, too dear for every claim of a 20 us
+/// target), from its first body to its last.
+class BodySample {
+ public:
+  static constexpr std::int64_t kPeriodNs = 1'000'000;
+  struct Figures {
+    std::uint64_t claims = 0;
+    std::int64_t wall_ns = 0, cpu_ns = 0, wait_ns = 0;
+  };
+  /// At a run's start: measured (`on`) or not, from zero.
+  void reset(bool on) noexcept {
+    on_.store(on, std::memory_order_relaxed);
+    period_ = static_cast<Ticks>(static_cast<double>(kPeriodNs) / ns_per_tick());
+    next_.store(0, std::memory_order_relaxed);
+    claims_.store(0, std::memory_order_relaxed);
+    wall_.store(0, std::memory_order_relaxed);
+    cpu_.store(0, std::memory_order_relaxed);
+    wait_.store(0, std::memory_order_relaxed);
+  }
+  /// Whether the claim starting now is measured (the first a period after the last): its start
+  /// time if it is, else 0.
+  Ticks due() noexcept {
+    if (!on_.load(std::memory_order_relaxed)) return 0;
+    const Ticks now = now_ticks();
+    Ticks next = next_.load(std::memory_order_relaxed);
+    return now >= next && next_.compare_exchange_strong(next, now + period_, std::memory_order_relaxed)
+               ? std::max<Ticks>(now, 1)
+               : 0;
+  }
+  /// A measured claim: its bodies took `wall_ns` from `at0` to `at1` (thread_cpu).
+  void add(std::int64_t wall_ns, const ThreadCpu& at0, const ThreadCpu& at1) noexcept {
+    claims_.fetch_add(1, std::memory_order_relaxed);
+    wall_.fetch_add(wall_ns, std::memory_order_relaxed);
+    cpu_.fetch_add(at1.cpu_ns - at0.cpu_ns, std::memory_order_relaxed);
+    wait_.fetch_add(waited_ns(at0, at1, wall_ns), std::memory_order_relaxed);
+  }
+  Figures figures() const noexcept {
+    return {claims_.load(std::memory_order_relaxed), wall_.load(std::memory_order_relaxed),
+            cpu_.load(std::memory_order_relaxed), wait_.load(std::memory_order_relaxed)};
+  }
+
+ private:
+  std::atomic<bool> on_{false};
+  Ticks period_ = 0;  // kPeriodNs in ticks (set at reset, before the run's claims)
+  std::atomic<Ticks> next_{0};
+  std::atomic<std::uint64_t> claims_{0};
+  std::atomic<std::int64_t> wall_{0}, cpu_{0}, wait_{0};
+};
+
+/// Whether the last run of a graph of `graph`'s name moved its automatic stage `stage` to the
+/// runtime's blocking threads (autotune::body_placement; lib/executor/placement.cpp).
+bool placed_on_blocking_threads(GraphCore& graph, const std::string& stage);
+/// At a run's end: where the automatic stage `stage`'s bodies run in the next graph of its name
+/// (`in`: what they measured; graph and stage are filled in), remembered on the runtime and
+/// appended to `out` when it changes.
+void retune_placement(GraphCore& graph, const std::string& stage, autotune::PlacementInput in,
+                      std::vector<autotune::TuneEvent>& out);
+
 template <class In, class Out, class F>
 class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>, In> {
   static constexpr bool kAllocates = std::is_invocable_v<F&, In&&, HostAllocator&>;
@@ -428,9 +490,27 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
   StageNode(GraphCore& g, std::string name, F f, const StageOptions& o)
       : StageNode::OneInputNode(g, std::move(name), StageKind::stage, o, 1), f_(std::move(f)) {}
 
+  void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
+    StageNode::OneInputNode::reset(start, telemetry, parallelism);
+    // An automatic stage's bodies are sampled: the next graph of its name may run them on the
+    // blocking threads (one taking a HostAllocator cannot go there).
+    sample_.reset(!kAllocates && this->auto_concurrency());
+  }
+
+  void retune_at_end(const StageStats&, std::int64_t, std::vector<autotune::TuneEvent>& out) override {
+    const BodySample::Figures f = sample_.figures();
+    if (f.claims == 0) return;
+    retune_placement(this->graph(), this->name(),
+                     {.samples = f.claims, .wall_ns = f.wall_ns, .cpu_ns = f.cpu_ns, .wait_ns = f.wait_ns},
+                     out);
+  }
+
   /// Calls the body on each item, stopping between items on a cancel; applies on_error to an
   /// item whose body threw; emits in ticket order (a skipped item's ticket leaves empty).
   ClaimResult process(std::vector<Envelope<In>>& in, const ClaimInfo& claim, WorkList& w) {
+    const Ticks sample_t0 = sample_.due();
+    const bool sampled = sample_t0 != 0;
+    const ThreadCpu sample_at0 = sampled ? thread_cpu() : ThreadCpu{};
     const std::uint64_t ticket = claim.ticket;
     Scratch<Envelope<Out>> out;
     PinnedRing* ring = nullptr;
@@ -472,12 +552,16 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
       next += made + 1;
     }
     const Ticks body_end = now_ticks();
+    if (sampled) {
+      sample_.add(ticks_to_ns(body_end - sample_t0), sample_at0, thread_cpu());
+    }
     emitted += this->emit(next, ticket + n - next, *out, w, body_end);  // then empty slots
     return {emitted, body_end};
   }
 
  private:
   F f_;
+  BodySample sample_;
 };
 
 /// A callback sink: `void(In)`.
