@@ -9,32 +9,38 @@ namespace splitflow::ops {
 
 namespace {
 
-detail::NormalizeParams params(const std::string& stage, std::uint64_t item, std::int64_t c,
+// Who failed: a GPU stage's item (its DeviceContext knows them), or the function itself (the
+// host forms, called by a stage whose error names it and its item).
+std::string who(const std::string* stage, std::uint64_t item, const char* fn) {
+  return stage ? fmt::format("splitflow: stage '{}' item {}: {}", *stage, item, fn)
+               : fmt::format("splitflow::ops::{}", fn);
+}
+
+detail::NormalizeParams params(const std::string* stage, std::uint64_t item, std::int64_t c,
                                const std::vector<float>& mean, const std::vector<float>& stddev,
-                               float scale) {
+                               float scale, const char* fn = "normalize") {
   if (c < 1 || c > detail::kMaxChannels || mean.size() != static_cast<std::size_t>(c) ||
       stddev.size() != static_cast<std::size_t>(c))
-    throw Error(fmt::format("splitflow: stage '{}' item {}: normalize needs one mean and one "
-                            "stddev per channel (1..{} channels); the batch has {}, {} means, "
-                            "{} stddevs",
-                            stage, item, detail::kMaxChannels, c, mean.size(), stddev.size()));
+    throw Error(fmt::format("{} needs one mean and one stddev per channel (1..{} channels); the "
+                            "images have {}, {} means, {} stddevs",
+                            who(stage, item, fn), detail::kMaxChannels, c, mean.size(), stddev.size()));
   detail::NormalizeParams p{};
   p.scale = scale;
   for (std::int64_t i = 0; i < c; ++i) {
     if (stddev[i] == 0.0f)
-      throw Error(fmt::format("splitflow: stage '{}' item {}: normalize: stddev[{}] is 0", stage,
-                              item, i));
+      throw Error(fmt::format("{}: stddev[{}] is 0", who(stage, item, fn), i));
     p.mean[i] = mean[i];
     p.stddev[i] = stddev[i];
   }
   return p;
 }
 
-void check_images(const Tensor& t, const std::string& stage, std::uint64_t item) {
+void check_images(const Tensor& t, const std::string* stage, std::uint64_t item,
+                  const char* fn = "normalize") {
   if (t.dtype() != DType::u8 || t.ndim() != 4 || !t.contiguous())
-    throw Error(fmt::format("splitflow: stage '{}' item {}: normalize takes a contiguous u8 NHWC "
-                            "batch, got {}",
-                            stage, item, t.describe()));
+    throw Error(fmt::format("{} takes a contiguous u8 NHWC batch (Python's ops.normalize: or an "
+                            "HWC image), got {}",
+                            who(stage, item, fn), t.describe()));
 }
 
 }  // namespace
@@ -42,9 +48,9 @@ void check_images(const Tensor& t, const std::string& stage, std::uint64_t item)
 DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images,
                        const std::vector<float>& mean, const std::vector<float>& stddev,
                        float scale) {
-  check_images(images, ctx.stage(), ctx.item());
+  check_images(images, &ctx.stage(), ctx.item());
   const std::int64_t n = images.dim(0), h = images.dim(1), w = images.dim(2), c = images.dim(3);
-  const detail::NormalizeParams p = params(ctx.stage(), ctx.item(), c, mean, stddev, scale);
+  const detail::NormalizeParams p = params(&ctx.stage(), ctx.item(), c, mean, stddev, scale);
   DeviceTensor out = ctx.alloc(DType::f32, {n, c, h, w});
   const auto* in = static_cast<const std::uint8_t*>(images.raw());
   auto* dst = static_cast<float*>(out.raw());
@@ -64,9 +70,9 @@ DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images,
 
 HostTensor normalize_reference(const HostTensor& images, const std::vector<float>& mean,
                                const std::vector<float>& stddev, float scale) {
-  check_images(images, "normalize_reference", 0);
+  check_images(images, nullptr, 0, "normalize_reference");
   const std::int64_t n = images.dim(0), h = images.dim(1), w = images.dim(2), c = images.dim(3);
-  params("normalize_reference", 0, c, mean, stddev, scale);
+  params(nullptr, 0, c, mean, stddev, scale, "normalize_reference");
   HostTensor out = HostTensor::empty(DType::f32, {n, c, h, w});
   const auto* in = images.data<std::uint8_t>();
   float* dst = out.data<float>();
@@ -82,9 +88,9 @@ HostTensor normalize_reference(const HostTensor& images, const std::vector<float
 
 HostTensor normalize(const HostTensor& images, const std::vector<float>& mean,
                      const std::vector<float>& stddev, float scale) {
-  check_images(images, "normalize", 0);
+  check_images(images, nullptr, 0);
   const std::int64_t n = images.dim(0), h = images.dim(1), w = images.dim(2), c = images.dim(3);
-  const detail::NormalizeParams p = params("normalize", 0, c, mean, stddev, scale);
+  const detail::NormalizeParams p = params(nullptr, 0, c, mean, stddev, scale);
   HostTensor out = HostTensor::empty(DType::f32, {n, c, h, w});
   // The host backend's build of the one Thrust normalize, run on the calling thread.
   detail::normalize_host(images.data<std::uint8_t>(), out.data<float>(), n, h, w, c, p);

@@ -65,7 +65,7 @@ import torch
 import torch.utils.data as _data
 
 from . import _core
-from ._errors import StageError
+from ._errors import GraphError, StageError
 
 __all__ = ["GraphDataset", "to_torch"]
 
@@ -73,6 +73,10 @@ __all__ = ["GraphDataset", "to_torch"]
 def to_torch(x):
     """splitflow.Tensor -> torch.Tensor (zero-copy, DLPack), inside tuples, lists and dicts."""
     if isinstance(x, _core.Tensor):
+        if x.dtype == "bool" and x.device == "cpu":
+            # (torch 1.13's DLPack has no bool: "Unsupported code 6"; NumPy's buffer view, still
+            # no copy.)
+            return torch.from_numpy(np.asarray(x))
         return torch.utils.dlpack.from_dlpack(x)
     if isinstance(x, tuple):
         return tuple(to_torch(v) for v in x)
@@ -689,7 +693,8 @@ class GraphDataset(_data.IterableDataset):
             source = graph.indices("indices", indices)
             run_indices = indices
         last = self._build(graph, source)
-        if last is None:
+        returned_none = last is None
+        if returned_none:
             last = source
         made = graph.made_batches()
         if made is not None:
@@ -702,7 +707,17 @@ class GraphDataset(_data.IterableDataset):
         last >> out
         batch = self._graph_batch()
         batch_size = batch[0] if batch is not None else None
-        it = graph.iterate(out)
+        try:
+            it = graph.iterate(out)
+        except GraphError as e:
+            if returned_none and "is not connected to any consumer" in str(e):
+                # (A build that adds stages and forgets its return: its samples would be the
+                # indices, and its stages' outputs go nowhere.)
+                raise GraphError(
+                    f"GraphDataset: build() returned None, so the samples would be the indices "
+                    f"themselves, but it added nodes whose output goes nowhere; return the last "
+                    f"node it added ({e})") from e
+            raise
         self.last_run = DatasetRun(it.run, run_indices, remote)  # the latest epoch's
         try:
             for item in it:

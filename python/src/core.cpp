@@ -699,6 +699,23 @@ void bind_image_ops(py::module_& mops) {
   "(two neighbours per side; aliases when shrinking).");
 }
 
+// `body` (Value(Value) or Value(Value, DeviceContext&)) on one field of each sample (`field`: a
+// dict's key or a tuple's index); the other fields pass through untouched. `method`, `name`:
+// the stage's, for errors.
+template <class Body>
+auto on_field(Body body, const py::object& field, const char* method, const std::string& name) {
+  // (Read from Python once, here: the lookups need no GIL, within a GPU stage's lease too.)
+  Sample::Name f = Sample::Name::of(field, "splitflow.Graph." + std::string(method) + "('" + name + "')");
+  return [body = std::move(body), f = std::move(f), who = "stage '" + name + "'"](
+             Value v, auto&... ctx) -> Value {
+    auto* p = std::get_if<SamplePtr>(&v);
+    if (!p) throw Error(who + ": field=" + f.repr + " but the item is " + describe(v) + ", not a tuple or dict");
+    Value& slot = writable(*p).at(f, who);
+    slot = body(std::move(slot), ctx...);
+    return v;
+  };
+}
+
 void bind_ops(py::module_& m) {
   py::module_ mops = m.def_submodule("ops", "C++ ops: they run without the GIL.");
   py::class_<CpuOp>(mops, "CpuOp").def_readonly("name", &CpuOp::name).def("__repr__", [](const CpuOp& o) {
@@ -708,6 +725,16 @@ void bind_ops(py::module_& m) {
     return "<splitflow.ops.GpuOp " + o.name + ">";
   });
 
+  // What normalize's arguments must be, checked when the op is made (not per item at run time).
+  auto check_normalize = [](const char* op, const std::vector<float>& mean, const std::vector<float>& stddev) {
+    if (mean.empty() || mean.size() != stddev.size())
+      throw GraphError(std::string(op) + ": mean and std give one value per channel: " +
+                       std::to_string(mean.size()) + " means, " + std::to_string(stddev.size()) +
+                       " stds");
+    for (std::size_t i = 0; i < stddev.size(); ++i)
+      if (stddev[i] == 0.0f)
+        throw GraphError(std::string(op) + ": std[" + std::to_string(i) + "] is 0 (it divides)");
+  };
   auto gpu_normalize = [](std::vector<float> mean, std::vector<float> stddev, float scale) {
     return [=](Value v, DeviceContext& ctx) -> Value {
       DeviceValue d = device_input(std::move(v), ctx, "ops.normalize");
@@ -716,7 +743,8 @@ void bind_ops(py::module_& m) {
       return DeviceValue{single ? unbatched(out) : out, d.cuda};
     };
   };
-  mops.def("normalize", [gpu_normalize](std::vector<float> mean, std::vector<float> stddev, float scale) {
+  mops.def("normalize", [gpu_normalize, check_normalize](std::vector<float> mean, std::vector<float> stddev, float scale) {
+    check_normalize("splitflow.ops.normalize", mean, stddev);
     return CpuOp{"normalize", [=](Value v) -> Value {
       const HostTensor in = as_host(v, "ops.normalize");
       const bool single = in.ndim() == 3;
@@ -728,7 +756,8 @@ void bind_ops(py::module_& m) {
 ops::normalize: in g.stage it runs on the CPU thread, in g.gpu_stage on the leased stream (host
 input copied H2D first).)doc");
 
-  mops.def("gpu_normalize", [gpu_normalize](std::vector<float> mean, std::vector<float> stddev, float scale) {
+  mops.def("gpu_normalize", [gpu_normalize, check_normalize](std::vector<float> mean, std::vector<float> stddev, float scale) {
+    check_normalize("splitflow.ops.gpu_normalize", mean, stddev);
     return GpuOp{"normalize", gpu_normalize(mean, stddev, scale)};
   }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
   R"doc(The GPU form of ops.normalize alone (ops.normalize in g.gpu_stage is the same).)doc");
@@ -1096,29 +1125,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
           fn = PythonBody{g->hold(std::move(body)), g->bodies};
         }
-        if (!field.is_none()) {
-          if (!py::isinstance<py::str>(field) && !py::isinstance<py::int_>(field))
-            throw GraphError("splitflow.Graph.stage('" + name + "'): field must be a str (a "
-                             "dict's key) or an int (a tuple's index), not " +
-                             std::string(py::repr(field)));
-          // The body takes one field of the sample; the others pass through untouched.
-          fn = [fn = std::move(fn), field = PyObj(field), who = "stage '" + name + "'"](Value v) {
-            auto* p = std::get_if<SamplePtr>(&v);
-            if (!p) {
-              py::gil_scoped_acquire gil;
-              throw Error(who + ": field=" + std::string(py::repr(field.get())) +
-                          " but the item is " + describe(v) + ", not a tuple or dict");
-            }
-            Sample& sample = writable(*p);
-            Value* slot;
-            {
-              py::gil_scoped_acquire gil;  // (reads the field's name)
-              slot = &sample.at(field.get(), who);
-            }
-            *slot = fn(std::move(*slot));
-            return v;
-          };
-        }
+        if (!field.is_none()) fn = on_field(std::move(fn), field, "stage", name);
         s = g->graph.stage<Value>(name, std::move(fn), o);
         if (!substitute.is_none()) s->substitute_on_error(from_python(substitute));
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
@@ -1208,7 +1215,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "and last stage >> svc.sink, run the graph, then svc.submit(item) from any thread.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object op_object,
                            std::size_t concurrency, bool ordered, std::size_t capacity,
-                           py::object order, std::string on_error) {
+                           py::object order, std::string on_error, py::object field) {
         GpuOp op;
         if (py::isinstance<GpuOp>(op_object)) {
           op = op_object.cast<GpuOp>();
@@ -1226,12 +1233,18 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         o.capacity = capacity;
         o.on_error = on_error_of(on_error);
         auto fn = op.fn;
-        auto s = g->graph.gpu_stage<Value>(name, [fn](Value v, DeviceContext& ctx) { return fn(std::move(v), ctx); }, o);
-        return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), &s.out_port(), std::nullopt});
+        auto body = [fn](Value v, DeviceContext& ctx) { return fn(std::move(v), ctx); };
+        auto node = [&](auto&& b) {
+          auto s = g->graph.gpu_stage<Value>(name, std::move(b), o);
+          return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), &s.out_port(), std::nullopt});
+        };
+        return field.is_none() ? node(std::move(body)) : node(on_field(std::move(body), field, "gpu_stage", name));
       }, py::arg("name"), py::arg("op"), py::arg("concurrency") = 2, py::arg("ordered") = true,
       py::arg("capacity") = 0, py::arg("order") = py::none(), py::arg("on_error") = "fail",
-      "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst. order and "
-      "on_error as for stage().")
+      py::arg("field") = py::none(),
+      "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst. order, "
+      "on_error and field (the op takes that field of each sample, the others pass through) as "
+      "for stage().")
       .def("sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object body) {
         PythonBody b{g->hold(std::move(body)), g->bodies};
         auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });

@@ -471,20 +471,32 @@ std::string Sample::describe() const {
   return d + ")";
 }
 
-Value& Sample::at(const py::object& field, const std::string& who) {
-  if (kind == Kind::dict) {
-    if (!py::isinstance<py::str>(field))
-      throw Error(who + ": field=" + std::string(py::repr(field)) + " but the item is " +
-                  describe() + ": name a key");
-    const std::string key = field.cast<std::string>();
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      if (keys[i] == key) return fields[i];
-    throw Error(who + ": the item has no field '" + key + "': it is " + describe());
+Sample::Name Sample::Name::of(const py::object& field, const std::string& who) {
+  Name n;
+  n.repr = py::repr(field);
+  if (py::isinstance<py::str>(field)) {
+    n.key = true;
+    n.text = field.cast<std::string>();
+  } else if (py::isinstance<py::int_>(field) && !py::isinstance<py::bool_>(field)) {
+    n.index = field.cast<std::int64_t>();
+  } else {
+    throw GraphError(who + ": field must be a str (a dict's key) or an int (a tuple's index), not " +
+                     n.repr);
   }
-  if (!py::isinstance<py::int_>(field))
-    throw Error(who + ": field=" + std::string(py::repr(field)) + " but the item is " +
-                describe() + ": give an index");
-  const auto i = field.cast<std::int64_t>();
+  return n;
+}
+
+Value& Sample::at(const Name& field, const std::string& who) {
+  if (kind == Kind::dict) {
+    if (!field.key)
+      throw Error(who + ": field=" + field.repr + " but the item is " + describe() + ": name a key");
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == field.text) return fields[i];
+    throw Error(who + ": the item has no field '" + field.text + "': it is " + describe());
+  }
+  if (field.key)
+    throw Error(who + ": field=" + field.repr + " but the item is " + describe() + ": give an index");
+  const std::int64_t i = field.index;
   if (i < 0 || static_cast<std::size_t>(i) >= fields.size())
     throw Error(who + ": field " + std::to_string(i) + " is out of range: the item is " +
                 describe());
@@ -555,7 +567,8 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     for (Value& v : items) {
       if (v.index() != 1) continue;
       py::object o = std::get<PyObj>(v).get();
-      if (PyObject_CheckBuffer(o.ptr())) continue;
+      // (bytes are strings to default_collate, which keeps them in a list, not arrays.)
+      if (PyObject_CheckBuffer(o.ptr()) && !PyBytes_Check(o.ptr()) && !PyByteArray_Check(o.ptr())) continue;
       const py::handle type = reinterpret_cast<PyObject*>(Py_TYPE(o.ptr()));
       bool torch_cpu = false;
       try {
@@ -608,14 +621,23 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     }
     return out;
   }
-  if (same && kind == 1) {  // Python floats: a float64 tensor; other objects: a list
+  if (same && kind == 1) {  // Python floats: a float64 tensor; bools: a bool one; other objects: a list
     py::gil_scoped_acquire gil;
-    bool floats = true;
-    for (const Value& v : items) floats = floats && PyFloat_CheckExact(std::get<PyObj>(v).get().ptr());
+    bool floats = true, bools = true;
+    for (const Value& v : items) {
+      floats = floats && PyFloat_CheckExact(std::get<PyObj>(v).get().ptr());
+      bools = bools && PyBool_Check(std::get<PyObj>(v).get().ptr());
+    }
     if (floats) {
       HostTensor out = HostTensor::empty(DType::f64, {static_cast<std::int64_t>(n)});
       auto* d = static_cast<double*>(out.raw());
       for (std::size_t i = 0; i < n; ++i) d[i] = PyFloat_AsDouble(std::get<PyObj>(items[i]).get().ptr());
+      return out;
+    }
+    if (bools) {  // (default_collate: torch.tensor of them, dtype bool)
+      HostTensor out = HostTensor::empty(DType::boolean, {static_cast<std::int64_t>(n)});
+      auto* d = static_cast<std::uint8_t*>(out.raw());
+      for (std::size_t i = 0; i < n; ++i) d[i] = std::get<PyObj>(items[i]).get().ptr() == Py_True ? 1 : 0;
       return out;
     }
   }

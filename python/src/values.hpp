@@ -104,9 +104,19 @@ struct Sample {
   std::vector<std::string> keys;  // dict: one per field, in the dict's order
   std::vector<Value> fields;
 
+  /// A field's name, read once from Python (a str key or an int index), looked up without
+  /// the GIL.
+  struct Name {
+    bool key = false;
+    std::string text;        // the key
+    std::int64_t index = 0;  // the index
+    std::string repr;        // as Python writes it, for errors
+    /// From a str or an int; throws a GraphError naming `who` otherwise. Needs the GIL.
+    static Name of(const py::object& field, const std::string& who);
+  };
   /// The field named by `field` (an int index for a tuple, a str key for a dict); throws an
-  /// Error naming `who` and the fields there are.
-  Value& at(const py::object& field, const std::string& who);
+  /// Error naming `who` and the fields there are. Needs no GIL.
+  Value& at(const Name& field, const std::string& who);
   std::string describe() const;
 };
 

@@ -133,6 +133,22 @@ def test_tuples_collate_field_by_field_like_default_collate():
     assert first[2] == list(ref[2])
 
 
+def test_bools_and_bytes_collate_like_default_collate():
+    # A new user's trial: bools collated to a list (torch: a bool tensor), bytes of different
+    # lengths failed the batch as u8 tensors of different shapes (torch: a list of bytes).
+    rt = sf.Runtime(threads=2, backend="host")
+    samples = [{"flag": i % 2 == 0, "raw": b"abc"[: 1 + i % 3], "label": i} for i in range(4)]
+    g = sf.Graph(rt, "bools-bytes")
+    out = g.pull_sink("out")
+    g.source("s", samples) >> g.batch("b", 4) >> out
+    (got,) = list(g.iterate(out))
+    ref = torch.utils.data.default_collate(samples)
+    flags = sft.to_torch(got["flag"])
+    assert flags.dtype == torch.bool and torch.equal(flags, ref["flag"]), (got["flag"], ref["flag"])
+    assert got["raw"] == ref["raw"] == [b"a", b"ab", b"abc", b"a"]
+    assert torch.equal(sft.to_torch(got["label"]), ref["label"])
+
+
 def test_field_errors_name_the_stage_and_the_fields():
     rt = sf.Runtime(threads=1, backend="host")
 
@@ -211,3 +227,54 @@ def test_torch_tensors_from_python_stages_stack_like_default_collate():
         want = torch.utils.data.default_collate([torch.full((2, 3), float(3 * k + j)) for j in range(3)])
         assert torch.equal(x, want)
         assert np.asarray(batch["label"]).tolist() == [3 * k, 3 * k + 1, 3 * k + 2]
+
+
+def test_a_gpu_stage_takes_one_field_and_the_others_pass_through():
+    # gpu_stage(..., field=) as stage's (a new user's trial: dict samples could not reach a GPU
+    # stage's normalize without a Python stage to unpack them): the op takes the image, the
+    # label and index pass through, in order; the values are the CPU op's.
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, size=(6, 4, 3), dtype=np.uint8) for _ in range(5)]
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "gpu-field")
+    out = g.pull_sink("out")
+    g.source("s", [{"image": im, "label": 10 + i, "index": i} for i, im in enumerate(images)]) >> \
+        g.gpu_stage("norm", sf.ops.normalize(mean, std), field="image") >> out
+    got = list(g.iterate(out))
+    assert [(s["label"], s["index"]) for s in got] == [(10 + i, i) for i in range(5)]
+    for im, s in zip(images, got):
+        ref = ((im.astype(np.float32) / 255.0 - np.array(mean, np.float32)) /
+               np.array(std, np.float32)).transpose(2, 0, 1)
+        np.testing.assert_allclose(s["image"].torch().numpy(), ref, rtol=1e-5, atol=1e-5)
+    g2 = sf.Graph(rt, "gpu-field-errors")
+    with pytest.raises(sf.GraphError, match=r"gpu_stage\('norm'\): field must be a str"):
+        g2.gpu_stage("norm", sf.ops.normalize(mean, std), field=1.5)
+    out2 = g2.pull_sink("out")
+    g2.source("s", [{"img": images[0]}]) >> g2.gpu_stage("norm", sf.ops.normalize(mean, std), field="image") >> out2
+    with pytest.raises(sf.StageError, match=r"stage 'norm': the item has no field 'image': it is a "
+                                             r"sample \(dict of 1: 'img'\)"):
+        list(g2.iterate(out2))
+
+
+def test_normalize_refuses_bad_arguments_when_made_and_names_the_users_stage():
+    # A zero std or mismatched lengths are refused when the op is made (they failed every item
+    # at run time, naming a stage 'normalize' the graph did not have).
+    with pytest.raises(sf.GraphError, match=r"splitflow.ops.normalize: std\[0\] is 0"):
+        sf.ops.normalize([0.5, 0.5, 0.5], [0.0, 1.0, 1.0])
+    with pytest.raises(sf.GraphError, match="splitflow.ops.normalize: mean and std give one value "
+                                            "per channel: 3 means, 2 stds"):
+        sf.ops.normalize([0.5, 0.5, 0.5], [1.0, 1.0])
+    with pytest.raises(sf.GraphError, match=r"splitflow.ops.gpu_normalize: std\[1\] is 0"):
+        sf.ops.gpu_normalize([0.5, 0.5], [1.0, 0.0])
+    # An image of the wrong channel count: the error names the user's stage, not 'normalize'.
+    rt = sf.Runtime(threads=1, backend="host")
+    g = sf.Graph(rt, "norm-errors")
+    out = g.pull_sink("out")
+    g.source("s", [np.zeros((4, 4, 2), np.uint8)]) >> \
+        g.stage("my_norm", sf.ops.normalize([0.5] * 3, [0.2] * 3)) >> out
+    with pytest.raises(sf.StageError) as e:
+        list(g.iterate(out))
+    msg = str(e.value)
+    assert e.value.stage == "my_norm" and "stage 'normalize'" not in msg, msg
+    assert "splitflow::ops::normalize needs one mean and one stddev per channel" in msg, msg

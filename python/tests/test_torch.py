@@ -145,6 +145,20 @@ def test_stage_errors_reach_the_training_loop():
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
+def test_a_build_that_forgets_its_return_is_told_so():
+    # build() returning None passes the indices through; one that added stages and forgot its
+    # return got only "stage 'x': its output is not connected to any consumer".
+    def forgot(g, indices):
+        indices >> g.stage("x", lambda i: i)
+    with pytest.raises(sf.GraphError, match=r"GraphDataset: build\(\) returned None, so the samples "
+                                            r"would be the indices themselves, but it added nodes "
+                                            r"whose output goes nowhere; return the last node it "
+                                            r"added \(.*stage 'x'"):
+        collect(sft.GraphDataset(forgot, N, threads=2, backend="host"))
+    # Returning None on purpose (no stages): the indices themselves.
+    assert collect(sft.GraphDataset(lambda g, indices: None, 5, threads=2, backend="host")) == list(range(5))
+
+
 # A stage error in a DataLoader worker reaches the parent as a StageError with its attributes.
 def test_stage_errors_from_workers_keep_their_attributes():
     ds = sft.GraphDataset(build_failing_at_10, N, threads=2, backend="host")
