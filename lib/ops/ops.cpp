@@ -38,8 +38,8 @@ detail::NormalizeParams params(const std::string* stage, std::uint64_t item, std
 void check_images(const Tensor& t, const std::string* stage, std::uint64_t item,
                   const char* fn = "normalize") {
   if (t.dtype() != DType::u8 || t.ndim() != 4 || !t.contiguous())
-    throw Error(fmt::format("{} takes a contiguous u8 NHWC batch (Python's ops.normalize: or an "
-                            "HWC image), got {}",
+    throw Error(fmt::format("{} takes a contiguous u8 NHWC batch, got {} (Python's "
+                            "ops.normalize takes an HWC image too)",
                             who(stage, item, fn), t.describe()));
 }
 
