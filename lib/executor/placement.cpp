@@ -1,12 +1,12 @@
 // Where an automatic synchronous stage's bodies run (executor/detail/nodes.hpp's
 // retune_placement): the decision of a run's end, remembered on the runtime's TuningBoard by
 // graph and stage name for the next graph of that name (Graph::stage reads it).
-#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "device/backend.hpp"
 #include "runtime_core.hpp"
 #include "splitflow/executor/detail/nodes.hpp"
 
@@ -24,9 +24,7 @@ void retune_placement(GraphCore& graph, const std::string& stage, autotune::Plac
                       std::vector<autotune::TuneEvent>& out) {
   in.graph = graph.name();
   in.stage = stage;
-  std::optional<autotune::TuneEvent> e = autotune::body_placement(
-      in, std::chrono::duration_cast<std::chrono::nanoseconds>(
-              std::chrono::steady_clock::now().time_since_epoch()).count());
+  std::optional<autotune::TuneEvent> e = autotune::body_placement(in, steady_now_ns());
   if (!e) return;
   graph.runtime_core()->tuning_board().remember_stage(graph.name(), e->stage, kKnob, e->to);
   out.push_back(std::move(*e));

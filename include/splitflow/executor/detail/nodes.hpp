@@ -421,7 +421,6 @@ class SourceNode final : public Emitter<T> {
   std::uint64_t next_seq_ = 0;  // only the (serial) running claim touches it
 };
 
-/// A stage: `Out(In)` (or `Out(In, HostAllocator&)`), any concurrency, in or out of order.
 /// The sampled times of an automatic synchronous stage's bodies (autotune::body_placement): at
 /// most a claim a millisecond (kPeriodNs) is measured, with the thread's CPU clock and its CPU
 /// demand (thread_cpu: two system calls and a read, too dear for every claim of a 20 us
@@ -482,6 +481,7 @@ bool placed_on_blocking_threads(GraphCore& graph, const std::string& stage);
 void retune_placement(GraphCore& graph, const std::string& stage, autotune::PlacementInput in,
                       std::vector<autotune::TuneEvent>& out);
 
+/// A stage: `Out(In)` (or `Out(In, HostAllocator&)`), any concurrency, in or out of order.
 template <class In, class Out, class F>
 class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>, In> {
   static constexpr bool kAllocates = std::is_invocable_v<F&, In&&, HostAllocator&>;
