@@ -45,6 +45,7 @@ TEST(Api, EveryErrorIsASplitflowError) {
   static_assert(std::is_base_of_v<Error, StageError>);
   static_assert(std::is_base_of_v<Error, OverloadedError>);
   static_assert(std::is_base_of_v<Error, DeadlineError>);
+  static_assert(std::is_base_of_v<Error, CancelledError>);
   static_assert(std::is_base_of_v<std::runtime_error, Error>);
   SUCCEED();
 }

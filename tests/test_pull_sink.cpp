@@ -67,6 +67,7 @@ TEST(PullSink, CloseCancelsARunningRunOnly) {
   out.close();
   ASSERT_TRUE(run.wait_for(std::chrono::seconds(30)));
   EXPECT_EQ(run.status(), RunStatus::cancelled);
+  EXPECT_EQ(out.next(), std::nullopt) << "the reader closed it: its stream just ends";
 
   Graph h(rt, "short");
   auto few = h.source("n", counter(3));
@@ -100,4 +101,87 @@ TEST(PullSink, FinalStatsCountItemsTakenAfterTheRunEnded) {
     EXPECT_EQ(run.stats().find("out")->items_out, static_cast<std::uint64_t>(total)) << total;
     EXPECT_EQ(run.stats().find("out")->items_in, static_cast<std::uint64_t>(total));
   }
+}
+
+// "A run cancelled by anything but this sink's reader ends the stream with CancelledError
+// instead, so that a loop cannot take a cut stream for a whole one" (graph.hpp, PullSink).
+// Before: the loop ended as if the stream were whole, and a GraphDataset's epoch was recorded
+// as complete (test_torch.py, the resume test).
+TEST(PullSink, ACancelFromAnotherThreadEndsTheLoopWithCancelledError) {
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "watched");
+    auto src = g.source("n", tracked_source(-1));  // endless: only a cancel ends it
+    auto st = g.stage("st", [](Tracked t) { return t; }, {.concurrency = 2});
+    auto out = g.pull_sink<Tracked>("out", 4);
+    src >> st >> out;
+    auto run = g.run();
+    long seen = 0;
+    std::string error;
+    try {
+      for (Tracked& t : out) {
+        EXPECT_EQ(t.value, seen);
+        if (++seen == 10) std::thread([&] { run.cancel(); }).join();  // a watchdog's cancel
+      }
+    } catch (const CancelledError& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(seen, 10) << "the cancel drops what the sink held; nothing arrives after it";
+    EXPECT_EQ(error, "splitflow: graph 'watched': the run was cancelled before pull sink 'out' "
+                     "reached the end of its stream: Run::cancel() (from another thread, or the "
+                     "runtime's end) stopped it, so the " + std::to_string(seen) +
+                     " items it gave are not the whole stream (a reader that stops early itself "
+                     "calls close() or leaves its loop, and is not told)");
+    EXPECT_EQ(run.wait(), RunStatus::cancelled);
+    EXPECT_THROW(out.next(), CancelledError) << "the stream stays ended as it ended";
+    // The next run's stream is its own: read to its end, it ends without an error.
+    Graph h(rt, "whole");
+    auto few = h.source("n", counter(50));
+    auto sink = h.pull_sink<long>("out", 4);
+    few >> sink;
+    auto done = h.run();
+    long n = 0;
+    for (long v : sink) EXPECT_EQ(v, n++);
+    EXPECT_EQ(n, 50);
+    EXPECT_EQ(done.wait(), RunStatus::succeeded);
+  }
+  EXPECT_EQ(Tracked::live.load(), 0);
+}
+
+// "PullSink::close(): its own next() then ends with nullopt; the readers of the graph's other
+// pull sinks get CancelledError", naming the sink whose reader closed the run.
+TEST(PullSink, ClosingOneSinkEndsTheOthersWithCancelledErrorNamingIt) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "two-readers");
+  auto src = g.source("n", counter(-1));
+  auto a = g.pull_sink<long>("a", 4);
+  auto b = g.pull_sink<long>("b", 4);
+  src >> a;
+  src >> b;
+  auto run = g.run();
+  std::optional<long> after_close = -1;
+  std::thread reader_a([&] {
+    long n = 0;
+    for (long v : a) {
+      EXPECT_EQ(v, n);
+      if (++n == 5) break;  // leaving the loop closes a
+    }
+    after_close = a.next();
+  });
+  long n = 0;
+  std::string error;
+  try {
+    for (long v : b) EXPECT_EQ(v, n++);
+  } catch (const CancelledError& e) {
+    error = e.what();
+  }
+  reader_a.join();
+  EXPECT_EQ(after_close, std::nullopt) << "a's reader closed the run: its stream just ends";
+  EXPECT_NE(error.find("graph 'two-readers': the run was cancelled before pull sink 'b' reached "
+                       "the end of its stream: the reader of pull sink 'a' closed it (close(), "
+                       "or leaving its loop early)"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(run.wait(), RunStatus::cancelled);
 }

@@ -457,6 +457,7 @@ std::shared_ptr<RunState> GraphCore::start() {
     }
     stop_.store(false, std::memory_order_relaxed);
     stop_reason_.store(StopReason::none, std::memory_order_relaxed);
+    closed_by_.store(nullptr, std::memory_order_relaxed);
     {
       std::lock_guard tl(token_mu_);
       token_waiters_.clear();
@@ -683,6 +684,28 @@ void GraphCore::cancel() noexcept {
 }
 
 void GraphCore::cancel_holding_unit() noexcept { stop(StopReason::cancelled); }
+
+void GraphCore::close_from(const NodeBase& sink) noexcept {
+  if (!try_acquire_unit()) return;
+  const NodeBase* none = nullptr;
+  if (stop_reason_.load() == StopReason::none) closed_by_.compare_exchange_strong(none, &sink);
+  cancel_holding_unit();
+  release_unit();
+}
+
+std::string GraphCore::cancel_note(const NodeBase& reader, std::uint64_t given) const {
+  if (stop_reason_.load() != StopReason::cancelled) return {};
+  const NodeBase* by = closed_by_.load();
+  if (by == &reader) return {};
+  const std::string who =
+      by ? "the reader of pull sink '" + by->name() + "' closed it (close(), or leaving its loop early)"
+         : std::string("Run::cancel() (from another thread, or the runtime's end) stopped it");
+  return "splitflow: graph '" + name_ + "': the run was cancelled before pull sink '" +
+         reader.name() + "' reached the end of its stream: " + who + ", so the " +
+         std::to_string(given) +
+         " items it gave are not the whole stream (a reader that stops early itself calls "
+         "close() or leaves its loop, and is not told)";
+}
 
 void GraphCore::fail(const NodeBase& node, std::uint64_t seq, std::exception_ptr error) noexcept {
   StopReason expected = StopReason::none;

@@ -16,7 +16,8 @@ view the same memory (zero-copy). ``splitflow.torch`` wraps a graph as a DataLoa
 """
 import atexit as _atexit
 
-from ._errors import DeadlineError, Error, GraphError, OverloadedError, StageError  # noqa: F401
+from ._errors import (  # noqa: F401
+    CancelledError, DeadlineError, Error, GraphError, OverloadedError, StageError)
 from ._core import (  # noqa: F401
     Graph,
     Node,
@@ -74,7 +75,7 @@ def image_folder(root):
 _atexit.register(_shutdown)
 
 __all__ = [
-    "DeadlineError", "Error", "Graph", "GraphError", "Node", "OverloadedError", "PullIterator",
+    "CancelledError", "DeadlineError", "Error", "Graph", "GraphError", "Node", "OverloadedError", "PullIterator",
     "Run", "Runtime", "StageError",
     "image_files", "image_folder", "list_arbiters", "read_arbiter", "remove_arbiter",
     "Tensor", "built_with_cuda", "cuda_runtime_calls", "ops",

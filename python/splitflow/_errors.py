@@ -6,13 +6,17 @@
                           stage's own exception is __cause__
       OverloadedError     a service's admission is full (fail-fast admission)
       DeadlineError       a request's deadline passed before its work
+      CancelledError      a pull sink's stream was cut short: its run was cancelled by
+                          something other than its own reader (Run.cancel() from another
+                          thread, another sink's reader, the interpreter's exit)
 
 A StageError survives pickling (DataLoader workers): its attributes travel with it, and one
 rebuilt from its message alone (as torch's worker error wrapper does) reads them back from it.
 """
 import re
 
-__all__ = ["Error", "GraphError", "StageError", "OverloadedError", "DeadlineError"]
+__all__ = ["Error", "GraphError", "StageError", "OverloadedError", "DeadlineError",
+           "CancelledError"]
 
 
 class Error(RuntimeError):
@@ -29,6 +33,12 @@ class OverloadedError(Error):
 
 class DeadlineError(Error):
     """A request's deadline passed before its work; it was dropped unprocessed."""
+
+
+class CancelledError(Error):
+    """A loop over a pull sink (or a GraphDataset's epoch) was cut short: its run was cancelled
+    by something other than the loop itself (``Run.cancel()`` from another thread, another pull
+    sink's reader, the interpreter's exit). A loop that breaks early is not told: it knows."""
 
 
 _STAGE = re.compile(r"splitflow: graph '(?P<graph>.*?)': stage '(?P<stage>.*?)' failed on item "

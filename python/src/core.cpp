@@ -35,8 +35,9 @@ using namespace std::chrono_literals;
 // ---- errors --------------------------------------------------------------------------------
 
 PyObject* g_stage_error = nullptr;  // splitflow.StageError (python/splitflow/_errors.py)
-// splitflow.Error, GraphError, StageError, OverloadedError, DeadlineError: kept for the process.
-PyObject* g_error_types[5] = {};
+// splitflow.Error, GraphError, StageError, OverloadedError, DeadlineError, CancelledError: kept
+// for the process.
+PyObject* g_error_types[6] = {};
 
 /// A Python exception raised in a Python stage, carried through the C++ run.
 class PythonStageError : public Error {
@@ -112,6 +113,8 @@ py::object python_error(std::exception_ptr p) {
     return make(3, e.what());
   } catch (const DeadlineError& e) {
     return make(4, e.what());
+  } catch (const CancelledError& e) {
+    return make(5, e.what());
   } catch (const std::exception& e) {
     return make(0, e.what());
   } catch (...) {
@@ -504,6 +507,9 @@ struct PullIterator {
       } catch (const StageError& e) {
         finished = true;
         raise_stage_error(e);
+      } catch (const CancelledError&) {
+        finished = true;  // (the translator raises splitflow.CancelledError)
+        throw;
       }
       if (v) return to_python(std::move(*v));
       if (!timed_out) {
@@ -530,6 +536,13 @@ struct PullIterator {
   void cancel_and_wait() {
     if (!run.valid()) return;
     py::gil_scoped_release nogil;
+    close_and_drain();
+  }
+  /// The reader stops (a break, close(), Ctrl-C): the run ends as its sink's close() ends it,
+  /// so that the readers of the graph's other pull sinks are told who stopped it. Without the GIL.
+  void close_and_drain() noexcept {
+    // While its run is going, that run is the graph's current one: close() cancels it.
+    if (run.status() == RunStatus::running) node->pull->close();
     drain(run);
   }
   // Leaving a loop early ends the run before the loop statement returns, so that the graph can
@@ -541,7 +554,7 @@ struct PullIterator {
       if (PyGILState_Check()) {
         cancel_and_wait();
       } else {
-        drain(run);
+        close_and_drain();
       }
     }
   }
@@ -808,8 +821,9 @@ void bind_graph(py::module_& m) {
   // One hierarchy with C++'s (python/splitflow/_errors.py): every error is a splitflow.Error.
   py::module_ errors = py::module_::import("splitflow._errors");
   PyObject** error_types = g_error_types;
-  const char* names[5] = {"Error", "GraphError", "StageError", "OverloadedError", "DeadlineError"};
-  for (int i = 0; i < 5; ++i) {
+  const char* names[6] = {"Error",           "GraphError",    "StageError",
+                          "OverloadedError", "DeadlineError", "CancelledError"};
+  for (int i = 0; i < 6; ++i) {
     error_types[i] = py::object(errors.attr(names[i])).release().ptr();  // kept for the process
     m.attr(names[i]) = py::handle(error_types[i]);
   }
@@ -823,6 +837,8 @@ void bind_graph(py::module_& m) {
       PyErr_SetString(g_error_types[3], e.what());
     } catch (const DeadlineError& e) {
       PyErr_SetString(g_error_types[4], e.what());
+    } catch (const CancelledError& e) {
+      PyErr_SetString(g_error_types[5], e.what());
     } catch (const Error& e) {
       PyErr_SetString(g_error_types[0], e.what());
     }

@@ -1,6 +1,7 @@
 """splitflow._core from Python: graphs, zero-copy tensors, errors, cancel, stats.
 Each test names the requirement of the issue "Python binding" it checks."""
 import gc
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -172,6 +173,7 @@ def test_every_error_is_a_splitflow_error_and_the_cause_keeps_its_traceback(rt):
     assert issubclass(sf.StageError, sf.Error) and issubclass(sf.GraphError, sf.Error)
     assert issubclass(sf.GraphError, ValueError) and issubclass(sf.Error, RuntimeError)
     assert issubclass(sf.OverloadedError, sf.Error) and issubclass(sf.DeadlineError, sf.Error)
+    assert issubclass(sf.CancelledError, sf.Error)
 
     def raising_here(x):
         if x == 2:
@@ -242,6 +244,37 @@ def test_a_new_run_right_after_a_break_is_accepted(rt):
         run = g.run()  # raises GraphError "already running" if the break left the run going
         run.cancel()
         assert run.wait() in ("cancelled", "succeeded")
+
+
+# docs/api.md, "reading a pull sink": a cancel from elsewhere (another thread's run.cancel())
+# ends the loop with CancelledError, naming the graph and the sink; the loop's own break does
+# not raise. Before: the loop ended as if the stream were whole.
+def test_a_cancel_from_another_thread_ends_the_loop_with_cancelled_error(rt):
+    g, out = chain(rt, "watched", itertools.count(), lambda x: x, capacity=4)
+    it = g.iterate(out)
+    seen = []
+    with pytest.raises(sf.CancelledError) as caught:
+        for x in it:
+            seen.append(x)
+            if len(seen) == 10:
+                t = threading.Thread(target=it.run.cancel)  # a watchdog's cancel
+                t.start()
+                t.join()
+    assert seen == list(range(10))
+    assert isinstance(caught.value, sf.Error)
+    assert str(caught.value).startswith(
+        "splitflow: graph 'watched': the run was cancelled before pull sink 'out' reached the "
+        "end of its stream: Run::cancel() (from another thread, or the runtime's end) stopped "
+        "it, so the 10 items it gave are not the whole stream")
+    assert it.run.wait(timeout=10) == "cancelled"
+    with pytest.raises(StopIteration):
+        next(it)  # the loop is over
+    it = g.iterate(out)
+    for k, x in enumerate(it):  # the reader's own stop: no error
+        if k == 3:
+            break
+    it.close()
+    assert it.run.wait(timeout=10) == "cancelled"
 
 
 def test_dropping_an_unfinished_iterator_cancels_its_run(rt):

@@ -402,6 +402,7 @@ class Result:
     stats: dict
     hung: bool
     reader_errors: list  # what reading the pull sinks raised
+    readers: int  # the pull sinks read to the end of their stream (not left early)
     got: dict  # sink -> what it received
     most_at_once: dict  # stage -> the most invocations of its body running at once
 
@@ -521,7 +522,7 @@ class Built:
                     # What the pull sink still yields after the cancel must be valid too.
                     for x in pit:
                         self.receive(primary, x)
-                except sf.StageError as e:
+                except (sf.StageError, sf.CancelledError) as e:
                     reader_errors.append(e)
                 del pit
             elif mode == "break":
@@ -531,7 +532,7 @@ class Built:
                             self.receive(primary, x)
                             if len(self.receive.got[primary]) >= k:
                                 break
-                except sf.StageError as e:
+                except (sf.StageError, sf.CancelledError) as e:
                     reader_errors.append(e)
                 it.close()
                 del it
@@ -556,7 +557,8 @@ class Built:
         for t in threads:
             t.join(timeout=BOUND_S)
             hung = hung or t.is_alive()
-        return Result(status, raised, run.stats(), hung, reader_errors, self.receive.got,
+        readers = len(threads) + (1 if mode == "cancel" else 0)
+        return Result(status, raised, run.stats(), hung, reader_errors, readers, self.receive.got,
                       {name: a[1] for name, a in self.active.items()})
 
 
@@ -690,16 +692,27 @@ def check_run(spec, exp, r, *, mode):
     """Checks one run's Result against the model; returns its outcome."""
     assert not r.hung, f"the run did not end within {BOUND_S} s (a deadlock)"
     check_bounds(spec, r)
+    cancelled = [e for e in r.reader_errors if isinstance(e, sf.CancelledError)]
     for e in r.reader_errors:
-        check_stage_error(exp, e)
+        if e not in cancelled:
+            check_stage_error(exp, e)
     if r.raised is not None:
+        assert not cancelled, f"the run failed, yet its readers were told it was cancelled: {cancelled}"
         check_stage_error(exp, r.raised)
         assert r.status == "failed" and r.stats["status"] == "failed", r.status
         for sink in exp.sinks:
             check_sink_part(exp, sink, r.got[sink])
         check_counters(exp, r.stats, r.got, whole=False)
         return "failed"
-    assert not r.reader_errors, r.reader_errors
+    # A cancel by anything but a sink's own reader ends every reader's loop that reads to the
+    # end with CancelledError (a run that ended before the cancel: none).
+    assert len(cancelled) == (r.readers if r.status == "cancelled" else 0), \
+        f"{r.readers} readers of a {r.status} run, CancelledError for {len(cancelled)}: {cancelled}"
+    for e in cancelled:
+        assert str(e).startswith("splitflow: graph 'prop': the run was cancelled before pull sink")
+        if mode == "break":
+            assert f"the reader of pull sink '{spec.primary}' closed it" in str(e), str(e)
+    assert len(cancelled) == len(r.reader_errors), r.reader_errors
     if mode == "run":
         assert not exp.fail_events, \
             f"the run succeeded but the model fails on {sorted(exp.fail_events)[:10]}"

@@ -309,3 +309,28 @@ def test_stats_errors_name_the_dataset_index_under_shuffle():
     assert decode["errors"][0]["position"] == position
     assert "corrupt sample 13" in decode["errors"][0]["message"]
     assert "decode" in ds.last_run.report()  # the rest of the run is there as before
+
+
+# A cancel from elsewhere (a watchdog's ds.last_run.cancel()) cuts the epoch short: the loop
+# ends with CancelledError, and the state says what was taken, so that a resume gives the rest.
+# Before: the loop ended as if the epoch were whole, and the state recorded it as done, so the
+# resume gave nothing: 37 of 61 samples lost.
+def test_an_epoch_cancelled_from_elsewhere_raises_and_resumes_to_the_rest():
+    def make():
+        return sft.GraphDataset(build_indexed_batches, 61, shuffle=True, seed=5, threads=2,
+                                backend="host")
+    ds = make()
+    first = []
+    with pytest.raises(sf.CancelledError, match=r"pull sink 'samples' reached the end of its "
+                                                r"stream: Run::cancel\(\)"):
+        for k, batch in enumerate(DataLoader(ds, batch_size=None)):
+            first += ids(batch)
+            if k == 2:
+                ds.last_run.cancel()  # as another thread would
+    assert len(first) == 24
+    state = ds.state_dict()
+    assert state["samples_seen"] == 24 and state["done"] != [[0, 61]]
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = everything(DataLoader(resumed, batch_size=None))
+    check_exact(first, rest, range(61))

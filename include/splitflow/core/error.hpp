@@ -40,6 +40,16 @@ class StageError : public Error {
   std::string message_;
 };
 
+/// The run was cancelled before a pull sink's stream ended, by something other than that
+/// sink's reader (`Run::cancel()` from another thread, another pull sink's reader closing the
+/// run, the runtime's end): thrown by the sink's next() once it has given what it holds, so
+/// that a loop over it cannot take a cut stream for a whole one. A reader that stops early
+/// itself (close(), leaving its loop) is not told: it knows.
+class CancelledError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A service's admission is full (ServiceOptions::max_pending requests pending) and its
 /// admission is Admission::fail_fast: Service::submit() throws it.
 class OverloadedError : public Error {

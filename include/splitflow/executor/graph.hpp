@@ -99,8 +99,12 @@ using Sink = Node<T, void>;
 /// A sink read by the caller's thread, the way a training loop reads a data loader:
 ///     for (auto& batch : sink) train(batch);
 /// next() blocks until an item arrives or the run ends (nullopt), and rethrows the run's
-/// StageError if it failed. Iteration reads the current run; items left when a new run starts
-/// are dropped.
+/// StageError if it failed. A run cancelled by anything but this sink's reader (Run::cancel()
+/// from another thread, another pull sink's reader closing it, the runtime's end) ends the
+/// stream with CancelledError instead, so that a loop cannot take a cut stream for a whole one:
+///     std::jthread watchdog([&] { ...; run.cancel(); });
+///     try { for (auto& batch : sink) train(batch); } catch (const CancelledError&) { ... }
+/// Iteration reads the current run; items left when a new run starts are dropped.
 template <class T>
 class PullSink : public Node<T, void> {
  public:
@@ -108,7 +112,8 @@ class PullSink : public Node<T, void> {
 
   std::optional<T> next() const { return sink_->next(); }
   /// The reader is done: cancels the run if it is still going (does nothing after its end).
-  /// Leaving a range-for over the sink early does the same.
+  /// Leaving a range-for over the sink early does the same. Its own next() then ends with
+  /// nullopt; the readers of the graph's other pull sinks get CancelledError.
   void close() const { sink_->close(); }
   /// Like next(), but returns nullopt with `timed_out` set after `timeout` without an item.
   std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) const {

@@ -82,6 +82,13 @@ class GraphCore {
   bool try_acquire_unit() noexcept;
   /// cancel() for a caller that holds a unit.
   void cancel_holding_unit() noexcept;
+  /// cancel() by the reader of pull sink `sink` (PullSink::close()): that reader is not told
+  /// of the cancel (cancel_note), the readers of other pull sinks are.
+  void close_from(const NodeBase& sink) noexcept;
+  /// Called as the run ends (end_of_stream): "" unless the run was cancelled by something
+  /// other than `reader`'s own close(); else what a reader of it, given `given` items, is told
+  /// (CancelledError).
+  std::string cancel_note(const NodeBase& reader, std::uint64_t given) const;
   /// Live figures of the active run.
   RunStats snapshot() const;
 
@@ -192,6 +199,7 @@ class GraphCore {
   std::atomic<std::uint64_t> pending_{0};
   std::atomic<bool> stop_{false};
   std::atomic<StopReason> stop_reason_{StopReason::none};
+  std::atomic<const NodeBase*> closed_by_{nullptr};  // the pull sink whose reader cancelled
   std::atomic<bool> token_waiting_{false};
   // The admit limit (max_in_flight, or the tuner's lower one) and the room that wakes sources
   // waiting for it (wake_room_for).

@@ -971,6 +971,7 @@ class PullSinkNode final : public NodeBase {
     NodeBase::reset(start, telemetry, parallelism);
     queue_.clear();  // leftovers of an earlier run
     eos_ = false;
+    cancelled_.clear();
     late_ = std::make_shared<LateTakes>();  // the last run's stays with it
     finalized_ = false;
   }
@@ -978,7 +979,7 @@ class PullSinkNode final : public NodeBase {
   void finalized_locked() override { finalized_ = true; }
   /// The reader is done with this run: cancel it if it is still going (its producers may be
   /// waiting for queue space that nobody will free).
-  void close() { this->graph().cancel(); }
+  void close() { this->graph().close_from(*this); }
   std::size_t clear_queues_locked() override {
     queue_.clear();
     return 0;  // retired when they arrived
@@ -986,6 +987,7 @@ class PullSinkNode final : public NodeBase {
   void end_of_stream() override {
     std::lock_guard lk(this->mu_);
     eos_ = true;
+    cancelled_ = this->graph().cancel_note(*this, this->items_out_ + queue_.size());
     cv_.notify_all();
   }
 
@@ -1004,8 +1006,10 @@ class PullSinkNode final : public NodeBase {
         return v;
       }
       if (queue_.empty()) {
+        std::string cancelled = cancelled_;
         lk.unlock();
         this->graph().rethrow_if_failed();
+        if (!cancelled.empty()) throw CancelledError(std::move(cancelled));
         return std::nullopt;
       }
       v.emplace(std::move(queue_.front().first));
@@ -1056,6 +1060,7 @@ class PullSinkNode final : public NodeBase {
   std::deque<std::pair<T, Ticks>> queue_;  // item, arrival
   std::condition_variable_any cv_;
   bool eos_ = true;
+  std::string cancelled_;  // set at the end of a run cancelled by others: CancelledError's text
   std::shared_ptr<LateTakes> late_ = std::make_shared<LateTakes>();  // under mu_
   bool finalized_ = false;  // the run's final figures were read
 };
