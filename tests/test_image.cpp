@@ -4,6 +4,8 @@
 // "Conventions" (Resize filter), and docs/architecture.md, "Targets" (splitflow::ops). Each
 // test names what it checks.
 #include <gtest/gtest.h>
+
+#include <optional>
 #include <turbojpeg.h>
 #include <unistd.h>
 
@@ -330,9 +332,12 @@ TEST(ImageDecode, RegionsAndTheFusedCropEqualTheFullDecode) {
 
 // A file decode_jpeg refuses is refused by the region decode and the fused crop whatever the
 // region (a new user's report: a file truncated at 90% was accepted by the fused crop in 18
-// epochs of 40, refused in the others, so a skip policy kept it or dropped it by epoch; junk
-// before the end marker and corrupt data, found at the end, were accepted every time).
-TEST(ImageDecode, EveryRegionOfADamagedFileIsRefusedAsTheFullDecodeRefusesIt) {
+// epochs of 40, refused in the others, so a skip policy kept it or dropped it by epoch), and a
+// file it decodes decodes in every region to the full decode's pixels. Which files: as PIL,
+// a file cut short is refused ("image file is truncated"), one with junk before the end marker
+// or corrupt data is decoded (it decodes them; python/tests/test_image.py checks the pixels
+// against PIL's). Before: junk and corrupt data were refused, and at first found only at the end.
+TEST(ImageDecode, EveryRegionOfADamagedFileIsRefusedOrDecodedAsTheFullDecode) {
   const int h = 240, w = 320;
   const auto jpeg = encode(random_pixels(h, w, 3, 41), h, w, 3, 90, TJSAMP_420);
   auto cut = [&](double f) {
@@ -345,47 +350,61 @@ TEST(ImageDecode, EveryRegionOfADamagedFileIsRefusedAsTheFullDecodeRefusesIt) {
   const struct {
     const char* name;
     std::vector<std::uint8_t> bytes;
-  } cases[] = {{"cut60.jpg", cut(0.6)}, {"cut90.jpg", cut(0.9)}, {"cut98.jpg", cut(0.98)},
-               {"junk.jpg", junk}, {"flipped.jpg", flipped}};
-  int refused_by_decode = 0;
+    bool refused;
+    bool intact_pixels = false;  // the damage lies past the image's data
+  } cases[] = {{"cut60.jpg", cut(0.6), true},   {"cut90.jpg", cut(0.9), true},
+               {"cut98.jpg", cut(0.98), true},  {"noeoi.jpg", cut(1.0 - 2.0 / double(jpeg.size())), true},
+               {"junk.jpg", junk, false, true}, {"flipped.jpg", flipped, false}};
+  const HostTensor intact = image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "ok.jpg");
   for (const auto& c : cases) {
-    bool refused = false;
+    std::optional<HostTensor> full;
     try {
-      image::decode_jpeg(c.bytes.data(), c.bytes.size(), image::Color::rgb, c.name);
-    } catch (const Error&) {
-      refused = true;
+      full = image::decode_jpeg(c.bytes.data(), c.bytes.size(), image::Color::rgb, c.name);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + c.name + "': Premature end of JPEG file"),
+                std::string::npos) << e.what();
     }
-    refused_by_decode += refused;
+    ASSERT_EQ(!full, c.refused) << c.name;
+    if (full) {
+      ASSERT_EQ(full->shape(), intact.shape());
+      EXPECT_EQ(bytes_of(*full) == bytes_of(intact), c.intact_pixels) << c.name;
+    }
     // Regions at the top (where the damage is not), in the middle and at the bottom.
     for (const image::Box b : {image::Box{0, 0, 8, w}, image::Box{0, 0, h / 4, w / 4},
                                image::Box{h / 2, w / 2, 16, 16}, image::Box{h - 8, 0, 8, w}}) {
-      bool region_refused = false;
+      std::optional<HostTensor> region;
       try {
-        image::decode_jpeg_region(c.bytes.data(), c.bytes.size(), b, image::Color::rgb, c.name);
+        region = image::decode_jpeg_region(c.bytes.data(), c.bytes.size(), b, image::Color::rgb, c.name);
       } catch (const Error& e) {
-        region_refused = true;
         EXPECT_NE(std::string(e.what()).find(std::string("'") + c.name + "'"), std::string::npos) << e.what();
       }
-      EXPECT_EQ(region_refused, refused) << c.name << " box y" << b.y << " x" << b.x << " h" << b.h;
+      ASSERT_EQ(!region, c.refused) << c.name << " box y" << b.y << " x" << b.x << " h" << b.h;
+      if (!region) continue;
+      const auto* f = static_cast<const std::uint8_t*>(full->raw());
+      const auto* r = static_cast<const std::uint8_t*>(region->raw());
+      for (int y = 0; y < b.h; ++y)
+        ASSERT_EQ(0, std::memcmp(r + std::size_t(y) * b.w * 3, f + (std::size_t(b.y + y) * w + b.x) * 3, std::size_t(b.w) * 3))
+            << c.name << " box y" << b.y << " x" << b.x << " row " << y;
     }
     HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(c.bytes.size())});
     std::memcpy(bytes.raw(), c.bytes.data(), c.bytes.size());
     for (std::uint64_t epoch = 0; epoch < 20; ++epoch) {
       const image::AugmentSpec spec{.size = 32, .seed = 9, .epoch = epoch};
-      bool fused_refused = false;
+      std::optional<image::Image> fused;
       try {
-        image::decode_random_resized_crop({0, c.name, bytes}, spec, image::Color::rgb);
+        fused = image::decode_random_resized_crop({0, c.name, bytes}, spec, image::Color::rgb);
       } catch (const Error&) {
-        fused_refused = true;
       }
-      EXPECT_EQ(fused_refused, refused) << c.name << " epoch " << epoch;
+      ASSERT_EQ(!fused, c.refused) << c.name << " epoch " << epoch;
+      if (fused) {
+        EXPECT_EQ(bytes_of(fused->pixels), bytes_of(image::RandomResizedCrop(spec)({0, c.name, *full}).pixels))
+            << c.name << " epoch " << epoch;
+      }
     }
   }
-  EXPECT_GE(refused_by_decode, 4) << "the cuts and the junk are refused by decode_jpeg";
   // An intact file still decodes in every region, equal to the full decode's rows.
-  const HostTensor full = image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "ok.jpg");
   const HostTensor top = image::decode_jpeg_region(jpeg.data(), jpeg.size(), {0, 0, 8, w}, image::Color::rgb, "ok.jpg");
-  EXPECT_EQ(0, std::memcmp(top.raw(), full.raw(), std::size_t(8) * w * 3));
+  EXPECT_EQ(0, std::memcmp(top.raw(), intact.raw(), std::size_t(8) * w * 3));
 }
 
 // "reports truncated or corrupt files as errors" naming the file

@@ -9,6 +9,7 @@
 #include <csetjmp>
 #include <cstdio>  // before jpeglib.h, which uses FILE
 #include <jpeglib.h>
+#include <jerror.h>  // JWRN_JPEG_EOF
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -235,8 +236,15 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
   const int rc = tjDecompress2(tj, data, static_cast<unsigned long>(size),
                                static_cast<unsigned char*>(out.raw()), width, 0, height,
                                color == Color::rgb ? TJPF_RGB : TJPF_GRAY, TJFLAG_STOPONWARNING);
-  // A truncated file decodes with a warning (the rest grey): an error here, not a quiet image,
-  // and at the first warning (a forged size is not decoded to its end first).
+  // At the first warning TurboJPEG stops (a forged size is not decoded to its end first), and
+  // the libjpeg decoder below, which tells the warnings apart, decodes the file again: data
+  // that ends early (a truncated file, which libjpeg would finish in grey) is an error, as PIL
+  // says "image file is truncated"; other warnings (corrupt data, junk before the end marker)
+  // are not, as PIL decodes those files, to the same pixels (the same libjpeg-turbo).
+  if (rc != 0 && tjGetErrorCode(tj) == TJERR_WARNING) {
+    out = HostTensor();  // its memory back before the second decode takes as much
+    return decode_jpeg_region(data, size, {0, 0, height, width}, color, what);
+  }
   if (rc != 0)
     decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
                             tjGetErrorStr2(tj), width, height));
@@ -260,9 +268,13 @@ extern "C" void splitflow_jpeg_error_exit(j_common_ptr cinfo) {
   (*cinfo->err->format_message)(cinfo, e->message);
   std::longjmp(e->jump, 1);
 }
-// Warnings (a truncated file decodes with one) are errors here, as in decode_jpeg.
+// A warning that the data ended early (a truncated file: libjpeg would fill the rest grey) is
+// an error here, at once, as in decode_jpeg and in PIL ("image file is truncated"); the other
+// warnings (corrupt data, junk before the end marker), which PIL decodes through, are not.
 extern "C" void splitflow_jpeg_emit_message(j_common_ptr cinfo, int level) {
-  if (level < 0) splitflow_jpeg_error_exit(cinfo);
+  if (level >= 0) return;  // trace messages
+  if (cinfo->err->msg_code == JWRN_JPEG_EOF) splitflow_jpeg_error_exit(cinfo);
+  ++cinfo->err->num_warnings;
 }
 
 struct JpegDecoder {
@@ -359,7 +371,8 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
     jpeg_read_scanlines(&d.cinfo, &row, 1);
   }
   // The rest (a skip to the very end would only mark the end reached: stop one row short and
-  // read it), then the markers up to the end of the image, whose warnings are errors.
+  // read it), then the markers up to the end of the image: a file cut short is refused
+  // whatever the region (splitflow_jpeg_emit_message).
   const JDIMENSION rows = d.cinfo.output_height;
   if (d.cinfo.output_scanline + 1 < rows) jpeg_skip_scanlines(&d.cinfo, rows - 1 - d.cinfo.output_scanline);
   while (d.cinfo.output_scanline < rows) {

@@ -39,6 +39,68 @@ def test_decode_equals_pil_which_uses_libjpeg_turbo_too(tmp_path):
         assert np.array_equal(a, want), p
 
 
+# Damaged files as PIL (and so torchvision's ImageFolder) takes them: a file cut short is
+# refused by both ("image file is truncated"), as is one whose damage makes a bad marker; one
+# with junk before its end marker, corrupt entropy data or trailing bytes is decoded by both,
+# to the same pixels, by decode_jpeg and by the fused crop. Before: splitflow refused the junk
+# and the corrupt data, so a data set torchvision trains on failed (or, under on_error="skip",
+# lost those images).
+def test_damaged_files_are_refused_or_decoded_as_pil_does(tmp_path):
+    rng = np.random.default_rng(41)
+    px = Image.fromarray((rng.random((30, 40, 3)) * 255).astype(np.uint8)).resize((320, 240))
+    buf = io.BytesIO()
+    px.save(buf, "JPEG", quality=90)
+    jpeg = buf.getvalue()
+    corrupt, inverted = bytearray(jpeg), bytearray(jpeg)
+    for i in range(len(jpeg) - 2000, len(jpeg) - 1950):
+        if corrupt[i - 1] != 0xFF and corrupt[i] != 0xFF:  # no marker made: data, garbled
+            corrupt[i] = (corrupt[i] * 7 + 13) & 0x7F
+    for i in range(len(jpeg) - 300, len(jpeg) - 250):
+        inverted[i] ^= 0xFF  # makes a marker libjpeg does not know: an error, not a warning
+    cases = {"cut60": jpeg[:len(jpeg) * 6 // 10], "cut98": jpeg[:len(jpeg) * 98 // 100],
+             "noeoi": jpeg[:-2], "inverted": bytes(inverted),
+             "junk": jpeg[:-2] + b"\x5a" * 50 + jpeg[-2:], "corrupt": bytes(corrupt),
+             "trailing": jpeg + b"not jpeg" * 8}
+    paths = []
+    for name, data in cases.items():
+        paths.append(str(tmp_path / f"{name}.jpg"))
+        open(paths[-1], "wb").write(data)
+    intact = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+    rt = sf.Runtime(threads=2)
+    accepted = []
+    for k, (name, path) in enumerate(zip(cases, paths)):
+        pil_error = None
+        try:
+            want = np.asarray(Image.open(path).convert("RGB"))
+            accepted.append(name)
+        except OSError as e:
+            pil_error = str(e)
+        got = {}
+        for label, ops in (
+                ("decode", [sf.ops.decode_jpeg()]),
+                ("split", [sf.ops.decode_jpeg(), sf.ops.random_resized_crop(48, seed=2, epoch=1)]),
+                ("fused", [sf.ops.decode_random_resized_crop(48, seed=2, epoch=1)])):
+            g = sf.Graph(rt, f"damaged-{name}")
+            node = g.indices("i", [k]) >> g.stage("read", sf.ops.read_file(paths))
+            for j, op in enumerate(ops):
+                node = node >> g.stage(f"op{j}", op)
+            out = g.pull_sink("out")
+            node >> out
+            if pil_error is not None:
+                refused = "Premature end of JPEG file" if "truncated" in pil_error else ""
+                with pytest.raises(sf.StageError, match=f"{name}.jpg': {refused}"):
+                    list(g.iterate(out))
+                continue
+            items = [np.asarray(t).copy() for t in g.iterate(out)]
+            assert len(items) == 1, (name, label)
+            got[label] = items[0]
+        if pil_error is None:
+            assert np.array_equal(got["decode"], want), f"{name}: not PIL's pixels"
+            assert np.array_equal(got["fused"], got["split"]), f"{name}: fused != decode, crop"
+            assert np.array_equal(want, intact) == (name != "corrupt"), name
+    assert accepted == ["junk", "corrupt", "trailing"]
+
+
 def test_image_files_directory_glob_and_list(tmp_path):
     paths = write_jpegs(str(tmp_path), 3)
     (tmp_path / "notes.txt").write_text("x")
