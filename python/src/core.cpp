@@ -233,11 +233,14 @@ struct Held {
 };
 using HeldRef = std::shared_ptr<Held>;
 
+struct PyNode;
+
 struct PyGraph {
   PyGraph(std::shared_ptr<PyRuntime> r, std::string name, GraphOptions o)
       : runtime(std::move(r)), graph(runtime->rt, std::move(name), std::move(o)) {}
   std::shared_ptr<PyRuntime> runtime;  // outlives the graph
   std::shared_ptr<BodyThreads> bodies = std::make_shared<BodyThreads>();
+  std::vector<std::weak_ptr<PyNode>> pulls;  // its pull sinks (run.wait() looks at their readers)
   /// What the bodies hold (before `graph`: destroying the graph waits for its run, whose
   /// bodies may still call these).
   std::vector<HeldRef> held;
@@ -300,6 +303,9 @@ struct PyNode {
   detail::Receiver<Value>* in = nullptr;
   detail::Emitter<Value>* out = nullptr;
   std::optional<PullSink<Value>> pull;
+  /// A pull sink's iterators alive (for x in sink, Graph.iterate): run.wait() warns of a full
+  /// sink that has none.
+  std::shared_ptr<std::atomic<int>> readers = std::make_shared<std::atomic<int>>(0);
   PyObj pool = {};  // a process stage's worker pool (splitflow._procs.ProcessPool)
   std::shared_ptr<PyNode> first = nullptr, second = nullptr;  // a zip's two inputs
 };
@@ -454,8 +460,33 @@ struct PyRun {
   std::shared_ptr<PyGraph> graph;  // keeps the graph (and its runtime) alive while referenced
 };
 
+/// For run.wait(): the graph's pull sinks that are full with no iterator to read them, which
+/// the run cannot end past ("" if none). Their items are taken only by an iterator made later,
+/// on another thread: a warning, not an error.
+std::string unread_full_pull_sinks(const Run& run, const PyGraph& graph) {
+  std::vector<std::string> names;
+  for (const auto& w : graph.pulls)
+    if (auto n = w.lock(); n && n->readers->load() == 0) names.push_back(n->name);
+  if (names.empty()) return {};
+  RunStats st;
+  {
+    py::gil_scoped_release nogil;
+    st = run.stats();
+  }
+  std::string full;
+  for (const StageStats& s : st.stages) {
+    if (s.kind != StageKind::pull_sink || s.capacity == 0 ||
+        std::find(names.begin(), names.end(), s.name) == names.end() ||
+        s.items_in - std::min(s.items_in, s.items_out) < s.capacity)
+      continue;
+    full += (full.empty() ? "'" : ", '") + s.name + "' (" + std::to_string(s.capacity) + " items)";
+  }
+  return full;
+}
+
 RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
                    const std::shared_ptr<PyGraph>& graph) {
+  bool warned = false;
   // Wait in slices so that Ctrl-C reaches Python promptly; a KeyboardInterrupt cancels the run.
   const auto deadline = timeout_s ? std::chrono::steady_clock::now() +
                                         std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -485,6 +516,18 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
       }
       throw py::error_already_set();
     }
+    if (!warned && graph && run.status() == RunStatus::running) {
+      // A run whose pull sink is full and read by nobody waits for ever: say so, once.
+      if (const std::string full = unread_full_pull_sinks(run, *graph); !full.empty()) {
+        warned = true;
+        const std::string text =
+            "splitflow: run.wait() waits for graph '" + graph->graph.name() + "', whose pull sink " +
+            full + " is full and read by nobody: the run cannot end until its items are taken "
+            "(for x in sink, on another thread) or it is cancelled; g.iterate(sink) runs the "
+            "graph and reads it at once";
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) != 0) throw py::error_already_set();
+      }
+    }
     if (timeout_s && std::chrono::steady_clock::now() >= deadline) return RunStatus::running;
   }
 }
@@ -492,6 +535,21 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
 /// Iterates a pull sink for one run. Dropping it before the end cancels the run (a `break`
 /// out of a for loop).
 struct PullIterator {
+  /// Counts the iterator among its sink's readers while it lives (PyNode::readers).
+  struct Reader {
+    std::shared_ptr<std::atomic<int>> count;
+    Reader() = default;
+    Reader(const Reader&) = delete;
+    Reader& operator=(const Reader&) = delete;
+    ~Reader() {
+      if (count) count->fetch_sub(1);
+    }
+  };
+  explicit PullIterator(std::shared_ptr<PyNode> n) : node(std::move(n)) {
+    reader.count = node->readers;
+    reader.count->fetch_add(1);
+  }
+  Reader reader;
   std::shared_ptr<PyNode> node;
   Run run;
   bool finished = false;
@@ -908,9 +966,7 @@ waiting at once.)doc")
       })
       .def("__iter__", [](std::shared_ptr<PyNode> n) {
         if (!n->pull) throw GraphError("splitflow: only a pull sink can be iterated ('" + n->name + "')");
-        auto it = std::make_unique<PullIterator>();
-        it->node = n;
-        return make_released(std::move(it));
+        return make_released(std::make_unique<PullIterator>(n));
       }, "Iterates the items of the graph's current run (pull sinks only).")
       .def("__repr__", [](const PyNode& n) { return "<splitflow.Node " + n.name + ">"; })
       .def("first", [](const PyNode& n) {
@@ -1292,7 +1348,9 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "other. capacity applies to each input (0: the graph's default).")
       .def("pull_sink", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t capacity) {
         auto s = g->graph.pull_sink<Value>(name, capacity);
-        return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, s});
+        auto node = std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, s});
+        g->pulls.push_back(node);
+        return node;
       }, py::arg("name"), py::arg("capacity") = 0,
       "A sink that Python iterates: `for x in sink` reads the current run.")
       .def("connect", [](PyGraph&, const PyNode& a, const PyNode& b) { connect_nodes(a, b); })
@@ -1309,8 +1367,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       .def("iterate", [](std::shared_ptr<PyGraph> g, std::shared_ptr<PyNode> sink) {
         // run() + an iterator over `sink` that owns the run: leaving the loop early cancels it.
         if (!sink->pull) throw GraphError("splitflow.Graph.iterate: '" + sink->name + "' is not a pull sink");
-        auto it = std::make_unique<PullIterator>();
-        it->node = sink;
+        auto it = std::make_unique<PullIterator>(sink);
         {
           py::gil_scoped_release nogil;
           it->run = g->graph.run();

@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 import _thread
 
 import numpy as np
@@ -275,6 +276,33 @@ def test_a_cancel_from_another_thread_ends_the_loop_with_cancelled_error(rt):
             break
     it.close()
     assert it.run.wait(timeout=10) == "cancelled"
+
+
+# "r = g.run(); r.wait()" with a pull sink nobody reads waits for ever (the sink's capacity
+# holds the graph back): wait() says so, once, as a RuntimeWarning naming the graph and the
+# sink. Before: it waited without a word. A sink with a reader (an iterator made before the
+# wait, read on another thread) is not warned of.
+def test_wait_warns_of_a_full_pull_sink_that_nobody_reads(rt):
+    g, out = chain(rt, "unread", range(1000), lambda x: x, capacity=4)
+    run = g.run()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # raised at once: the wait ends
+        with pytest.raises(RuntimeWarning, match=r"run.wait\(\) waits for graph 'unread', whose "
+                                                 r"pull sink 'out' \(4 items\) is full and read "
+                                                 r"by nobody: the run cannot end until"):
+            run.wait(timeout=60)
+    run.cancel()
+    assert run.wait(timeout=10) == "cancelled"
+    run = g.run()
+    it = iter(out)
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(it))
+    reader.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert run.wait(timeout=60) == "succeeded"
+    reader.join()
+    assert got == list(range(1000))
 
 
 def test_dropping_an_unfinished_iterator_cancels_its_run(rt):

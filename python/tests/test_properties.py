@@ -469,9 +469,9 @@ class Built:
                 else:
                     self.handles[src] >> h
 
-    def _reader(self, name, errors):
+    def _reader(self, name, it, errors):
         try:
-            for x in self.handles[name]:
+            for x in it:
                 self.receive(name, x)
         except BaseException as e:  # noqa: B902 -- checked by the caller
             errors.append(e)
@@ -504,7 +504,10 @@ class Built:
         if mode == "timer":
             canceller = threading.Timer(k / 1000, run.cancel)
             canceller.start()
-        threads = [threading.Thread(target=self._reader, args=(name, reader_errors), daemon=True)
+        # (Each reader's iterator made here: run.wait() warns of a full pull sink without one.)
+        threads = [threading.Thread(target=self._reader,
+                                    args=(name, iter(self.handles[name]), reader_errors),
+                                    daemon=True)
                    for name in self.pulls if name != primary]
         for t in threads:
             t.start()
