@@ -708,47 +708,56 @@ void row_rgb(const std::uint8_t* line, const RowTaps& r, std::uint8_t* d) {
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// The RGB rows with AVX2, two outputs at a time (eight 32-bit lanes: R, G, B and a spare of
-// each): the same integer sums as row_rgb, so the same pixels on every machine. `k2` holds the
-// coefficients of each pair of outputs interleaved, each broadcast to its four lanes. Outputs
-// whose 4-byte loads would pass the box's last byte (`limit`), and an odd last one, go through
-// the scalar loop.
+// The RGB rows with AVX2, two outputs at a time and two taps a step: the 16-bit lanes hold an
+// output's R, G, B of taps t and t + 1 side by side, and _mm256_madd_epi16 multiplies and adds
+// each pair. A coefficient (22 bits) is split in two 11-bit halves, k = kh * 2^11 + kl, summed
+// apart and joined at the end: the same integer sums as row_rgb (no partial sum overflows), so
+// the same pixels on every machine. `k2` holds, per pair of outputs and pair of taps, the kl
+// then the kh lanes (taps past K: 0). Outputs whose 8-byte loads would pass the box's last byte
+// (`limit`: near its right edge, or its left one when mirrored), and an odd last one, go
+// through the scalar loop.
 __attribute__((target("avx2"))) void row_rgb_avx2(const std::uint8_t* line, const RowTaps& r,
-                                                  const std::int32_t* k2, int limit,
+                                                  const std::int16_t* k2, int limit,
                                                   std::uint8_t* d) {
-  const int K = r.K;
+  const int K = r.K, Q = (K + 1) / 2;  // pairs of taps
   const std::size_t n = r.start.size();
-  const __m256i half = _mm256_set1_epi32(kHalf), top = _mm256_set1_epi32(255);
+  const __m256i half = _mm256_set1_epi32(kHalf), pick = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
+  constexpr char z = static_cast<char>(0x80);
+  // Bytes R G B R' G' B' of taps t, t + 1 (output 0 in the low lane, output 1 in the high one)
+  // to 16-bit lanes R R' G G' B B' 0 0.
+  const __m256i spread = _mm256_setr_epi8(0, z, 3, z, 1, z, 4, z, 2, z, 5, z, z, z, z, z,  //
+                                          8, z, 11, z, 9, z, 12, z, 10, z, 13, z, z, z, z, z);
+  const std::int32_t* k = r.k.data();
   std::size_t i = 0;
-  for (; i + 1 < n; i += 2) {
+  for (; i + 1 < n; i += 2, k += 2 * static_cast<std::size_t>(K), d += 6) {
     const int s0 = r.start[i], s1 = r.start[i + 1];
-    if ((std::max(s0, s1) + K) * 3 + 1 > limit) break;
+    if ((std::max(s0, s1) + 2 * Q) * 3 + 2 > limit) {
+      rgb_output(line + static_cast<std::size_t>(s0) * 3, k, K, d);
+      rgb_output(line + static_cast<std::size_t>(s1) * 3, k + K, K, d + 3);
+      continue;
+    }
     const std::uint8_t* p0 = line + static_cast<std::size_t>(s0) * 3;
     const std::uint8_t* p1 = line + static_cast<std::size_t>(s1) * 3;
-    const std::int32_t* kk = k2 + i / 2 * static_cast<std::size_t>(K) * 8;
-    __m256i acc = half;
-    for (int t = 0; t < K; ++t) {
-      std::uint32_t a, b;
-      std::memcpy(&a, p0 + 3 * t, 4);
-      std::memcpy(&b, p1 + 3 * t, 4);
-      const __m256i px = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(
-          static_cast<long long>(a | static_cast<std::uint64_t>(b) << 32)));
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kk + 8 * t));
-      acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, w));
+    const std::int16_t* kk = k2 + i / 2 * static_cast<std::size_t>(Q) * 32;
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int q = 0; q < Q; ++q, kk += 32) {
+      std::uint64_t a, b;
+      std::memcpy(&a, p0 + 6 * q, 8);
+      std::memcpy(&b, p1 + 6 * q, 8);
+      const __m128i ab = _mm_set_epi64x(static_cast<long long>(b), static_cast<long long>(a));
+      const __m256i px = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(ab), spread);
+      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kk))));
+      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kk + 16))));
     }
-    acc = _mm256_min_epi32(_mm256_srai_epi32(acc, kPrecision), top);  // clip8 (sums are >= 0)
-    alignas(32) std::int32_t o[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(o), acc);
-    d[0] = static_cast<std::uint8_t>(o[0]);
-    d[1] = static_cast<std::uint8_t>(o[1]);
-    d[2] = static_cast<std::uint8_t>(o[2]);
-    d[3] = static_cast<std::uint8_t>(o[4]);
-    d[4] = static_cast<std::uint8_t>(o[5]);
-    d[5] = static_cast<std::uint8_t>(o[6]);
-    d += 6;
+    __m256i acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi, 11), lo), half);
+    acc = _mm256_srai_epi32(acc, kPrecision);  // >= 0: the sums are
+    // R G B of both outputs side by side, then to bytes (packus: clip8's cap at 255).
+    acc = _mm256_permutevar8x32_epi32(acc, pick);
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    const std::uint64_t bytes = static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm_packus_epi16(words, words)));
+    std::memcpy(d, &bytes, 6);
   }
-  const std::int32_t* k = r.k.data() + i * static_cast<std::size_t>(K);
-  for (; i < n; ++i, k += K, d += 3)  // the rest, as row_rgb
+  if (i < n)  // an odd last one, as row_rgb
     rgb_output(line + static_cast<std::size_t>(r.start[i]) * 3, k, K, d);
 }
 
@@ -788,13 +797,23 @@ void resample_rows(const std::uint8_t* src, std::size_t pitch, int rows, int C, 
   const std::size_t out_row = r.start.size() * static_cast<std::size_t>(C);
 #ifdef SPLITFLOW_ROW_AVX2
   if (C == 3 && has_avx2()) {
-    // Each pair of outputs' coefficients, interleaved and broadcast: [t][4 x k0[t], 4 x k1[t]].
-    const std::size_t n = r.start.size(), K = static_cast<std::size_t>(r.K);
-    std::vector<std::int32_t> k2(n / 2 * K * 8);
+    // Per pair of outputs and pair of taps (t, t + 1): the kl lanes then the kh lanes, each
+    // [k(t), k(t + 1)] for R, G, B and 0, 0; output 0's lanes first (row_rgb_avx2).
+    const std::size_t n = r.start.size(), K = static_cast<std::size_t>(r.K), Q = (K + 1) / 2;
+    std::vector<std::int16_t> k2(n / 2 * Q * 32, 0);
     for (std::size_t i = 0; i + 1 < n; i += 2)
-      for (std::size_t t = 0; t < K; ++t)
-        for (std::size_t l = 0; l < 8; ++l)
-          k2[(i / 2 * K + t) * 8 + l] = r.k[(i + l / 4) * K + t];
+      for (std::size_t q = 0; q < Q; ++q) {
+        std::int16_t* w = &k2[(i / 2 * Q + q) * 32];
+        for (std::size_t o = 0; o < 2; ++o)
+          for (std::size_t u = 0; u < 2; ++u) {
+            const std::size_t t = 2 * q + u;
+            const std::int32_t c = t < K ? r.k[(i + o) * K + t] : 0;
+            for (std::size_t ch = 0; ch < 3; ++ch) {
+              w[o * 8 + ch * 2 + u] = static_cast<std::int16_t>(c & 2047);   // kl
+              w[16 + o * 8 + ch * 2 + u] = static_cast<std::int16_t>(c >> 11);  // kh
+            }
+          }
+      }
     for (int y = 0; y < rows; ++y)
       row_rgb_avx2(src + static_cast<std::size_t>(y) * pitch, r, k2.data(), len * 3,
                    dst + static_cast<std::size_t>(y) * out_row);
@@ -812,6 +831,51 @@ void resample_rows(const std::uint8_t* src, std::size_t pitch, int rows, int C, 
   }
 }
 
+#ifdef SPLITFLOW_ROW_AVX2
+// The vertical pass with AVX2, 16 bytes of a row at a time with all of its taps in registers,
+// two taps (rows) a step: bytes of rows t and t + 1 interleaved to 16-bit lanes, multiplied and
+// added in pairs by _mm256_madd_epi16, the coefficient in two 11-bit halves as row_rgb_avx2's.
+// The same integer sums as the scalar loop; the last bytes of a row (under 16) go through it.
+__attribute__((target("avx2"))) std::size_t columns_avx2(const std::uint8_t* src, std::size_t pitch,
+                                                         std::size_t span, int first, const Filter& f,
+                                                         std::size_t o, std::uint8_t* d) {
+  const std::int32_t* k = &f.k[o * static_cast<std::size_t>(f.ksize)];
+  const int count = f.count[o], Q = (count + 1) / 2;
+  const std::uint8_t* rows = src + static_cast<std::size_t>(f.start[o] - first) * pitch;
+  __m256i wl[32], wh[32];  // per pair of taps: (k(t), k(t + 1)) halves in each 32-bit lane
+  if (Q > 32) return 0;
+  for (int q = 0; q < Q; ++q) {
+    const std::int32_t a = k[2 * q], b = 2 * q + 1 < count ? k[2 * q + 1] : 0;
+    wl[q] = _mm256_set1_epi32(static_cast<std::int32_t>((a & 2047) | (b & 2047) << 16));
+    wh[q] = _mm256_set1_epi32(static_cast<std::int32_t>((a >> 11) | (b >> 11) << 16));
+  }
+  const __m256i half = _mm256_set1_epi32(kHalf);
+  std::size_t j = 0;
+  for (; j + 16 <= span; j += 16) {
+    __m256i lo0 = _mm256_setzero_si256(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
+    for (int q = 0; q < Q; ++q) {
+      const std::uint8_t* r0 = rows + static_cast<std::size_t>(2 * q) * pitch + j;
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0));
+      const __m128i b = 2 * q + 1 < count ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + pitch))
+                                          : _mm_setzero_si128();
+      const __m256i x0 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
+      const __m256i x1 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b));
+      lo0 = _mm256_add_epi32(lo0, _mm256_madd_epi16(x0, wl[q]));
+      lo1 = _mm256_add_epi32(lo1, _mm256_madd_epi16(x1, wl[q]));
+      hi0 = _mm256_add_epi32(hi0, _mm256_madd_epi16(x0, wh[q]));
+      hi1 = _mm256_add_epi32(hi1, _mm256_madd_epi16(x1, wh[q]));
+    }
+    const __m256i s0 = _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi0, 11), lo0), half), kPrecision);
+    const __m256i s1 = _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi1, 11), lo1), half), kPrecision);
+    // To 16 bytes in order (the packs work per 128-bit lane; packus caps at 255, as clip8).
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(s0, s1), 0xD8);
+    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packus_epi16(words, words), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j), _mm256_castsi256_si128(bytes));
+  }
+  return j;
+}
+#endif
+
 // The vertical pass: output row o of `span` bytes at dst + o * span from rows f.start[o] + t of
 // `src` (row r at src + (r - first) * pitch). Along the row, so it vectorises.
 void resample_columns(const std::uint8_t* src, std::size_t pitch, std::size_t span, int first,
@@ -821,14 +885,18 @@ void resample_columns(const std::uint8_t* src, std::size_t pitch, std::size_t sp
   std::int32_t* a = acc.data();
   for (std::size_t o = 0; o < n; ++o) {
     const std::int32_t* k = &f.k[o * ksize];
-    std::fill(acc.begin(), acc.end(), kHalf);
+    std::uint8_t* d = dst + o * span;
+    std::size_t done = 0;  // bytes of the row the vector loop made
+#ifdef SPLITFLOW_ROW_AVX2
+    if (has_avx2()) done = columns_avx2(src, pitch, span, first, f, o, d);
+#endif
+    std::fill(acc.begin() + static_cast<std::ptrdiff_t>(done), acc.end(), kHalf);
     for (int t = 0; t < f.count[o]; ++t) {
       const std::uint8_t* row = src + static_cast<std::size_t>(f.start[o] + t - first) * pitch;
       const std::int32_t kt = k[t];
-      for (std::size_t j = 0; j < span; ++j) a[j] += row[j] * kt;
+      for (std::size_t j = done; j < span; ++j) a[j] += row[j] * kt;
     }
-    std::uint8_t* d = dst + o * span;
-    for (std::size_t j = 0; j < span; ++j) d[j] = clip8(a[j]);
+    for (std::size_t j = done; j < span; ++j) d[j] = clip8(a[j]);
   }
 }
 

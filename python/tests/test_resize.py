@@ -185,3 +185,50 @@ def test_scaled_decode_is_an_option_close_to_full_decode(tmp_path):
     assert differ > 0  # it was used
     with pytest.raises(sf.GraphError, match="scaled_decode='sometimes'"):
         sf.ops.decode_random_resized_crop(32, scaled_decode="sometimes")
+
+
+# "keep the fixed-point arithmetic deterministic across machines": the AVX2 horizontal pass
+# (two taps a step, each coefficient in two 11-bit halves) and the scalar one give the same
+# pixels: resizes of noise at shrink factors 1.1-20 and enlargements, widths 5-701 (odd and even
+# tap counts, outputs at both edges), and random resized crops, flipped and not. Each path runs in
+# a process of its own (SPLITFLOW_DISABLE_AVX2=1 is read once per process).
+_PATHS_SCRIPT = r"""
+import hashlib, sys
+import numpy as np
+import splitflow as sf
+rng = np.random.default_rng(7)
+rt = sf.Runtime(threads=1, backend="host")
+digest = hashlib.sha256()
+for trial in range(60):
+    h, w = int(rng.integers(3, 400)), int(rng.integers(5, 702))
+    a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    f = float(rng.choice([0.6, 1.1, 1.5, 2.0, 3.7, 7.0, 13.0, 20.0]))
+    oh, ow = max(1, int(h / f)), max(1, int(w / f))
+    ops = [sf.ops.resize(oh, ow),
+           sf.ops.random_resized_crop(int(rng.integers(8, 64)), seed=trial, epoch=1),
+           sf.ops.random_resized_crop(int(rng.integers(8, 64)), seed=trial, epoch=2)]
+    for op in ops:
+        g = sf.Graph(rt, "paths")
+        out = g.pull_sink("out")
+        g.source("images", [a]) >> g.stage("op", op) >> out
+        for t in g.iterate(out):
+            digest.update(np.ascontiguousarray(np.asarray(t)).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_the_avx2_and_the_scalar_resize_give_the_same_pixels():
+    import os
+    import subprocess
+    import sys
+    if "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("no AVX2 here: only the scalar path runs")
+    digests = []
+    for disable in ("", "1"):
+        env = dict(os.environ, SPLITFLOW_DISABLE_AVX2=disable) if disable else \
+            {k: v for k, v in os.environ.items() if k != "SPLITFLOW_DISABLE_AVX2"}
+        done = subprocess.run([sys.executable, "-c", _PATHS_SCRIPT], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        digests.append(done.stdout.strip())
+    assert len(digests[0]) == 64 and digests[0] == digests[1]
