@@ -218,7 +218,7 @@ TEST(Autotune, OnAPoolSlotsAreChargedTheCpuTheRateNeeds) {
   const Bound starved = rate_bound(big, {.cores = 8, .memory_bytes = 0});
   EXPECT_EQ(starved.limit, Limit::memory);
   EXPECT_NEAR(starved.rate, 1 / 300e-6, 1e-3) << "(1, 1): the slower stage's rate";
-  EXPECT_NE(starved.why.find("less than the least queues hold"), std::string::npos) << starved.why;
+  EXPECT_NE(starved.why.find("less than the least they hold"), std::string::npos) << starved.why;
   const Allocation least = allocate(big, {.cores = 8, .memory_bytes = 0});
   EXPECT_EQ(least.stages[0].concurrency, 1u);
   EXPECT_EQ(least.stages[1].concurrency, 1u);

@@ -700,7 +700,7 @@ TEST(AutotuneRuntime, TheTunedQueuesHoldTheirItemsWithinTheRuntimesMemoryBudget)
   EXPECT_LE(static_cast<std::size_t>(peak) * Counted::kBytes, kBudget)
       << peak << " items of 1 MiB alive at once; work's queue " << work.capacity << all;
   // The capacity decisions say the budget: the 12 MiB less what the sink can hold (3 items).
-  const std::regex said(R"(^work capacity \d+ -> \d+: .*items of 1 MiB, the graph's ([0-9.]+) MiB within a memory budget of ([0-9.]+) MiB$)");
+  const std::regex said(R"(^work capacity \d+ -> \d+: .*items of 1 MiB, the tuned queues' ([0-9.]+) MiB within the ([0-9.]+) MiB the memory budget leaves them$)");
   bool told = false;
   for (const std::string& e : with.autotune) {
     std::smatch m;

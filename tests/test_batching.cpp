@@ -184,6 +184,31 @@ TEST(DynamicBatch, ABatchErrorReachesItsRequestsAndOneItemCanFailAlone) {
   EXPECT_EQ(s.failed, 5u);
 }
 
+// Under OnError::fail too: "an error on a batch reaches every id in it" (docs/architecture.md,
+// 9.), and the run fails. Before: only the batch's first request got the error, its batch-mates
+// the run's end ("the run was cancelled or failed before request N was answered").
+TEST(DynamicBatch, UnderFailEveryRequestOfTheFailingBatchGetsItsError) {
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
+  Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock}, [](Batch<long>& b) {
+    if (b.items.front() == 0) throw std::runtime_error("the model failed on this batch");
+  });
+  auto run = p.g.run();
+  std::vector<std::future<long>> fs;
+  std::vector<std::exception_ptr> held;  // see ABatchErrorReachesItsRequests... above
+  for (long i = 0; i < 4; ++i) fs.push_back(p.svc.submit(i));  // one full batch
+  for (long i = 0; i < 4; ++i) {
+    try {
+      fs[i].get();
+      ADD_FAILURE() << "request " << i << " was answered";
+    } catch (const std::runtime_error& e) {
+      held.push_back(std::current_exception());
+      EXPECT_STREQ(e.what(), "the model failed on this batch") << "request " << i;
+    }
+  }
+  EXPECT_THROW(run.wait(), StageError);
+  EXPECT_EQ(p.svc.stats().failed, 4u);
+}
+
 // "an expired request is dropped before its GPU work": the batch forms without it
 TEST(DynamicBatch, ExpiredRequestsAreDroppedWhenTheBatchForms) {
   auto clock = std::make_shared<splitflow::testing::ManualClock>();

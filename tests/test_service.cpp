@@ -409,6 +409,18 @@ TEST(Service, LifecycleErrorsAndReruns) {
     EXPECT_EQ(run.wait(), RunStatus::succeeded);
     EXPECT_THROW(svc.submit(5), GraphError);  // closed
   }
+  int calls = 0;
+  EXPECT_THROW(svc.submit(7, std::nullopt, [&](int*, std::exception_ptr) { ++calls; }), GraphError);
+  EXPECT_EQ(calls, 0) << "a submit that throws does not call its callback";
+  // A submit that threw admitted nothing: rejected, not submitted nor failed (a new user's
+  // trial: 13 submitted, 3 answered, 10 "failed" for 10 such calls), so that answered + failed
+  // + expired = submitted, as docs/reliability.md's soak checks.
+  const ServiceStats st = svc.stats();
+  EXPECT_EQ(st.submitted, 2u);
+  EXPECT_EQ(st.answered, 2u);
+  EXPECT_EQ(st.failed, 0u);
+  EXPECT_EQ(st.rejected, 4u);
+  EXPECT_EQ(st.pending, 0u);
   EXPECT_THROW((g.service<int, int>("again")), GraphError);
   Graph h(rt, "two-sources");
   auto s2 = h.service<int, int>("requests");

@@ -319,9 +319,10 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
       b.why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu));
     else if (b.limit == Limit::memory)
       b.why = budget.memory_bytes < least_bytes(models)
-                  ? fmt::format("memory: {} bytes, less than the least queues hold ({} bytes)",
+                  ? fmt::format("memory left to the tuned queues: {} bytes, less than the least "
+                                "they hold ({} bytes)",
                                 budget.memory_bytes, least_bytes(models))
-                  : fmt::format("memory: {} bytes", budget.memory_bytes);
+                  : fmt::format("memory left to the tuned queues: {} bytes", budget.memory_bytes);
     else if (b.limit == Limit::stage)
       b.why = fmt::format("'{}' at concurrency {}", models[b.stage].name, ceiling_of(models[b.stage]));
     else
@@ -802,7 +803,7 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
                                   next.stages[m.producers[0]].concurrency,
                                   models_[m.producers[0]].name, n.concurrency)) +
                          (budget_.memory_bytes != kUnlimited && m.item_bytes > 0
-                              ? fmt::format("; items of {}, the graph's {} within a memory budget of {}",
+                              ? fmt::format("; items of {}, the tuned queues' {} within the {} the memory budget leaves them",
                                             byte_text(static_cast<double>(m.item_bytes)),
                                             byte_text(static_cast<double>(next.bytes)),
                                             byte_text(static_cast<double>(budget_.memory_bytes)))
@@ -1055,7 +1056,8 @@ Decision Autotuner::observe(const Sample& s) {
                                                         : " (a share of a pool)",
                        budget_.memory_bytes == old_budget_.memory_bytes
                            ? std::string()
-                           : fmt::format(", memory {} -> {}", memory_text(old_budget_.memory_bytes),
+                           : fmt::format(", memory for the tuned queues {} -> {}",
+                                         memory_text(old_budget_.memory_bytes),
                                          memory_text(budget_.memory_bytes))),
            d);
     return d;

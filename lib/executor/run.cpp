@@ -90,7 +90,12 @@ RunStats RunState::stats() const {
   return s;
 }
 
-std::string RunState::trace_json() const { return tracer_ ? tracer_->json() : std::string(); }
+std::string RunState::trace_json() const {
+  if (tracer_) return tracer_->json();
+  static constexpr const char* kOff = "off: GraphOptions::trace (Python: trace=True) records a run's events";
+  return std::string(R"({"displayTimeUnit":"ms","metadata":{"tracing":")") + kOff +
+         R"("},"traceEvents":[]})";
+}
 
 }  // namespace detail
 

@@ -36,7 +36,7 @@ class RunState {
   void cancel();
   RunStatus status() const;
   RunStats stats() const;
-  /// The run's trace (GraphOptions::trace), or "" without one.
+  /// The run's trace (GraphOptions::trace), or an empty one saying that tracing was off.
   void set_tracer(std::shared_ptr<Tracer> t) { tracer_ = std::move(t); }
   /// Stage `index` is a pull sink whose reader may go on taking items after the run ended:
   /// the final stats add what it took then. Set before the run starts.

@@ -33,7 +33,8 @@ class Run {
   /// A live snapshot while the run is in progress, the final figures after.
   RunStats stats() const;
   /// The run's Chrome trace (chrome://tracing, ui.perfetto.dev) when GraphOptions::trace was
-  /// set, "" otherwise. Complete once the run ended.
+  /// set; otherwise a trace without events whose metadata says so ("tracing": "off: ..."), so
+  /// that a reader parsing it is told rather than failing on "". Complete once the run ended.
   std::string trace_json() const;
 
   bool valid() const noexcept { return state_ != nullptr; }

@@ -113,17 +113,17 @@ class RequestBook final : public ItemTracker {
 
  public:
 
-  /// Drops an admitted request that never entered the graph without completing it (its
-  /// submitter gets the error by an exception instead).
-  void forget(std::uint64_t id) noexcept {
+  /// Takes back an admitted request that never entered the graph (its graph was not running
+  /// or its service closed), without completing it: its submitter gets the error by an
+  /// exception instead, and it counts as rejected, not submitted (nothing was admitted).
+  void withdraw(std::uint64_t id) noexcept {
     std::lock_guard lk(mu_);
     if (pending_.erase(id)) {
-      ++stats_.failed;  // as a withdrawn request
+      --stats_.submitted;
+      ++stats_.rejected;
       cv_.notify_one();
     }
   }
-  /// Withdraws an admitted request that never entered the graph (its future gets `error`).
-  void withdraw(std::uint64_t id, std::exception_ptr error) noexcept { fail(id, std::move(error)); }
 
   void answer(std::uint64_t id, Out&& value) {
     std::unique_lock lk(mu_);
@@ -419,9 +419,8 @@ class Service {
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
     if (!src_->push(std::move(value), id)) {
-      const GraphError e = not_accepting();
-      book_->withdraw(id, std::make_exception_ptr(e));
-      throw e;
+      book_->withdraw(id);
+      throw not_accepting();
     }
     return std::move(future);
   }
@@ -433,7 +432,7 @@ class Service {
               typename detail::RequestBook<Out>::Callback done) {
     const std::uint64_t id = book_->admit(deadline, std::move(done));
     if (!src_->push(std::move(value), id)) {
-      book_->forget(id);
+      book_->withdraw(id);
       throw not_accepting();
     }
   }

@@ -150,16 +150,17 @@ concept CarriesIds = requires(const T& t) {
   { t.ids } -> std::convertible_to<const std::vector<std::uint64_t>&>;
 };
 
-/// The ids an error on `item` must reach besides its own number: a batch's items, when the
-/// stage goes on after errors and a service follows the requests. Read before the body.
+/// The ids an error on `item` must reach besides its own number: a batch's items, when a
+/// service follows the requests (whatever the stage's OnError: under fail, every request of
+/// the failing batch gets the error, the others the run's end). Read before the body.
 template <class In>
 std::vector<std::uint64_t> ids_for_errors(const NodeBase& node, const In& item) {
   if constexpr (CarriesIds<In>) {
-    if (node.on_error() != OnError::fail && node.graph().tracker()) return item.ids;
+    if (node.graph().tracker()) return item.ids;
   } else if constexpr (requires { { item_ids(item) } -> std::convertible_to<const std::vector<std::uint64_t>*>; }) {
     // An item type that may hold a batch (a type-erased one: the Python module's Value)
     // says so through an item_ids(item) found by argument-dependent lookup.
-    if (node.on_error() != OnError::fail && node.graph().tracker())
+    if (node.graph().tracker())
       if (const std::vector<std::uint64_t>* ids = item_ids(item)) return *ids;
   }
   (void)node;
