@@ -100,6 +100,12 @@ std::int64_t voluntary_switches() noexcept {
 }
 }  // namespace
 
+namespace {
+thread_local std::int64_t t_contended_ns = 0;
+}  // namespace
+
+void add_contended_ns(std::int64_t ns) noexcept { t_contended_ns += ns > 0 ? ns : 0; }
+
 ThreadCpu thread_cpu() noexcept {
   // The CPU clock, and the wait from /proc/thread-self/schedstat ("<ns on a CPU> <ns runnable,
   // waiting for one> <timeslices>"), read through a descriptor the thread keeps open.
@@ -122,11 +128,12 @@ ThreadCpu thread_cpu() noexcept {
       (void)std::strtoll(buf, &end, 10);
       const long long waited = end ? std::strtoll(end, nullptr, 10) : 0;
       const std::int64_t cpu = thread_cpu_ns();
-      return {cpu, cpu + static_cast<std::int64_t>(waited > 0 ? waited : 0), voluntary_switches()};
+      return {cpu, cpu + static_cast<std::int64_t>(waited > 0 ? waited : 0), voluntary_switches(),
+              t_contended_ns};
     }
   }
   const std::int64_t cpu = thread_cpu_ns();
-  return {cpu, cpu, voluntary_switches()};
+  return {cpu, cpu, voluntary_switches(), t_contended_ns};
 }
 
 }  // namespace splitflow::detail

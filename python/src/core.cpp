@@ -9,7 +9,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -382,11 +384,27 @@ struct PyCompletion {
   }
 };
 
+/// Takes the GIL for a stage's body, its wait for it told to the tuner as contention
+/// (detail::add_contended_ns): a Python body that computes waits for the GIL while others
+/// compute, and is not to be moved past the cores for that wait.
+struct BodyGil {
+  static std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  const std::int64_t t0 = PyGILState_Check() != 0 ? 0 : now_ns();
+  py::gil_scoped_acquire gil;
+  BodyGil() {
+    if (t0 != 0) detail::add_contended_ns(now_ns() - t0);
+  }
+};
+
 struct PythonBody {
   HeldRef fn;  // the graph's (PyGraph::hold)
   std::shared_ptr<BodyThreads> threads = {};  // the graph's (Ctrl-C interrupts its bodies)
   Value operator()(Value v) const {
-    py::gil_scoped_acquire gil;
+    BodyGil gil;
     BodyScope scope(threads.get());
     if (auto* b = std::get_if<BatchPtr>(&v)) return on_batch(std::move(*b));
     return call_python([&] { return from_python(fn->obj.get()(to_python(std::move(v)))); });
@@ -1058,10 +1076,20 @@ Error when the run ends first.)doc")
         fut.attr("set_running_or_notify_cancel")();  // it cannot be cancelled: the graph owns it
         Value v = from_python(value);
         std::optional<std::chrono::steady_clock::time_point> when;
-        if (deadline)
-          when = std::chrono::steady_clock::now() +
-                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                     std::chrono::duration<double>(*deadline));
+        if (deadline) {
+          // Seconds from now, within what the clock holds: past about 30 years (inf included),
+          // no deadline; before as long ago, one that has passed. (A conversion of 1e10 s or
+          // inf overflowed, and the request expired at once.)
+          constexpr double kFar = 1e9;
+          const double d = *deadline;
+          if (std::isnan(d))
+            throw GraphError("splitflow.Service.submit: deadline is NaN: give seconds from now "
+                             "(None or math.inf: no deadline)");
+          if (d < kFar)
+            when = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(std::max(d, -kFar)));
+        }
         auto keep = std::make_shared<PyObj>(fut);
         {
           py::gil_scoped_release nogil;  // admission may wait for room
@@ -1080,7 +1108,7 @@ Error when the run ends first.)doc")
         return fut;
       }, py::arg("item"), py::arg("deadline") = py::none(),
       "Submits a request; returns a concurrent.futures.Future of its result. deadline: seconds "
-      "from now after which, if no GPU stage or dynamic batch has taken it yet, it is dropped "
+      "from now (None or math.inf: none) after which, if no GPU stage or dynamic batch has taken it yet, it is dropped "
       "with DeadlineError. Waits for room (admission='wait') or raises OverloadedError "
       "(admission='fail_fast') when max_pending requests are pending; GraphError when the graph "
       "is not running or the service was closed.")

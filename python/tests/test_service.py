@@ -153,6 +153,45 @@ def test_an_expired_request_gets_deadline_error_unprocessed():
     assert seen == [8] and svc.stats()["expired"] == 1
 
 
+# "deadline: seconds from now (None or math.inf: none)": a far or infinite deadline never
+# expires, one before now has expired, a NaN is refused. Before: 1e10 s, 1e300 and inf
+# overflowed the clock's conversion and the request expired at once.
+def test_far_and_infinite_deadlines_never_expire_and_nan_is_refused():
+    rt = sf.Runtime(threads=2, backend="host")
+    g, svc = service_graph(rt, lambda b: np.asarray(b), max_batch=1)
+    run = g.run()
+    far = [svc.submit(i, deadline=d) for i, d in enumerate([1e10, 1e300, float("inf"), 3600.0])]
+    gone = svc.submit(9, deadline=float("-inf"))
+    with pytest.raises(sf.GraphError, match="deadline is NaN"):
+        svc.submit(10, deadline=float("nan"))
+    assert [f.result(timeout=30) for f in far] == [0, 1, 2, 3]
+    with pytest.raises(sf.DeadlineError):
+        gone.result(timeout=30)
+    svc.close()
+    assert run.wait() == "succeeded"
+    st = svc.stats()
+    assert (st["submitted"], st["answered"], st["expired"], st["rejected"]) == (5, 4, 1, 0)
+
+
+# "An error on a batch reaches every id in it" (docs/architecture.md, 9.), under the default
+# on_error="fail" too, and the run fails. Before: the batch's first request got the model's
+# error, the other three "the run was cancelled or failed before request N was answered".
+def test_under_fail_every_request_of_a_failing_batch_gets_its_error():
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def model(b):
+        raise ValueError("the model failed on this batch")
+
+    g, svc = service_graph(rt, model, max_batch=4, max_delay=30.0, on_error="fail")
+    run = g.run()
+    futures = [svc.submit(i) for i in range(4)]  # exactly one full batch
+    for f in futures:
+        with pytest.raises(ValueError, match="the model failed on this batch"):
+            f.result(timeout=30)
+    with pytest.raises(sf.StageError):
+        run.wait()
+
+
 def test_fail_fast_admission_raises_overloaded_error_when_full():
     rt = sf.Runtime(threads=2, backend="host")
     gate = threading.Event()

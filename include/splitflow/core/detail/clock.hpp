@@ -42,13 +42,22 @@ struct ThreadCpu {
   /// time: on this project's VM the runnable time (schedstat) missed most of a spinning
   /// thread's wait for a CPU when threads outnumbered the cores.
   std::int64_t blocked = 0;
+  /// What the thread has waited so far for a lock that computing threads hold (add_contended_ns).
+  std::int64_t contended_ns = 0;
 };
 /// What a body measured from `at0` to `at1` over `wall_ns` waited: its wall time less its CPU
-/// demand, and none when it never blocked (ThreadCpu::blocked).
+/// demand and its waits for contended locks, and none when it never blocked
+/// (ThreadCpu::blocked).
 inline std::int64_t waited_ns(const ThreadCpu& at0, const ThreadCpu& at1, std::int64_t wall_ns) noexcept {
-  const std::int64_t demand = at1.demand_ns - at0.demand_ns;
-  return at1.blocked > at0.blocked && wall_ns > demand ? wall_ns - demand : 0;
+  const std::int64_t busy = (at1.demand_ns - at0.demand_ns) + (at1.contended_ns - at0.contended_ns);
+  return at1.blocked > at0.blocked && wall_ns > busy ? wall_ns - busy : 0;
 }
+/// The calling thread waited `ns` for a lock that computing threads hold (an interpreter's
+/// GIL, taken by a Python stage's body): not a wait with nothing to compute (a read, a sleep)
+/// but contention for others' CPU work, which more threads would not make faster; waited_ns
+/// leaves it out, so the tuner does not move a Python stage that computes past the cores
+/// (autotune::body_placement). Added by whoever takes such a lock (the Python module).
+void add_contended_ns(std::int64_t ns) noexcept;
 /// The calling thread's CPU time and its CPU demand in ns: its time on a CPU plus its time
 /// runnable but waiting for one (/proc/thread-self/schedstat; demand = CPU time where that
 /// cannot be read). Measured around a body, the demand tells a body that waits (sleeps, reads)
