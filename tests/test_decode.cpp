@@ -131,6 +131,37 @@ TEST(JpegInfo, BadHeadersAreErrorsNamingTheFileAndWhatIsWrong) {
   EXPECT_NE(message(no_height).find("a frame of 64x0"), std::string::npos) << message(no_height);
 }
 
+// An APP0 segment claiming 0 bytes, then bytes before the next marker (a fuzz input): libjpeg,
+// and so PIL, reads the segment as empty and warns of the extraneous bytes; TurboJPEG's header
+// call refuses the warning. The header reader and the decoder read the file as libjpeg does.
+TEST(JpegInfo, AnApplicationSegmentClaimingNoBytesIsReadAsLibjpegReadsIt) {
+  const auto good = jpeg(48, 64, 9);
+  auto odd = good;
+  // (and a stuffed 0xFF 0x00 among them, which libjpeg skips as it skips the other bytes)
+  const std::vector<std::uint8_t> empty_app0{0xFF, 0xE0, 0x00, 0x00, 0x01, 0xFF, 0x00, 0x03};
+  odd.insert(odd.begin() + 2, empty_app0.begin(), empty_app0.end());
+  const im::JpegInfo i = info_of(odd);
+  EXPECT_EQ(i.width, 64);
+  EXPECT_EQ(i.height, 48);
+  EXPECT_EQ(i.subsampling, im::JpegInfo::Subsampling::s420);
+  const HostTensor want = im::decode_jpeg(good.data(), good.size(), im::Color::rgb, "good.jpg");
+  const HostTensor got = im::decode_jpeg(odd.data(), odd.size(), im::Color::rgb, "odd.jpg");
+  EXPECT_EQ(got.describe(), want.describe());
+  EXPECT_EQ(bytes_of(got), bytes_of(want));
+  // Any other segment claiming under 2 bytes is still an error naming it.
+  auto bad = good;
+  const std::vector<std::uint8_t> empty_dqt{0xFF, 0xDB, 0x00, 0x01};
+  bad.insert(bad.begin() + 2, empty_dqt.begin(), empty_dqt.end());
+  try {
+    im::jpeg_info(bad.data(), bad.size(), "photos/cat.jpg");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), std::string("splitflow: photos/cat.jpg: not a readable JPEG "
+                                                 "header: marker 0xFFDB at byte 2 claims a length of 1 "
+                                                 "(the length field alone is 2)"));
+  }
+}
+
 TEST(DecodeRouting, DevicePlacementsTakeOnlyWhatNvjpegDecodes) {
   using P = im::DecodePlacement;
   const auto baseline = info_of(jpeg(48, 64, 7, TJSAMP_422));

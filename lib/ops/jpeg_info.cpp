@@ -23,12 +23,22 @@ JpegInfo jpeg_info(const std::uint8_t* data, std::size_t size, const std::string
     while (p < size && data[p] == 0xFF) ++p;
     if (p >= size) throw bad(fmt::format("it ends after {} bytes, before a frame header", size));
     const std::uint8_t m = data[p++];
+    if (m == 0x00) continue;  // a stuffed 0xFF 0x00 between segments: libjpeg skips it too
     if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue;  // no length
     if (m == 0xD9) throw bad("end-of-image before a frame header");
     if (m == 0xDA) throw bad("a scan before a frame header");
     if (p + 2 > size) throw bad(fmt::format("marker 0xFF{:02X} is cut off at byte {}", m, p));
     const std::size_t len = (std::size_t{data[p]} << 8) | data[p + 1];
-    if (len < 2 || p + len > size)
+    // An application or comment segment claiming under 2 bytes: libjpeg (and so the decoders
+    // and PIL) reads it as empty and goes on after its length field; so does this reader.
+    if (len < 2 && ((m >= 0xE0 && m <= 0xEF) || m == 0xFE)) {
+      p += 2;
+      continue;
+    }
+    if (len < 2)
+      throw bad(fmt::format("marker 0xFF{:02X} at byte {} claims a length of {} (the length "
+                            "field alone is 2)", m, p - 2, len));
+    if (p + len > size)
       throw bad(fmt::format("marker 0xFF{:02X} at byte {} claims {} bytes, past the end ({})", m,
                             p - 2, len, size));
     const bool sof = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
