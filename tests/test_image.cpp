@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <cstdio>  // before jpeglib.h, which needs FILE
+#include <jpeglib.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 
@@ -53,6 +55,38 @@ std::vector<std::uint8_t> encode(const std::vector<std::uint8_t>& px, int h, int
   std::vector<std::uint8_t> out(buf, buf + size);
   tjFree(buf);
   tjDestroy(tj);
+  return out;
+}
+
+// An RGB JPEG with the luma sampled h_samp x v_samp against 1x1 chroma (libjpeg's encoder takes
+// factors TurboJPEG's names do not cover, as cameras' files sometimes have).
+std::vector<std::uint8_t> encode_sampled(const std::vector<std::uint8_t>& px, int h, int w, int h_samp,
+                                         int v_samp) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = static_cast<JDIMENSION>(w);
+  c.image_height = static_cast<JDIMENSION>(h);
+  c.input_components = 3;
+  c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 92, TRUE);
+  c.comp_info[0].h_samp_factor = h_samp;
+  c.comp_info[0].v_samp_factor = v_samp;
+  for (int k : {1, 2}) c.comp_info[k].h_samp_factor = c.comp_info[k].v_samp_factor = 1;
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<std::uint8_t*>(px.data()) + static_cast<std::size_t>(c.next_scanline) * w * 3;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::vector<std::uint8_t> out(buf, buf + size);
+  jpeg_destroy_compress(&c);
+  std::free(buf);
   return out;
 }
 
@@ -330,6 +364,64 @@ TEST(ImageDecode, RegionsAndTheFusedCropEqualTheFullDecode) {
   }
 }
 
+// TurboJPEG 2.x refuses a header whose sampling factors it has no name for ("Could not
+// determine subsampling type"); PIL decodes such files (libjpeg), and so does decode_jpeg now,
+// to the pixels the region decode and the fused crop give. Before: decode_jpeg refused them
+// while decode_jpeg_region decoded them (found by the region fuzz target's new check).
+TEST(ImageDecode, SamplingFactorsTurboJpegHasNoNameForAreDecodedAsLibjpegDoes) {
+  const int h = 48, w = 64;
+  std::vector<std::uint8_t> px(std::size_t(h) * w * 3);  // smooth: what chroma subsampling keeps
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int k = 0; k < 3; ++k) px[(std::size_t(y) * w + x) * 3 + k] = static_cast<std::uint8_t>(20 + 2 * x + y + 30 * k);  // <= 253
+  for (const auto [hs, vs] : {std::pair{4, 2}, std::pair{3, 1}, std::pair{1, 3}}) {
+    SCOPED_TRACE("luma sampled " + std::to_string(hs) + "x" + std::to_string(vs));
+    const auto jpeg = encode_sampled(px, h, w, hs, vs);
+    {
+      tjhandle tj = tjInitDecompress();
+      int th = 0, tw = 0, ss = 0, cs = 0;
+      EXPECT_NE(tjDecompressHeader3(tj, jpeg.data(), jpeg.size(), &tw, &th, &ss, &cs), 0);
+      tjDestroy(tj);
+    }
+    const HostTensor full = image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "odd.jpg");
+    ASSERT_EQ(full.shape(), (std::vector<std::int64_t>{h, w, 3}));
+    const auto* f = static_cast<const std::uint8_t*>(full.raw());
+    double sq = 0;
+    for (std::size_t i = 0; i < px.size(); ++i) sq += (double(f[i]) - px[i]) * (double(f[i]) - px[i]);
+    EXPECT_GT(10 * std::log10(255.0 * 255.0 / (sq / double(px.size()))), 30.0);  // the image, not grey
+    const HostTensor whole = image::decode_jpeg_region(jpeg.data(), jpeg.size(), {0, 0, h, w},
+                                                       image::Color::rgb, "odd.jpg");
+    EXPECT_EQ(bytes_of(whole), bytes_of(full));
+    const image::Box b{13, 21, 17, 29};
+    const HostTensor part = image::decode_jpeg_region(jpeg.data(), jpeg.size(), b, image::Color::rgb, "odd.jpg");
+    for (int y = 0; y < b.h; ++y)
+      ASSERT_EQ(0, std::memcmp(static_cast<const std::uint8_t*>(part.raw()) + std::size_t(y) * b.w * 3,
+                               f + (std::size_t(b.y + y) * w + b.x) * 3, std::size_t(b.w) * 3)) << "row " << y;
+  }
+}
+
+// A region decode leaves the rows after the region undecoded only when the file's remaining
+// bytes reach the end marker through entropy-coded data and restart markers alone (else it
+// decodes them, so that a file cut short is refused whatever the region).
+TEST(ImageDecode, TheRestOfAFileCountsAsCompleteOnlyWhenItReachesTheEndMarker) {
+  const auto reaches = [](std::initializer_list<std::uint8_t> b) {
+    const std::vector<std::uint8_t> v(b);
+    return image::internal::jpeg_rest_reaches_the_end_marker(v.data(), v.size());
+  };
+  EXPECT_TRUE(reaches({0xFF, 0xD9}));
+  EXPECT_TRUE(reaches({0x12, 0xFF, 0x00, 0x34, 0xFF, 0xD3, 0x56, 0xFF, 0xFF, 0xD9}));  // stuffed, RST3, fill
+  EXPECT_TRUE(reaches({0x12, 0xFF, 0xD9, 0xFF}));         // what follows the end marker is not read
+  EXPECT_FALSE(reaches({}));
+  EXPECT_FALSE(reaches({0x12, 0x34, 0x56}));              // cut short in the data
+  EXPECT_FALSE(reaches({0x12, 0xFF}));                    // cut short in a marker
+  EXPECT_FALSE(reaches({0x12, 0xFF, 0xFF}));              // ... in its fill bytes
+  EXPECT_FALSE(reaches({0x12, 0xFF, 0x00}));              // a stuffed 0xFF at the very end
+  EXPECT_FALSE(reaches({0x12, 0xFF, 0xFE, 0x00, 0x04, 0xFF, 0xD9}));  // a comment before the end
+  EXPECT_FALSE(reaches({0x12, 0xFF, 0xDA, 0x00, 0x08, 0xFF, 0xD9}));  // a second scan
+  EXPECT_FALSE(reaches({0x12, 0xFF, 0xDC, 0x00, 0x04, 0x00, 0x10, 0xFF, 0xD9}));  // DNL
+  EXPECT_FALSE(reaches({0x12, 0xFF, 0x01, 0xFF, 0xD9}));  // TEM: a marker in the data
+}
+
 // A file decode_jpeg refuses is refused by the region decode and the fused crop whatever the
 // region (a new user's report: a file truncated at 90% was accepted by the fused crop in 18
 // epochs of 40, refused in the others, so a skip policy kept it or dropped it by epoch), and a
@@ -337,6 +429,8 @@ TEST(ImageDecode, RegionsAndTheFusedCropEqualTheFullDecode) {
 // a file cut short is refused ("image file is truncated"), one with junk before the end marker
 // or corrupt data is decoded (it decodes them; python/tests/test_image.py checks the pixels
 // against PIL's). Before: junk and corrupt data were refused, and at first found only at the end.
+// A region decode stops after its rows where the rest of the file reaches the end marker; a
+// comment segment before that marker (comment.jpg) makes it read the file to its end instead.
 TEST(ImageDecode, EveryRegionOfADamagedFileIsRefusedOrDecodedAsTheFullDecode) {
   const int h = 240, w = 320;
   const auto jpeg = encode(random_pixels(h, w, 3, 41), h, w, 3, 90, TJSAMP_420);
@@ -345,6 +439,9 @@ TEST(ImageDecode, EveryRegionOfADamagedFileIsRefusedOrDecodedAsTheFullDecode) {
   };
   std::vector<std::uint8_t> junk = jpeg;  // 50 bytes before the end marker
   junk.insert(junk.end() - 2, 50, std::uint8_t{0x5a});
+  std::vector<std::uint8_t> comment = jpeg;  // a marker segment between the scan and the end
+  const std::uint8_t com[] = {0xFF, 0xFE, 0x00, 0x06, 'n', 'o', 't', 'e'};
+  comment.insert(comment.end() - 2, std::begin(com), std::end(com));
   std::vector<std::uint8_t> flipped = jpeg;  // bytes of the last rows' data inverted
   for (std::size_t i = jpeg.size() - 300; i < jpeg.size() - 250; ++i) flipped[i] = static_cast<std::uint8_t>(~flipped[i]);
   const struct {
@@ -354,7 +451,8 @@ TEST(ImageDecode, EveryRegionOfADamagedFileIsRefusedOrDecodedAsTheFullDecode) {
     bool intact_pixels = false;  // the damage lies past the image's data
   } cases[] = {{"cut60.jpg", cut(0.6), true},   {"cut90.jpg", cut(0.9), true},
                {"cut98.jpg", cut(0.98), true},  {"noeoi.jpg", cut(1.0 - 2.0 / double(jpeg.size())), true},
-               {"junk.jpg", junk, false, true}, {"flipped.jpg", flipped, false}};
+               {"junk.jpg", junk, false, true}, {"comment.jpg", comment, false, true},
+               {"flipped.jpg", flipped, false}};
   const HostTensor intact = image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "ok.jpg");
   for (const auto& c : cases) {
     std::optional<HostTensor> full;

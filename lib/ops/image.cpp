@@ -216,14 +216,23 @@ void check_pixels(std::int64_t width, std::int64_t height, const std::string& wh
 void check_coefficients(const std::uint8_t* data, std::size_t size, const std::string& what);
 }  // namespace
 
+namespace {
+bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size);
+}  // namespace
+
 HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, const std::string& what) {
   TjHandle handle;
   tjhandle tj = handle.h;
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (size == 0 || tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &width, &height,
-                                       &subsamp, &colorspace) != 0)
+                                       &subsamp, &colorspace) != 0) {
+    // TurboJPEG (2.x) refuses some headers that libjpeg, and so PIL, decodes (sampling factors
+    // it has no name for: "Could not determine subsampling type"): the libjpeg decoder takes them.
+    if (size != 0 && libjpeg_reads_the_header(data, size))
+      return decode_jpeg_region(data, size, {}, color, what);
     decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
                             size == 0 ? "empty" : tjGetErrorStr2(tj)));
+  }
   // Data cut short before the frame header parses as "tables only": no image in it.
   if (width <= 0 || height <= 0)
     decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': no image in the data (truncated "
@@ -322,17 +331,33 @@ void check_coefficient_buffer(JpegDecoder& d, const std::string& what) {
                             kMaxDecodePixels * 3));
 }
 
+bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size) {
+  JpegDecoder d;
+  return read_header(d, data, size, false);
+}
+
 void check_coefficients(const std::uint8_t* data, std::size_t size, const std::string& what) {
   JpegDecoder d;
   if (read_header(d, data, size, false)) check_coefficient_buffer(d, what);
 }
 
+// Whether the bytes libjpeg has not read yet reach the end-of-image marker (EOI) with nothing
+// but entropy-coded data and restart markers before it (a marker the entropy decoder stopped at
+// counts first): then decoding the rest of a single-scan file ends at that marker, whatever
+// warnings the data gives, and never runs out of data.
+bool reaches_the_end_marker(const jpeg_decompress_struct& c) noexcept {
+  if (c.unread_marker != 0 && (c.unread_marker < 0xD0 || c.unread_marker > 0xD7))
+    return c.unread_marker == 0xD9;
+  return internal::jpeg_rest_reaches_the_end_marker(
+      reinterpret_cast<const std::uint8_t*>(c.src->next_input_byte), c.src->bytes_in_buffer);
+}
+
 // Decodes rows [y, y + h) of columns [*x, *x + *w) (widened by libjpeg to whole iMCUs: *x and
-// *w are updated) into `out`, whose rows are `pitch` bytes. The rows after the region are
+// *w are updated) into `out`, whose rows are `pitch` bytes. The rows after the region are left
+// undecoded when the file's remaining bytes show it complete (reaches_the_end_marker), else
 // entropy-decoded but not transformed (skipped, but for the last, read into `spare`, a row of
-// `pitch` bytes), and the file is read to its end: a file decode_jpeg refuses (truncated,
-// corrupt data found at the end marker) is refused whatever the region, not only when the
-// region reaches the damage.
+// `pitch` bytes) and the file read to its end: either way a file decode_jpeg refuses (cut short)
+// is refused whatever the region, not only when the region reaches the damage.
 bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::uint8_t* out,
                  std::size_t pitch, unsigned* out_x, unsigned* out_w, std::uint8_t* spare) {
   if (setjmp(d.errors.jump)) return false;
@@ -370,9 +395,18 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
     JSAMPROW row = out + static_cast<std::size_t>(r) * pitch;
     jpeg_read_scanlines(&d.cinfo, &row, 1);
   }
-  // The rest (a skip to the very end would only mark the end reached: stop one row short and
-  // read it), then the markers up to the end of the image: a file cut short is refused
-  // whatever the region (splitflow_jpeg_emit_message).
+  // The rest. A single-scan file whose remaining bytes reach the end-of-image marker with only
+  // entropy-coded data and restart markers before it cannot run out of data (the one damage
+  // decode_jpeg refuses): its rows after the region need not be decoded at all. Otherwise (the
+  // bytes end first, or another marker comes) the rows are entropy-decoded and skipped (a skip
+  // to the very end would only mark the end reached: stop one row short and read it), then the
+  // markers up to the end of the image are read: a file cut short is refused whatever the
+  // region (splitflow_jpeg_emit_message).
+  if (d.cinfo.output_scanline < d.cinfo.output_height && !jpeg_has_multiple_scans(&d.cinfo) &&
+      reaches_the_end_marker(d.cinfo)) {
+    jpeg_abort_decompress(&d.cinfo);
+    return true;
+  }
   const JDIMENSION rows = d.cinfo.output_height;
   if (d.cinfo.output_scanline + 1 < rows) jpeg_skip_scanlines(&d.cinfo, rows - 1 - d.cinfo.output_scanline);
   while (d.cinfo.output_scanline < rows) {
@@ -481,6 +515,21 @@ Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color co
   }
   return Image{file.index, std::move(file.path),
                resize_flipped(region, spec.size, spec.size, a.flip, spec.antialias)};
+}
+
+bool internal::jpeg_rest_reaches_the_end_marker(const std::uint8_t* data, std::size_t size) noexcept {
+  const std::uint8_t* p = data;
+  const std::uint8_t* const end = data + size;
+  while (p < end) {
+    p = static_cast<const std::uint8_t*>(std::memchr(p, 0xFF, static_cast<std::size_t>(end - p)));
+    if (p == nullptr) return false;
+    while (p < end && *p == 0xFF) ++p;  // the marker's 0xFF and any fill bytes
+    if (p == end) return false;
+    const std::uint8_t marker = *p++;
+    if (marker == 0x00 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // stuffed, RSTn
+    return marker == 0xD9;
+  }
+  return false;
 }
 
 int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept {

@@ -234,4 +234,13 @@ class DecodeRandomResizedCrop {
 HostTensor collate(const std::vector<Image>& images, HostAllocator* alloc = nullptr);
 HostTensor collate(const std::vector<HostTensor>& images, HostAllocator* alloc = nullptr);
 
+namespace internal {
+/// Whether the `size` bytes at `data` (a JPEG's bytes not yet read, inside its entropy-coded
+/// data) reach an end-of-image marker with nothing but entropy-coded bytes (0xFF stuffed as
+/// 0xFF 0x00, 0xFF fill bytes) and restart markers before it. A region decode that finds this
+/// leaves the rows after the region undecoded: the rest of a single-scan file then cannot run
+/// out of data. (Internal; exposed for its test.)
+bool jpeg_rest_reaches_the_end_marker(const std::uint8_t* data, std::size_t size) noexcept;
+}  // namespace internal
+
 }  // namespace splitflow::image
