@@ -677,21 +677,20 @@ void GraphCore::release_unit() noexcept {
   if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) complete();
 }
 
-void GraphCore::cancel() noexcept {
+void GraphCore::cancel() noexcept { cancel_by(nullptr); }
+
+void GraphCore::close_from(const NodeBase& sink) noexcept { cancel_by(&sink); }
+
+void GraphCore::cancel_by(const NodeBase* sink) noexcept {
   if (!try_acquire_unit()) return;
+  const NodeBase* none = nullptr;
+  if (sink != nullptr && stop_reason_.load() == StopReason::none)
+    closed_by_.compare_exchange_strong(none, sink);
   cancel_holding_unit();
   release_unit();
 }
 
 void GraphCore::cancel_holding_unit() noexcept { stop(StopReason::cancelled); }
-
-void GraphCore::close_from(const NodeBase& sink) noexcept {
-  if (!try_acquire_unit()) return;
-  const NodeBase* none = nullptr;
-  if (stop_reason_.load() == StopReason::none) closed_by_.compare_exchange_strong(none, &sink);
-  cancel_holding_unit();
-  release_unit();
-}
 
 std::string GraphCore::cancel_note(const NodeBase& reader, std::uint64_t given) const {
   if (stop_reason_.load() != StopReason::cancelled) return {};

@@ -174,6 +174,9 @@ class GraphCore {
   void spawn(Claim c);
   void execute(WorkList& w);
   void stop(StopReason why) noexcept;
+  /// cancel() and close_from(): `sink` (null for cancel()) is recorded as the closer if the
+  /// run was not stopping yet.
+  void cancel_by(const NodeBase* sink) noexcept;
   void complete() noexcept;
   void retune_at_end(RunStats& st) noexcept;
   void validate();
