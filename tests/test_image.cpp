@@ -374,7 +374,7 @@ TEST(ImageDecode, SamplingFactorsTurboJpegHasNoNameForAreDecodedAsLibjpegDoes) {
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       for (int k = 0; k < 3; ++k) px[(std::size_t(y) * w + x) * 3 + k] = static_cast<std::uint8_t>(20 + 2 * x + y + 30 * k);  // <= 253
-  for (const auto [hs, vs] : {std::pair{4, 2}, std::pair{3, 1}, std::pair{1, 3}}) {
+  for (const auto& [hs, vs] : {std::pair{4, 2}, std::pair{3, 1}, std::pair{1, 3}}) {
     SCOPED_TRACE("luma sampled " + std::to_string(hs) + "x" + std::to_string(vs));
     const auto jpeg = encode_sampled(px, h, w, hs, vs);
     {
