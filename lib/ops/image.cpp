@@ -517,21 +517,6 @@ Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color co
                resize_flipped(region, spec.size, spec.size, a.flip, spec.antialias)};
 }
 
-bool internal::jpeg_rest_reaches_the_end_marker(const std::uint8_t* data, std::size_t size) noexcept {
-  const std::uint8_t* p = data;
-  const std::uint8_t* const end = data + size;
-  while (p < end) {
-    p = static_cast<const std::uint8_t*>(std::memchr(p, 0xFF, static_cast<std::size_t>(end - p)));
-    if (p == nullptr) return false;
-    while (p < end && *p == 0xFF) ++p;  // the marker's 0xFF and any fill bytes
-    if (p == end) return false;
-    const std::uint8_t marker = *p++;
-    if (marker == 0x00 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // stuffed, RSTn
-    return marker == 0xD9;
-  }
-  return false;
-}
-
 int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept {
   using S = AugmentSpec::ScaledDecode;
   if (spec.scaled_decode == S::never) return 1;

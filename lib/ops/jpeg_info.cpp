@@ -1,13 +1,44 @@
-// The JPEG frame-header reader and the routing rule of splitflow/ops/decode.hpp: no device code,
-// so that the fuzz targets build it alone (tests/fuzz/Makefile).
+// The JPEG marker and frame-header readers and the routing rule of splitflow/ops/decode.hpp: no
+// device code, so that the fuzz targets build it alone (tests/fuzz/Makefile).
 #include <fmt/format.h>
 
+#include <cstring>
 #include <utility>
 
 #include "splitflow/core/error.hpp"
 #include "splitflow/ops/decode.hpp"
+#include "splitflow/ops/image.hpp"
 
 namespace splitflow::image {
+
+// ---- markers ----------------------------------------------------------------------------------
+
+namespace {
+
+// The code of the next marker at or after `p` in `data[0, size)`: skips the bytes before its
+// 0xFF (entropy-coded data or padding) and any fill bytes 0xFF, and leaves `p` just after the
+// code. -1 where the data ends first (`p` is then `size`).
+int next_marker(const std::uint8_t* data, std::size_t size, std::size_t& p) noexcept {
+  const void* ff = p < size ? std::memchr(data + p, 0xFF, size - p) : nullptr;
+  if (ff == nullptr) {
+    p = size;
+    return -1;
+  }
+  p = static_cast<std::size_t>(static_cast<const std::uint8_t*>(ff) - data);
+  while (p < size && data[p] == 0xFF) ++p;
+  if (p >= size) return -1;
+  return data[p++];
+}
+
+}  // namespace
+
+bool internal::jpeg_rest_reaches_the_end_marker(const std::uint8_t* data, std::size_t size) noexcept {
+  for (std::size_t p = 0;;) {
+    const int m = next_marker(data, size, p);
+    if (m == 0x00 || (m >= 0xD0 && m <= 0xD7)) continue;  // stuffed, RSTn
+    return m == 0xD9;                                      // -1 (no end marker) or another
+  }
+}
 
 // ---- the frame header -----------------------------------------------------------------------
 
@@ -18,11 +49,8 @@ JpegInfo jpeg_info(const std::uint8_t* data, std::size_t size, const std::string
   if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) throw bad("no start-of-image marker");
   std::size_t p = 2;
   for (;;) {
-    // A marker: 0xFF (any number of fill bytes), then its code.
-    while (p < size && data[p] != 0xFF) ++p;  // entropy-coded or padding bytes before it
-    while (p < size && data[p] == 0xFF) ++p;
-    if (p >= size) throw bad(fmt::format("it ends after {} bytes, before a frame header", size));
-    const std::uint8_t m = data[p++];
+    const int m = next_marker(data, size, p);
+    if (m < 0) throw bad(fmt::format("it ends after {} bytes, before a frame header", size));
     if (m == 0x00) continue;  // a stuffed 0xFF 0x00 between segments: libjpeg skips it too
     if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue;  // no length
     if (m == 0xD9) throw bad("end-of-image before a frame header");
