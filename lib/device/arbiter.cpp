@@ -547,28 +547,17 @@ void Arbiter::hand_out_locked(Mine& mine, std::int64_t now) {
     ProcSlot& p = s.procs[best->proc];
     --p.c_waiting;
     --s.c_waiting;
-    if (best->proc == slot_) {
-      best->state = kNone;
-      ++p.c_collected;
-      mine.compute.push_back(best->seq);
-    } else {
-      best->state = kGranted;
-      ++p.c_granted;
-      ring(&p.doorbell);
-    }
+    // The thread waiting in enter() (this process's or another's) waits on the ticket's state
+    // word itself: one wake-up from here to the kernel, not the process's pump and then it.
+    __atomic_store_n(&best->state, kGranted, __ATOMIC_RELEASE);
+    ++p.c_granted;
+    futex(&best->state, FUTEX_WAKE, INT_MAX, nullptr);
     ++s.c_in_use;
     s.c_max_in_use = std::max(s.c_max_in_use, s.c_in_use);
   }
 }
 
 void Arbiter::deliver(Mine& mine) {
-  if (!mine.compute.empty()) {
-    {
-      std::lock_guard lk(compute_mu_);
-      compute_ready_.insert(compute_ready_.end(), mine.compute.begin(), mine.compute.end());
-    }
-    compute_cv_.notify_all();
-  }
   if (!mine.leases.empty() && on_granted_) on_granted_(mine.leases);
 }
 
@@ -636,7 +625,7 @@ std::vector<std::uint64_t> Arbiter::release() {
 
 void Arbiter::enter(int priority) {
   ArbiterSegment& s = *seg_;
-  std::uint64_t ticket = 0;
+  ArbiterTicket* ticket = nullptr;
   for (;;) {
     {
       std::optional<SegLock> lk;
@@ -653,23 +642,35 @@ void Arbiter::enter(int priority) {
         s.c_max_in_use = std::max(s.c_max_in_use, s.c_in_use);
         return;
       }
-      if (ArbiterTicket* t = queue_locked(kCompute, priority, now)) {
+      if ((ticket = queue_locked(kCompute, priority, now)) != nullptr) {
         ++me.c_waiting;
         ++s.c_waiting;
-        ticket = t->seq;
         break;
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the ticket table is full
   }
-  {
-    std::unique_lock lk(compute_mu_);
-    compute_cv_.wait(lk, [&] {
-      auto it = std::find(compute_ready_.begin(), compute_ready_.end(), ticket);
-      if (it == compute_ready_.end()) return false;
-      compute_ready_.erase(it);
-      return true;
-    });
+  // Until hand_out_locked grants it: the ticket stays this thread's (no one else reuses a
+  // waiting ticket), so its state word is the one to wait on. A wake that comes between the
+  // load and the wait makes the wait return at once (the word is no longer kWaiting).
+  for (;;) {
+    if (__atomic_load_n(&ticket->state, __ATOMIC_ACQUIRE) != kWaiting) {
+      std::optional<SegLock> lk;
+      try {
+        lk.emplace(s);
+      } catch (...) {
+        return;
+      }
+      if (ticket->state == kGranted) {
+        ProcSlot& me = s.procs[slot_];
+        ticket->state = kNone;
+        --me.c_granted;
+        ++me.c_collected;
+      }
+      return;  // kNone: the ticket was dropped (the segment repaired): run without a place
+    }
+    const timespec ts{0, 100'000'000};  // a re-check, in case the segment was repaired
+    futex(&ticket->state, FUTEX_WAIT, kWaiting, &ts);
   }
 }
 
@@ -720,17 +721,12 @@ Arbiter::Mine Arbiter::collect_locked() {
   ProcSlot& me = s.procs[slot_];
   Mine mine;
   for (auto& t : s.tickets) {
-    if (t.state != kGranted || t.proc != slot_) continue;
+    // A compute ticket is collected by the thread waiting for it (enter()).
+    if (t.state != kGranted || t.proc != slot_ || t.kind != kLease) continue;
     t.state = kNone;
-    if (t.kind == kLease) {
-      --me.granted;
-      ++me.collected;
-      mine.leases.push_back(t.seq);
-    } else {
-      --me.c_granted;
-      ++me.c_collected;
-      mine.compute.push_back(t.seq);
-    }
+    --me.granted;
+    ++me.collected;
+    mine.leases.push_back(t.seq);
   }
   return mine;
 }

@@ -7,8 +7,10 @@
 // eligible waits, else queues a ticket; a release hands its token to the first eligible ticket
 // (highest priority, then oldest; eligible: its process is under its cap) and rings that
 // process's doorbell (a futex in its slot). Each process runs a pump thread that sleeps on its
-// doorbell, collects the tickets granted to it, checks every `liveness` that the other
-// processes are alive and reclaims the tokens and tickets of dead ones.
+// doorbell, collects the lease tickets granted to it, checks every `liveness` that the other
+// processes are alive and reclaims the tokens and tickets of dead ones. A compute ticket (the
+// host backend's shared modelled device) is waited for by its backend thread itself, on the
+// ticket's state word (a futex the granter wakes): one wake-up per hand-over, not two.
 //
 // Crash safety: the mutex is robust (a holder's death hands the next locker EOWNERDEAD, which
 // recomputes every derived count from the slots' and tickets' own fields before going on); a
@@ -17,9 +19,7 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <functional>
 #include <string>
 #include <thread>
@@ -67,7 +67,8 @@ class Arbiter final : public ComputeGate {
   /// granted meanwhile (the caller holds that token and must use or release it).
   bool cancel(std::uint64_t ticket);
   /// ComputeGate: a compute slot of the shared modelled device, first come first served within
-  /// a priority across processes (blocks the calling backend thread until granted).
+  /// a priority across processes (blocks the calling backend thread until granted: it waits on
+  /// its ticket's state word, woken by the process that grants it).
   void enter(int priority) override;
   void leave(std::int64_t t0, std::int64_t t1) noexcept override;
   /// Stops and joins the pump thread (no more on_granted calls). Called before the owner of
@@ -89,7 +90,7 @@ class Arbiter final : public ComputeGate {
  private:
   /// Grants to this process found while the lock was held, handed out after it is let go.
   struct Mine {
-    std::vector<std::uint64_t> leases, compute;
+    std::vector<std::uint64_t> leases;
   };
   void pump();
   Mine collect_locked();
@@ -108,9 +109,6 @@ class Arbiter final : public ComputeGate {
   std::function<std::int64_t()> busy_ns_;
   std::function<std::vector<PublishedGraph>()> graphs_;
   std::atomic<bool> stop_{false};
-  std::mutex compute_mu_;
-  std::condition_variable compute_cv_;
-  std::vector<std::uint64_t> compute_ready_;  // compute tickets granted, not yet entered
   std::thread pump_;
 };
 

@@ -86,7 +86,7 @@ std::vector<std::int64_t> StreamPool::lease_time() const {
 
 StreamPool::~StreamPool() {
   // The streams first: destroy_stream waits until each is idle, so no backend thread is in the
-  // compute gate afterwards (the pump still delivers grants meanwhile). Then the gate goes, the
+  // compute gate afterwards (its grants come through the segment, not the pump). Then the gate goes, the
   // pump stops (it calls into this pool), and the arbiter is left.
   for (auto& l : leases_) backend_.destroy_stream(l->stream);
   backend_.set_compute_gate(nullptr);
