@@ -280,8 +280,9 @@ class Remote:
     about ``split_seconds`` of a worker, measured) or a number of items. max_splits_in_flight:
     splits submitted and not yet consumed (default 2 per worker, at least 2). order: "in_order"
     or "out_of_order". threads: each worker's splitflow runtime threads (default: the Dask
-    worker's nthreads). timeout: seconds without an answer from the scheduler before the run
-    fails. direct: results are fetched from the workers directly (not through the scheduler).
+    worker's nthreads). timeout: seconds without progress before the run fails when the
+    scheduler does not answer or its connection closed (a client that reconnects within it,
+    to a restarted scheduler, gets the splits not yet taken resubmitted). direct: results are fetched from the workers directly (not through the scheduler).
     """
 
     def __init__(self, build, client, items=None, *, seed=0, epoch=0, split="auto",
@@ -357,11 +358,12 @@ class Remote:
 
 
 class _Split:
-    __slots__ = ("no", "start", "indices", "future", "submitted")
+    __slots__ = ("no", "start", "indices", "future", "submitted", "comm")
 
     def __init__(self, no, start, indices, future, submitted):
         self.no, self.start, self.indices = no, start, indices
         self.future, self.submitted = future, submitted
+        self.comm = None  # the client's scheduler connection it was submitted through
 
 
 def _workers_of(client):
@@ -400,6 +402,9 @@ class RemotePass:
         self.splits_done = 0
         self.max_in_flight_seen = 0
         self.max_local_bytes = 0
+        self.reconnections = 0   # the scheduler connection lost and found again within timeout
+        self.resubmitted = 0     # splits submitted again after a reconnection
+        self.last_progress = None  # time.monotonic() of the start or the last split done
         self.latencies = []      # submit -> result taken (s), per split (queueing included)
         self.workers = {}        # address -> figures
         self.split_log = []      # (split, worker address, pid) as taken
@@ -449,6 +454,7 @@ class RemotePass:
 
     def _start(self):
         self.t0 = time.perf_counter()
+        self.last_progress = time.monotonic()
         status = getattr(self.client, "status", "running")
         if status != "running":
             raise Error(f"splitflow.dask: the Dask client is not connected to its scheduler "
@@ -478,25 +484,44 @@ class RemotePass:
         n = len(self.indices)
         r = self.remote
         while self.next_start < n and len(self.pending) + (1 if self.buffer else 0) < self.cap:
+            if getattr(self.client, "status", "running") != "running":
+                if self.pending or self.buffer:
+                    return  # the wait deals with it (it resubmits the splits in flight)
+                self._lost("the client's connection to the scheduler closed")  # or raises
             size = self._split_size()
             start = self.next_start
             part = self.indices[start:start + size]
+            split = _Split(next(self.splits), start, part, None, time.perf_counter())
             self.next_start = start + len(part)
-            no = next(self.splits)
-            fut = self.client.submit(run_split, r.build, no, part, self.seed, self.epoch,
-                                     r.opts, key=f"{self.key}-{no}", priority=-no, pure=False)
-            self.pending.append(_Split(no, start, part, fut, time.perf_counter()))
+            self.pending.append(split)
+            try:
+                self._submit(split)
+            except Exception:
+                if getattr(self.client, "status", "running") == "running":
+                    raise
+                return  # the connection went meanwhile: the wait resubmits it with the rest
             in_flight = len(self.pending) + (1 if self.buffer else 0)
             self.max_in_flight_seen = max(self.max_in_flight_seen, in_flight)
+
+    def _submit(self, split, attempt=""):
+        r = self.remote
+        split.comm = getattr(self.client, "scheduler_comm", None)  # a new one after a reconnection
+        split.future = self.client.submit(run_split, r.build, split.no, split.indices, self.seed,
+                                          self.epoch, r.opts, key=f"{self.key}-{split.no}{attempt}",
+                                          priority=-split.no, pure=False)
 
     def _take(self):
         """Waits for the next split (the first one, or any when out of order) and takes it."""
         t = time.perf_counter()
         try:
-            split = self._wait()
-            out = self._result(split)
+            while True:
+                split = self._wait()
+                out = self._result(split)
+                if out is not None:
+                    break  # None: the splits were resubmitted after a reconnection
         finally:
             self.wait_s += time.perf_counter() - t
+        self.last_progress = time.monotonic()
         self._accept(split, out)
 
     def _wait(self):
@@ -505,6 +530,8 @@ class RemotePass:
         poll = max(0.05, min(1.0, self.remote.timeout / 4))
         quiet_since = time.monotonic()
         while True:
+            if any(s.future is None for s in self.pending):  # a submission the loss interrupted
+                self._lost("the connection closed while splits were submitted")
             if self.remote.ordered:
                 first = self.pending[0]
                 if first.future.done():
@@ -522,35 +549,79 @@ class RemotePass:
                 continue
             except Exception:  # a timeout
                 pass
-            self._check_scheduler(quiet_since)
+            if self._check_scheduler(quiet_since):
+                quiet_since = time.monotonic()  # resubmitted after a reconnection
             if any(s.future.done() for s in self.pending):
                 quiet_since = time.monotonic()
 
     def _check_scheduler(self, quiet_since):
-        """Raises when the scheduler is gone or has not answered for `timeout` seconds."""
+        """Raises when the scheduler is gone or has not answered for `timeout` seconds; True
+        when the splits in flight were resubmitted after a reconnection."""
         timeout = self.remote.timeout
         status = getattr(self.client, "status", "running")
         if status != "running":
-            self._lost(f"the client's connection to the scheduler closed (status '{status}')")
+            return self._lost(f"the client's connection to the scheduler closed (status "
+                              f"'{status}')")
         quiet = time.monotonic() - quiet_since
         if quiet < timeout / 2:
-            return
+            return False
         left = max(0.1, timeout - quiet)
         try:
             self.client.sync(self.client.scheduler.identity, callback_timeout=left)
         except Exception as e:
-            self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__}: {e})")
+            return self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__}: {e})")
+        return False
 
     def _lost(self, why, split=None):
-        lost = list(self.pending) + ([split] if split is not None else [])
+        """The scheduler's connection closed (or it did not answer): waits for the client to
+        reconnect (Dask's client retries on its own, to a scheduler restarted at its address)
+        and then submits every split not yet taken again, in order (True); raises when it does
+        not come back within `timeout` of the last progress (at least half of it from now)."""
+        lost = sorted(list(self.pending) + ([split] if split is not None else []),
+                      key=lambda s: s.no)
+        while self._reconnected():
+            try:
+                for s in lost:
+                    self._submit(s, f"-r{self.reconnections}")
+                    s.submitted = time.perf_counter()
+            except Exception:  # lost again meanwhile
+                continue
+            self.pending = collections.deque(lost)
+            self.resubmitted += len(lost)
+            return True
         pending = len(lost)
         left = int(sum(len(s.indices) for s in lost)) + len(self.indices) - self.next_start
         self.pending = collections.deque()
         self.error = Error(
             f"splitflow.dask: lost the Dask scheduler at {self._address()}: {why}; "
-            f"{pending} splits in flight and {left} items not computed (the run fails after at "
-            f"most timeout={self.remote.timeout:g} s)")
+            f"{pending} splits in flight and {left} items not computed (the run waited "
+            f"timeout={self.remote.timeout:g} s for the client to reconnect)")
         raise self.error
+
+    def _reconnected(self):
+        """Whether the client is connected to a scheduler that answers, waiting for it until
+        the deadline; counts a reconnection."""
+        now = time.monotonic()
+        timeout = self.remote.timeout
+        deadline = max((self.last_progress or now) + timeout, now + timeout / 2)
+        while True:
+            status = getattr(self.client, "status", "running")
+            if status in ("closing", "closed"):
+                return False  # the client gave up (its own connect timeout) or was closed
+            if status == "running" and self._scheduler_answers(deadline):
+                self.reconnections += 1
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    def _scheduler_answers(self, deadline):
+        try:
+            self.client.sync(self.client.scheduler.identity,
+                             callback_timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            return True
+        except Exception:
+            return False
 
     def _result(self, split):
         from distributed import KilledWorker
@@ -559,9 +630,10 @@ class RemotePass:
         status = fut.status
         if status == "cancelled":
             st = getattr(self.client, "status", "running")
-            if st != "running":
+            if st != "running" or getattr(self.client, "scheduler_comm", None) is not split.comm:
                 self._lost(f"the client's connection to the scheduler closed (status '{st}'); "
                            "Dask cancelled the splits in flight", split)
+                return None  # resubmitted (_lost raises otherwise)
             raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
                         f"{split.start + len(split.indices) - 1}) was cancelled on the cluster")
         t = time.perf_counter()
@@ -576,6 +648,7 @@ class RemotePass:
         except Exception as e:
             if getattr(self.client, "status", "running") != "running":
                 self._lost(f"{type(e).__name__}: {e}", split)
+                return None  # resubmitted (_lost raises otherwise)
             if isinstance(e, Error):
                 raise
             raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
@@ -667,7 +740,8 @@ class RemotePass:
         splits, on its own clock: Dask's per-task cost there while splits are queued),
         fetch_s_per_split (median time the client took to fetch a finished split's results)
         and overhead_s_per_split (their sum); latency_s_per_split (submit to taken, queueing
-        included); the largest number of splits in flight and of bytes held locally; skips by
+        included); the largest number of splits in flight and of bytes held locally;
+        reconnections to the scheduler and the splits resubmitted after them; skips by
         stage and their errors (dataset index, worker); a diagnosis."""
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = (end - self.t0) if self.t0 is not None else 0.0
@@ -684,6 +758,7 @@ class RemotePass:
             "splits": self.splits_done, "split_items": self._split_size(),
             "max_splits_in_flight": self.cap, "splits_in_flight_max": self.max_in_flight_seen,
             "local_bytes_max": self.max_local_bytes,
+            "reconnections": self.reconnections, "resubmitted_splits": self.resubmitted,
             "wall_s": wall, "wait_s": self.wait_s,
             "bytes": total_bytes, "bytes_per_s": total_bytes / wall if wall > 0 else 0.0,
             "worker_busy_s": busy,

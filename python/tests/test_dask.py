@@ -2,7 +2,8 @@
 a graph segment on the workers of a LocalCluster (real scheduler and worker processes on
 loopback) and streams the results into a local graph: every item once, in the local order,
 deterministic from (seed, epoch, index); a worker killed mid-epoch loses and repeats nothing;
-remote errors are named and skips counted; a lost scheduler fails the run within the timeout;
+remote errors are named and skips counted; a lost scheduler fails the run within the timeout,
+one restarted within it loses and repeats nothing;
 splits in flight stay bounded under a slow consumer; ranks get disjoint shares; resume is exact.
 Each test starts its own cluster and closes it."""
 import contextlib
@@ -193,6 +194,65 @@ def test_scheduler_unreachable_fails_within_the_timeout():
             c.sync(w.kill, timeout=1)
         with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}):
             c.close(timeout=5)
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _dask_cli(*args):
+    """A `dask scheduler` or `dask worker` process (the CLI's modules), quiet; the workers
+    import this test's functions by module path."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def test_a_scheduler_restarted_within_the_timeout_loses_and_repeats_nothing():
+    """The scheduler is killed mid-epoch and started again at its address, with new workers
+    (Dask's workers end with their scheduler; a Deployment or a supervisor restarts them): the
+    client reconnects, the pass submits the splits it had not taken again, and the epoch ends
+    with every item once, in order, with the bytes of a local run."""
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    scheduler = ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
+                 "--dashboard-address", ":0", "--no-show"]
+    worker = ["distributed.cli.dask_worker", addr, "--nthreads", "1", "--nworkers", "2",
+              "--no-dashboard"]
+    procs = [_dask_cli(*scheduler), _dask_cli(*worker)]
+    client = None
+    try:
+        client = distributed.Client(addr, timeout=60)
+        client.wait_for_workers(2, timeout=60)
+        items = order(180, seed=11)
+        r = sfd.remote(fns.build_slow_samples, client, items=items, seed=6, epoch=3, split=6,
+                       max_splits_in_flight=4, timeout=60)
+        got = []
+        for x in r.iterate(items):
+            got.append(x)
+            if len(got) == 30:  # splits are in flight: the scheduler goes, a new one comes
+                procs[0].kill()
+                procs[0].wait(timeout=30)
+                procs[1].wait(timeout=60)  # the workers end with their scheduler
+                procs += [_dask_cli(*scheduler), _dask_cli(*worker)]
+        same(got, fns.local_samples(items, 6, 3))  # none lost, none repeated, same bytes
+        s = r.stats()
+        assert s["reconnections"] == 1
+        assert 1 <= s["resubmitted_splits"] <= 4  # the splits in flight, not the ones taken
+        assert s["items_out"] == 180
+    finally:
+        if client is not None:
+            try:
+                client.close(timeout=5)
+            except Exception:
+                pass
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)
 
 
 def test_backpressure_bounds_the_splits_in_flight_with_a_slow_consumer():
