@@ -567,9 +567,19 @@ class RemotePass:
             return False
         left = max(0.1, timeout - quiet)
         try:
-            self.client.sync(self.client.scheduler.identity, callback_timeout=left)
+            ident = self.client.sync(self.client.scheduler.identity, callback_timeout=left)
         except Exception as e:
             return self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__}: {e})")
+        if quiet >= timeout and not ident.get("workers", True):
+            # Tasks wait for workers that may never come: say so rather than wait for ever.
+            left = int(sum(len(s.indices) for s in self.pending)) + len(self.indices) - self.next_start
+            self.error = Error(
+                f"splitflow.dask: the Dask scheduler at {self._address()} has no workers and no "
+                f"split finished for {quiet:.0f} s (timeout={timeout:g} s); {len(self.pending)} "
+                f"splits in flight and {left} items not computed: start workers (`dask worker "
+                f"{self._address()}`) or raise timeout for a cluster that scales up slowly")
+            self.pending = collections.deque()
+            raise self.error
         return False
 
     def _lost(self, why, split=None):

@@ -255,6 +255,24 @@ def test_a_scheduler_restarted_within_the_timeout_loses_and_repeats_nothing():
             p.wait(timeout=30)
 
 
+def test_a_cluster_left_without_workers_fails_within_the_timeout():
+    """Every worker retired mid-epoch: the splits would wait in the scheduler for ever; the run
+    fails after timeout without progress, naming the scheduler and what to do."""
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_slow_samples, client, items=list(range(200)), split=10,
+                       timeout=3)
+        it = r.iterate(list(range(200)))
+        got = [next(it)]
+        client.retire_workers(list(client.scheduler_info()["workers"]))
+        t = time.monotonic()
+        with pytest.raises(sf.Error, match="has no workers and no split finished") as info:
+            for x in it:
+                got.append(x)
+        assert time.monotonic() - t < 3 + 3
+        assert "items not computed" in str(info.value) and "dask worker" in str(info.value)
+        assert [int(x["index"]) for x in got] == list(range(len(got)))
+
+
 def test_backpressure_bounds_the_splits_in_flight_with_a_slow_consumer():
     cap = 3
     with cluster(2) as (_, client):
