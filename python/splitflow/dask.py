@@ -281,8 +281,9 @@ class Remote:
     splits submitted and not yet consumed (default 2 per worker, at least 2). order: "in_order"
     or "out_of_order". threads: each worker's splitflow runtime threads (default: the Dask
     worker's nthreads). timeout: seconds without progress before the run fails when the
-    scheduler does not answer or its connection closed (a client that reconnects within it,
-    to a restarted scheduler, gets the splits not yet taken resubmitted). direct: results are fetched from the workers directly (not through the scheduler).
+    scheduler does not answer, its connection closed (a client that reconnects within it, to
+    a restarted scheduler, gets the splits not yet taken resubmitted) or it has no workers.
+    direct: results are fetched from the workers directly (not through the scheduler).
     """
 
     def __init__(self, build, client, items=None, *, seed=0, epoch=0, split="auto",
