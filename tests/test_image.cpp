@@ -364,6 +364,61 @@ TEST(ImageDecode, RegionsAndTheFusedCropEqualTheFullDecode) {
   }
 }
 
+// A 4-component JPEG (TurboJPEG writes CMYK pixels as YCCK with an Adobe marker) decodes as PIL
+// converts it (Image.convert("RGB"), "L": Pillow's cmyk2rgb and rgb2l of the inverted samples,
+// written out here with PIL's rounding; python/tests/test_image.py checks PIL itself), and every
+// region and the fused crop equal the full decode. Before: "Unsupported color conversion request".
+TEST(ImageDecode, CmykAndYcckFilesDecodeAsPilConvertsThem) {
+  const int h = 77, w = 130;
+  const auto cmyk = random_pixels(h, w, 4, 5);
+  for (int samp : {TJSAMP_444, TJSAMP_420}) {
+    tjhandle tj = tjInitCompress();
+    unsigned char* buf = nullptr;
+    unsigned long size = 0;
+    ASSERT_EQ(tjCompress2(tj, cmyk.data(), w, 0, h, TJPF_CMYK, &buf, &size, samp, 90, 0), 0);
+    const std::vector<std::uint8_t> jpeg(buf, buf + size);
+    tjFree(buf);
+    tjDestroy(tj);
+    int H = 0, W = 0;
+    const auto stored = tj_decode(jpeg, TJPF_CMYK, H, W);  // libjpeg's CMYK samples, as stored
+    ASSERT_EQ(H, h);
+    std::vector<std::uint8_t> rgb(std::size_t(h) * w * 3), gray(std::size_t(h) * w);
+    for (std::size_t i = 0; i < gray.size(); ++i) {
+      const int nk = stored[i * 4 + 3];  // PIL: K = 255 - stored, 255 - K = stored
+      int v[3];
+      for (int c = 0; c < 3; ++c) {
+        const int t = (255 - stored[i * 4 + c]) * nk + 128;
+        v[c] = nk - (((t >> 8) + t) >> 8);
+        rgb[i * 3 + c] = static_cast<std::uint8_t>(v[c]);
+      }
+      gray[i] = static_cast<std::uint8_t>((v[0] * 19595 + v[1] * 38470 + v[2] * 7471 + 0x8000) >> 16);
+    }
+    for (image::Color color : {image::Color::rgb, image::Color::gray}) {
+      const int C = color == image::Color::rgb ? 3 : 1;
+      const HostTensor full = image::decode_jpeg(jpeg.data(), jpeg.size(), color, "cmyk.jpg");
+      ASSERT_EQ(full.shape(), (std::vector<std::int64_t>{h, w, C}));
+      ASSERT_EQ(bytes_of(full), C == 3 ? rgb : gray) << "sampling " << samp;
+      for (const image::Box b : {image::Box{0, 0, h, w}, image::Box{h - 1, w - 1, 1, 1},
+                                 image::Box{13, 37, 40, 61}, image::Box{50, 0, 27, 9}}) {
+        const HostTensor region = image::decode_jpeg_region(jpeg.data(), jpeg.size(), b, color, "cmyk.jpg");
+        const auto* f = static_cast<const std::uint8_t*>(full.raw());
+        std::vector<std::uint8_t> want;
+        for (int y = 0; y < b.h; ++y)
+          want.insert(want.end(), f + (std::size_t(b.y + y) * w + b.x) * C, f + (std::size_t(b.y + y) * w + b.x + b.w) * C);
+        ASSERT_EQ(bytes_of(region), want) << "box y" << b.y << " x" << b.x << " sampling " << samp;
+      }
+      const image::AugmentSpec spec{.size = 48, .seed = 8, .epoch = 1};
+      for (std::uint64_t i = 0; i < 6; ++i) {
+        HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(jpeg.size())});
+        std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
+        const image::Image fused = image::decode_random_resized_crop({i, "cmyk.jpg", bytes}, spec, color);
+        const image::Image two = image::RandomResizedCrop(spec)({i, "cmyk.jpg", full});
+        ASSERT_EQ(bytes_of(fused.pixels), bytes_of(two.pixels)) << "item " << i;
+      }
+    }
+  }
+}
+
 // TurboJPEG 2.x refuses a header whose sampling factors it has no name for ("Could not
 // determine subsampling type"); PIL decodes such files (libjpeg), and so does decode_jpeg now,
 // to the pixels the region decode and the fused crop give. Before: decode_jpeg refused them

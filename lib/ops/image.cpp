@@ -233,6 +233,9 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
     decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
                             size == 0 ? "empty" : tjGetErrorStr2(tj)));
   }
+  // A CMYK or YCCK file: TurboJPEG decodes it to CMYK only; the libjpeg decoder converts it as
+  // PIL does (cmyk_to_rgb).
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return decode_jpeg_region(data, size, {}, color, what);
   // Data cut short before the frame header parses as "tables only": no image in it.
   if (width <= 0 || height <= 0)
     decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': no image in the data (truncated "
@@ -295,6 +298,33 @@ struct JpegDecoder {
   }
 };
 
+// A CMYK or YCCK JPEG (Adobe's; libjpeg converts YCCK to CMYK): decoded to CMYK, then
+// converted as PIL converts it for torchvision's loaders (Image.open(f).convert("RGB"), or
+// "L"): PIL takes every 4-component JPEG as Adobe writes it, its samples inverted, and Pillow's
+// cmyk2rgb gives R = (255 - K) - C (255 - K) / 255 (its rounding), G and B alike from M and Y;
+// gray is Pillow's rgb2l of that. In place: `out` may be `in` (channels <= 4, read first).
+bool is_cmyk(const jpeg_decompress_struct& c) noexcept {
+  return c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK;
+}
+
+void cmyk_to(const std::uint8_t* in, std::uint8_t* out, std::size_t pixels, int channels) noexcept {
+  for (std::size_t i = 0; i < pixels; ++i, in += 4, out += channels) {
+    const int nk = in[3];  // PIL's 255 - K, with K = 255 - the sample stored
+    int rgb[3];
+    for (int c = 0; c < 3; ++c) {
+      const int t = (255 - in[c]) * nk + 128;  // Pillow's MULDIV255(C, 255 - K)
+      rgb[c] = nk - (((t >> 8) + t) >> 8);
+    }
+    if (channels == 3) {
+      out[0] = static_cast<std::uint8_t>(rgb[0]);
+      out[1] = static_cast<std::uint8_t>(rgb[1]);
+      out[2] = static_cast<std::uint8_t>(rgb[2]);
+    } else {
+      out[0] = static_cast<std::uint8_t>((rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
+    }
+  }
+}
+
 // Reads the header; false with d.errors.message set on an error.
 bool read_header(JpegDecoder& d, const std::uint8_t* data, std::size_t size, bool gray) {
   d.cinfo.err = jpeg_std_error(&d.errors.mgr);
@@ -308,7 +338,8 @@ bool read_header(JpegDecoder& d, const std::uint8_t* data, std::size_t size, boo
     std::snprintf(d.errors.message, sizeof d.errors.message, "no image in the data");
     return false;
   }
-  d.cinfo.out_color_space = gray ? JCS_GRAYSCALE : JCS_RGB;
+  // (libjpeg converts a CMYK or YCCK file to CMYK only: cmyk_to does the rest.)
+  d.cinfo.out_color_space = is_cmyk(d.cinfo) ? JCS_CMYK : gray ? JCS_GRAYSCALE : JCS_RGB;
   return true;
 }
 
@@ -439,6 +470,7 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
                             "{}) is outside the {}x{} image",
                             what, box.y, box.x, box.h, box.w, H, W));
   const int C = color == Color::rgb ? 3 : 1;
+  const int D = is_cmyk(d.cinfo) ? 4 : C;  // the channels libjpeg decodes
   unsigned max_w = static_cast<unsigned>(W);
   if (denom && *denom > 1) {
     const int k = *denom;
@@ -454,20 +486,26 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
   if (decoded) *decoded = box;
   // Rows are decoded at the iMCU-aligned width libjpeg picks, into a buffer that wide; then the
   // box's columns are the result (a view: no copy).
-  HostTensor rows = HostTensor::empty(DType::u8, {box.h, static_cast<std::int64_t>(max_w), C});
+  HostTensor rows = HostTensor::empty(DType::u8, {box.h, static_cast<std::int64_t>(max_w), D});
   unsigned x = static_cast<unsigned>(box.x), w = static_cast<unsigned>(box.w), out_x = 0, out_w = 0;
-  std::vector<std::uint8_t> spare(static_cast<std::size_t>(max_w) * C);  // the last row's
+  std::vector<std::uint8_t> spare(static_cast<std::size_t>(max_w) * D);  // the last row's
   if (!decode_rows(d, box.y, box.h, &x, &w, static_cast<std::uint8_t*>(rows.raw()),
-                   static_cast<std::size_t>(max_w) * C, &out_x, &out_w, spare.data()))
+                   static_cast<std::size_t>(max_w) * D, &out_x, &out_w, spare.data()))
     throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
                             d.errors.message, W, H));
-  // Compact the box's columns to the front of each row (memmove: rows overlap in place).
+  // Compact the box's columns to the front of each row (in place: rows overlap; a CMYK row's
+  // pixels are converted as they move, each read before its place is written).
   auto* base = static_cast<std::uint8_t*>(rows.raw());
-  const std::size_t skip = static_cast<std::size_t>(static_cast<unsigned>(box.x) - out_x) * C;
+  const std::size_t skip = static_cast<std::size_t>(static_cast<unsigned>(box.x) - out_x) * D;
   const std::size_t keep = static_cast<std::size_t>(box.w) * C;
-  for (int r = 0; r < box.h; ++r)
-    std::memmove(base + static_cast<std::size_t>(r) * keep,
-                 base + static_cast<std::size_t>(r) * max_w * C + skip, keep);
+  for (int r = 0; r < box.h; ++r) {
+    const std::uint8_t* from = base + static_cast<std::size_t>(r) * max_w * D + skip;
+    std::uint8_t* to = base + static_cast<std::size_t>(r) * keep;
+    if (D == 4)
+      cmyk_to(from, to, static_cast<std::size_t>(box.w), C);
+    else
+      std::memmove(to, from, keep);
+  }
   return HostTensor::wrap(base, DType::u8, {box.h, box.w, C}, rows.owner());
 }
 

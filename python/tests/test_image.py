@@ -101,6 +101,52 @@ def test_damaged_files_are_refused_or_decoded_as_pil_does(tmp_path):
     assert accepted == ["junk", "corrupt", "trailing"]
 
 
+# A new user's trial: a CMYK JPEG failed with libjpeg's "Unsupported color conversion request",
+# where PIL, and so torchvision's ImageFolder (Image.open(f).convert("RGB")), decodes it (ImageNet's
+# training set has a few dozen such files: under on_error="skip" they were lost every epoch).
+# Now decoded as PIL converts them, pixel for pixel, in RGB and gray, baseline and progressive,
+# and the fused crop (at full and reduced DCT scale) equals decode-then-crop.
+def test_cmyk_jpegs_decode_as_pil_converts_them(tmp_path):
+    rng = np.random.default_rng(3)
+    h, w = 300, 420
+    yy, xx = np.mgrid[0:h, 0:w]
+    cmyk = np.stack([(xx * 255 // w), (yy * 255 // h), ((xx + yy) * 127 // (w + h)),
+                     (64 + 60 * np.sin(xx / 17.0) * np.cos(yy / 11.0))], -1)
+    cmyk = (cmyk + rng.integers(0, 30, cmyk.shape)).clip(0, 255).astype(np.uint8)
+    paths = []
+    for name, kw in (("cmyk", {}), ("cmyk-progressive", {"progressive": True})):
+        paths.append(str(tmp_path / f"{name}.jpg"))
+        Image.fromarray(cmyk, "CMYK").save(paths[-1], quality=90, **kw)
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def run(name, *ops):
+        g = sf.Graph(rt, name)
+        node = g.indices("i", list(range(len(paths)))) >> g.stage("read", sf.ops.read_file(paths))
+        for k, op in enumerate(ops):
+            node = node >> g.stage(f"s{k}", op)
+        out = g.pull_sink("out")
+        node >> out
+        return [np.asarray(t).copy() for t in g.iterate(out)]
+
+    for p, got in zip(paths, run("rgb", sf.ops.decode_jpeg())):
+        assert Image.open(p).mode == "CMYK"
+        assert np.array_equal(got, np.asarray(Image.open(p).convert("RGB"))), p
+    for p, got in zip(paths, run("gray", sf.ops.decode_jpeg(gray=True))):
+        assert np.array_equal(got[..., 0], np.asarray(Image.open(p).convert("L"))), p
+    for size in (64, 200):  # 64: a shrink of 2x or more, decoded at a reduced DCT scale
+        for scaled in ("never", "large"):
+            fused = run("fused", sf.ops.decode_random_resized_crop(size, seed=4, epoch=1,
+                                                                 scaled_decode=scaled))
+            split = run("split", sf.ops.decode_jpeg(),
+                        sf.ops.random_resized_crop(size, seed=4, epoch=1))
+            for a, b in zip(fused, split):
+                assert a.shape == (size, size, 3)
+                if scaled == "never":
+                    assert np.array_equal(a, b)
+                else:  # within the scaled decode's stated cost (docs/api.md)
+                    assert 10 * np.log10(255 ** 2 / max(((a.astype(float) - b) ** 2).mean(), 1e-9)) > 30
+
+
 def test_image_files_directory_glob_and_list(tmp_path):
     paths = write_jpegs(str(tmp_path), 3)
     (tmp_path / "notes.txt").write_text("x")

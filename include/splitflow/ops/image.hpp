@@ -101,8 +101,10 @@ Encoded read_file(FileRef file);
 enum class Color { rgb, gray };
 
 /// Decodes a JPEG with libjpeg-turbo (accurate DCT, fancy upsampling: TurboJPEG's defaults) into
-/// u8[h, w, 3] (rgb) or u8[h, w, 1] (gray). Truncated or corrupt data is an error naming `what`
-/// (the file) and libjpeg-turbo's message; libjpeg-turbo's warnings count as errors too.
+/// u8[h, w, 3] (rgb) or u8[h, w, 1] (gray), as PIL decodes it: data that ends early is an error
+/// naming `what` (the file) and libjpeg-turbo's message, other damage PIL decodes through
+/// (corrupt entropy data, junk before the end marker) is decoded through, to PIL's pixels; a
+/// CMYK or YCCK file gives what PIL's Image.convert("RGB") (gray: "L") gives.
 HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color = Color::rgb,
                        const std::string& what = "JPEG data");
 Image decode(Encoded file, Color color = Color::rgb);
