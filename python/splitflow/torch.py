@@ -20,9 +20,9 @@ stages serialise on the GIL, so keep the heavy per-item work in C++ ops.
 
 With ``num_workers > 0`` every worker builds its own runtime after the fork (a CPU-only graph
 never touches CUDA, so forking is safe) and takes its share of the items. oneTBB's threads do
-not survive a fork: if this process already ran graphs, a forked worker raises
-``splitflow.Error`` (rather than hang); create the loader with
-``multiprocessing_context="spawn"`` (or ``"forkserver"``) then.
+not survive a fork: if this process already ran graphs (which starts them; creating a
+``Runtime`` does not), a forked worker raises ``splitflow.Error`` (rather than hang); create
+the loader with ``multiprocessing_context="spawn"`` (or ``"forkserver"``) then.
 
 Order and sharding: each epoch's order is ``torch.randperm(length)`` seeded with
 ``seed + epoch`` (or 0..length-1 without shuffle); rank r of w takes positions r, r+w, ...

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -132,7 +133,7 @@ template <class T>
 std::shared_ptr<T> make_released(std::unique_ptr<T> p) {
   return std::shared_ptr<T>(p.release(), [](T* x) {
     if (PyGILState_Check()) {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       delete x;
     } else {
       delete x;
@@ -140,15 +141,28 @@ std::shared_ptr<T> make_released(std::unique_ptr<T> p) {
   });
 }
 
-/// oneTBB's worker threads do not survive fork(): a child of a process that already started
-/// them would hang in its first arena. Refuse, loudly, instead.
+/// oneTBB's worker threads do not survive fork(): a child of a process whose runs had started
+/// them would hang in its first arena. Creating a Runtime starts none (its arena's threads come
+/// with its first run), so a process that only made one may fork. Refuse, loudly, a Runtime or
+/// a run in a child of a process that had run graphs, instead of hanging.
+std::atomic<pid_t> g_threads_started_in{0};  // the process whose first run started them; 0: none
+
 void check_not_forked_after_tbb() {
-  static const pid_t first_pid = getpid();  // the process that first started the thread pool
-  if (getpid() != first_pid)
+  const pid_t started = g_threads_started_in.load();
+  if (started != 0 && started != getpid())
     throw Error(
-        "splitflow.Runtime: this process was forked from one that had already started "
-        "splitflow's thread pool, which does not survive fork(); create the DataLoader with "
-        "multiprocessing_context='spawn' (or 'forkserver'), or fork before running graphs");
+        "splitflow.Runtime: this process was forked from one (pid " + std::to_string(started) +
+        ") that had already run splitflow graphs, which started its thread pool (oneTBB's "
+        "threads do not survive fork()); create the DataLoader with "
+        "multiprocessing_context='spawn' (or 'forkserver'), or fork before running graphs "
+        "(creating a Runtime before the fork is fine)");
+}
+
+/// Before a run starts: the thread pool is this process's from now on.
+void starting_a_run() {
+  check_not_forked_after_tbb();
+  pid_t none = 0;
+  g_threads_started_in.compare_exchange_strong(none, getpid());
 }
 
 struct PyRuntime {
@@ -177,14 +191,19 @@ struct RunRegistry {
     std::erase_if(runs, [](const Run& x) { return x.status() != RunStatus::running; });
     runs.push_back(r);
   }
-  void cancel_all() {
+  /// Interpreter exit, once the exit gate is closed (no new runs, no Python on splitflow's
+  /// threads): cancels every run (all first, so that they stop together), lets them end, and
+  /// waits for the threads still inside the gate (Python stages finishing their call; readers
+  /// woken by the cancel go to sleep). Without the GIL.
+  void shut_down() {
     std::vector<Run> copy;
     {
       std::lock_guard lk(mu);
       copy.swap(runs);
     }
-    for (auto& r : copy) r.cancel();  // all first, so that they stop together
+    for (auto& r : copy) r.cancel();
     for (auto& r : copy) drain(r);
+    exit_gate::wait_empty(std::chrono::seconds(10));
   }
 };
 RunRegistry& registry() {
@@ -394,8 +413,9 @@ struct BodyGil {
         .count();
   }
   const std::int64_t t0 = PyGILState_Check() != 0 ? 0 : now_ns();
-  py::gil_scoped_acquire gil;
+  WithGil gil;
   BodyGil() {
+    if (!gil) throw_exiting("a Python stage");
     if (t0 != 0) detail::add_contended_ns(now_ns() - t0);
   }
 };
@@ -457,7 +477,8 @@ struct PythonSource {
   HeldRef iterable;  // the graph's (PyGraph::hold)
   PyObj iterator;
   std::optional<Value> operator()() {
-    py::gil_scoped_acquire gil;
+    WithGil gil;
+    if (!gil) throw_exiting("a Python source");
     return call_python([&]() -> std::optional<Value> {
       if (!iterator) iterator = PyObj(py::iter(iterable->obj.get()));
       PyObject* next = PyIter_Next(iterator.get().ptr());
@@ -488,7 +509,7 @@ std::string unread_full_pull_sinks(const Run& run, const PyGraph& graph) {
   if (names.empty()) return {};
   RunStats st;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     st = run.stats();
   }
   std::string full;
@@ -516,12 +537,12 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
     if (timeout_s) slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                deadline - std::chrono::steady_clock::now()));
     {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       done = run.wait_for(std::max(slice, std::chrono::nanoseconds(0)));
     }
     if (done) {
       try {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return run.wait();
       } catch (const StageError& e) {
         raise_stage_error(e);
@@ -530,7 +551,7 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
     if (PyErr_CheckSignals() != 0) {
       interrupt_bodies_on_ctrl_c(graph);
       {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         drain(run);
       }
       throw py::error_already_set();
@@ -581,7 +602,7 @@ struct PullIterator {
       bool timed_out = false;
       std::optional<Value> v;
       try {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         v = node->pull->next_for(50ms, timed_out);
       } catch (const StageError& e) {
         finished = true;
@@ -614,7 +635,7 @@ struct PullIterator {
   static constexpr int kStuckSlices = 20 * 120;  // 50 ms slices: 120 s
   void cancel_and_wait() {
     if (!run.valid()) return;
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     close_and_drain();
   }
   /// The reader stops (a break, close(), Ctrl-C): the run ends as its sink's close() ends it,
@@ -681,7 +702,9 @@ image::Image image_input(Value&& v, const char* what) {
 }
 
 void bind_image_ops(py::module_& mops) {
-  mops.def("read_file", [](std::vector<std::string> paths, std::optional<std::vector<std::int64_t>> labels) {
+  mops.def("read_file", [](std::vector<std::string> paths, py::object labels_in) {
+    std::optional<std::vector<std::int64_t>> labels;
+    if (!labels_in.is_none()) labels = int64_list(labels_in, "ops.read_file: labels");
     if (labels && labels->size() != paths.size())
       throw Error("ops.read_file: " + std::to_string(labels->size()) + " labels for " +
                   std::to_string(paths.size()) + " paths; give one label per path");
@@ -689,7 +712,7 @@ void bind_image_ops(py::module_& mops) {
     std::shared_ptr<const std::vector<std::int64_t>> lab;
     if (labels) lab = std::make_shared<const std::vector<std::int64_t>>(std::move(*labels));
     return CpuOp{"read_file", [kept, lab](Value v) -> Value {
-      const auto* i = std::get_if<std::int64_t>(&v);
+      const std::optional<std::int64_t> i = as_index(v);
       if (!i)
         throw Error("ops.read_file: expected an integer index into its " +
                     std::to_string(kept->size()) + " paths (from g.indices(...) or g.source(...) "
@@ -883,7 +906,7 @@ input copied H2D first).)doc");
     const DType dt = dtype_from_name(dtype);
     return CpuOp{"fill", [shape, dt](Value v) -> Value {
       // A tensor of `shape` whose bytes all equal the item (an integer) mod 256: test data.
-      const auto* i = std::get_if<std::int64_t>(&v);
+      const std::optional<std::int64_t> i = as_index(v);
       if (!i) throw Error("ops.fill: expected an integer item, got " + describe(v));
       HostTensor t = HostTensor::empty(dt, shape);
       std::memset(t.raw(), static_cast<int>(*i & 0xff), t.nbytes());
@@ -1030,14 +1053,14 @@ waiting at once.)doc")
       "Waits for the end (or `timeout` seconds: None if still running); returns the status. "
       "Raises StageError if a stage failed.")
       .def("cancel", [](PyRun& r) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         r.run.cancel();
       })
       .def_property_readonly("status", [](const PyRun& r) { return to_string(r.run.status()); })
       .def("stats", [](const PyRun& r) {
         RunStats st;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = r.run.stats();
         }
         return stats_dict(st);
@@ -1045,24 +1068,24 @@ waiting at once.)doc")
       .def("report", [](const PyRun& r) {
         std::string text;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           text = report(r.run.stats(), r.graph->runtime->rt.device_stats());
         }
         return text;
       }, "The text report with its diagnosis.")
       .def("json", [](const PyRun& r) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return to_json(r.run.stats(), r.graph->runtime->rt.device_stats());
       })
       .def("prometheus", [](const PyRun& r) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return prometheus_text(r.run.stats(), r.graph->runtime->rt.device_stats());
       })
       .def("trace_json", [](const PyRun& r) { return r.run.trace_json(); })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyRun& r, py::args) {
         // Leaving a `with` block cancels a run still going (an exception, a break).
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         drain(r.run);  // (cancelling a finished run does nothing)
         return false;
       });
@@ -1095,10 +1118,11 @@ Error when the run ends first.)doc")
         }
         auto keep = std::make_shared<PyObj>(fut);
         {
-          py::gil_scoped_release nogil;  // admission may wait for room
+          NoGil nogil;  // admission may wait for room
           s.svc.submit(std::move(v), when, [keep](Value* result, std::exception_ptr error) {
             if (!python_alive()) return;
-            py::gil_scoped_acquire gil;
+            WithGil gil;
+            if (!gil) return;  // exiting: the future is left unanswered
             try {
               py::object f = keep->get();
               if (result) f.attr("set_result")(to_python(std::move(*result)));
@@ -1148,9 +1172,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         return std::make_shared<PyNode>(PyNode{g, name, nullptr, &s.out_port(), std::nullopt});
       }, py::arg("name"), py::arg("iterable"),
       "A source from a Python iterable (iter() is called afresh for each run).")
-      .def("indices", [](std::shared_ptr<PyGraph> g, std::string name, std::vector<std::int64_t> values) {
+      .def("indices", [](std::shared_ptr<PyGraph> g, std::string name, py::object values) {
         // A C++ source: the graph keeps the list; no GIL per item.
-        auto kept = std::make_shared<std::vector<std::int64_t>>(std::move(values));
+        auto kept = std::make_shared<std::vector<std::int64_t>>(
+            int64_list(values, "splitflow.Graph.indices('" + name + "')"));
         auto s = g->graph.source(name, [kept, i = std::size_t{0}]() mutable -> std::optional<Value> {
           if (i == kept->size()) return std::nullopt;
           return Value{(*kept)[i++]};
@@ -1212,7 +1237,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
               body, processes, name, field, py::arg("depth") = kDepth);
           o.concurrency = static_cast<std::size_t>(processes) * kDepth;
           auto submit = [pool = g->hold(pool)](Value v, Completion<Value> c) {
-            py::gil_scoped_acquire gil;
+            WithGil gil;
+            if (!gil) throw_exiting("a process stage");
             PyCompletion pc{std::make_shared<Completion<Value>>(std::move(c))};
             call_python([&] { pool->obj.get().attr("submit")(to_python(std::move(v)), pc); });
           };
@@ -1386,10 +1412,12 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "A sink that Python iterates: `for x in sink` reads the current run.")
       .def("connect", [](PyGraph&, const PyNode& a, const PyNode& b) { connect_nodes(a, b); })
       .def("run", [](std::shared_ptr<PyGraph> g) {
+        if (!exit_gate::open()) throw_exiting(("splitflow.Graph.run('" + g->graph.name() + "')").c_str());
+        starting_a_run();
         auto r = std::make_shared<PyRun>();
         r->graph = g;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           r->run = g->graph.run();
         }
         registry().add(r->run);
@@ -1398,9 +1426,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       .def("iterate", [](std::shared_ptr<PyGraph> g, std::shared_ptr<PyNode> sink) {
         // run() + an iterator over `sink` that owns the run: leaving the loop early cancels it.
         if (!sink->pull) throw GraphError("splitflow.Graph.iterate: '" + sink->name + "' is not a pull sink");
+        if (!exit_gate::open()) throw_exiting(("splitflow.Graph.iterate('" + g->graph.name() + "')").c_str());
+        starting_a_run();
         auto it = std::make_unique<PullIterator>(sink);
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           it->run = g->graph.run();
         }
         registry().add(it->run);
@@ -1408,9 +1438,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       }, py::arg("sink"));
 
   m.def("_shutdown", [] {
-    py::gil_scoped_release nogil;
-    registry().cancel_all();
-  }, "Cancels and drains every run started from Python (registered with atexit).");
+    exit_gate::close();
+    py::gil_scoped_release nogil;  // (not NoGil: the gate is closed)
+    registry().shut_down();
+  }, "Cancels and drains every run started from Python, then closes the exit gate: no thread "
+     "of splitflow's takes the GIL after it (registered with atexit).");
   m.def("cuda_runtime_calls", [] { return cuda_runtime_calls(); },
         "CUDA runtime calls made by this process so far (0 in a CPU-only process).");
   m.def("built_with_cuda", [] { return built_with_cuda(); });
@@ -1419,7 +1451,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
   m.def("read_arbiter", [](const std::string& name) -> py::object {
         ArbiterView v;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           v = read_arbiter(name);
         }
         py::dict all = py::module_::import("json").attr("loads")(arbiters_json({v}));

@@ -1,14 +1,69 @@
 #include "values.hpp"
 
+#include <unistd.h>
+
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace splitflow::python {
 
 bool python_alive() noexcept { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+
+namespace exit_gate {
+namespace {
+// enter() counts itself in, then looks at `closed`; close() sets `closed` before wait_empty()
+// looks at the count (both sequentially consistent): a thread that found the gate open is
+// counted.
+std::atomic<int> g_inside{0};
+std::atomic<bool> g_closed{false};
+std::atomic<unsigned long> g_exiting_thread{0};
+std::mutex g_mu;
+std::condition_variable g_left;
+}  // namespace
+
+bool enter() noexcept {
+  g_inside.fetch_add(1);
+  if (!g_closed.load()) return true;
+  leave();
+  return false;
+}
+
+void leave() noexcept {
+  if (g_inside.fetch_sub(1) == 1 && g_closed.load()) {
+    std::lock_guard lk(g_mu);
+    g_left.notify_all();
+  }
+}
+
+bool open() noexcept { return !g_closed.load(); }
+
+void close() noexcept {
+  g_exiting_thread.store(PyThread_get_thread_ident());
+  g_closed.store(true);
+}
+
+void wait_empty(std::chrono::milliseconds limit) noexcept {
+  std::unique_lock lk(g_mu);
+  g_left.wait_for(lk, limit, [] { return g_inside.load() == 0; });
+}
+
+bool exiting_thread() noexcept { return g_exiting_thread.load() == PyThread_get_thread_ident(); }
+
+void park() noexcept {
+  for (;;) ::pause();
+}
+}  // namespace exit_gate
+
+void throw_exiting(const char* what) {
+  throw CancelledError(std::string(what) + ": the interpreter is exiting (splitflow's atexit hook "
+                       "cancelled the runs; no Python code runs on splitflow's threads after it)");
+}
 
 // ---- dtypes ------------------------------------------------------------------------------------
 
@@ -162,13 +217,13 @@ struct BufferOwner {
   bool held = false;
   ~BufferOwner() {
     if (!held || !python_alive()) return;
-    py::gil_scoped_acquire gil;
-    PyBuffer_Release(&view);
+    if (WithGil gil; gil) PyBuffer_Release(&view);  // (exiting: leaked)
   }
 };
 
 HostTensor wrap_buffer(py::handle obj, const char* what) {
-  py::gil_scoped_acquire gil;
+  WithGil gil;
+  if (!gil) throw_exiting(what);
   py::object src = py::reinterpret_borrow<py::object>(obj);
   if (!PyObject_CheckBuffer(src.ptr())) {
     // torch.Tensor and friends: numpy.asarray views them without a copy.
@@ -207,7 +262,8 @@ std::string describe(const Value& v) {
   switch (v.index()) {
     case 0: return "nothing (None)";
     case 1: {
-      py::gil_scoped_acquire gil;
+      WithGil gil;
+      if (!gil) return "a Python object";
       py::object o = std::get<PyObj>(v).get();
       return "a Python " + std::string(py::str(o.get_type().attr("__name__")));
     }
@@ -241,7 +297,7 @@ py::object to_python(Value&& v) {
       std::vector<Value> items(b.items.begin(), b.items.end());
       Value all;
       {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         all = collate(std::move(items), "a dynamic batch");
       }
       return to_python(std::move(all));
@@ -325,6 +381,65 @@ Value from_python(py::handle h) {
   return PyObj(py::reinterpret_borrow<py::object>(h), bytes);
 }
 
+namespace {
+/// `o` as an index (with the GIL): nullopt when Python would not take it as one, or a bool.
+std::optional<std::int64_t> index_of(PyObject* o) {
+  if (PyBool_Check(o) || !PyIndex_Check(o)) return std::nullopt;
+  PyObject* i = PyNumber_Index(o);
+  if (!i) {
+    PyErr_Clear();  // a float tensor, a tensor of several elements: not an index
+    return std::nullopt;
+  }
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
+  Py_DECREF(i);
+  if (overflow || (x == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return static_cast<std::int64_t>(x);
+}
+}  // namespace
+
+std::optional<std::int64_t> as_index(const Value& v) {
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return *i;
+  const auto* o = std::get_if<PyObj>(&v);
+  if (!o || !*o) return std::nullopt;
+  WithGil gil;
+  if (!gil) throw_exiting("an index");
+  return index_of(o->ptr());
+}
+
+std::vector<std::int64_t> int64_list(py::handle values, const std::string& who) {
+  py::object seq = py::reinterpret_borrow<py::object>(values);
+  // A NumPy array or a torch tensor: its elements as Python numbers at once (iterating a
+  // tensor makes a tensor per element).
+  if (!PyList_Check(seq.ptr()) && !PyTuple_Check(seq.ptr()) && py::hasattr(seq, "tolist"))
+    seq = seq.attr("tolist")();
+  std::vector<std::int64_t> out;
+  if (PyObject_HasAttrString(seq.ptr(), "__len__")) out.reserve(py::len(seq));
+  py::iterator it;
+  try {
+    it = py::iter(seq);
+  } catch (py::error_already_set&) {
+    throw GraphError(who + ": expected integers (a list, a range, a NumPy integer array, a torch "
+                     "integer tensor), got a " + std::string(py::str(values.get_type().attr("__name__"))));
+  }
+  for (std::size_t n = 0; it != py::iterator::sentinel(); ++it, ++n) {
+    PyObject* e = (*it).ptr();
+    if (std::optional<std::int64_t> i = index_of(e)) {
+      out.push_back(*i);
+      continue;
+    }
+    const std::string value = PyFloat_Check(e) ? " " + py::repr(e).cast<std::string>() : "";
+    throw GraphError(who + ": element " + std::to_string(n) + " is a " +
+                     std::string(py::str(py::handle(e).get_type().attr("__name__"))) + value +
+                     ", not an integer; give integers (a list, a range, a NumPy integer array, a "
+                     "torch integer tensor)");
+  }
+  return out;
+}
+
 HostTensor as_host(const Value& v, const char* what) {
   switch (v.index()) {
     case 3: return std::get<HostTensor>(v);
@@ -337,7 +452,8 @@ HostTensor as_host(const Value& v, const char* what) {
       return HostTensor::wrap(t.raw(), t.dtype(), t.shape(), t.owner());
     }
     case 1: {
-      py::gil_scoped_acquire gil;
+      WithGil gil;
+      if (!gil) throw_exiting(what);
       py::object o = std::get<PyObj>(v).get();
       return wrap_buffer(o, what);
     }
@@ -563,7 +679,8 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
   if (tensors && objects) {
     // Python objects stack when they are arrays (buffer protocol) or torch CPU tensors (what a
     // Python stage returns: viewed through numpy, no copy before the stack).
-    py::gil_scoped_acquire gil;
+    WithGil gil;
+    if (!gil) throw_exiting(who.c_str());
     for (Value& v : items) {
       if (v.index() != 1) continue;
       py::object o = std::get<PyObj>(v).get();
@@ -622,7 +739,8 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     return out;
   }
   if (same && kind == 1) {  // Python floats: a float64 tensor; bools: a bool one; other objects: a list
-    py::gil_scoped_acquire gil;
+    WithGil gil;
+    if (!gil) throw_exiting(who.c_str());
     bool floats = true, bools = true;
     for (const Value& v : items) {
       floats = floats && PyFloat_CheckExact(std::get<PyObj>(v).get().ptr());

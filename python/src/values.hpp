@@ -4,8 +4,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 #include <string>
 #include <utility>
@@ -22,6 +24,91 @@ namespace py = pybind11;
 /// True while Python objects may be touched (not during or after interpreter finalisation).
 bool python_alive() noexcept;
 
+/// Interpreter exit. Once finalisation has begun, Python ends any other thread that takes the
+/// GIL (pthread_exit): inside C++ code that aborts the process ("terminate called without an
+/// active exception"), as a daemon thread reading a run did. So splitflow's code takes the GIL
+/// only through this gate (NoGil, WithGil). The atexit hook (_shutdown) closes it, cancels the
+/// runs and waits, with the GIL released, for the threads inside to come out, all before
+/// finalisation begins. From then on a thread of splitflow's does not take the GIL (its call
+/// is refused: a Python stage raises CancelledError, a reference is leaked), and a Python
+/// thread other than the exiting one that waits in splitflow, or comes back from a wait, sleeps
+/// for ever instead of returning into Python: only daemon threads are left then, and Python
+/// ends them with the process (as Python 3.14 does with any daemon thread at exit).
+namespace exit_gate {
+/// Counts the caller in; false (not counted) once the gate is closed.
+bool enter() noexcept;
+void leave() noexcept;
+bool open() noexcept;
+/// Closes the gate; the calling thread is the exiting one (it runs the atexit hooks).
+void close() noexcept;
+/// Waits up to `limit` for the threads inside to leave. Without the GIL.
+void wait_empty(std::chrono::milliseconds limit) noexcept;
+/// The thread closing the gate: it goes on through finalisation.
+bool exiting_thread() noexcept;
+/// Sleeps for ever (a daemon thread at exit, holding no GIL).
+[[noreturn]] void park() noexcept;
+}  // namespace exit_gate
+
+/// Releases the GIL for a wait, as py::gil_scoped_release does, while the exit gate is open.
+/// Once it is closed the exiting thread keeps the GIL (the runs are over: nothing is left to
+/// wait for), and any other thread sleeps for ever rather than take the GIL back (a daemon
+/// thread: taking it during finalisation would end the thread mid-C++).
+class NoGil {
+ public:
+  NoGil() noexcept {
+    if (exit_gate::enter()) {
+      state_ = PyEval_SaveThread();
+    } else if (!exit_gate::exiting_thread()) {
+      PyEval_SaveThread();
+      exit_gate::park();
+    }
+  }
+  ~NoGil() {
+    if (!state_) return;
+    if (!exit_gate::open() && !exit_gate::exiting_thread()) {
+      exit_gate::leave();
+      exit_gate::park();
+    }
+    PyEval_RestoreThread(state_);
+    exit_gate::leave();
+  }
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
+/// Takes the GIL, as py::gil_scoped_acquire does, unless the exit gate is closed and this
+/// thread does not hold it already: then false, and the caller must not touch Python.
+class WithGil {
+ public:
+  WithGil() noexcept {
+    if (PyGILState_Check()) {
+      held_ = true;  // this thread's already (nested): nothing to take
+    } else if (exit_gate::enter()) {
+      state_ = PyGILState_Ensure();
+      taken_ = true;
+    }
+  }
+  ~WithGil() {
+    if (!taken_) return;
+    PyGILState_Release(state_);
+    exit_gate::leave();
+  }
+  explicit operator bool() const noexcept { return held_ || taken_; }
+  WithGil(const WithGil&) = delete;
+  WithGil& operator=(const WithGil&) = delete;
+
+ private:
+  PyGILState_STATE state_{};
+  bool held_ = false;
+  bool taken_ = false;
+};
+
+/// What a call that needs Python throws once the interpreter is exiting.
+[[noreturn]] void throw_exiting(const char* what);
+
 /// A strong reference to a Python object that any thread may copy, move or drop: copies and
 /// drops take the GIL (moves do not). At interpreter exit the reference is leaked, not freed.
 class PyObj {
@@ -29,26 +116,30 @@ class PyObj {
   PyObj() = default;
   /// Takes `o`'s reference (call with the GIL).
   explicit PyObj(py::object o) noexcept : p_(o.release().ptr()) {}
-  PyObj(const PyObj& o) : p_(o.p_), bytes_(o.bytes_) {
-    if (p_) {
-      py::gil_scoped_acquire gil;
+  PyObj(const PyObj& o) : p_(o.p_), bytes_(o.bytes_), owned_(o.owned_) {
+    if (!p_ || !owned_) return;
+    if (WithGil gil; gil) {
       Py_INCREF(p_);
+    } else {
+      owned_ = false;  // exiting: a borrowed copy, never released (the original is leaked too)
     }
   }
   /// `bytes`: what the object holds, if known (a buffer's length: host_bytes()).
   PyObj(py::object o, std::size_t bytes) noexcept : p_(o.release().ptr()), bytes_(bytes) {}
-  PyObj(PyObj&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+  PyObj(PyObj&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_), owned_(std::exchange(o.owned_, true)) {}
   PyObj& operator=(PyObj o) noexcept {
     std::swap(p_, o.p_);
     std::swap(bytes_, o.bytes_);
+    std::swap(owned_, o.owned_);
     return *this;
   }
   ~PyObj() { reset(); }
   void reset() noexcept {
     PyObject* p = std::exchange(p_, nullptr);
-    if (!p || !python_alive()) return;
-    py::gil_scoped_acquire gil;
-    Py_DECREF(p);
+    const bool owned = std::exchange(owned_, true);
+    if (!p || !owned || !python_alive()) return;
+    if (WithGil gil; gil) Py_DECREF(p);  // (exiting: leaked)
   }
   /// A new reference (call with the GIL).
   py::object get() const { return py::reinterpret_borrow<py::object>(p_ ? p_ : Py_None); }
@@ -62,6 +153,7 @@ class PyObj {
  private:
   PyObject* p_ = nullptr;
   std::size_t bytes_ = 0;
+  bool owned_ = true;  // holds a reference of its own (false: a copy made while exiting)
 };
 
 /// A device tensor and whether its memory is CUDA memory (on the host backend it is host
@@ -155,6 +247,16 @@ py::object to_python(Value&& v);
 /// Python object -> Value (with the GIL). splitflow.Tensor becomes its tensor; anything else
 /// travels as a Python object.
 Value from_python(py::handle h);
+
+/// An item as an integer index: an integer (a Python int travels as one), or a Python object
+/// Python itself takes as an index (__index__: a NumPy integer, an integer torch tensor of one
+/// element), bools excepted. nullopt for anything else. Takes the GIL for a Python object.
+std::optional<std::int64_t> as_index(const Value& v);
+
+/// Integers from Python: a list, a tuple, a range, a NumPy integer array, a torch integer tensor
+/// (anything iterable whose elements Python takes as indices, bools excepted). Throws a
+/// GraphError naming `who` and the first element that is not an integer. With the GIL.
+std::vector<std::int64_t> int64_list(py::handle values, const std::string& who);
 
 /// The Value as a host tensor, zero-copy: a HostTensor, host-backend device memory, or any
 /// Python object with the buffer protocol (C-contiguous), kept alive by the result. Throws

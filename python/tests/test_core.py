@@ -353,6 +353,60 @@ def test_interpreter_exit_with_a_run_in_flight():
     assert "started" in p.stdout
 
 
+# A new user's trial: a daemon thread reading a run (a prefetching loader thread) when the
+# main thread ends aborted the process ("terminate called without an active exception", exit
+# status 134): the reader, waiting for its next item without the GIL, took it back after
+# finalisation had begun, and Python ended the thread inside C++ code. Each variant in its own
+# interpreter, three times: the reader waits on a slow Python stage, on C++ stages only, and
+# through a DataLoader on a GraphDataset feeding a queue.
+_DAEMON_READERS = {
+    "python stage": """
+        g.indices("idx", list(range(100000))) >> g.stage("slow", lambda x: time.sleep(0.01) or x) >> o
+        def read():
+            for x in g.iterate(o):
+                pass
+    """,
+    "c++ stages": """
+        g.indices("idx", list(range(10**8))) >> g.stage("fill", sf.ops.fill([4096]), concurrency=0) >> o
+        def read():
+            for x in g.iterate(o):
+                pass
+    """,
+    "dataloader": """
+        import queue, torch.utils.data
+        from splitflow.torch import GraphDataset
+        def build(g, idx):
+            return idx >> g.stage("slow", lambda x: time.sleep(0.002) or x)
+        ds = GraphDataset(build, 100000)
+        q = queue.Queue(maxsize=4)
+        def read():
+            # batch_size=None: no torch op in the thread (torch 1.13 itself aborts a daemon
+            # thread that is in one of its ops at exit: pure torch does, without splitflow)
+            for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
+                q.put(b)
+        def steps():  # the training loop, taking what the thread prefetched
+            for _ in range(10):
+                q.get(timeout=30)
+    """,
+}
+
+
+@pytest.mark.parametrize("variant", sorted(_DAEMON_READERS))
+def test_interpreter_exit_with_a_daemon_thread_reading_a_run(variant):
+    script = "import threading, time\nimport splitflow as sf\n" + \
+        "rt = sf.Runtime(threads=2, backend='host')\ng = sf.Graph(rt, 'g')\no = g.pull_sink('o')\n" + \
+        textwrap.dedent(_DAEMON_READERS[variant]) + textwrap.dedent("""
+        threading.Thread(target=read, daemon=True).start()
+        steps() if "steps" in globals() else time.sleep(0.3)
+        print("main thread ends", flush=True)
+    """)
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+        assert "main thread ends" in p.stdout
+        assert "terminate called" not in p.stderr, p.stderr[-2000:]
+
+
 # "Stats and the telemetry outputs are reachable from Python (run.stats() as a dict, the
 # report as text)."
 def test_stats_dict_and_report(rt):

@@ -298,6 +298,55 @@ def test_read_file_takes_python_ints_and_names_what_it_got(tmp_path):
         list(k.iterate(out))
 
 
+# A new user's trial: indices as PyTorch code makes them (np.random.permutation, torch.randperm,
+# np.arange) were refused: read_file said "got a Python int64" / "a Python Tensor", g.indices
+# raised pybind's "incompatible function arguments", labels had to be a list. Integers that
+# Python can use as indices (__index__: NumPy integers, integer torch tensors of one element)
+# are indices now, as in a list; floats and bools are still refused, naming the element.
+def test_numpy_and_torch_integers_are_indices(tmp_path):
+    import torch
+    paths = write_jpegs(tmp_path, 3)
+    files = [open(p, "rb").read() for p in paths]
+    rt = sf.Runtime(threads=2, backend="host")
+    order = [2, 0, 1]
+    for name, items, use_indices in [
+            ("source numpy", np.array(order), False),
+            ("source numpy int32", np.array(order, np.int32), False),
+            ("source numpy scalars", [np.uint8(i) for i in order], False),
+            ("source torch", torch.tensor(order), False),
+            ("indices numpy", np.array(order), True),
+            ("indices torch", torch.tensor(order), True),
+            ("indices numpy scalars", [np.int64(i) for i in order], True),
+            ("indices range", range(2, -1, -2), True)]:
+        g = sf.Graph(rt, "ints")
+        out = g.pull_sink("out")
+        src = g.indices("n", items) if use_indices else g.source("n", items)
+        src >> g.stage("read", sf.ops.read_file(paths), concurrency=0) >> out
+        got = [bytes(np.asarray(t)) for t in g.iterate(out)]
+        want = [2, 0] if name == "indices range" else order
+        assert got == [files[i] for i in want], name
+    # labels as a tensor or an array, as an index field
+    g = sf.Graph(rt, "labels")
+    out = g.pull_sink("out")
+    g.indices("n", torch.randperm(3)) >> g.stage(
+        "read", sf.ops.read_file(paths, labels=torch.tensor([5, 6, 7])), concurrency=0) >> out
+    assert sorted(int(s["label"]) for s in g.iterate(out)) == [5, 6, 7]
+    for items, what in [(np.array([0.0, 1.5]), "element 0 is a float 0.0"),
+                        (torch.tensor([1.0]), "element 0 is a float 1.0"),
+                        ([0, True], "element 1 is a bool"), (["a.jpg"], "element 0 is a str")]:
+        with pytest.raises(sf.GraphError, match=f"Graph.indices\\('n'\\): {what}, not an integer"):
+            sf.Graph(rt, "bad").indices("n", items)
+    with pytest.raises(sf.GraphError, match="ops.read_file: labels: element 1 is a float 0.5"):
+        sf.ops.read_file(paths, labels=[1, 0.5, 2])
+    for item, what in [(np.float32(1.0), "a Python float32"), (torch.tensor(1.5), "a Python Tensor"),
+                       (torch.tensor([0, 1]), "a Python Tensor"), (True, "a Python bool")]:
+        h = sf.Graph(rt, "not-an-index")
+        out = h.pull_sink("out")
+        h.source("n", [item]) >> h.stage("read", sf.ops.read_file(paths)) >> out
+        with pytest.raises(sf.StageError, match=f"expected an integer index into its 3 paths .* got {what}"):
+            list(h.iterate(out))
+
+
 # Objects that are not arrays of numbers are named, not reported as a buffer format; a sample
 # (tuple or dict) is named with its fields and the way to apply the op to one.
 @pytest.mark.parametrize("item, expect", [

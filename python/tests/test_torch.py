@@ -126,8 +126,40 @@ def test_a_fork_after_the_thread_pool_started_is_refused_clearly():
     collect(ds)  # this process runs splitflow threads now
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
                                          multiprocessing_context="fork")
-    with pytest.raises(Exception, match="forked from one that had already started"):
+    with pytest.raises(Exception, match=r"forked from one \(pid \d+\) that had already run splitflow graphs"):
         list(loader)
+
+
+# A new user's trial: a process that had only created a Runtime (no graph run: no thread
+# started) had its forked workers refused with the error above, whose advice ("fork before
+# running graphs") it had followed. Its workers now run; and the refusal comes once it has run.
+def test_a_fork_after_only_creating_a_runtime_works():
+    script = textwrap.dedent("""
+        import torch.utils.data
+        import splitflow as sf, splitflow.torch as sft
+        rt = sf.Runtime(threads=2, backend="host")  # made before the fork, no graph run
+        def build(g, indices):
+            return indices
+        ds = sft.GraphDataset(build, 40, threads=2, backend="host")
+        for epoch in range(2):
+            got = sorted(int(x) for x in torch.utils.data.DataLoader(
+                ds, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+            assert got == list(range(40)), got
+        print("forked workers ran", flush=True)
+        g = sf.Graph(rt, "now")
+        out = g.pull_sink("out")
+        g.indices("i", [1, 2]) >> out
+        assert [int(x) for x in g.iterate(out)] == [1, 2]
+        try:
+            list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                             multiprocessing_context="fork"))
+        except Exception as e:
+            print("refused:", e, flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "forked workers ran" in p.stdout
+    assert "already run splitflow graphs" in p.stdout, p.stdout
 
 
 # "Errors inside any stage raise a Python exception naming the stage and item"
