@@ -41,6 +41,7 @@ GraphCore::~GraphCore() {
     } catch (...) {  // the run's failure belongs to whoever holds its Run handle
     }
   }
+  for (auto& n : nodes_) n->close_readers();  // a reader woken by the run's end leaves first
   if (gpu_)
     if (auto d = runtime_->device_if_created()) d->untrack(gpu_.get());  // its last figures stay
 }

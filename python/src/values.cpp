@@ -5,11 +5,11 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <vector>
+
+#include "splitflow/core/detail/gate.hpp"
 
 namespace splitflow::python {
 
@@ -17,41 +17,20 @@ bool python_alive() noexcept { return Py_IsInitialized() && !_Py_IsFinalizing();
 
 namespace exit_gate {
 namespace {
-// enter() counts itself in, then looks at `closed`; close() sets `closed` before wait_empty()
-// looks at the count (both sequentially consistent): a thread that found the gate open is
-// counted.
-std::atomic<int> g_inside{0};
-std::atomic<bool> g_closed{false};
+detail::Gate g_gate;
 std::atomic<unsigned long> g_exiting_thread{0};
-std::mutex g_mu;
-std::condition_variable g_left;
 }  // namespace
 
-bool enter() noexcept {
-  g_inside.fetch_add(1);
-  if (!g_closed.load()) return true;
-  leave();
-  return false;
-}
-
-void leave() noexcept {
-  if (g_inside.fetch_sub(1) == 1 && g_closed.load()) {
-    std::lock_guard lk(g_mu);
-    g_left.notify_all();
-  }
-}
-
-bool open() noexcept { return !g_closed.load(); }
+bool enter() noexcept { return g_gate.enter(); }
+void leave() noexcept { g_gate.leave(); }
+bool open() noexcept { return g_gate.open(); }
 
 void close() noexcept {
   g_exiting_thread.store(PyThread_get_thread_ident());
-  g_closed.store(true);
+  g_gate.close();
 }
 
-void wait_empty(std::chrono::milliseconds limit) noexcept {
-  std::unique_lock lk(g_mu);
-  g_left.wait_for(lk, limit, [] { return g_inside.load() == 0; });
-}
+void wait_empty(std::chrono::milliseconds limit) noexcept { g_gate.wait_empty(limit); }
 
 bool exiting_thread() noexcept { return g_exiting_thread.load() == PyThread_get_thread_ident(); }
 

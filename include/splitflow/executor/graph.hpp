@@ -105,19 +105,25 @@ using Sink = Node<T, void>;
 ///     std::jthread watchdog([&] { ...; run.cancel(); });
 ///     try { for (auto& batch : sink) train(batch); } catch (const CancelledError&) { ... }
 /// Iteration reads the current run; items left when a new run starts are dropped.
+/// A handle may outlive its graph: destroying the graph ends a reader waiting in next() (with
+/// CancelledError) and waits for it to leave; a read after that throws CancelledError.
 template <class T>
 class PullSink : public Node<T, void> {
- public:
-  PullSink(detail::PullSinkNode<T>& n) : Node<T, void>(n, &n.input(), nullptr), sink_(&n) {}
+  using Readers = typename detail::PullSinkNode<T>::Readers;
 
-  std::optional<T> next() const { return sink_->next(); }
-  /// The reader is done: cancels the run if it is still going (does nothing after its end).
-  /// Leaving a range-for over the sink early does the same. Its own next() then ends with
-  /// nullopt; the readers of the graph's other pull sinks get CancelledError.
-  void close() const { sink_->close(); }
+ public:
+  PullSink(detail::PullSinkNode<T>& n)
+      : Node<T, void>(n, &n.input(), nullptr), sink_(&n), readers_(n.readers()) {}
+
+  std::optional<T> next() const { return take(sink_, *readers_, nullptr, nullptr); }
+  /// The reader is done: cancels the run if it is still going (does nothing after its end, or
+  /// once the graph is gone). Leaving a range-for over the sink early does the same. Its own
+  /// next() then ends with nullopt; the readers of the graph's other pull sinks get
+  /// CancelledError.
+  void close() const { close(sink_, *readers_); }
   /// Like next(), but returns nullopt with `timed_out` set after `timeout` without an item.
   std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) const {
-    return sink_->next_for(timeout, timed_out);
+    return take(sink_, *readers_, &timeout, &timed_out);
   }
 
   /// Leaving a loop over the sink early (the iterator is destroyed before the end of the
@@ -129,15 +135,18 @@ class PullSink : public Node<T, void> {
     using value_type = T;
     using difference_type = std::ptrdiff_t;
     iterator() = default;
-    explicit iterator(detail::PullSinkNode<T>* s) : sink_(s) { ++*this; }
+    iterator(detail::PullSinkNode<T>* s, std::shared_ptr<Readers> r) : sink_(s), readers_(std::move(r)) {
+      ++*this;
+    }
     iterator(iterator&& o) noexcept
-        : sink_(std::exchange(o.sink_, nullptr)), item_(std::move(o.item_)) {
+        : sink_(std::exchange(o.sink_, nullptr)), readers_(std::move(o.readers_)), item_(std::move(o.item_)) {
       o.item_.reset();
     }
     iterator& operator=(iterator&& o) noexcept {
       if (this != &o) {
         leave();
         sink_ = std::exchange(o.sink_, nullptr);
+        readers_ = std::move(o.readers_);
         item_ = std::move(o.item_);
         o.item_.reset();
       }
@@ -149,7 +158,7 @@ class PullSink : public Node<T, void> {
     T& operator*() const { return *const_cast<std::optional<T>&>(item_); }
     iterator& operator++() {
       item_.reset();  // (if next() throws, the loop ended with the run's error: nothing to cancel)
-      item_ = sink_->next();
+      item_ = take(sink_, *readers_, nullptr, nullptr);
       return *this;
     }
     void operator++(int) { ++*this; }
@@ -157,16 +166,30 @@ class PullSink : public Node<T, void> {
 
    private:
     void leave() noexcept {
-      if (sink_ && item_) sink_->close();  // left before the end of the stream
+      if (sink_ && item_) close(sink_, *readers_);  // left before the end of the stream
     }
     detail::PullSinkNode<T>* sink_ = nullptr;
+    std::shared_ptr<Readers> readers_;
     std::optional<T> item_;
   };
-  iterator begin() const { return iterator(sink_); }
+  iterator begin() const { return iterator(sink_, readers_); }
   std::default_sentinel_t end() const noexcept { return {}; }
 
  private:
+  // Through the readers' gate: the sink is touched only while its graph lives.
+  static std::optional<T> take(detail::PullSinkNode<T>* sink, Readers& r,
+                               const std::chrono::nanoseconds* timeout, bool* timed_out) {
+    detail::GateScope in(r.gate);
+    if (!in)
+      throw CancelledError("splitflow: " + r.what + " was read after its graph was destroyed; "
+                           "keep the Graph alive while its sinks are read");
+    return timeout ? sink->next_for(*timeout, *timed_out) : sink->next();
+  }
+  static void close(detail::PullSinkNode<T>* sink, Readers& r) noexcept {
+    if (detail::GateScope in(r.gate); in) sink->close();
+  }
   detail::PullSinkNode<T>* sink_;
+  std::shared_ptr<Readers> readers_;
 };
 
 /// Pairs the items of `first()` and `second()` that came from the same upstream item (the

@@ -293,6 +293,9 @@ class NodeBase {
   virtual std::size_t clear_queues_locked() { return 0; }
   /// The run is over: let consumers of a pull sink see the end of the stream.
   virtual void end_of_stream() {}
+  /// The graph is going and its run has ended: wait for the threads still reading this node
+  /// from outside the run (a pull sink's readers) to leave it.
+  virtual void close_readers() noexcept {}
   /// The run's final figures are in (`st`: this node's; `wall_ns`: the run's): what the node
   /// sizes from them for the next run (a GPU stage's automatic ring) is decided here, its
   /// decisions appended to `out`. Runs on the completing thread, with no node lock held.

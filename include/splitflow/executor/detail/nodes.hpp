@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <unordered_map>
@@ -19,6 +20,7 @@
 #include "splitflow/executor/autotune.hpp"
 #include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/executor/detail/node.hpp"
+#include "splitflow/core/detail/gate.hpp"
 #include "splitflow/core/detail/scratch.hpp"
 #include "splitflow/device/device.hpp"
 #include "splitflow/core/error.hpp"
@@ -950,7 +952,23 @@ class PullSinkNode final : public NodeBase {
   PullSinkNode(GraphCore& g, std::string name, std::size_t capacity)
       : NodeBase(g, std::move(name), StageKind::pull_sink,
                  StageOptions{0, Order::in_order, capacity}, 1),
-        in_(*this) {}
+        in_(*this),
+        readers_(std::make_shared<Readers>()) {
+    readers_->what = "graph '" + g.name() + "': pull sink '" + this->name() + "'";
+  }
+
+  /// The readers' gate, which the PullSink handles hold: each read passes it; the graph, going,
+  /// closes it once its run has ended, and waits for the readers in next() (woken by the end
+  /// of the run) to leave (close_readers). `what` names the sink for a read after that.
+  struct Readers {
+    Gate gate;
+    std::string what;
+  };
+  const std::shared_ptr<Readers>& readers() const noexcept { return readers_; }
+  void close_readers() noexcept override {
+    readers_->gate.close();
+    readers_->gate.wait_empty();
+  }
 
   Receiver<T>& input() noexcept { return in_; }
 
@@ -1058,6 +1076,7 @@ class PullSinkNode final : public NodeBase {
   };
 
   Port in_;
+  std::shared_ptr<Readers> readers_;
   std::deque<std::pair<T, Ticks>> queue_;  // item, arrival
   std::condition_variable_any cv_;
   bool eos_ = true;
