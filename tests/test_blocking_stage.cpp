@@ -313,3 +313,67 @@ TEST(BlockingStage, OnlyAStageTakesBlocking) {
         << e.what();
   }
 }
+
+// A new C++ user's trial (a Taskflow subflow's pattern): a stage body that ran an inner graph on
+// the same runtime and waited for it hung for ever once the bodies waiting so held every arena
+// thread (2 threads, concurrency 2: 0 of 19800, and cancel() did not end it). A run of a graph
+// of the runtime started from a task of that runtime (and a wait there for one) is refused now,
+// with the fix, whatever the threads; the same body as a blocking stage (its bodies on the
+// blocking threads) runs, as does a body running a graph on another runtime (which hung too:
+// the two runtimes' 3 threads shared oneTBB's pool of 2 workers, both held by the waiting bodies).
+TEST(BlockingStage, AWaitForAGraphOfTheSameRuntimeFromItsOwnTaskIsRefusedWithTheFix) {
+  Runtime rt({.threads = 2});
+  Runtime other({.threads = 1});
+  for (int mode = 0; mode < 4; ++mode) {  // 0, 1: arena (Run::wait, PullSink::next); 2: blocking; 3: other runtime
+    SCOPED_TRACE(mode);
+    Graph outer(rt, "outer");
+    auto s = outer.source("s", [i = 0]() mutable -> std::optional<int> {
+      return i < 4 ? std::optional<int>(i++) : std::nullopt;
+    });
+    auto st = outer.stage("st", [&, mode](int x) {
+      Graph inner(mode == 3 ? other : rt, "inner" + std::to_string(x));
+      long sum = 0;
+      auto is = inner.source("is", [i = 0]() mutable -> std::optional<int> {
+        return i < 100 ? std::optional<int>(i++) : std::nullopt;
+      });
+      if (mode == 1) {
+        auto ik = inner.pull_sink<int>("ik");
+        is >> ik;
+        inner.run();
+        for (int y : ik) sum += y;
+      } else {
+        auto ik = inner.sink("ik", [&](int y) { sum += y; });
+        is >> ik;
+        inner.run().wait();
+      }
+      return sum;
+    }, {.concurrency = 2, .blocking = mode == 2});
+    std::atomic<long> total{0};
+    auto k = outer.sink("k", [&](long v) { total += v; });
+    s >> st >> k;
+    splitflow::Run r = outer.run();
+    if (mode >= 2) {
+      EXPECT_EQ(r.wait(), RunStatus::succeeded);
+      EXPECT_EQ(total.load(), 4 * 4950);
+      continue;
+    }
+    try {
+      r.wait();
+      ADD_FAILURE() << "the run succeeded";
+    } catch (const StageError& e) {
+      EXPECT_EQ(e.stage(), "st");
+      std::string cause;
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const GraphError& g) {
+        cause = g.what();
+      }
+      EXPECT_EQ(cause.substr(0, cause.find(" for graph 'inner")), "splitflow: Graph::run()") << cause;
+      EXPECT_NE(cause.find("was called from a task of the same Runtime (a stage body, a source or "
+                           "a sink of one of its graphs): waiting for it there would hold one of "
+                           "the runtime's 2 threads while the graph needs them"),
+                std::string::npos) << cause;
+      EXPECT_NE(cause.find("give the stage StageOptions::blocking = true"), std::string::npos) << cause;
+    }
+  }
+}

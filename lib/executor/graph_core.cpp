@@ -426,6 +426,19 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
 }
 
 std::shared_ptr<RunState> GraphCore::start() {
+  // A task of this runtime (a stage body running an inner graph, as a Taskflow subflow would)
+  // that waited for the run would hold one of the threads the run needs: once every thread
+  // waits so, nothing runs, and not even cancel() ends it (a new user's trial). Refused here,
+  // before anything exists that its graph's destructor would have to wait for on that thread.
+  if (RuntimeCore::arena_slot(runtime_.get()) >= 0)
+    throw GraphError("splitflow: Graph::run() for graph '" + name_ + "' was called from a task of "
+                     "the same Runtime (a stage body, a source or a sink of one of its graphs): "
+                     "waiting for it there would hold one of the runtime's " +
+                     std::to_string(runtime_->threads()) + " threads while the graph needs them, "
+                     "and once every thread waits so, nothing runs; give the stage "
+                     "StageOptions::blocking = true (Python: blocking=True), whose bodies run on "
+                     "the runtime's blocking threads and may wait, or run the graph on another "
+                     "Runtime");
   std::shared_ptr<RunState> run;
   {
     std::lock_guard lk(mu_);

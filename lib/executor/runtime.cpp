@@ -2,6 +2,8 @@
 #include <oneapi/tbb/info.h>
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
 
 #include <string>
 
@@ -15,20 +17,31 @@ namespace splitflow {
 namespace detail {
 namespace {
 
-// oneTBB caps its worker pool at (cores - 1) unless told otherwise, and an arena whose
-// threads are all workers would then get fewer threads than it asked for. Raise the cap to
-// what the largest runtime needs; it only ever grows.
+// oneTBB's worker threads are one pool for the process, capped at (cores - 1) unless told
+// otherwise, and every arena takes its threads from it. An arena whose threads are all workers
+// would get fewer than it asked for; and with several runtimes alive, one whose threads all
+// wait (a stage body waiting for a graph on another runtime) would leave the other none, which
+// hung such a wait (a new user's trial: 2 runtimes of 2 and 1 threads, a pool of 2). So the cap
+// is raised to the threads of every live runtime at once, plus the caller's; it only ever grows.
+std::mutex g_pool_mu;
+int g_live_threads = 0;  // the threads of the runtimes alive now
+
 void ensure_parallelism(int threads) {
-  static std::mutex mu;
   static int current = 0;
   static std::unique_ptr<tbb::global_control> control;
-  std::lock_guard lk(mu);
-  const int wanted = std::max(threads + 1, tbb::info::default_concurrency());
+  std::lock_guard lk(g_pool_mu);
+  g_live_threads += threads;
+  const int wanted = std::max(g_live_threads + 1, tbb::info::default_concurrency());
   if (wanted <= current) return;
   control.reset();  // the most restrictive active control wins, so drop the old one first
   control = std::make_unique<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(wanted));
   current = wanted;
+}
+
+void release_parallelism(int threads) noexcept {
+  std::lock_guard lk(g_pool_mu);
+  g_live_threads -= threads;
 }
 
 int resolve_threads(const RuntimeConfig& c) {
@@ -83,7 +96,10 @@ RuntimeCore::RuntimeCore(RuntimeConfig config)
   arena_.initialize();
 }
 
-RuntimeCore::~RuntimeCore() { shutdown(); }
+RuntimeCore::~RuntimeCore() {
+  shutdown();
+  release_parallelism(threads_);
+}
 
 void RuntimeCore::register_run(const std::shared_ptr<RunState>& run) {
   std::lock_guard lk(mu_);
