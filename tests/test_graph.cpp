@@ -7,6 +7,8 @@
 // CPU stages: test_stage.cpp; zip: test_zip.cpp; pull sinks: test_pull_sink.cpp.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <algorithm>
 #include <memory>
 #include <splitflow/splitflow.hpp>
@@ -132,6 +134,52 @@ TEST(Items, MoveOnlyItemsFlowWithZeroCopies) {
     std::sort(got.begin(), got.end());
     ASSERT_EQ(got.size(), 500u);
     for (int i = 0; i < 500; ++i) ASSERT_EQ(got[i], 2 * i + 1);
+  }
+  EXPECT_EQ(Tracked::copies.load(), 0) << "the runtime copied items";
+  EXPECT_EQ(Tracked::live.load(), 0) << "items leaked";
+}
+
+// A new C++ user's trial: move-only items inside standard containers did not compile
+// (std::vector<std::unique_ptr<int>> from a stage, g.batch<std::unique_ptr<int>>):
+// std::is_copy_constructible is true for such a vector, so the fan-out copy was instantiated.
+// Now they flow (moved, never copied), and a second consumer of them is refused as for any
+// move-only item.
+TEST(Items, MoveOnlyItemsInsideContainersFlow) {
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "containers");
+    auto src = g.source("make", [i = 0]() mutable -> std::optional<MoveOnly> {
+      if (i == 100) return std::nullopt;
+      return MoveOnly(i++);
+    });
+    auto boxed = g.stage("box", [](MoveOnly m) { return std::make_unique<int>(m.t.value); });
+    auto batch = g.batch<std::unique_ptr<int>>("batch", 8);
+    auto keyed = g.stage("key", [](std::vector<std::unique_ptr<int>> v) {
+      std::map<int, std::vector<std::unique_ptr<int>>> by_parity;
+      for (auto& p : v) by_parity[*p % 2].push_back(std::move(p));
+      return by_parity;
+    });
+    long sum = 0, items = 0;
+    auto sink = g.sink("sink", [&](std::map<int, std::vector<std::unique_ptr<int>>> m) {
+      for (auto& [parity, v] : m)
+        for (auto& p : v) {
+          EXPECT_EQ(*p % 2, parity);
+          sum += *p;
+          ++items;
+        }
+    });
+    src >> boxed >> batch >> keyed >> sink;
+    EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
+    EXPECT_EQ(items, 100);
+    EXPECT_EQ(sum, 99 * 100 / 2);
+    auto second = g.sink("second", [](std::map<int, std::vector<std::unique_ptr<int>>>) {});
+    try {
+      keyed >> second;
+      ADD_FAILURE() << "a second consumer of move-only containers was accepted";
+    } catch (const GraphError& e) {
+      EXPECT_NE(std::string(e.what()).find("needs a copyable type"), std::string::npos) << e.what();
+    }
   }
   EXPECT_EQ(Tracked::copies.load(), 0) << "the runtime copied items";
   EXPECT_EQ(Tracked::live.load(), 0) << "items leaked";

@@ -283,7 +283,7 @@ void link(Emitter<T>& from, Receiver<T>& to) {
     throw GraphError("splitflow::connect: '" + from.name() + "' and '" + to.node().name() +
                      "' belong to different graphs");
   from.graph().check_mutable();
-  if constexpr (!std::is_copy_constructible_v<T>) {
+  if constexpr (!detail::copyable_v<T>) {
     if (from.fan_out() > 0)
       throw GraphError("splitflow::connect: '" + from.name() +
                        "' already has a consumer and its item type is move-only; fan-out "
@@ -340,7 +340,7 @@ void connect(const P& producer, const C& consumer) {
 /// Fan-out: every consumer gets every item (copies for all but the last consumer).
 template <detail::Handle P, detail::Handle... C>
 void fan_out(const P& producer, const C&... consumers) {
-  static_assert(std::is_copy_constructible_v<typename P::output_type>,
+  static_assert(detail::copyable_v<typename P::output_type>,
                 "splitflow::fan_out: fan-out copies items, so the item type must be copyable "
                 "(wrap large or move-only items in std::shared_ptr)");
   (connect(producer, consumers), ...);

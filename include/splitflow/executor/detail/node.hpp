@@ -18,12 +18,16 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -46,6 +50,27 @@ namespace splitflow::detail {
 class NodeBase;
 class GraphCore;
 class PinnedRing;
+
+/// Whether items of type T can be copied (fan-out, a substitute): std::is_copy_constructible,
+/// looking inside the standard containers (anything with a value_type and an allocator_type),
+/// pairs, tuples, optionals and arrays,
+/// whose copy constructors are declared whatever their elements: a
+/// std::vector<std::unique_ptr<int>> claims to be copyable and fails to compile when copied.
+template <class T, class = void>
+struct copyable : std::is_copy_constructible<T> {};
+template <class T>
+struct copyable<T, std::void_t<typename T::value_type, typename T::allocator_type>>
+    : std::conjunction<std::is_copy_constructible<T>, copyable<std::remove_const_t<typename T::value_type>>> {};
+template <class A, class B>
+struct copyable<std::pair<A, B>> : std::conjunction<copyable<std::remove_const_t<A>>, copyable<B>> {};
+template <class... T>
+struct copyable<std::tuple<T...>> : std::conjunction<copyable<T>...> {};
+template <class T>
+struct copyable<std::optional<T>> : copyable<T> {};
+template <class T, std::size_t N>
+struct copyable<std::array<T, N>> : copyable<T> {};
+template <class T>
+inline constexpr bool copyable_v = copyable<T>::value;
 
 /// An item travelling through a graph, with the sequence number errors report.
 template <class T>

@@ -183,7 +183,7 @@ class Emitter : public NodeBase {
   std::size_t fan_out() const noexcept { return targets_.size(); }
   /// OnError::substitute: the value emitted in place of an item whose body threw.
   void set_substitute(Out value) {
-    static_assert(std::is_copy_constructible_v<Out>,
+    static_assert(copyable_v<Out>,
                   "splitflow: substitute_on_error copies its value for each failing item, so the "
                   "output type must be copyable");
     this->graph().check_mutable();
@@ -209,7 +209,7 @@ class Emitter : public NodeBase {
         if (id != seq) t->item_failed(id, error);
     out.reset();
     if (!this->absorb_error(seq, std::move(error), substitute)) return false;
-    if constexpr (std::is_copy_constructible_v<Out>) {
+    if constexpr (copyable_v<Out>) {
       if (substitute) {
         try {
           out.emplace(*substitute_);
@@ -294,7 +294,7 @@ class Emitter : public NodeBase {
       return;
     }
     const std::size_t consumers = targets_.size();
-    if constexpr (std::is_copy_constructible_v<Out>) {
+    if constexpr (copyable_v<Out>) {
       if (consumers > 1) {
         graph().add_items(n * (consumers - 1));
         Scratch<Envelope<Out>> copy;
