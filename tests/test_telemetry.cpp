@@ -184,6 +184,32 @@ TEST(Figures, LatencyAndMeanQueueReflectTheWork) {
   expect_consistent(st);
 }
 
+// A new C++ user's trial: a sink that skipped half its items (OnError::skip) counted them as
+// delivered (items_delivered() summed the sinks' items_in: 100 of which 50 failed), and so did
+// throughput(), the JSON summary and the report. A sink delivers what its body took; a pull
+// sink what reached its reader's queue.
+TEST(Stats, ItemsDeliveredLeavesOutTheItemsASinkSkipped) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "sink-skips");
+  auto src = g.source("n", [i = 0]() mutable -> std::optional<int> {
+    return i < 100 ? std::optional<int>(i++) : std::nullopt;
+  });
+  auto fork = g.stage("fork", [](int x) { return x; });
+  auto sink = g.sink("odd-fails", [](int x) { if (x % 2) throw std::runtime_error("odd"); },
+                     {.on_error = OnError::skip});
+  auto pull = g.pull_sink<int>("pull", 128);
+  src >> fork;
+  fan_out(fork, sink, pull);
+  auto run = g.run();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("odd-fails")->items_in, 100u);
+  EXPECT_EQ(st.find("odd-fails")->items_skipped, 50u);
+  EXPECT_EQ(st.items_delivered(), 50u + 100u) << "the sink's 50 bodies that succeeded, the pull sink's 100";
+  EXPECT_NE(to_json(st).find("\"items_delivered\":150"), std::string::npos) << to_json(st);
+  EXPECT_NE(report(st).find("150 items delivered"), std::string::npos) << report(st);
+}
+
 // Planted bottleneck 1: a slow CPU stage starves the GPU. "the report names it"
 TEST(Diagnosis, ASlowCpuStageIsNamedAndItsConcurrencyRaised) {
   Runtime rt(host(2));

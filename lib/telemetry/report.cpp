@@ -69,8 +69,14 @@ double producers_blocked(const RunStats& st, const std::string& name) {
 
 std::uint64_t RunStats::items_delivered() const noexcept {
   std::uint64_t n = 0;
+  // A sink delivers what its body consumed (items_out: not an item whose body threw, skipped
+  // or failing the run); a pull sink what reached its queue (its reader takes them, after the
+  // run too).
   for (const auto& s : stages)
-    if (s.kind == StageKind::sink || s.kind == StageKind::pull_sink) n += s.items_in;
+    if (s.kind == StageKind::sink)
+      n += s.items_out;
+    else if (s.kind == StageKind::pull_sink)
+      n += s.items_in;
   return n;
 }
 

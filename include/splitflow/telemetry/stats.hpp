@@ -215,7 +215,8 @@ struct RunStats {
   /// or the tuner's lower limit under the runtime's memory budget (RuntimeConfig::
   /// host_memory_budget: docs/autotune.md, "Memory").
   std::size_t max_in_flight = 0;
-  /// Items consumed by the graph's sinks.
+  /// Items consumed by the graph's sinks: those a sink's body took (not those it skipped) and
+  /// those that reached a pull sink's queue.
   std::uint64_t items_delivered() const noexcept;
   /// items_delivered per second of wall time.
   double throughput() const noexcept;
