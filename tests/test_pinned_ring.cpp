@@ -242,3 +242,48 @@ TEST(PinnedRing, AnAutomaticRingStaysWithinTheMemoryBudget) {
   EXPECT_NE(first.ring_events[0].find("; 48 MiB at most"), std::string::npos) << first.ring_events[0];
   EXPECT_EQ(wide.run().ring(), 48 * kMiB);
 }
+
+// A new C++ user's trial: the ring's errors gave sizes in MiB with one decimal, so an 8 KiB
+// output against a 4 KiB item size read "its output (0.0 MiB of i32) exceeds the item size of
+// the pinned ring into 'gs' (0.0 MiB)". Sizes under 1 MiB are in KiB or bytes now.
+TEST(PinnedRing, ItsErrorsGiveSmallSizesInKiB) {
+  Runtime rt(host_device(2, 2));
+  {
+    Graph g(rt, "ring");
+    auto s = g.source("s", [i = 0]() mutable -> std::optional<int> {
+      return i < 4 ? std::optional<int>(i++) : std::nullopt;
+    });
+    auto mk = g.stage("mk", [](int, HostAllocator& a) { return a.empty(DType::i32, {2048}); });
+    GpuStageOptions o;
+    o.ring_bytes = 1 << 20;
+    o.ring_item_bytes = 4096;
+    auto gs = g.gpu_stage("gs", [](DeviceTensor t, DeviceContext& ctx) { return ctx.to_host(t); }, o);
+    auto k = g.sink("k", [](HostTensor) {});
+    s >> mk >> gs >> k;
+    try {
+      g.run().wait();
+      ADD_FAILURE() << "an 8 KiB item went into a ring of 4 KiB items";
+    } catch (const StageError& e) {
+      EXPECT_NE(std::string(e.what()).find("its output (8.0 KiB of i32) exceeds the item size of "
+                                           "the pinned ring into 'gs' (4.0 KiB)"),
+                std::string::npos) << e.what();
+    }
+  }
+  Graph g(rt, "ring2");
+  GpuStageOptions o;
+  o.ring_bytes = 2048;
+  o.ring_item_bytes = 4096;
+  auto gs = g.gpu_stage("gs", [](DeviceTensor t, DeviceContext& ctx) { return ctx.to_host(t); }, o);
+  auto s = g.source("s", [i = 0]() mutable -> std::optional<HostTensor> {
+    return i++ < 1 ? std::optional<HostTensor>(HostTensor::empty(DType::u8, {16})) : std::nullopt;
+  });
+  auto k = g.sink("k", [](HostTensor) {});
+  s >> gs >> k;
+  try {
+    g.run().wait();
+    ADD_FAILURE() << "a 2 KiB ring took items of 4 KiB";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs at least twice its item size (2.0 KiB ring, 4.0 KiB per item)"),
+              std::string::npos) << e.what();
+  }
+}

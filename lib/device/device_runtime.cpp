@@ -23,7 +23,13 @@ std::size_t bytes_of(DType dtype, const std::vector<std::int64_t>& shape) {
   return n;
 }
 
-std::string mib(std::size_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); }
+// A size in these messages: in MiB from 1 MiB up (one decimal, as sizes are configured), in KiB
+// or bytes below ("0.0 MiB" said nothing of an 8 KiB output against a 4 KiB item size).
+std::string mib(std::size_t b) {
+  if (b >= (std::size_t{1} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
+  if (b >= 1024) return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
+  return fmt::format("{} B", b);
+}
 }  // namespace
 
 bool in_device_callback() noexcept { return t_in_callback; }

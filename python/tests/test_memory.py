@@ -152,7 +152,7 @@ def test_an_item_over_the_device_pool_cap_fails_naming_the_cap():
     assert err.stage == "upload"
     msg = str(err)
     assert "graph 'too-big-for-device': stage 'upload' failed on item 0" in msg, msg
-    assert "the device pool cannot give 2049.0 MiB (0.0 MiB of its 2048.0 MiB cap in use)" in msg, msg
+    assert "the device pool cannot give 2049.0 MiB (0 B of its 2048.0 MiB cap in use)" in msg, msg
     assert "raise DeviceConfig::device_pool_bytes" in msg, msg
     # Refused before anything was allocated: no 2 GiB in the process, nothing left in use.
     assert status_kib("VmRSS") * 1024 - rss_before < 64 * MiB
@@ -169,7 +169,7 @@ def test_an_item_over_the_pinned_pool_cap_fails_naming_the_cap():
     err = run_one_large_item(rt, "too-big-for-pinned", PINNED_CAP + MiB, download=True)
     assert err.stage == "download"
     msg = str(err)
-    assert "stage 'download' item 0: the pinned pool cannot give 1025.0 MiB (0.0 MiB of its 1024.0 MiB cap in use)" in msg, msg
+    assert "stage 'download' item 0: the pinned pool cannot give 1025.0 MiB (0 B of its 1024.0 MiB cap in use)" in msg, msg
     assert "raise DeviceConfig::pinned_pool_bytes" in msg, msg
     d = rt.device_stats()
     assert d["pinned_bytes_cap"] == PINNED_CAP
