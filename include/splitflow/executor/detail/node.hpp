@@ -72,9 +72,18 @@ struct copyable<std::array<T, N>> : copyable<T> {};
 template <class T>
 inline constexpr bool copyable_v = copyable<T>::value;
 
+/// The largest item type a graph carries by value: items travel through claims on the worker
+/// threads' stacks (oneTBB's: a few MiB), a few copies of an item at once; a 1 MiB struct
+/// overflowed one in a -O1 build (a new C++ user's trial). Larger data goes behind a pointer.
+inline constexpr std::size_t kMaxItemBytes = std::size_t{256} << 10;
+
 /// An item travelling through a graph, with the sequence number errors report.
 template <class T>
 struct Envelope {
+  static_assert(sizeof(T) <= kMaxItemBytes,
+                "splitflow: an item type over 256 KiB would travel by value on the worker threads' "
+                "stacks (a few copies at once); hold its data through std::unique_ptr<T>, a "
+                "std::vector, or a HostTensor");
   T value;
   std::uint64_t seq;
 };
