@@ -207,6 +207,38 @@ TEST(BlockingStage, TheTunerTakesAWaitingOnePastTheCoresAndNotAComputingOne) {
   EXPECT_GT(r.call_ns, static_cast<std::int64_t>(r.items_out) * 300'000) << r.call_ns;
 }
 
+// A new C++ user's trial: with RuntimeConfig::blocking_threads = 4 the tuner took a waiting
+// blocking stage to 158 bodies at once, of which 4 could run (the rest queued for a blocking
+// thread, holding their items). Its concurrency stays within the blocking threads now.
+TEST(BlockingStage, TheTunerKeepsABlockingStageWithinTheBlockingThreads) {
+  Runtime rt({.threads = 2, .blocking_threads = 4});
+  GraphOptions o;
+  o.autotune_window = 10ms;
+  Graph g(rt, "few-blocking-threads", o);
+  auto read = g.stage("read", [](long x) {
+    std::this_thread::sleep_for(2ms);
+    return x;
+  }, {.concurrency = Concurrency::automatic, .blocking = true});
+  long next = 0;
+  bool ordered = true;
+  g.source("n", counter(3000)) >> read >> g.sink("s", [&](long v) { ordered &= v == next++; });
+  auto run = g.run();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_TRUE(ordered);
+  const RunStats st = run.stats();
+  const std::regex raised(R"(^read (\d+) -> (\d+): .+)");
+  std::size_t most = 1;
+  std::string all;
+  for (const std::string& e : st.autotune) {
+    all += "\n  " + e;
+    std::smatch x;
+    if (std::regex_match(e, x, raised)) most = std::max<std::size_t>(most, std::stoul(x[2]));
+  }
+  EXPECT_GT(most, 2u) << "it waits: past the 2 arena threads" << all;
+  EXPECT_LE(most, 4u) << "within the 4 blocking threads" << all;
+  EXPECT_LE(st.find("read")->concurrency_limit, 4u);
+}
+
 namespace {
 bool said(const RunStats& st, const std::string& text) {
   return std::any_of(st.autotune.begin(), st.autotune.end(),

@@ -5,6 +5,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "runtime_core.hpp"
 #include "saturating.hpp"
 #include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/executor/detail/node.hpp"
@@ -146,7 +147,7 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
                                      const std::vector<bool>& tuned, double cores,
                                      std::vector<std::size_t>* modelled, double* fixed_cores,
                                      const std::vector<std::size_t>* tuned_capacity,
-                                     std::size_t* fixed_bytes) {
+                                     std::size_t* fixed_bytes, std::size_t blocking_threads) {
   const auto ceiling = [&](std::size_t i) -> std::size_t {
     return tuned_capacity && i < tuned_capacity->size() ? (*tuned_capacity)[i] : 0;
   };
@@ -248,6 +249,11 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
             slots = std::min(slots, std::max<std::size_t>(
                                         ceiling(j) ? ceiling(j) : now.stages[j].capacity, 1));
       x.max_concurrency = slots == autotune::kUnlimited ? whole_cores : slots;
+      // A blocking stage's bodies run on the runtime's blocking threads: past them a body only
+      // queues for one, holding its item, and the queueing reads as a slower item (a trial with
+      // 4 blocking threads saw 158 bodies at once, each "costing" ever more).
+      if (b.wait_ns >= 0)
+        x.max_concurrency = std::min(x.max_concurrency, blocking_threads);
       // A CPU stage after all: its calls and the CPU its answerers charged are most of its
       // time, or (a blocking stage, which says how long its bodies waited) its bodies did not
       // wait clearly longer than they computed (twice: a busy machine, a VM's stolen time, a
@@ -282,7 +288,8 @@ void RunTuner::loop() {
     double fixed = 0;
     std::size_t fixed_bytes = 0;
     const autotune::Sample s =
-        sample_of(before, now, tuned_, cores_, &modelled, &fixed, &max_capacity_, &fixed_bytes);
+        sample_of(before, now, tuned_, cores_, &modelled, &fixed, &max_capacity_, &fixed_bytes,
+                  graph_.runtime_core()->config().blocking_threads);
     // The graph's share of the runtime's threads (and memory budget) among the tuned runs now
     // (all of them while it is alone), within its own budget; a share is not a pool (the others
     // run on the rest).

@@ -57,7 +57,8 @@ class RunTuner {
                                     const std::vector<bool>& tuned, double cores,
                                     std::vector<std::size_t>* modelled, double* fixed_cores,
                                     const std::vector<std::size_t>* tuned_capacity = nullptr,
-                                    std::size_t* fixed_bytes = nullptr);
+                                    std::size_t* fixed_bytes = nullptr,
+                                    std::size_t blocking_threads = autotune::kUnlimited);
   /// The mean bytes of the input items `b` sampled since `a` (its run's mean if none was).
   static std::size_t window_item_bytes(const StageStats& a, const StageStats& b) noexcept;
 
