@@ -4,7 +4,7 @@ single-threaded worker processes (real scheduler and workers, loopback TCP) agai
 pipeline run locally on 2 threads, interleaved and repeated in one run.
 
     PYTHONPATH=build/release/python /usr/bin/python3 benchmarks/bench_dask.py \
-        [--images 512] [--repeats 5] [--size 224] [--compression None|auto] [--json out.json]
+        [--images 2000] [--repeats 5] [--size 224] [--compression None|auto] [--json out.json]
         (--quick: 256 images, 3 repeats)
 
 The CPU part, per image: read_file -> decode_random_resized_crop(224) (the fused decode + crop +
@@ -13,8 +13,11 @@ flip, antialiased), as the image pipeline runs it.
 - remote: splitflow.dask.remote(the CPU part, client) as the source of a local graph
           >> batch(64) >> pull_sink: each worker runs its splits in its own splitflow runtime
           (1 thread), the crops travel back through Dask (numpy frames, pickle protocol 5).
-Goal: remote >= 0.8x local (what serialization and the network path cost, measured). Also
-reported: Dask's cost per split (a worker's idle gap between two of its splits, the client's
+Goal: remote >= 0.8x local (what serialization and the network path cost, measured), the rate
+of a whole pass of 2000 images (about a second of the local pipeline's work; the pass's start,
+before its first batch, counted in: the remote pipeline fills with a split's work, its round
+trip and its fetch, then flows; a training epoch is thousands of splits long). Also reported:
+each pass's time to its first batch, Dask's cost per split (a worker's idle gap between two of its splits, the client's
 fetch of a split's results; the round trip of an empty split), the bytes per second received
 and the per-item cost on a worker (the inputs of the scaling model in docs/scale-out.md).
 Items/s are medians over the repeats; the configurations take turns within each repeat. Data:
@@ -43,13 +46,17 @@ def build_cpu_part(paths, size, g, indices, *, seed, epoch):
 
 
 def timed(g, out, n):
+    """A pass over the n images: (images/s over the whole pass, seconds to its first batch)."""
     start = time.perf_counter()
+    first = None
     count = 0
     for b in g.iterate(out):
+        if first is None:
+            first = time.perf_counter() - start
         count += b.shape[0]
     elapsed = time.perf_counter() - start
     assert count == n, (count, n)
-    return n / elapsed
+    return n / elapsed, first
 
 
 def model(m, nic_gbit, gpu_rate, workers=(1, 2, 4, 8, 16, 32, 64)):
@@ -74,7 +81,7 @@ def model(m, nic_gbit, gpu_rate, workers=(1, 2, 4, 8, 16, 32, 64)):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--images", type=int, default=512)
+    ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--split-seconds", type=float, default=0.1)
@@ -125,11 +132,14 @@ def main():
         for g, out in configs.values():  # warm-up: worker imports, graphs, the split size
             timed(g, out, n)
         rates = {k: [] for k in configs}
+        firsts = {k: [] for k in configs}
         passes = []
         for r in range(args.repeats):
             order = list(configs) if r % 2 == 0 else list(reversed(configs))
             for k in order:
-                rates[k].append(timed(*configs[k], n))
+                rate, first = timed(*configs[k], n)
+                rates[k].append(rate)
+                firsts[k].append(first)
                 if k == "remote":
                     passes.append(remote.stats())
             print(f"repeat {r + 1}: " + ", ".join(f"{k} {rates[k][-1]:.0f}/s" for k in configs),
@@ -156,6 +166,7 @@ def main():
         "compression": args.compression,
         "items_per_s": med, "all_items_per_s": rates,
         "remote_vs_local": ratio,
+        "first_batch_s": {k: statistics.median(v) for k, v in firsts.items()},
         "split_items": median_of("split_items"),
         "gap_s_per_split": median_of("gap_s_per_split"),
         "fetch_s_per_split": median_of("fetch_s_per_split"),
@@ -168,6 +179,9 @@ def main():
     }
     for k, v in med.items():
         print(f"{k:>7}: {v:7.0f} images/s")
+    print(f"a pass's first batch after: local {1e3 * result['first_batch_s']['local']:.0f} ms, "
+          f"remote {1e3 * result['first_batch_s']['remote']:.0f} ms (the remote pipeline's fill: "
+          f"a split's work, its round trip and its fetch)")
     print(f"remote / local: {ratio:.2f} (goal >= 0.8); split {result['split_items']:.0f} items; "
           f"Dask per split: worker gap {1e3 * result['gap_s_per_split']:.1f} ms, fetch "
           f"{1e3 * result['fetch_s_per_split']:.1f} ms, empty split round trip "
