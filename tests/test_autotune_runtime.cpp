@@ -224,7 +224,7 @@ TEST(AutotuneRuntime, AGpuStagesSampleIsItsShareOfTheDeviceTimeAndNoCpu) {
   now.stages[1].items_out = 100, now.stages[1].work_ns = 400'000'000;
   now.stages[2].items_out = 100, now.stages[2].work_ns = 300'000'000;
   now.stages[3].items_out = 100, now.stages[3].work_ns = 100'000'000;
-  now.stages[4].items_in = 100;
+  now.stages[4].items_in = 100, now.stages[4].items_out = 100;  // the sink consumed them
   now.gpu.busy_ns = 200'000'000;
   now.gpu.device_streams = 6;
   std::vector<std::size_t> modelled;
