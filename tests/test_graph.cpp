@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <memory>
@@ -183,6 +184,24 @@ TEST(Items, MoveOnlyItemsInsideContainersFlow) {
   }
   EXPECT_EQ(Tracked::copies.load(), 0) << "the runtime copied items";
   EXPECT_EQ(Tracked::live.load(), 0) << "items leaked";
+}
+
+// A type that is its own value_type (nlohmann::json) is copyable as it says, and fans out (the
+// container check looked into it for ever: a review of that change).
+TEST(Items, JsonItemsFanOut) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "json");
+  auto src = g.source("n", [i = 0]() mutable -> std::optional<nlohmann::json> {
+    if (i == 10) return std::nullopt;
+    return nlohmann::json{{"i", i++}};
+  });
+  long a = 0, b = 0;
+  auto sa = g.sink("a", [&](nlohmann::json j) { a += j["i"].get<long>(); });
+  auto sb = g.sink("b", [&](nlohmann::json j) { b += j["i"].get<long>(); });
+  fan_out(src, sa, sb);
+  EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
+  EXPECT_EQ(a, 45);
+  EXPECT_EQ(b, 45);
 }
 
 // Copyable items are not copied either (moves only), except by fan-out: one copy per extra

@@ -229,3 +229,22 @@ TEST(PullSink, ClosingOneSinkEndsTheOthersWithCancelledErrorNamingIt) {
       << error;
   EXPECT_EQ(run.wait(), RunStatus::cancelled);
 }
+
+// Handles are copied, never emptied by a move (a moved-from handle kept no readers' gate and
+// dereferenced null: a review of the gate's change).
+TEST(PullSink, AMovedFromHandleStillReads) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "moved");
+  auto src = g.source("n", [i = 0]() mutable -> std::optional<int> {
+    return i < 3 ? std::optional<int>(i++) : std::nullopt;
+  });
+  auto out = g.pull_sink<int>("out", 4);
+  src >> out;
+  PullSink<int> other = std::move(out);
+  auto run = g.run();
+  EXPECT_EQ(out.next(), std::optional<int>(0));  // NOLINT(bugprone-use-after-move): on purpose
+  EXPECT_EQ(other.next(), std::optional<int>(1));
+  EXPECT_EQ(out.next(), std::optional<int>(2));
+  EXPECT_EQ(other.next(), std::nullopt);
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+}

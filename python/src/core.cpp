@@ -186,10 +186,17 @@ void drain(const Run& run) noexcept {
 struct RunRegistry {
   std::mutex mu;
   std::vector<Run> runs;
+  bool shut = false;  // after shut_down(): a run that started meanwhile is cancelled at once
   void add(const Run& r) {
-    std::lock_guard lk(mu);
-    std::erase_if(runs, [](const Run& x) { return x.status() != RunStatus::running; });
-    runs.push_back(r);
+    {
+      std::lock_guard lk(mu);
+      if (!shut) {
+        std::erase_if(runs, [](const Run& x) { return x.status() != RunStatus::running; });
+        runs.push_back(r);
+        return;
+      }
+    }
+    r.cancel();
   }
   /// Interpreter exit, once the exit gate is closed (no new runs, no Python on splitflow's
   /// threads): cancels every run (all first, so that they stop together), lets them end, and
@@ -200,6 +207,7 @@ struct RunRegistry {
     {
       std::lock_guard lk(mu);
       copy.swap(runs);
+      shut = true;
     }
     for (auto& r : copy) r.cancel();
     for (auto& r : copy) drain(r);
@@ -1419,8 +1427,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         {
           NoGil nogil;
           r->run = g->graph.run();
+          registry().add(r->run);  // before ~NoGil, which parks a daemon thread once exiting
         }
-        registry().add(r->run);
         return r;
       }, "Starts a run and returns it.")
       .def("iterate", [](std::shared_ptr<PyGraph> g, std::shared_ptr<PyNode> sink) {
@@ -1432,8 +1440,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         {
           NoGil nogil;
           it->run = g->graph.run();
+          registry().add(it->run);  // before ~NoGil, which parks a daemon thread once exiting
         }
-        registry().add(it->run);
         return make_released(std::move(it));
       }, py::arg("sink"));
 

@@ -49,15 +49,24 @@ bool exiting_thread() noexcept;
 [[noreturn]] void park() noexcept;
 }  // namespace exit_gate
 
+/// Whether this thread took the GIL through WithGil and holds it now (scopes nested): a thread
+/// of splitflow's running Python (a stage's body), counted in the exit gate by that WithGil.
+inline bool in_taken_gil() noexcept;
+
 /// Releases the GIL for a wait, as py::gil_scoped_release does, while the exit gate is open.
 /// Once it is closed the exiting thread keeps the GIL (the runs are over: nothing is left to
-/// wait for), and any other thread sleeps for ever rather than take the GIL back (a daemon
-/// thread: taking it during finalisation would end the thread mid-C++).
+/// wait for), and a Python thread other than it sleeps for ever rather than take the GIL back
+/// (a daemon thread: taking it during finalisation would end the thread mid-C++). A thread of
+/// splitflow's running Python (inside WithGil, so counted in the gate until its call ends)
+/// takes it back as usual: the atexit hook waits for it.
 class NoGil {
  public:
   NoGil() noexcept {
-    if (exit_gate::enter()) {
+    if (in_taken_gil()) {
       state_ = PyEval_SaveThread();
+    } else if (exit_gate::enter()) {
+      state_ = PyEval_SaveThread();
+      counted_ = true;
     } else if (!exit_gate::exiting_thread()) {
       PyEval_SaveThread();
       exit_gate::park();
@@ -65,18 +74,19 @@ class NoGil {
   }
   ~NoGil() {
     if (!state_) return;
-    if (!exit_gate::open() && !exit_gate::exiting_thread()) {
+    if (counted_ && !exit_gate::open() && !exit_gate::exiting_thread()) {
       exit_gate::leave();
       exit_gate::park();
     }
     PyEval_RestoreThread(state_);
-    exit_gate::leave();
+    if (counted_) exit_gate::leave();
   }
   NoGil(const NoGil&) = delete;
   NoGil& operator=(const NoGil&) = delete;
 
  private:
   PyThreadState* state_ = nullptr;
+  bool counted_ = false;
 };
 
 /// Takes the GIL, as py::gil_scoped_acquire does, unless the exit gate is closed and this
@@ -89,22 +99,30 @@ class WithGil {
     } else if (exit_gate::enter()) {
       state_ = PyGILState_Ensure();
       taken_ = true;
+      ++taken_depth();
     }
   }
   ~WithGil() {
     if (!taken_) return;
+    --taken_depth();
     PyGILState_Release(state_);
     exit_gate::leave();
   }
   explicit operator bool() const noexcept { return held_ || taken_; }
   WithGil(const WithGil&) = delete;
   WithGil& operator=(const WithGil&) = delete;
+  static int& taken_depth() noexcept {
+    static thread_local int depth = 0;
+    return depth;
+  }
 
  private:
   PyGILState_STATE state_{};
   bool held_ = false;
   bool taken_ = false;
 };
+
+inline bool in_taken_gil() noexcept { return WithGil::taken_depth() > 0; }
 
 /// What a call that needs Python throws once the interpreter is exiting.
 [[noreturn]] void throw_exiting(const char* what);
@@ -121,7 +139,7 @@ class PyObj {
     if (WithGil gil; gil) {
       Py_INCREF(p_);
     } else {
-      owned_ = false;  // exiting: a borrowed copy, never released (the original is leaked too)
+      owned_ = false;  // exiting: a borrowed copy (every reference is leaked from then on)
     }
   }
   /// `bytes`: what the object holds, if known (a buffer's length: host_bytes()).
@@ -138,8 +156,10 @@ class PyObj {
   void reset() noexcept {
     PyObject* p = std::exchange(p_, nullptr);
     const bool owned = std::exchange(owned_, true);
-    if (!p || !owned || !python_alive()) return;
-    if (WithGil gil; gil) Py_DECREF(p);  // (exiting: leaked)
+    // Once the interpreter is exiting, every reference is leaked, whoever drops it: a copy
+    // made then (on a thread kept off the GIL) borrows the original's, which must stay.
+    if (!p || !owned || !python_alive() || !exit_gate::open()) return;
+    if (WithGil gil; gil) Py_DECREF(p);
   }
   /// A new reference (call with the GIL).
   py::object get() const { return py::reinterpret_borrow<py::object>(p_ ? p_ : Py_None); }

@@ -372,6 +372,24 @@ _DAEMON_READERS = {
             for x in g.iterate(o):
                 pass
     """,
+    # A Python stage that calls splitflow (run.stats() releases the GIL) while the interpreter
+    # exits: its thread, inside its call, must take the GIL back (a first version of the exit
+    # gate parked it there, and the exit waited for its run for ever).
+    "python stage calling splitflow": """
+        h = sf.Graph(rt, 'h')
+        ho = h.pull_sink('ho')
+        h.indices('i', [1]) >> ho
+        hr = h.run()
+        def body(x):
+            for _ in range(20):
+                hr.stats()
+                time.sleep(0.001)
+            return x
+        g.indices("idx", list(range(10**6))) >> g.stage("s", body, concurrency=2) >> o
+        def read():
+            for x in g.iterate(o):
+                pass
+    """,
     "dataloader": """
         import queue, torch.utils.data
         from splitflow.torch import GraphDataset

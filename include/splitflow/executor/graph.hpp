@@ -114,6 +114,9 @@ class PullSink : public Node<T, void> {
  public:
   PullSink(detail::PullSinkNode<T>& n)
       : Node<T, void>(n, &n.input(), nullptr), sink_(&n), readers_(n.readers()) {}
+  // Copied, never moved from: a moved-from handle would have no readers' gate to pass.
+  PullSink(const PullSink&) = default;
+  PullSink& operator=(const PullSink&) = default;
 
   std::optional<T> next() const { return take(sink_, *readers_, nullptr, nullptr); }
   /// The reader is done: cancels the run if it is still going (does nothing after its end, or

@@ -60,7 +60,10 @@ template <class T, class = void>
 struct copyable : std::is_copy_constructible<T> {};
 template <class T>
 struct copyable<T, std::void_t<typename T::value_type, typename T::allocator_type>>
-    : std::conjunction<std::is_copy_constructible<T>, copyable<std::remove_const_t<typename T::value_type>>> {};
+    : std::conjunction<std::is_copy_constructible<T>,
+                       // (a type that is its own value_type, as nlohmann::json: not looked into)
+                       std::disjunction<std::is_same<std::remove_const_t<typename T::value_type>, T>,
+                                        copyable<std::remove_const_t<typename T::value_type>>>> {};
 template <class A, class B>
 struct copyable<std::pair<A, B>> : std::conjunction<copyable<std::remove_const_t<A>>, copyable<B>> {};
 template <class... T>

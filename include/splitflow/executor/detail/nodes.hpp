@@ -967,6 +967,13 @@ class PullSinkNode final : public NodeBase {
   const std::shared_ptr<Readers>& readers() const noexcept { return readers_; }
   void close_readers() noexcept override {
     readers_->gate.close();
+    {
+      // No run is going (it ended, or its start failed after the reset): the stream is over
+      // for a reader still waiting.
+      std::lock_guard lk(this->mu_);
+      eos_ = true;
+      cv_.notify_all();
+    }
     readers_->gate.wait_empty();
   }
 
