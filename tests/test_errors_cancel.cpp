@@ -255,10 +255,12 @@ TEST(Rerun, AfterFailureAfterCancelAndAfterSuccess) {
   Runtime rt({.threads = 3});
   Graph g(rt, "again");
   std::atomic<bool> fail{true};
+  std::atomic<bool> hold{false};  // bodies wait while set: the cancelled run cannot end first
   long sum = 0;
   auto src = g.source("n", counter(1000));
   auto st = g.stage("maybe", [&](long x) {
     if (fail && x == 10) throw std::runtime_error("first time");
+    while (hold.load()) std::this_thread::yield();
     return x;
   }, {.concurrency = 2});
   auto sink = g.sink("sum", [&](long x) { sum += x; });
@@ -272,8 +274,12 @@ TEST(Rerun, AfterFailureAfterCancelAndAfterSuccess) {
   EXPECT_EQ(sum, 999L * 1000 / 2);
   EXPECT_EQ(ok.stats().find("sum")->items_in, 1000u) << "stats start from zero on every run";
 
+  // (Without the hold, a run of 1000 items could end before cancel() came: it did once under
+  // ASan, with the cancelling thread descheduled on a 2-core machine.)
+  hold = true;
   auto cancelled = g.run();
   cancelled.cancel();
+  hold = false;
   EXPECT_EQ(cancelled.wait(), RunStatus::cancelled);
 
   sum = 0;
