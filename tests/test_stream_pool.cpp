@@ -133,13 +133,18 @@ TEST(StreamPool, ALightGraphsWaitIsBoundedWhileAGreedyGraphSaturatesThePool) {
   Contention c;
   ASSERT_NO_FATAL_FAILURE(run_against_greedy(rt, kGreedyConcurrency, kGreedyKernel, light, c));
   const GpuStats& ls = c.other.gpu;
-  // First come, first served: a light invocation waits at most for the greedy bursts queued
-  // ahead of it plus those running (one compute slot: they run one after another).
-  const auto bound = (kGreedyConcurrency + 1) * kGreedyKernel * 3 + 20ms;
+  const GpuStats& gs = c.greedy.gpu;
+  // First come, first served: a light invocation waits in the same queue as the greedy ones,
+  // behind at most the greedy bursts queued ahead of it, so its longest wait is within twice
+  // the greedy bursts' own longest in the same run (starved, it would wait for ever). Judged
+  // against the run's own waits, not a time: an absolute bound of 62 ms failed once under ASan
+  // on a loaded 2-core machine (101 ms), where every wait stretched.
   EXPECT_EQ(ls.bursts, 15u);
-  EXPECT_LE(ls.max_lease_wait_ns, std::chrono::nanoseconds(bound).count())
-      << "the light graph waited " << ls.max_lease_wait_ns / 1e6 << " ms for a stream";
-  EXPECT_GT(c.greedy.gpu.bursts, 10u);
+  EXPECT_GT(gs.bursts, 10u);
+  EXPECT_GT(gs.max_lease_wait_ns, 0);
+  EXPECT_LE(ls.max_lease_wait_ns, 2 * gs.max_lease_wait_ns)
+      << "the light graph waited " << ls.max_lease_wait_ns / 1e6 << " ms for a stream, the greedy "
+      << "graph's bursts at most " << gs.max_lease_wait_ns / 1e6 << " ms";
 }
 
 // "a graph can be given a priority so a latency-critical model's leases are served before a
