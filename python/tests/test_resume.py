@@ -12,6 +12,7 @@ import torch
 
 import splitflow as sf
 import splitflow.torch as sft
+from loader_fns import watched
 
 DataLoader = torch.utils.data.DataLoader
 SKIP = {5, 30}  # "corrupt" samples, dropped by on_error="skip"
@@ -65,9 +66,7 @@ def ids(item):
 
 
 def loader_of(ds, **args):
-    if args.get("num_workers"):
-        args.setdefault("multiprocessing_context", "spawn")
-    return DataLoader(ds, **args)
+    return DataLoader(ds, **watched(args))  # (spawned workers that say where they hang)
 
 
 def take(loader, batches, tracked=None):

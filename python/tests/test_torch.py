@@ -11,6 +11,7 @@ import torch
 
 import splitflow as sf
 import splitflow.torch as sft
+from loader_fns import loader, loop
 
 N = 103  # not a multiple of any shard count below
 
@@ -37,11 +38,10 @@ def build_failing_at_10(g, indices):
 
 
 def collect(ds, **loader_args):
-    if loader_args.get("num_workers"):
-        # This process already runs splitflow threads, which a forked worker would not have.
-        loader_args.setdefault("multiprocessing_context", "spawn")
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, **loader_args)
-    return [int(x) for x in loader]
+    # Workers are spawned: this process already runs splitflow threads, which a forked worker
+    # would not have. (loader_fns: no iterator outlives its test; a stuck worker says where.)
+    with loop(loader(ds, batch_size=None, **loader_args)) as it:
+        return [int(x) for x in it]
 
 
 # "With num_workers=0 splitflow does the parallelism in threads"; "__len__ where the length is
@@ -124,10 +124,10 @@ def test_resume_with_workers_from_items_seen():
 def test_a_fork_after_the_thread_pool_started_is_refused_clearly():
     ds = sft.GraphDataset(build_identity, 10, threads=2, backend="host")
     collect(ds)  # this process runs splitflow threads now
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
-                                         multiprocessing_context="fork")
+    forked = loader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
     with pytest.raises(Exception, match=r"forked from one \(pid \d+\) that had already run splitflow graphs"):
-        list(loader)
+        with loop(forked) as it:
+            list(it)
 
 
 # A new user's trial: a process that had only created a Runtime (no graph run: no thread
