@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -661,6 +662,31 @@ TEST(ImageOps, ResizeMatchesTheReference) {
     }
   }
   EXPECT_THROW(image::resize(tensor_of(random_pixels(10, 10, 3, 1), 10, 10, 3), 5, 5, {5, 5, 6, 2}), Error);
+}
+
+// A direct call of resize is held to the ops' output bound (kMaxOutputSide per side) as the ops
+// are when built (validate_size): it allocated what it was asked for (16385 x 1 x 3 bytes here,
+// or 2^31 rows' worth), where docs/reliability.md listed it under "Left".
+TEST(ImageOps, ResizeRefusesAnOutputSideOverTheBoundWithTheBound) {
+  const HostTensor img = tensor_of(random_pixels(4, 4, 3, 7), 4, 4, 3);
+  for (const auto& [h, w] : {std::pair{image::kMaxOutputSide + 1, 1}, std::pair{1, image::kMaxOutputSide + 1},
+                             std::pair{INT_MAX, INT_MAX}}) {
+    for (const bool antialias : {true, false}) {
+      try {
+        (void)image::resize(img, h, w, {}, antialias);
+        ADD_FAILURE() << h << "x" << w << " was resized";
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()), "splitflow::image::resize: output size " +
+                                              std::to_string(h) + "x" + std::to_string(w) +
+                                              " is out of range: give 1 to 16384 per side");
+      }
+      EXPECT_THROW((void)image::resize_flipped(img, h, w, true, antialias), Error);
+    }
+  }
+  // The bound itself is an output size a resize gives.
+  const HostTensor edge = image::resize(img, 1, image::kMaxOutputSide);
+  EXPECT_EQ(edge.dim(0), 1);
+  EXPECT_EQ(edge.dim(1), image::kMaxOutputSide);
 }
 
 // Issue 21: "antialiased resize, the default: when shrinking, a triangle filter whose support

@@ -1048,6 +1048,9 @@ HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, boo
     throw Error(fmt::format("splitflow::image::resize: cannot resize box (y {}, x {}, h {}, w {}) "
                             "of a {}x{} image to {}x{}",
                             box.y, box.x, box.h, box.w, H, W, out_h, out_w));
+  // The ops check their sizes when they are built; a direct call is checked here, so that no
+  // call allocates an output of a size no op may have.
+  validate_size(out_h, out_w, "resize");
   if (antialias && (box.h > out_h || box.w > out_w))
     return antialiased(img, out_h, out_w, box, flip);
   return bilinear(img, out_h, out_w, box, flip);
