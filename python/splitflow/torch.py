@@ -430,7 +430,8 @@ class GraphDataset(_data.IterableDataset):
     batch_size, drop_last: when build ends with ``g.batch(name, batch_size, drop_last)``, its
     items are batches: say so here, and ``len()`` is the number of batches (without it, the
     first iteration in this process finds the batch out; before it, and in DataLoader workers'
-    parents, ``len()`` counts samples). index_field: the samples' field that holds their
+    parents, ``len()`` counts samples; a ``batch_size`` given to a graph that does not batch
+    is refused at its first iteration: ValueError). index_field: the samples' field that holds their
     dataset index ("index", as ``read_file(paths, labels=...)`` makes it; an int for tuple
     samples; None: none): state_dict then records the indices the loop took, exactly.
 
@@ -697,6 +698,15 @@ class GraphDataset(_data.IterableDataset):
         if returned_none:
             last = source
         made = graph.made_batches()
+        if made is None and self.batch_size is not None:
+            # Its items would be samples counted as batches: len() a batch count, and what the
+            # loop took (state_dict) batch_size times what it was.
+            raise ValueError(
+                f"GraphDataset(batch_size={self.batch_size}, drop_last={self.drop_last}) but "
+                f"the graph does not batch: build() "
+                f"{'returned None' if returned_none else 'returned a node'} without a g.batch "
+                f"after its last g.unbatch (if any), so its items are samples; drop batch_size= "
+                f"or end build() with g.batch(name, {self.batch_size})")
         if made is not None:
             if self.batch_size is not None and made != (self.batch_size, self.drop_last):
                 raise ValueError(

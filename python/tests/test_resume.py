@@ -282,6 +282,17 @@ def test_len_counts_the_batches_the_graph_makes():
     ds = sft.GraphDataset(build_filled_batches, 61, batch_size=16, threads=2, backend="host")
     with pytest.raises(ValueError, match="the graph batches by 8"):
         list(DataLoader(ds, batch_size=None))
+    # And so is a batch_size= given to a graph that does not batch (a new user's trial: no
+    # error, len() 3 for 10 samples, and a resume after 2 samples counted them as 8 and lost 6).
+    for build in (build_identity, lambda g, indices: None,
+                  lambda g, indices: indices >> g.batch("b", 4) >> g.unbatch("u")):
+        ds = sft.GraphDataset(build, 10, batch_size=4, threads=2, backend="host")
+        with pytest.raises(ValueError, match=r"GraphDataset\(batch_size=4, drop_last=False\) but "
+                                             r"the graph does not batch: build\(\) returned .* so "
+                                             r"its items are samples; drop batch_size= or end "
+                                             r"build\(\) with g.batch\(name, 4\)"):
+            next(iter(ds))
+        assert ds.state_dict()["samples_seen"] == 0
 
 
 # -- (d) the stats name dataset indices ----------------------------------------------------------
