@@ -12,7 +12,7 @@ import torch
 
 import splitflow as sf
 import splitflow.torch as sft
-from loader_fns import watched
+from loader_fns import loader as loader_of  # (spawned workers that say where they hang)
 
 DataLoader = torch.utils.data.DataLoader
 SKIP = {5, 30}  # "corrupt" samples, dropped by on_error="skip"
@@ -63,10 +63,6 @@ def ids(item):
     if t.dim() >= 2:  # filled tensors: every value is the index
         t = t.reshape(-1, t.shape[-1])[:, 0]
     return [int(i) for i in t.reshape(-1).tolist()]
-
-
-def loader_of(ds, **args):
-    return DataLoader(ds, **watched(args))  # (spawned workers that say where they hang)
 
 
 def take(loader, batches, tracked=None):
