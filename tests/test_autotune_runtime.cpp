@@ -6,6 +6,7 @@
 // explains, keeps within the cores, keeps a user's number and leaves items whole does not.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -185,7 +186,14 @@ TEST(AutotuneRuntime, AnAutomaticGpuStageIsModelledByItsDeviceTime) {
   ASSERT_FALSE(st.autotune.empty());
   const std::string& first = st.autotune.front();
   EXPECT_NE(first.find(" GPU; bound "), std::string::npos) << all;   // "model 1.1 ms GPU"
-  EXPECT_NE(first.find("(GPU 0 ('model'"), std::string::npos) << all;  // the device binds
+  // The device binds once the estimates are firm. (Not necessarily in the first window's model:
+  // under TSan on a loaded machine prep's first items measured 1.6 ms, not 50 us, and the cores
+  // bound that first estimate; CI of the 2026-12-05 tree.)
+  const auto firm = std::find_if(st.autotune.begin(), st.autotune.end(), [](const std::string& e) {
+    return e.starts_with("estimates firm");
+  });
+  ASSERT_NE(firm, st.autotune.end()) << all;
+  EXPECT_NE(firm->find("(GPU 0 ('model'"), std::string::npos) << all;  // the device binds
   bool raised = false;
   const std::regex change(R"(^model (\d+) -> (\d+): .+)");
   for (const std::string& e : st.autotune) {
