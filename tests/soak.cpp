@@ -22,6 +22,8 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include "sanitizers.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -171,7 +173,7 @@ HostTensor model(DeviceTensor t, DeviceContext& ctx) {
 
 class Train {
  public:
-  Train(Runtime& rt, std::uint64_t seed, long items) : g_(rt, "train"), seed_(seed), items_(items) {
+  Train(Runtime& rt, std::uint64_t seed, long items) : g_(rt, "train"), items_(items) {
     auto src = g_.source("read", [n = items, i = 0L]() mutable -> std::optional<long> {
       if (i == n) return std::nullopt;
       return i++;
@@ -252,7 +254,6 @@ class Train {
 
  private:
   Graph g_;
-  std::uint64_t seed_;
   long items_;
   std::optional<PullSink<HostTensor>> out_;
 };
@@ -595,7 +596,7 @@ int main(int argc, char** argv) {
         << samples[i].threads << ", " << samples[i].fds << "]";
     j << "]}\n";
   }
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(SPLITFLOW_TEST_ASAN) || defined(SPLITFLOW_TEST_TSAN)
   // Under a sanitizer the process's own memory grows by design (ASan's quarantine, TSan's
   // history): RSS is reported, not bounded.
   constexpr bool kBoundRss = false;

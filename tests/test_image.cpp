@@ -5,6 +5,8 @@
 // test names what it checks.
 #include <gtest/gtest.h>
 
+#include "sanitizers.hpp"
+
 #include <optional>
 #include <cstdio>  // before jpeglib.h, which needs FILE
 #include <jpeglib.h>
@@ -1103,7 +1105,7 @@ TEST(ImagePipeline, CorruptFilesAreSkippedAndNamedAndTheRestIsExact) {
 // "memory is bounded": large host tensors reuse freed blocks of their size, up to the cache's
 // limit, and setting the limit frees what is over it.
 TEST(HostCache, ReusesFreedBlocksWithinItsLimit) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SPLITFLOW_TEST_ASAN)
   GTEST_SKIP() << "ASan builds never cache host blocks (use-after-free must stay visible)";
 #else
   set_host_cache_limit(0);  // what earlier tests in this process left cached goes first
@@ -1140,7 +1142,7 @@ TEST(HostCache, ReusesFreedBlocksWithinItsLimit) {
 // (a random crop's rows) share blocks instead of filling the cache with sizes never asked for
 // again; when full, the block freed longest ago goes first (tensor.hpp, set_host_cache_limit).
 TEST(HostCache, VaryingSizesShareBlocksAndTheOldestGoesWhenFull) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SPLITFLOW_TEST_ASAN)
   GTEST_SKIP() << "ASan builds never cache host blocks (use-after-free must stay visible)";
 #else
   set_host_cache_limit(0);
@@ -1170,7 +1172,7 @@ TEST(HostCache, VaryingSizesShareBlocksAndTheOldestGoesWhenFull) {
 // (a fresh vector each time faulted in about 800 pages for a 14.7-megapixel photo's crop:
 // measured with perf stat, docs/benchmarks.md "Large photos").
 TEST(HostCache, ALargeCropsResizeReusesWarmBlocks) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SPLITFLOW_TEST_ASAN)
   GTEST_SKIP() << "ASan builds never cache host blocks (use-after-free must stay visible)";
 #else
   set_host_cache_limit(0);
@@ -1200,7 +1202,7 @@ TEST(HostCache, ALargeCropsResizeReusesWarmBlocks) {
 // nanny starts its workers with MALLOC_TRIM_THRESHOLD_=65536). A 224x224 RGB crop (147 KiB) is
 // reused; a 100 KiB tensor is left to malloc.
 TEST(HostCache, BlocksFrom128KiBUpAreReused) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SPLITFLOW_TEST_ASAN)
   GTEST_SKIP() << "ASan builds never cache host blocks (use-after-free must stay visible)";
 #else
   set_host_cache_limit(0);

@@ -327,7 +327,7 @@ TEST(Diagnosis, ATooSmallAutomaticRingIsNamedAndDeepenedForTheNextRun) {
   auto again = g.run();
   again.wait();
   EXPECT_EQ(again.stats().items_delivered(), 20u);
-  EXPECT_EQ(again.stats().find("model")->ring_capacity, std::size_t{raise.empty() ? 64 : 128} << 20)
+  EXPECT_EQ(again.stats().find("model")->ring_capacity, std::size_t(raise.empty() ? 64u : 128u) << 20)
       << join(st.autotune);
   expect_consistent(again.stats(), rt.device_stats());
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <utility>
@@ -510,7 +511,10 @@ std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const 
       richest->cores -= 1;
       out[i].cores = 1;
     }
-    out[i].memory_bytes = static_cast<std::size_t>(std::floor(bytes[i]));
+    // A share of an unlimited budget (SIZE_MAX, 2^64 as a double) stays unlimited: converting
+    // 2^64 to size_t is undefined (clang's UBSan stopped the tuner's tests there).
+    out[i].memory_bytes = bytes[i] < 0x1p64 ? static_cast<std::size_t>(std::floor(bytes[i]))
+                                            : std::numeric_limits<std::size_t>::max();
   }
   return out;
 }

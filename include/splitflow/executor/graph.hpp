@@ -300,6 +300,7 @@ template <class It, class S, class Keep = std::nullptr_t>
 auto iterate(It it, S last, Keep keep = nullptr) {
   using T = std::iter_value_t<It>;
   return [keep = std::move(keep), it, last]() mutable -> std::optional<T> {
+    (void)keep;  // held, not used: it owns what [it, last) points into
     if (it == last) return std::nullopt;
     std::optional<T> v(*it);
     ++it;
