@@ -367,7 +367,7 @@ _DAEMON_READERS = {
                 pass
     """,
     "c++ stages": """
-        g.indices("idx", list(range(10**8))) >> g.stage("fill", sf.ops.fill([4096]), concurrency=0) >> o
+        g.indices("idx", list(range(10**7))) >> g.stage("fill", sf.ops.fill([4096]), concurrency=0) >> o
         def read():
             for x in g.iterate(o):
                 pass
