@@ -61,8 +61,22 @@ void GraphCore::post_blocking(BlockingTask t) { runtime_->blocking_pool().post(s
 
 bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
   if (!try_acquire_unit()) return false;
-  post(std::move(fn));
-  release_unit();  // post took its own
+  // The unit acquired here goes with the task, which releases it: never this thread. (It was
+  // released here, after post() took its own: when the task and the rest of the run had ended
+  // first, this thread completed the run, and a tuner's thread then joined itself in
+  // complete() -> RunTuner::stop: "Resource deadlock avoided", std::terminate. Seen under TSan
+  // in BlockingStage.AnAutomaticStageWhoseBodiesWaitRunsOnTheBlockingThreadsInTheNextGraphOfItsName.)
+  // The task is post()'s, which takes a unit of its own first.
+  runtime_->spawn_urgent([this, fn = std::move(fn)] {
+    try {
+      WorkList w;
+      fn(w);
+      execute(w);
+    } catch (...) {
+      fail(*nodes_.front(), 0, std::current_exception());
+    }
+    release_unit();
+  });
   return true;
 }
 
