@@ -186,14 +186,13 @@ TEST(AutotuneRuntime, AnAutomaticGpuStageIsModelledByItsDeviceTime) {
   ASSERT_FALSE(st.autotune.empty());
   const std::string& first = st.autotune.front();
   EXPECT_NE(first.find(" GPU; bound "), std::string::npos) << all;   // "model 1.1 ms GPU"
-  // The device binds once the estimates are firm. (Not necessarily in the first window's model:
-  // under TSan on a loaded machine prep's first items measured 1.6 ms, not 50 us, and the cores
-  // bound that first estimate; CI of the 2026-12-05 tree.)
-  const auto firm = std::find_if(st.autotune.begin(), st.autotune.end(), [](const std::string& e) {
-    return e.starts_with("estimates firm");
+  // The device binds, in a model of a later window if not of the first. (Under TSan on a loaded
+  // machine prep's first items measured 1.6 ms, not 50 us, and the cores bound that first
+  // estimate; the next windows' models name the device: CI of the 2026-12-05 tree.)
+  const bool device_binds = std::any_of(st.autotune.begin(), st.autotune.end(), [](const std::string& e) {
+    return e.find("model per item") != std::string::npos && e.find("(GPU 0 ('model'") != std::string::npos;
   });
-  ASSERT_NE(firm, st.autotune.end()) << all;
-  EXPECT_NE(firm->find("(GPU 0 ('model'"), std::string::npos) << all;  // the device binds
+  EXPECT_TRUE(device_binds) << all;
   bool raised = false;
   const std::regex change(R"(^model (\d+) -> (\d+): .+)");
   for (const std::string& e : st.autotune) {
