@@ -66,7 +66,6 @@ bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
   // first, this thread completed the run, and a tuner's thread then joined itself in
   // complete() -> RunTuner::stop: "Resource deadlock avoided", std::terminate. Seen under TSan
   // in BlockingStage.AnAutomaticStageWhoseBodiesWaitRunsOnTheBlockingThreadsInTheNextGraphOfItsName.)
-  // The task is post()'s, which takes a unit of its own first.
   runtime_->spawn_urgent([this, fn = std::move(fn)] {
     try {
       WorkList w;
@@ -81,17 +80,9 @@ bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
 }
 
 void GraphCore::post(std::function<void(WorkList&)> fn) {
-  pending_.fetch_add(1, std::memory_order_relaxed);
-  runtime_->spawn_urgent([this, fn = std::move(fn)] {
-    try {
-      WorkList w;
-      fn(w);
-      execute(w);
-    } catch (...) {
-      fail(*nodes_.front(), 0, std::current_exception());
-    }
-    release_unit();
-  });
+  // The caller holds a unit: the count is not zero, so post_if_running always takes the
+  // task's unit and posts.
+  post_if_running(std::move(fn));
 }
 
 NodeBase& GraphCore::adopt(std::unique_ptr<NodeBase> node) {
