@@ -388,6 +388,46 @@ RunStats planted_gpu_run() {
 }
 }  // namespace
 
+// A CPU chain under backpressure: src >> cheap (2 at once) >> slow (serial, busy 99.5%) >>
+// pull sink. The source is blocked behind 'cheap' and 'cheap' behind 'slow': the bottleneck is
+// 'slow', the last stage of the chain not blocked itself, with the suggestion to raise its
+// concurrency. (It named 'cheap', the first consumer of a blocked stage, and suggested nothing:
+// the new-user trial of 2026-12-05.)
+TEST(Diagnosis, AChainIsHeldBackByItsLastStageNotBlockedItself) {
+  RunStats st;
+  st.graph = "chain";
+  st.wall_ns = 1'000'000'000;
+  auto stage = [](std::string name, StageKind kind, std::size_t limit, std::int64_t work,
+                  std::int64_t blocked, std::vector<std::string> consumers) {
+    StageStats s;
+    s.name = std::move(name);
+    s.kind = kind;
+    s.concurrency_limit = limit;
+    s.items_in = s.items_out = 200;
+    s.busy_ns = std::min<std::int64_t>(work, 1'000'000'000);
+    s.work_ns = work;
+    s.blocked_ns = blocked;
+    s.consumers = std::move(consumers);
+    return s;
+  };
+  st.stages = {stage("src", StageKind::source, 1, 10'000'000, 790'000'000, {"cheap"}),
+               stage("cheap", StageKind::stage, 2, 20'000'000, 900'000'000, {"slow"}),
+               stage("slow", StageKind::stage, 1, 995'000'000, 0, {"out"}),
+               stage("out", StageKind::pull_sink, 1, 0, 0, {})};
+  const Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "slow") << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "stage 'src' is blocked 79% of the run behind 'cheap'")) << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "stage 'cheap' is blocked 90% of the run behind 'slow'")) << join(d.findings);
+  EXPECT_EQ(d.suggestions, std::vector<std::string>{"raise the concurrency of stage 'slow' from 1 to 2"});
+  // 'slow' blocked too, behind the pull sink: the reader of the sink holds the chain back,
+  // and no stage's concurrency is to be raised.
+  st.stages[2].blocked_ns = 600'000'000;
+  st.stages[2].work_ns = st.stages[2].busy_ns = 300'000'000;
+  const Diagnosis d2 = diagnose(st, std::nullopt);
+  EXPECT_EQ(d2.bottleneck, "out") << join(d2.findings);
+  EXPECT_TRUE(d2.suggestions.empty()) << join(d2.suggestions);
+}
+
 // "a ring full of reservations, not data, is not fixed by a larger ring": with the default
 // ring_item_bytes (16 MiB) a 64 MiB ring takes 3 items in flight however small they are.
 TEST(Diagnosis, ARingFullOfItemBudgetsSuggestsASmallerItemBudget) {

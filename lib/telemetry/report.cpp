@@ -219,7 +219,11 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
     }
   }
 
-  // 2. CPU stages held back by full consumers.
+  // 2. CPU stages held back by full consumers. A chain under backpressure is held back by its
+  // last stage that is not blocked itself: a source blocked behind 'a', 'a' blocked behind 'b'
+  // and 'b' not blocked: 'b' is the bottleneck (the first consumer only when every one is).
+  const StageStats* first_by = nullptr;
+  const StageStats* holder = nullptr;
   for (const auto& s : st.stages) {
     const double blocked = frac(s.blocked_ns, wall);
     if (blocked < 0.3 || s.consumers.empty()) continue;
@@ -238,7 +242,15 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
                                        s.name, pct(blocked), by->name,
                                        pct(frac(by->busy_ns, wall))));
     }
-    if (d.bottleneck.empty()) d.bottleneck = by->name;
+    if (!first_by) first_by = by;
+    if (!holder && frac(by->blocked_ns, wall) < 0.3) holder = by;
+  }
+  if (d.bottleneck.empty() && (holder || first_by)) {
+    const StageStats& b = holder ? *holder : *first_by;
+    d.bottleneck = b.name;
+    if (b.kind == StageKind::stage && limited(b) && saturation(b, wall) > 0.8)
+      d.suggestions.push_back(fmt::format("raise the concurrency of stage '{}' from {} to {}",
+                                          b.name, b.concurrency_limit, 2 * b.concurrency_limit));
   }
 
   // 3. A CPU-only graph: its most saturated stage.
