@@ -545,8 +545,14 @@ class GraphDataset(_data.IterableDataset):
 
     def set_epoch(self, epoch):
         """Selects the epoch's (deterministic) order; call before iterating, as with
-        DistributedSampler. Forgets any progress and loaded state."""
-        self.epoch = int(epoch)
+        DistributedSampler. Forgets any progress; a state from load_state_dict not yet iterated
+        is kept when ``epoch`` is its epoch (the resumed loop ``for epoch in
+        range(state["epoch"], epochs): ds.set_epoch(epoch)`` continues it) and dropped
+        otherwise."""
+        epoch = int(epoch)
+        if self._pending is not None and epoch == self.epoch:
+            return  # the loaded state's own epoch: the resume stands
+        self.epoch = epoch
         self._pending = None
         self._progress = None
         self._pickled = False

@@ -32,6 +32,10 @@ def sample_or_fail(i):
     return sample(i)
 
 
+def build_identity_samples(g, indices):
+    return indices >> g.stage("sample", sample)
+
+
 def build_identity(g, indices):
     return indices
 
@@ -153,6 +157,42 @@ def test_a_state_saved_after_the_epoch_resumes_to_nothing():
     resumed = sft.GraphDataset(build_filled_batches, 20, threads=2, backend="host")
     resumed.load_state_dict(state)
     assert everything(DataLoader(resumed, batch_size=None)) == []
+
+
+def test_the_resumed_loop_calls_set_epoch_with_the_loaded_epoch_and_continues_it():
+    # The documented loop resumed as users write it: load_state_dict, then `for epoch in
+    # range(state["epoch"], E): ds.set_epoch(epoch)`. set_epoch forgot the loaded state and
+    # the epoch ran whole again: 6 samples repeated (a new user's trial, 2026-12-05).
+    def run_epochs(ds, first, last):
+        seen = {}
+        for epoch in range(first, last):
+            ds.set_epoch(epoch)
+            seen[epoch] = [int(x["index"]) for x in DataLoader(ds, batch_size=None)]
+        return seen
+
+    ds = sft.GraphDataset(build_identity_samples, 20, shuffle=True, seed=0, threads=2, backend="host")
+    ds.set_epoch(1)
+    taken = []
+    for k, x in enumerate(DataLoader(ds, batch_size=None)):
+        taken.append(int(x["index"]))
+        if k == 5:
+            state = ds.state_dict()
+            break
+    assert state["epoch"] == 1 and state["samples_seen"] == 6
+    full = run_epochs(sft.GraphDataset(build_identity_samples, 20, shuffle=True, seed=0,
+                                       threads=2, backend="host"), 1, 3)
+    resumed = sft.GraphDataset(build_identity_samples, 20, shuffle=True, seed=0, threads=2,
+                               backend="host")
+    resumed.load_state_dict(state)
+    got = run_epochs(resumed, state["epoch"], 3)
+    assert taken == full[1][:6]
+    assert got[1] == full[1][6:]  # the rest of epoch 1, none repeated
+    assert got[2] == full[2]      # and the next epoch whole
+    # A state loaded and then another epoch set: that epoch, whole (the state is dropped).
+    other = sft.GraphDataset(build_identity_samples, 20, shuffle=True, seed=0, threads=2,
+                             backend="host")
+    other.load_state_dict(state)
+    assert run_epochs(other, 2, 3)[2] == full[2]
 
 
 # -- (b) DataLoader workers and DataLoader batching ---------------------------------------------
