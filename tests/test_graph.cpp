@@ -186,6 +186,42 @@ TEST(Items, MoveOnlyItemsInsideContainersFlow) {
   EXPECT_EQ(Tracked::live.load(), 0) << "items leaked";
 }
 
+// The same edge twice was accepted and acted as a merge of a producer with itself: each item
+// delivered twice (a new user's trial, 2026-12-05). Two different producers into one consumer,
+// and one producer into both inputs of a zip, stay edges of their own.
+TEST(Graph, TheSameEdgeTwiceIsRefused) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "twice");
+  auto a = g.source("a", counter(3));
+  auto b = g.source("b", counter(3));
+  auto out = g.pull_sink<long>("out");
+  a >> out;
+  try {
+    a >> out;
+    ADD_FAILURE() << "the same edge was accepted twice";
+  } catch (const GraphError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "splitflow::connect: 'a' is already connected to 'out' in graph 'twice'; connect "
+              "them once (the same edge twice would deliver each item twice)");
+  }
+  b >> out;
+  auto z = g.zip<long, long>("z");
+  auto zout = g.pull_sink<std::pair<long, long>>("zout");
+  auto c = g.source("c", counter(3));
+  c >> z.first();
+  c >> z.second();
+  z >> zout;
+  auto run = g.run();
+  std::vector<long> got;
+  for (long v : out) got.push_back(v);
+  std::vector<std::pair<long, long>> pairs;
+  for (auto& p : zout) pairs.push_back(p);
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<long>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(pairs, (std::vector<std::pair<long, long>>{{0, 0}, {1, 1}, {2, 2}}));
+}
+
 // A type that is its own value_type (nlohmann::json) is copyable as it says, and fans out (the
 // container check looked into it for ever: a review of that change).
 TEST(Items, JsonItemsFanOut) {

@@ -286,6 +286,11 @@ void link(Emitter<T>& from, Receiver<T>& to) {
     throw GraphError("splitflow::connect: '" + from.name() + "' and '" + to.node().name() +
                      "' belong to different graphs");
   from.graph().check_mutable();
+  if (from.feeds(to))
+    throw GraphError("splitflow::connect: '" + from.name() + "' is already connected to '" +
+                     to.node().name() + "' in graph '" + from.graph().name() +
+                     "'; connect them once (the same edge twice would deliver each item "
+                     "twice)");
   if constexpr (!detail::copyable_v<T>) {
     if (from.fan_out() > 0)
       throw GraphError("splitflow::connect: '" + from.name() +

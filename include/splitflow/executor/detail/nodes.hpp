@@ -181,6 +181,9 @@ class Emitter : public NodeBase {
     targets_.push_back(&r);
   }
   std::size_t fan_out() const noexcept { return targets_.size(); }
+  bool feeds(const Receiver<Out>& r) const noexcept {
+    return std::find(targets_.begin(), targets_.end(), &r) != targets_.end();
+  }
   /// OnError::substitute: the value emitted in place of an item whose body threw.
   void set_substitute(Out value) {
     static_assert(copyable_v<Out>,
