@@ -270,6 +270,68 @@ TEST(ErrorPolicy, FailIsTheDefaultAndSinksCanSkip) {
   }
 }
 
+// A body wrapper may replace the failed item itself (detail::SubstituteWith: the Python
+// module's field= stages keep a sample's other fields so): under substitute its value is
+// emitted, the error counted and named is its cause; under skip and fail, the cause alone.
+TEST(ErrorPolicy, AWrappersOwnReplacementIsEmittedAndItsCauseReported) {
+  using Pair = std::pair<long, long>;  // (value, label)
+  auto body = [](Pair p) {
+    if (p.first % 4 == 2) {
+      std::exception_ptr cause;
+      try {
+        throw std::invalid_argument("even, not a multiple of 4");
+      } catch (...) {
+        cause = std::current_exception();
+      }
+      throw detail::SubstituteWith<Pair>{Pair{-1, p.second}, cause};
+    }
+    return Pair{p.first * 10, p.second};
+  };
+  auto pairs = [] {
+    return [i = 0L]() mutable -> std::optional<Pair> {
+      if (i == 12) return std::nullopt;
+      const long v = i++;
+      return Pair{v, 100 + v};
+    };
+  };
+  for (OnError policy : {OnError::substitute, OnError::skip, OnError::fail}) {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "wrapped");
+    auto src = g.source("n", pairs());
+    auto st = g.stage("st", body, {.concurrency = 2, .on_error = policy});
+    if (policy == OnError::substitute) st.substitute_on_error(Pair{-9, -9});
+    auto out = g.pull_sink<Pair>("out");
+    src >> st >> out;
+    auto run = g.run();
+    std::vector<Pair> got;
+    if (policy == OnError::fail) {
+      try {
+        for (auto& p : out) got.push_back(p);
+        run.wait();
+        ADD_FAILURE() << "the run did not fail";
+      } catch (const StageError& e) {
+        EXPECT_NE(std::string(e.what()).find("even, not a multiple of 4"), std::string::npos) << e.what();
+        EXPECT_EQ(e.item(), 2u);
+      }
+      continue;
+    }
+    for (auto& p : out) got.push_back(p);
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    std::vector<Pair> want;
+    for (long v = 0; v < 12; ++v) {
+      if (v % 4 != 2) want.emplace_back(v * 10, 100 + v);
+      else if (policy == OnError::substitute) want.emplace_back(-1, 100 + v);  // not {-9, -9}
+    }
+    EXPECT_EQ(got, want);
+    const RunStats stats = run.stats();
+    const StageStats* s = stats.find("st");
+    EXPECT_EQ(s->items_substituted, policy == OnError::substitute ? 3u : 0u);
+    EXPECT_EQ(s->items_skipped, policy == OnError::skip ? 3u : 0u);
+    ASSERT_EQ(s->errors.size(), 3u);
+    for (const ItemError& e : s->errors) EXPECT_EQ(e.message, "even, not a multiple of 4");
+  }
+}
+
 // "substitute needs a value, and an output"
 TEST(ErrorPolicy, SubstituteWithoutAValueOrOnASinkIsAGraphError) {
   Runtime rt({.threads = 2});

@@ -1,6 +1,6 @@
 """Worker processes for a Python stage: ``Graph.stage(name, fn, processes=N)``.
 
-``ProcessPool(fn, processes, stage, field=None, depth=2)`` runs ``fn`` in N processes started
+``ProcessPool(fn, processes, stage, field=None, depth=2, substitute=None)`` runs ``fn`` in N processes started
 with the ``spawn`` method (as DataLoader workers under spawn: ``fn`` travels by reference, so it
 must be a module-level function, or an object of a module-level class, of an importable module;
 it is pickled once, when the pool is made).
@@ -937,12 +937,16 @@ class _Slot:
         self.rx = None
 
 
+_NO_SUBSTITUTE = object()
+
+
 class _State:
     """Everything a pool owns; the reader thread and the finalizer hold this, not the pool."""
 
     def __init__(self, fn_blob, fn_name, processes, stage, field, depth):
         self.fn_blob, self.fn_name = fn_blob, fn_name
         self.processes, self.stage, self.field, self.depth = processes, stage, field, depth
+        self.substitute = _NO_SUBSTITUTE  # a field= stage's substitute= (ProcessPool sets it)
         self.owner = os.getpid()
         self.pool_id = next(_pool_ids)
         self.prefix = f"sf-{self.owner}-{self.pool_id}-"
@@ -1121,7 +1125,7 @@ class _State:
         Error, _ = _errors()
         return Error(f"stage '{self.stage}': the process pool was closed")
 
-    def _finish(self, completion, ok, value):
+    def _finish(self, completion, ok, value, keep=None):
         if ok:
             try:
                 completion.done(value)
@@ -1132,7 +1136,10 @@ class _State:
                     self.completed += 1
                 return
         try:
-            completion.fail(value)
+            if keep is None:
+                completion.fail(value)
+            else:
+                completion.fail(value, keep)
         except BaseException:
             sys.stderr.write(f"splitflow: stage '{self.stage}': completion.fail raised:\n"
                              + traceback.format_exc())
@@ -1286,9 +1293,14 @@ class _State:
                 ok, result = False, self._exception(slot, body)
         elif ok and entry is not None and self.field is not None:
             result = _with_field(entry.item, self.field, result)
+        keep = None
+        if not ok and entry is not None and self.field is not None \
+                and self.substitute is not _NO_SUBSTITUTE:
+            # substitute= with field=: the sample goes on with that field substituted.
+            keep = _with_field(entry.item, self.field, self.substitute)
         del body
         if entry is not None:  # None: failed already (the pool closed)
-            self._finish(entry.completion, ok, result)
+            self._finish(entry.completion, ok, result, keep)
 
     def _exception(self, slot, body):
         Error, _ = _errors()
@@ -1515,7 +1527,7 @@ class ProcessPool:
     """Runs ``fn(item)`` (or ``fn(item[field])``) in ``processes`` spawned worker processes for
     the stage ``stage``; see the module's docstring."""
 
-    def __init__(self, fn, processes, stage, field=None, depth=2):
+    def __init__(self, fn, processes, stage, field=None, depth=2, substitute=None):
         Error, GraphError = _errors()
         where = f"splitflow.Graph.stage({stage!r}, processes={processes!r})"
         if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
@@ -1542,6 +1554,8 @@ class ProcessPool:
                              f"it at module level of an importable module, as DataLoader "
                              f"workers need")
         self._s = _State(blob, name, processes, str(stage), field, depth)
+        if field is not None and substitute is not None:
+            self._s.substitute = substitute
         _live.add(self._s)
         self._finalizer = weakref.finalize(self, _finalize, self._s)
 

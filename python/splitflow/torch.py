@@ -70,20 +70,32 @@ from ._errors import GraphError, StageError
 __all__ = ["GraphDataset", "to_torch"]
 
 
-def to_torch(x):
-    """splitflow.Tensor -> torch.Tensor (zero-copy, DLPack), inside tuples, lists and dicts."""
+def to_torch(x, _where="the item"):
+    """splitflow.Tensor -> torch.Tensor (zero-copy, DLPack), inside tuples, lists and dicts.
+    A dtype this torch lacks (torch 1.13: uint16, uint32, uint64) raises TypeError naming the
+    field, its dtype and shape."""
     if isinstance(x, _core.Tensor):
         if x.dtype == "bool" and x.device == "cpu":
             # (torch 1.13's DLPack has no bool: "Unsupported code 6"; NumPy's buffer view, still
             # no copy.)
             return torch.from_numpy(np.asarray(x))
-        return torch.utils.dlpack.from_dlpack(x)
+        try:
+            return torch.utils.dlpack.from_dlpack(x)
+        except RuntimeError as e:
+            if not x.dtype.startswith("uint"):
+                raise
+            wider = {"uint16": "int32"}.get(x.dtype, "int64")
+            raise TypeError(
+                f"splitflow.torch.to_torch: {_where} is a {x.dtype} tensor of shape "
+                f"{tuple(x.shape)}, a dtype torch {torch.__version__} does not have ({e}); "
+                f"convert it in the graph (e.g. a stage returning "
+                f"arr.astype(numpy.{wider})), as default_collate would need too") from None
     if isinstance(x, tuple):
-        return tuple(to_torch(v) for v in x)
+        return tuple(to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x))
     if isinstance(x, list):
-        return [to_torch(v) for v in x]
+        return [to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x)]
     if isinstance(x, dict):
-        return {k: to_torch(v) for k, v in x.items()}
+        return {k: to_torch(v, f"{_where}[{k!r}]") for k, v in x.items()}
     return x
 
 
@@ -455,6 +467,9 @@ class GraphDataset(_data.IterableDataset):
             raise ValueError("GraphDataset: length must be >= 0")
         if even_shards not in (None, "pad", "drop"):
             raise ValueError(f"GraphDataset: even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
+        if world_size is not None and (isinstance(world_size, bool) or int(world_size) < 1):
+            raise ValueError(f"GraphDataset: world_size must be >= 1 (or None: from "
+                             f"torch.distributed), not {world_size!r}")
         if batch_size is not None and int(batch_size) < 1:
             raise ValueError(f"GraphDataset: batch_size must be >= 1 (or None), not {batch_size!r}")
         self.even_shards = even_shards

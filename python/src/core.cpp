@@ -397,17 +397,25 @@ StageOptions stage_options(std::size_t concurrency, Order order, std::size_t cap
 struct PyCompletion {
   std::shared_ptr<Completion<Value>> c;
   bool done(py::handle value) { return c->done(from_python(value)); }
-  bool fail(py::handle exc) {
+  /// `keep` (not None): the item to emit in the failed one's place under substitute= (a
+  /// field= stage's sample with that field substituted).
+  bool fail(py::handle exc, py::handle keep) {
+    std::exception_ptr e = error_of(exc);
+    if (!keep.is_none())
+      e = std::make_exception_ptr(detail::SubstituteWith<Value>{from_python(keep), std::move(e)});
+    return c->fail(std::move(e));
+  }
+  static std::exception_ptr error_of(py::handle exc) {
     if (!PyExceptionInstance_Check(exc.ptr()))
-      return c->fail(std::make_exception_ptr(Error("failed with " + std::string(py::repr(exc)))));
+      return std::make_exception_ptr(Error("failed with " + std::string(py::repr(exc))));
     // splitflow.Error (a worker died, the pool closed): its message, as the item's error.
     // Anything else is the function's own exception, the StageError's __cause__.
     if (PyObject_IsInstance(exc.ptr(), g_error_types[0]) == 1)
-      return c->fail(std::make_exception_ptr(Error(py::str(exc).cast<std::string>())));
+      return std::make_exception_ptr(Error(py::str(exc).cast<std::string>()));
     std::string what = std::string(py::str(exc.get_type().attr("__name__"))) + ": " +
                        py::str(exc).cast<std::string>();
-    return c->fail(std::make_exception_ptr(
-        PythonStageError(std::move(what), PyObj(py::reinterpret_borrow<py::object>(exc)))));
+    return std::make_exception_ptr(
+        PythonStageError(std::move(what), PyObj(py::reinterpret_borrow<py::object>(exc))));
   }
 };
 
@@ -431,6 +439,7 @@ struct BodyGil {
 struct PythonBody {
   HeldRef fn;  // the graph's (PyGraph::hold)
   std::shared_ptr<BodyThreads> threads = {};  // the graph's (Ctrl-C interrupts its bodies)
+  std::string who = {};  // "stage 'model' of graph 'svc'", for errors
   Value operator()(Value v) const {
     BodyGil gil;
     BodyScope scope(threads.get());
@@ -447,7 +456,7 @@ struct PythonBody {
       py::object out = fn->obj.get()(to_python(Value(b)));
       const py::ssize_t got = py::len(out);
       if (got != static_cast<py::ssize_t>(n))
-        throw Error("the function returned " + std::to_string(got) + " results for a batch of " +
+        throw Error(who + ": the function returned " + std::to_string(got) + " results for a batch of " +
                     std::to_string(n) + " requests; return one per request (a list, or a tensor "
                     "whose first dimension is the batch's)");
       auto r = std::make_shared<BatchBox>();
@@ -824,17 +833,29 @@ void bind_image_ops(py::module_& mops) {
 
 // `body` (Value(Value) or Value(Value, DeviceContext&)) on one field of each sample (`field`: a
 // dict's key or a tuple's index); the other fields pass through untouched. `method`, `name`:
-// the stage's, for errors.
+// the stage's, for errors. `substitute` (the stage's substitute=): when the body raises, the
+// sample goes on with that field replaced by it (the node emits it: detail::SubstituteWith),
+// not the whole sample.
 template <class Body>
-auto on_field(Body body, const py::object& field, const char* method, const std::string& name) {
+auto on_field(Body body, const py::object& field, const char* method, const std::string& name,
+              std::shared_ptr<const Value> substitute = nullptr) {
   // (Read from Python once, here: the lookups need no GIL, within a GPU stage's lease too.)
   Sample::Name f = Sample::Name::of(field, "splitflow.Graph." + std::string(method) + "('" + name + "')");
-  return [body = std::move(body), f = std::move(f), who = "stage '" + name + "'"](
-             Value v, auto&... ctx) -> Value {
+  return [body = std::move(body), f = std::move(f), who = "stage '" + name + "'",
+          substitute = std::move(substitute)](Value v, auto&... ctx) -> Value {
     auto* p = std::get_if<SamplePtr>(&v);
     if (!p) throw Error(who + ": field=" + f.repr + " but the item is " + describe(v) + ", not a tuple or dict");
     Value& slot = writable(*p).at(f, who);
-    slot = body(std::move(slot), ctx...);
+    if (!substitute) {
+      slot = body(std::move(slot), ctx...);
+      return v;
+    }
+    try {
+      slot = body(std::move(slot), ctx...);
+    } catch (...) {
+      slot = *substitute;
+      throw detail::SubstituteWith<Value>{std::move(v), std::current_exception()};
+    }
     return v;
   };
 }
@@ -1033,7 +1054,7 @@ waiting at once.)doc")
                              "A process stage's worker pool (pids, stats()); None for others.");
   py::class_<PyCompletion>(m, "_Completion")
       .def("done", &PyCompletion::done)
-      .def("fail", &PyCompletion::fail);
+      .def("fail", &PyCompletion::fail, py::arg("exc"), py::arg("keep") = py::none());
 
   py::class_<PullIterator, std::shared_ptr<PullIterator>>(m, "PullIterator")
       .def("__iter__", [](py::object self) { return self; })
@@ -1211,6 +1232,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                              "thread stages; a process stage's concurrency is its processes");
           n = Concurrency::automatic;
         } else {
+          if (!py::isinstance<py::int_>(concurrency) || py::isinstance<py::bool_>(concurrency))
+            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency must be an int "
+                             "(0: unlimited) or 'auto', not " +
+                             py::repr(concurrency).cast<std::string>());
           const long long v = concurrency.cast<long long>();
           if (v < 0)
             throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency=" +
@@ -1242,7 +1267,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
             throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable");
           constexpr std::size_t kDepth = 2;
           py::object pool = py::module_::import("splitflow._procs").attr("ProcessPool")(
-              body, processes, name, field, py::arg("depth") = kDepth);
+              body, processes, name, field, py::arg("depth") = kDepth,
+              py::arg("substitute") = substitute);
           o.concurrency = static_cast<std::size_t>(processes) * kDepth;
           auto submit = [pool = g->hold(pool)](Value v, Completion<Value> c) {
             WithGil gil;
@@ -1260,9 +1286,12 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           fn = per_item(body.cast<CpuOp>().fn);
         } else {
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
-          fn = PythonBody{g->hold(std::move(body)), g->bodies};
+          fn = PythonBody{g->hold(std::move(body)), g->bodies,
+                          "stage '" + name + "' of graph '" + g->graph.name() + "'"};
         }
-        if (!field.is_none()) fn = on_field(std::move(fn), field, "stage", name);
+        if (!field.is_none())
+          fn = on_field(std::move(fn), field, "stage", name,
+                        substitute.is_none() ? nullptr : std::make_shared<const Value>(from_python(substitute)));
         s = g->graph.stage<Value>(name, std::move(fn), o);
         if (!substitute.is_none()) s->substitute_on_error(from_python(substitute));
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});

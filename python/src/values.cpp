@@ -215,9 +215,20 @@ HostTensor wrap_buffer(py::handle obj, const char* what) {
   }
   auto owner = std::make_shared<BufferOwner>();
   if (PyObject_GetBuffer(src.ptr(), &owner->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    // A strided view (a transpose, a slice with a step, a torch tensor's .t()): copied into
+    // a C-contiguous array, as torch's default_collate (torch.stack) copies it too.
     PyErr_Clear();
-    throw Error(std::string(what) + ": the array is not C-contiguous (make it so with "
-                "numpy.ascontiguousarray)");
+    try {
+      src = py::module_::import("numpy").attr("ascontiguousarray")(src);
+    } catch (py::error_already_set& e) {
+      throw Error(std::string(what) + ": the array is not C-contiguous and could not be made so (" +
+                  e.what() + ")");
+    }
+    if (PyObject_GetBuffer(src.ptr(), &owner->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      PyErr_Clear();
+      throw Error(std::string(what) + ": the array is not C-contiguous (make it so with "
+                  "numpy.ascontiguousarray)");
+    }
   }
   owner->held = true;
   DType dt;
@@ -410,6 +421,9 @@ std::vector<std::int64_t> int64_list(py::handle values, const std::string& who) 
       out.push_back(*i);
       continue;
     }
+    if (PyLong_Check(e) && !PyBool_Check(e))
+      throw GraphError(who + ": element " + std::to_string(n) + " (" + py::repr(e).cast<std::string>() +
+                       ") does not fit a 64-bit signed integer; give indices from -2**63 to 2**63-1");
     const std::string value = PyFloat_Check(e) ? " " + py::repr(e).cast<std::string>() : "";
     throw GraphError(who + ": element " + std::to_string(n) + " is a " +
                      std::string(py::str(py::handle(e).get_type().attr("__name__"))) + value +

@@ -90,6 +90,19 @@ def test_skip_drops_only_the_failing_item():
     assert got == [x for x in range(20) if x != 5]
 
 
+def test_substitute_with_field_replaces_that_field_and_keeps_the_others():
+    # As in a thread stage (test_samples.py): the sample's other fields go on.
+    samples = [{"x": i, "label": i % 3} for i in range(10)]
+    got, g, st = run_list(samples, fns.raise_on_five, field="x", substitute=-1)
+    assert got == [{"x": (-1 if i == 5 else i), "label": i % 3} for i in range(10)]
+    got, g, st = run_list([(i, -i) for i in range(8)], fns.raise_on_five, field=0, substitute=0)
+    assert got == [((0 if i == 5 else i), -i) for i in range(8)]
+    assert st.pool.stats()["failed"] == 1
+    # Without field=, the whole item.
+    got, _, _ = run_list(list(range(8)), fns.raise_on_five, substitute=-1)
+    assert got == [(-1 if i == 5 else i) for i in range(8)]
+
+
 @pytest.mark.parametrize("fn,how", [(fns.die_on_seven, "SIGSEGV"), (fns.exit_on_seven, "exit code 3")])
 def test_a_worker_that_dies_fails_only_its_item_and_is_replaced(fn, how):
     rt = sf.Runtime(threads=2)

@@ -278,3 +278,136 @@ def test_normalize_refuses_bad_arguments_when_made_and_names_the_users_stage():
     msg = str(e.value)
     assert e.value.stage == "my_norm" and "stage 'normalize'" not in msg, msg
     assert "splitflow::ops::normalize needs one mean and one stddev per channel" in msg, msg
+
+
+def _raise_on_two(v):
+    if v == 2:
+        raise ValueError("two")
+    return v * 10
+
+
+@pytest.mark.parametrize("structure", ["dict", "tuple"])
+def test_substitute_with_field_replaces_that_field_and_keeps_the_others(structure):
+    # A new user's trial (2026-12-05): substitute= on a field= stage replaced the whole sample
+    # (its label and index lost, the batch then a plain list instead of a dict).
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "sub-field")
+    if structure == "dict":
+        items, field = [{"x": i, "y": -i} for i in range(4)], "x"
+    else:
+        items, field = [(i, -i) for i in range(4)], 0
+    src = g.source("s", items)
+    st = g.stage("st", _raise_on_two, field=field, substitute=-1)
+    b = g.batch("b", 4)
+    out = g.pull_sink("out")
+    src >> st >> b >> out
+    run = g.run()
+    (batch,) = list(out)
+    assert run.wait() == "succeeded"
+    if structure == "dict":
+        assert np.asarray(batch["x"]).tolist() == [0, 10, -1, 30]
+        assert np.asarray(batch["y"]).tolist() == [0, -1, -2, -3]
+    else:
+        assert np.asarray(batch[0]).tolist() == [0, 10, -1, 30]
+        assert np.asarray(batch[1]).tolist() == [0, -1, -2, -3]
+    s = next(x for x in run.stats()["stages"] if x["name"] == "st")
+    assert s["substituted"] == 1 and s["skipped"] == 0
+    assert len(s["errors"]) == 1 and "ValueError: two" in s["errors"][0]["message"]
+    assert s["errors"][0]["item"] == 2
+
+
+def test_substitute_with_field_on_a_c_plus_plus_op_keeps_the_label(tmp_path):
+    # The real-world case: a truncated JPEG among good ones, the crop's image substituted by
+    # zeros, its label and index kept so that the batch still collates as a dict.
+    from PIL import Image
+    paths = []
+    for i in range(3):
+        p = tmp_path / f"{i}.jpg"
+        Image.fromarray(np.full((40, 50, 3), 40 * i, np.uint8)).save(p, quality=90)
+        paths.append(str(p))
+    with open(paths[1], "r+b") as f:
+        f.truncate(100)
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "sub-crop")
+    src = g.indices("i", range(3))
+    read = g.stage("read", sf.ops.read_file(paths, labels=[7, 8, 9]))
+    crop = g.stage("crop", sf.ops.decode_random_resized_crop(16, seed=1), field="image",
+                   substitute=np.zeros((16, 16, 3), np.uint8))
+    b = g.batch("b", 3)
+    out = g.pull_sink("out")
+    src >> read >> crop >> b >> out
+    (batch,) = list(g.iterate(out))
+    assert np.asarray(batch["label"]).tolist() == [7, 8, 9]
+    assert np.asarray(batch["index"]).tolist() == [0, 1, 2]
+    images = np.asarray(batch["image"])
+    assert images.shape == (3, 16, 16, 3)
+    assert not images[1].any() and images[2].min() > 0
+
+
+def test_the_same_edge_twice_is_refused():
+    # It was accepted and acted as a merge: every item delivered twice (a new user's trial).
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "double-edge")
+    s = g.source("s", [1, 2, 3])
+    out = g.pull_sink("out")
+    s >> out
+    with pytest.raises(sf.GraphError, match=r"'s' is already connected to 'out' in graph "
+                                            r"'double-edge'; connect them once"):
+        s >> out
+    assert list(g.iterate(out)) == [1, 2, 3]
+
+
+def test_bad_arguments_are_named():
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "args")
+    with pytest.raises(sf.GraphError, match=r"concurrency must be an int \(0: unlimited\) or "
+                                            r"'auto', not 1\.5"):
+        g.stage("a", abs, concurrency=1.5)
+    with pytest.raises(sf.GraphError, match=r"concurrency must be an int .*not True"):
+        g.stage("a", abs, concurrency=True)
+    with pytest.raises(sf.GraphError, match=r"element 1 \(1180591620717411303424\) does not fit "
+                                            r"a 64-bit signed integer"):
+        g.indices("i", [0, 2**70])
+    with pytest.raises(ValueError, match=r"world_size must be >= 1"):
+        sft.GraphDataset(lambda g, i: i, 10, rank=0, world_size=0)
+
+
+def test_a_dtype_torch_lacks_is_named_with_its_field():
+    # uint16 reached torch's DLPack and failed there: "Unsupported kUInt bits 16".
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "u16")
+    src = g.source("s", [{"depth": np.full((4, 4), i, np.uint16), "index": i} for i in range(2)])
+    b = g.batch("b", 2)
+    out = g.pull_sink("out")
+    src >> b >> out
+    (batch,) = list(g.iterate(out))
+    if hasattr(torch, "uint16"):
+        pytest.skip("this torch has uint16")
+    with pytest.raises(TypeError, match=r"the item\['depth'\] is a uint16 tensor of shape "
+                                        r"\(2, 4, 4\), a dtype torch .* does not have"):
+        sft.to_torch(batch)
+    assert sft.to_torch(batch["index"]).tolist() == [0, 1]
+
+
+def test_strided_arrays_and_tensors_collate_like_default_collate():
+    # An HWC -> CHW transpose (a view, not C-contiguous) was refused by g.batch ("the array is
+    # not C-contiguous"), where default_collate stacks it (a new user's trial, 2026-12-05).
+    def chw(i):
+        return np.arange(60, dtype=np.uint8).reshape(4, 5, 3).transpose(2, 0, 1) + np.uint8(i)
+
+    def tensor_t(i):
+        return torch.arange(6, dtype=torch.float32).reshape(2, 3).t() + i
+
+    for fn in (chw, tensor_t):
+        rt = sf.Runtime(threads=2, backend="host")
+        g = sf.Graph(rt, "strided")
+        src = g.source("s", list(range(3)))
+        st = g.stage("view", fn)
+        b = g.batch("b", 3)
+        out = g.pull_sink("out")
+        src >> st >> b >> out
+        (batch,) = list(g.iterate(out))
+        ref = torch.utils.data.default_collate([torch.as_tensor(np.asarray(fn(i))) for i in range(3)])
+        got = sft.to_torch(batch)
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        assert torch.equal(got, ref)

@@ -126,7 +126,8 @@ def test_a_wrong_number_of_results_fails_that_batchs_requests_and_says_why():
     run = g.run()
     futs = [svc.submit(i) for i in range(2)]
     for f in futs:
-        with pytest.raises(Exception, match="returned 1 results for a batch of 2 requests"):
+        with pytest.raises(sf.Error, match=r"^stage 'model' of graph 'svc': the function "
+                                           r"returned 1 results for a batch of 2 requests"):
             f.result(timeout=30)
     svc.close()
     assert run.wait() == "succeeded"

@@ -170,6 +170,16 @@ std::vector<std::uint64_t> ids_for_errors(const NodeBase& node, const In& item) 
   return {};
 }
 
+/// Thrown by a body wrapper under OnError::substitute to emit `value` in place of the stage's
+/// fixed substitute: the item with only its failed part replaced (the Python module's field=
+/// stages keep a sample's other fields so). `cause` is the body's own error: the one counted,
+/// named in the stats and reported. Under another OnError it stands for its cause.
+template <class T>
+struct SubstituteWith {
+  T value;
+  std::exception_ptr cause;
+};
+
 /// Base of nodes with an output of type Out: fan-out to consumers and in-order emission.
 template <class Out>
 class Emitter : public NodeBase {
@@ -207,13 +217,22 @@ class Emitter : public NodeBase {
   bool absorb_item_error(std::uint64_t seq, const std::vector<std::uint64_t>& ids,
                          std::exception_ptr error, std::optional<Out>& out) noexcept {
     const bool substitute = this->on_error_ == OnError::substitute;
+    out.reset();
+    // A wrapper's own replacement of the item (SubstituteWith): emitted under substitute; the
+    // error counted and reported is its cause, whatever the OnError.
+    try {
+      std::rethrow_exception(error);
+    } catch (SubstituteWith<Out>& s) {
+      if (substitute) out.emplace(std::move(s.value));
+      error = s.cause;
+    } catch (...) {
+    }
     if (ItemTracker* t = this->graph().tracker(); t && !substitute)
       for (std::uint64_t id : ids)
         if (id != seq) t->item_failed(id, error);
-    out.reset();
     if (!this->absorb_error(seq, std::move(error), substitute)) return false;
     if constexpr (copyable_v<Out>) {
-      if (substitute) {
+      if (substitute && !out) {
         try {
           out.emplace(*substitute_);
         } catch (...) {  // the copy itself failed: the item is dropped
