@@ -383,6 +383,16 @@ OnError on_error_of(const std::string& on_error) {
   throw GraphError("splitflow: on_error must be 'fail' or 'skip' (or give substitute=), not '" + on_error + "'");
 }
 
+/// A count argument (a size, a capacity, a concurrency): a Python int (or anything with
+/// __index__: a NumPy integer) >= 0, else GraphError naming `who`'s argument `arg` and its value.
+std::size_t count_arg(const py::handle& o, const std::string& who, const char* arg) {
+  if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
+    throw GraphError(who + ": " + arg + " must be an int >= 0, not " + py::repr(o).cast<std::string>());
+  const long long v = py::cast<long long>(py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr())));
+  if (v < 0) throw GraphError(who + ": " + arg + "=" + std::to_string(v) + " is negative");
+  return static_cast<std::size_t>(v);
+}
+
 StageOptions stage_options(std::size_t concurrency, Order order, std::size_t capacity,
                            const std::string& on_error = "fail") {
   return StageOptions{concurrency == 0 ? Concurrency::unlimited : concurrency, order, capacity,
@@ -1213,7 +1223,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       }, py::arg("name"), py::arg("values"),
       "A C++ source of integers (indices into a dataset): no GIL per item.")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
-                       py::object concurrency, bool ordered, std::size_t capacity,
+                       py::object concurrency, bool ordered, py::object capacity_arg,
                        std::string on_error, py::object substitute, py::object order,
                        py::object field, long long processes, bool blocking) {
         // concurrency="auto": C++'s Concurrency::automatic (the graph's tuner sets it). Not
@@ -1242,6 +1252,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                              std::to_string(v) + " is negative (0: unlimited, or 'auto')");
           n = static_cast<std::size_t>(v);
         }
+        const std::size_t capacity = count_arg(capacity_arg, "splitflow.Graph.stage('" + name + "')", "capacity");
         StageOptions o = stage_options(n, order_of(ordered, order), capacity, on_error);
         if (blocking && processes > 0)
           throw GraphError("splitflow.Graph.stage('" + name + "'): blocking=True runs the body on "
@@ -1316,7 +1327,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "the arena's, so concurrency may go past the cores ('auto' takes it there when its "
       "measured CPU is a small part of its time); a Python body holds the GIL only while it "
       "runs Python.")
-      .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t size, bool drop_last) {
+      .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, py::object size_arg, bool drop_last) {
+        const std::size_t size = count_arg(size_arg, "splitflow.Graph.batch('" + name + "')", "size");
         // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
         auto b = g->graph.batch<Value>(name, size, {.drop_last = drop_last});
         const std::string who = "Graph.batch('" + name + "')";
@@ -1331,8 +1343,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "into a float64 tensor, tuples and dicts field by field (labels, indices and images of "
       "a sample each into their own), anything else into a list. The last batch may be "
       "shorter unless drop_last.")
-      .def("dynamic_batch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t max_batch,
-                               double max_delay, std::size_t capacity) {
+      .def("dynamic_batch", [](std::shared_ptr<PyGraph> g, std::string name, py::object max_batch_arg,
+                               double max_delay, py::object capacity_arg) {
+        const std::string where = "splitflow.Graph.dynamic_batch('" + name + "')";
+        const std::size_t max_batch = count_arg(max_batch_arg, where, "max_batch");
+        const std::size_t capacity = count_arg(capacity_arg, where, "capacity");
         if (max_batch == 0) throw GraphError("splitflow.Graph.dynamic_batch('" + name + "'): max_batch must be at least 1");
         if (!(max_delay >= 0)) throw GraphError("splitflow.Graph.dynamic_batch('" + name + "'): max_delay must be >= 0 seconds");
         DynamicBatchOptions o;
@@ -1352,7 +1367,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "waited max_delay seconds. A Python stage after it gets the requests' items collated "
       "(as Graph.batch does) and returns one result per request; a C++ op applies to each "
       "item (an item's error fails its request alone). Graph.unbatch splits it again.")
-      .def("unbatch", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t max_batch) {
+      .def("unbatch", [](std::shared_ptr<PyGraph> g, std::string name, py::object max_batch_arg) {
+        const std::size_t max_batch = count_arg(max_batch_arg, "splitflow.Graph.unbatch('" + name + "')", "max_batch");
         const std::string who = "unbatch '" + name + "'";
         auto unbox = g->graph.stage(name + ".unbox", [who](Value v) -> Batch<Value> {
           auto* b = std::get_if<BatchPtr>(&v);
@@ -1365,8 +1381,9 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         return std::make_shared<PyNode>(PyNode{g, name, &unbox.in_port(), &u.out_port(), std::nullopt});
       }, py::arg("name"), py::arg("max_batch") = 32,
       "Splits a dynamic batch back into its requests' results (max_batch: the dynamic batch's).")
-      .def("service", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t max_pending,
+      .def("service", [](std::shared_ptr<PyGraph> g, std::string name, py::object max_pending_arg,
                          std::string admission) {
+        const std::size_t max_pending = count_arg(max_pending_arg, "splitflow.Graph.service('" + name + "')", "max_pending");
         ServiceOptions o;
         o.max_pending = max_pending;
         if (admission == "wait") o.admission = Admission::wait;
@@ -1380,8 +1397,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "The graph's request entry and exit (one per graph): connect svc.source >> first stage "
       "and last stage >> svc.sink, run the graph, then svc.submit(item) from any thread.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object op_object,
-                           std::size_t concurrency, bool ordered, std::size_t capacity,
+                           py::object concurrency_arg, bool ordered, py::object capacity_arg,
                            py::object order, std::string on_error, py::object field) {
+        const std::string where = "splitflow.Graph.gpu_stage('" + name + "')";
+        const std::size_t concurrency = count_arg(concurrency_arg, where, "concurrency");
+        const std::size_t capacity = count_arg(capacity_arg, where, "capacity");
         GpuOp op;
         if (py::isinstance<GpuOp>(op_object)) {
           op = op_object.cast<GpuOp>();
@@ -1416,7 +1436,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });
         return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, std::nullopt});
       }, py::arg("name"), py::arg("body"), "A sink calling a Python callable on each item.")
-      .def("zip", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t capacity) {
+      .def("zip", [](std::shared_ptr<PyGraph> g, std::string name, py::object capacity_arg) {
+        const std::size_t capacity = count_arg(capacity_arg, "splitflow.Graph.zip('" + name + "')", "capacity");
         // The C++ zip, then its pairs as (first, second) tuples (a Sample: C++ ops take a field
         // without the GIL, Python sees a tuple).
         auto z = g->graph.zip<Value, Value>(name, capacity);
@@ -1440,7 +1461,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "(first, second) tuples: `a >> z.first(); b >> z.second(); z >> next`. An item a "
       "branch skips drops its partner. Two sources are paced: neither runs far ahead of the "
       "other. capacity applies to each input (0: the graph's default).")
-      .def("pull_sink", [](std::shared_ptr<PyGraph> g, std::string name, std::size_t capacity) {
+      .def("pull_sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object capacity_arg) {
+        const std::size_t capacity = count_arg(capacity_arg, "splitflow.Graph.pull_sink('" + name + "')", "capacity");
         auto s = g->graph.pull_sink<Value>(name, capacity);
         auto node = std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, s});
         g->pulls.push_back(node);

@@ -370,6 +370,18 @@ def test_bad_arguments_are_named():
         g.indices("i", [0, 2**70])
     with pytest.raises(ValueError, match=r"world_size must be >= 1"):
         sft.GraphDataset(lambda g, i: i, 10, rank=0, world_size=0)
+    # Negative or non-integer counts: named, not pybind11's "incompatible function arguments".
+    for make, text in [(lambda: g.stage("b", abs, capacity=-5), r"stage\('b'\): capacity=-5 is negative"),
+                       (lambda: g.batch("c", -1), r"batch\('c'\): size=-1 is negative"),
+                       (lambda: g.batch("c", 2.5), r"batch\('c'\): size must be an int >= 0, not 2\.5"),
+                       (lambda: g.pull_sink("p", capacity=-2), r"pull_sink\('p'\): capacity=-2 is negative"),
+                       (lambda: g.zip("z", capacity=-1), r"zip\('z'\): capacity=-1 is negative"),
+                       (lambda: g.dynamic_batch("d", max_batch=-1), r"dynamic_batch\('d'\): max_batch=-1 is negative"),
+                       (lambda: g.unbatch("u", max_batch="x"), r"unbatch\('u'\): max_batch must be an int >= 0, not 'x'"),
+                       (lambda: g.service("s", max_pending=-3), r"service\('s'\): max_pending=-3 is negative")]:
+        with pytest.raises(sf.GraphError, match=text):
+            make()
+    assert g.batch("n", np.int64(3)).name == "n"  # a NumPy integer is an int
 
 
 def test_a_dtype_torch_lacks_is_named_with_its_field():
