@@ -426,6 +426,17 @@ TEST(Diagnosis, AChainIsHeldBackByItsLastStageNotBlockedItself) {
   const Diagnosis d2 = diagnose(st, std::nullopt);
   EXPECT_EQ(d2.bottleneck, "out") << join(d2.findings);
   EXPECT_TRUE(d2.suggestions.empty()) << join(d2.suggestions);
+  // A fan-out: src feeds 'x' (blocked behind a slow 'z') and 'y' (half busy, not blocked).
+  // Of the consumers not blocked themselves ('y', 'z'), the most saturated holds the graph back,
+  // whatever the stages' order.
+  st.stages = {stage("src", StageKind::source, 1, 10'000'000, 800'000'000, {"x", "y"}),
+               stage("y", StageKind::stage, 1, 500'000'000, 0, {"out"}),
+               stage("x", StageKind::stage, 1, 100'000'000, 800'000'000, {"z"}),
+               stage("z", StageKind::stage, 1, 990'000'000, 0, {"out"}),
+               stage("out", StageKind::pull_sink, 1, 0, 0, {})};
+  const Diagnosis d3 = diagnose(st, std::nullopt);
+  EXPECT_EQ(d3.bottleneck, "z") << join(d3.findings);
+  EXPECT_EQ(d3.suggestions, std::vector<std::string>{"raise the concurrency of stage 'z' from 1 to 2"});
 }
 
 // "a ring full of reservations, not data, is not fixed by a larger ring": with the default

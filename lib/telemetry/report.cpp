@@ -221,7 +221,8 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
 
   // 2. CPU stages held back by full consumers. A chain under backpressure is held back by its
   // last stage that is not blocked itself: a source blocked behind 'a', 'a' blocked behind 'b'
-  // and 'b' not blocked: 'b' is the bottleneck (the first consumer only when every one is).
+  // and 'b' not blocked: 'b' is the bottleneck; of several such consumers (branches), the most
+  // saturated; the first consumer found only when every one is blocked.
   const StageStats* first_by = nullptr;
   const StageStats* holder = nullptr;
   for (const auto& s : st.stages) {
@@ -243,7 +244,8 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
                                        pct(frac(by->busy_ns, wall))));
     }
     if (!first_by) first_by = by;
-    if (!holder && frac(by->blocked_ns, wall) < 0.3) holder = by;
+    if (frac(by->blocked_ns, wall) < 0.3 && (!holder || saturation(*by, wall) > saturation(*holder, wall)))
+      holder = by;
   }
   if (d.bottleneck.empty() && (holder || first_by)) {
     const StageStats& b = holder ? *holder : *first_by;
