@@ -940,6 +940,26 @@ class _Slot:
 _NO_SUBSTITUTE = object()
 
 
+class _KeepSample:
+    """The completion of a field= item under substitute=: however the item fails (its function
+    raised, its worker died, it could not be sent), the sample goes on with that field
+    substituted and its other fields kept."""
+    __slots__ = ("completion", "item", "field", "substitute")
+
+    def __init__(self, completion, item, field, substitute):
+        self.completion, self.item, self.field, self.substitute = completion, item, field, substitute
+
+    def done(self, value):
+        return self.completion.done(value)
+
+    def fail(self, exc):
+        try:
+            keep = _with_field(self.item, self.field, self.substitute)
+        except Exception:
+            return self.completion.fail(exc)
+        return self.completion.fail(exc, keep)
+
+
 class _State:
     """Everything a pool owns; the reader thread and the finalizer hold this, not the pool."""
 
@@ -1093,6 +1113,8 @@ class _State:
                     self.submitted += 1
                     self._defer([(completion, e)])
                 return
+            if self.substitute is not _NO_SUBSTITUTE:
+                completion = _KeepSample(completion, item, self.field, self.substitute)
         else:
             value = item
         entry = _Entry(item, value, completion)
@@ -1125,7 +1147,7 @@ class _State:
         Error, _ = _errors()
         return Error(f"stage '{self.stage}': the process pool was closed")
 
-    def _finish(self, completion, ok, value, keep=None):
+    def _finish(self, completion, ok, value):
         if ok:
             try:
                 completion.done(value)
@@ -1136,10 +1158,7 @@ class _State:
                     self.completed += 1
                 return
         try:
-            if keep is None:
-                completion.fail(value)
-            else:
-                completion.fail(value, keep)
+            completion.fail(value)
         except BaseException:
             sys.stderr.write(f"splitflow: stage '{self.stage}': completion.fail raised:\n"
                              + traceback.format_exc())
@@ -1293,14 +1312,9 @@ class _State:
                 ok, result = False, self._exception(slot, body)
         elif ok and entry is not None and self.field is not None:
             result = _with_field(entry.item, self.field, result)
-        keep = None
-        if not ok and entry is not None and self.field is not None \
-                and self.substitute is not _NO_SUBSTITUTE:
-            # substitute= with field=: the sample goes on with that field substituted.
-            keep = _with_field(entry.item, self.field, self.substitute)
         del body
         if entry is not None:  # None: failed already (the pool closed)
-            self._finish(entry.completion, ok, result, keep)
+            self._finish(entry.completion, ok, result)
 
     def _exception(self, slot, body):
         Error, _ = _errors()

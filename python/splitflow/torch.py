@@ -246,6 +246,7 @@ class _Resume:
 
     def __init__(self, done, workers=1, next_worker=0):
         self.done, self.workers, self.next_worker = done, int(workers), int(next_worker)
+        self.kept = False  # set_epoch kept it once (its epoch's iteration follows)
 
 
 def _rotation(base, remaining, workers):
@@ -560,12 +561,14 @@ class GraphDataset(_data.IterableDataset):
 
     def set_epoch(self, epoch):
         """Selects the epoch's (deterministic) order; call before iterating, as with
-        DistributedSampler. Forgets any progress; a state from load_state_dict not yet iterated
-        is kept when ``epoch`` is its epoch (the resumed loop ``for epoch in
+        DistributedSampler. Forgets any progress; a state from load_state_dict is kept by the
+        first set_epoch after it when ``epoch`` is its epoch (the resumed loop ``for epoch in
         range(state["epoch"], epochs): ds.set_epoch(epoch)`` continues it) and dropped
-        otherwise."""
+        otherwise (by any later set_epoch: DataLoader workers iterate copies, so this dataset
+        cannot tell whether they took it)."""
         epoch = int(epoch)
-        if self._pending is not None and epoch == self.epoch:
+        if self._pending is not None and epoch == self.epoch and not self._pending.kept:
+            self._pending.kept = True
             return  # the loaded state's own epoch: the resume stands
         self.epoch = epoch
         self._pending = None

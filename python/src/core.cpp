@@ -385,11 +385,20 @@ OnError on_error_of(const std::string& on_error) {
 
 /// A count argument (a size, a capacity, a concurrency): a Python int (or anything with
 /// __index__: a NumPy integer) >= 0, else GraphError naming `who`'s argument `arg` and its value.
-std::size_t count_arg(const py::handle& o, const std::string& who, const char* arg) {
-  if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
-    throw GraphError(who + ": " + arg + " must be an int >= 0, not " + py::repr(o).cast<std::string>());
-  const long long v = py::cast<long long>(py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr())));
-  if (v < 0) throw GraphError(who + ": " + arg + "=" + std::to_string(v) + " is negative");
+/// `expected`: what the argument may be, for the message.
+std::size_t count_arg(const py::handle& o, const std::string& who, const char* arg,
+                      const char* expected = "an int >= 0") {
+  const std::string repr = py::repr(o).cast<std::string>();
+  PyObject* index = PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()) ? nullptr : PyNumber_Index(o.ptr());
+  if (!index) {
+    PyErr_Clear();
+    throw GraphError(who + ": " + arg + " must be " + expected + ", not " + repr);
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+  Py_DECREF(index);
+  if (overflow > 0) throw GraphError(who + ": " + arg + "=" + repr + " is too large");
+  if (overflow < 0 || v < 0) throw GraphError(who + ": " + arg + "=" + repr + " is negative");
   return static_cast<std::size_t>(v);
 }
 
@@ -1242,15 +1251,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                              "thread stages; a process stage's concurrency is its processes");
           n = Concurrency::automatic;
         } else {
-          if (!py::isinstance<py::int_>(concurrency) || py::isinstance<py::bool_>(concurrency))
-            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency must be an int "
-                             "(0: unlimited) or 'auto', not " +
-                             py::repr(concurrency).cast<std::string>());
-          const long long v = concurrency.cast<long long>();
-          if (v < 0)
-            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency=" +
-                             std::to_string(v) + " is negative (0: unlimited, or 'auto')");
-          n = static_cast<std::size_t>(v);
+          n = count_arg(concurrency, "splitflow.Graph.stage('" + name + "')", "concurrency",
+                        "an int (0: unlimited) or 'auto'");
         }
         const std::size_t capacity = count_arg(capacity_arg, "splitflow.Graph.stage('" + name + "')", "capacity");
         StageOptions o = stage_options(n, order_of(ordered, order), capacity, on_error);

@@ -98,6 +98,10 @@ def test_substitute_with_field_replaces_that_field_and_keeps_the_others():
     got, g, st = run_list([(i, -i) for i in range(8)], fns.raise_on_five, field=0, substitute=0)
     assert got == [((0 if i == 5 else i), -i) for i in range(8)]
     assert st.pool.stats()["failed"] == 1
+    # A worker that dies on the item: the same (the case process stages exist for).
+    items = [{"x": i, "label": i % 3} for i in range(10)]
+    got, _, _ = run_list(items, fns.die_on_seven, field="x", substitute=-1)
+    assert got == [{"x": (-1 if i == 7 else i), "label": i % 3} for i in range(10)]
     # Without field=, the whole item.
     got, _, _ = run_list(list(range(8)), fns.raise_on_five, substitute=-1)
     assert got == [(-1 if i == 5 else i) for i in range(8)]

@@ -188,6 +188,18 @@ def test_the_resumed_loop_calls_set_epoch_with_the_loaded_epoch_and_continues_it
     assert taken == full[1][:6]
     assert got[1] == full[1][6:]  # the rest of epoch 1, none repeated
     assert got[2] == full[2]      # and the next epoch whole
+    # The resumed epoch run again (set_epoch of the same epoch once more): whole, the state
+    # is not applied twice (with DataLoader workers this dataset does not see it taken).
+    again = sft.GraphDataset(build_identity_samples, 20, shuffle=True, seed=0, threads=2,
+                             backend="host")
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    def indices(loader):
+        return [int(x["index"]) for x in loader]
+
+    assert sorted(indices(loader_of(again, batch_size=None, num_workers=2))) == sorted(full[1][6:])
+    again.set_epoch(1)
+    assert sorted(indices(loader_of(again, batch_size=None, num_workers=2))) == list(range(20))
     # A state loaded and then another epoch set: that epoch, whole (the state is dropped).
     other = sft.GraphDataset(build_identity_samples, 20, shuffle=True, seed=0, threads=2,
                              backend="host")

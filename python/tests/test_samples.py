@@ -381,7 +381,10 @@ def test_bad_arguments_are_named():
                        (lambda: g.service("s", max_pending=-3), r"service\('s'\): max_pending=-3 is negative")]:
         with pytest.raises(sf.GraphError, match=text):
             make()
+    with pytest.raises(sf.GraphError, match=r"stage\('b'\): capacity=1180591620717411303424 is too large"):
+        g.stage("b", abs, capacity=2**70)
     assert g.batch("n", np.int64(3)).name == "n"  # a NumPy integer is an int
+    assert g.stage("m", abs, concurrency=np.int64(2)).name == "m"
 
 
 def test_a_dtype_torch_lacks_is_named_with_its_field():
