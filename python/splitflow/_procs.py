@@ -937,9 +937,6 @@ class _Slot:
         self.rx = None
 
 
-_NO_SUBSTITUTE = object()
-
-
 class _KeepSample:
     """The completion of a field= item under substitute=: however the item fails (its function
     raised, its worker died, it could not be sent), the sample goes on with that field
@@ -963,10 +960,10 @@ class _KeepSample:
 class _State:
     """Everything a pool owns; the reader thread and the finalizer hold this, not the pool."""
 
-    def __init__(self, fn_blob, fn_name, processes, stage, field, depth):
+    def __init__(self, fn_blob, fn_name, processes, stage, field, depth, substitute):
         self.fn_blob, self.fn_name = fn_blob, fn_name
         self.processes, self.stage, self.field, self.depth = processes, stage, field, depth
-        self.substitute = _NO_SUBSTITUTE  # a field= stage's substitute= (ProcessPool sets it)
+        self.substitute = substitute  # a field= stage's substitute= (None: none)
         self.owner = os.getpid()
         self.pool_id = next(_pool_ids)
         self.prefix = f"sf-{self.owner}-{self.pool_id}-"
@@ -1113,7 +1110,7 @@ class _State:
                     self.submitted += 1
                     self._defer([(completion, e)])
                 return
-            if self.substitute is not _NO_SUBSTITUTE:
+            if self.substitute is not None:
                 completion = _KeepSample(completion, item, self.field, self.substitute)
         else:
             value = item
@@ -1567,9 +1564,7 @@ class ProcessPool:
                              f"session's __main__, which worker processes cannot import; define "
                              f"it at module level of an importable module, as DataLoader "
                              f"workers need")
-        self._s = _State(blob, name, processes, str(stage), field, depth)
-        if field is not None and substitute is not None:
-            self._s.substitute = substitute
+        self._s = _State(blob, name, processes, str(stage), field, depth, substitute)
         _live.add(self._s)
         self._finalizer = weakref.finalize(self, _finalize, self._s)
 

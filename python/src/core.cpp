@@ -389,17 +389,14 @@ OnError on_error_of(const std::string& on_error) {
 std::size_t count_arg(const py::handle& o, const std::string& who, const char* arg,
                       const char* expected = "an int >= 0") {
   const std::string repr = py::repr(o).cast<std::string>();
-  PyObject* index = PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()) ? nullptr : PyNumber_Index(o.ptr());
-  if (!index) {
-    PyErr_Clear();
+  const std::optional<std::int64_t> v = index_of(o.ptr());
+  if (!v && (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr())))
     throw GraphError(who + ": " + arg + " must be " + expected + ", not " + repr);
+  if (!v || *v < 0) {  // (no value: an integer past 64 bits, of either sign)
+    const bool negative = PyObject_RichCompareBool(o.ptr(), py::int_(0).ptr(), Py_LT) == 1;
+    throw GraphError(who + ": " + arg + "=" + repr + (negative ? " is negative" : " is too large"));
   }
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
-  Py_DECREF(index);
-  if (overflow > 0) throw GraphError(who + ": " + arg + "=" + repr + " is too large");
-  if (overflow < 0 || v < 0) throw GraphError(who + ": " + arg + "=" + repr + " is negative");
-  return static_cast<std::size_t>(v);
+  return static_cast<std::size_t>(*v);
 }
 
 StageOptions stage_options(std::size_t concurrency, Order order, std::size_t capacity,
@@ -1302,11 +1299,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           fn = PythonBody{g->hold(std::move(body)), g->bodies,
                           "stage '" + name + "' of graph '" + g->graph.name() + "'"};
         }
-        if (!field.is_none())
-          fn = on_field(std::move(fn), field, "stage", name,
-                        substitute.is_none() ? nullptr : std::make_shared<const Value>(from_python(substitute)));
+        auto sub = substitute.is_none() ? nullptr : std::make_shared<const Value>(from_python(substitute));
+        if (!field.is_none()) fn = on_field(std::move(fn), field, "stage", name, sub);
         s = g->graph.stage<Value>(name, std::move(fn), o);
-        if (!substitute.is_none()) s->substitute_on_error(from_python(substitute));
+        if (sub) s->substitute_on_error(*sub);
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
       }, py::arg("name"), py::arg("body"), py::arg("concurrency") = py::none(), py::arg("ordered") = true,
       py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),

@@ -371,8 +371,6 @@ Value from_python(py::handle h) {
   return PyObj(py::reinterpret_borrow<py::object>(h), bytes);
 }
 
-namespace {
-/// `o` as an index (with the GIL): nullopt when Python would not take it as one, or a bool.
 std::optional<std::int64_t> index_of(PyObject* o) {
   if (PyBool_Check(o) || !PyIndex_Check(o)) return std::nullopt;
   PyObject* i = PyNumber_Index(o);
@@ -389,7 +387,6 @@ std::optional<std::int64_t> index_of(PyObject* o) {
   }
   return static_cast<std::int64_t>(x);
 }
-}  // namespace
 
 std::optional<std::int64_t> as_index(const Value& v) {
   if (const auto* i = std::get_if<std::int64_t>(&v)) return *i;

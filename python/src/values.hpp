@@ -272,6 +272,9 @@ Value from_python(py::handle h);
 /// Python itself takes as an index (__index__: a NumPy integer, an integer torch tensor of one
 /// element), bools excepted. nullopt for anything else. Takes the GIL for a Python object.
 std::optional<std::int64_t> as_index(const Value& v);
+/// `o` as an index (with the GIL): nullopt when Python would not take it as one (a float, a
+/// bool) or it does not fit 64 bits.
+std::optional<std::int64_t> index_of(PyObject* o);
 
 /// Integers from Python: a list, a tuple, a range, a NumPy integer array, a torch integer tensor
 /// (anything iterable whose elements Python takes as indices, bools excepted). Throws a
