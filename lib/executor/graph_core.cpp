@@ -626,9 +626,11 @@ void GraphCore::poke_paced(const Paced& p, WorkList& w) noexcept {
   }
 }
 
-void GraphCore::unadmit(NodeBase& source, std::size_t n, WorkList& w) noexcept {
-  if (Paced* p = paced_of(source)) p->admitted.fetch_sub(n, std::memory_order_seq_cst);
-  retire_items(n, w);
+void GraphCore::admitted(NodeBase& source, std::size_t n, WorkList& w) noexcept {
+  if (Paced* p = paced_of(source)) {
+    p->admitted.fetch_add(n, std::memory_order_seq_cst);
+    poke_paced(*p, w);
+  }
 }
 
 void GraphCore::source_ended(NodeBase& source, std::uint64_t items, WorkList& w) noexcept {
@@ -639,7 +641,7 @@ void GraphCore::source_ended(NodeBase& source, std::uint64_t items, WorkList& w)
   for (const auto& [zip, port] : p->numbers) zip->numbering_source_ended(port, items, source, w);
 }
 
-std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want, WorkList& w) {
+std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want) {
   // A source a zip pairs with another is held within pace_lead_ items of it; waiting for it,
   // it is poked when the partner admits or ends.
   Paced* paced = paced_of(source);
@@ -653,12 +655,7 @@ std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want, WorkList& w
     }
     want = std::min(want, room);
   }
-  const std::size_t n = admit_within_limit(source, want);
-  if (paced && n > 0) {
-    paced->admitted.fetch_add(n, std::memory_order_seq_cst);
-    poke_paced(*paced, w);
-  }
-  return n;
+  return admit_within_limit(source, want);  // counted for the pace once they start (admitted)
 }
 
 std::size_t GraphCore::admit_within_limit(NodeBase& source, std::size_t want) {

@@ -356,8 +356,8 @@ class PushSourceNode final : public Emitter<In> {
 
  protected:
   std::size_t ready_locked() const override { return queue_.size(); }
-  std::size_t admit_locked(std::size_t want, WorkList& w) override {
-    return this->graph().try_admit(*this, want, w);
+  std::size_t admit_locked(std::size_t want, WorkList&) override {
+    return this->graph().try_admit(*this, want);
   }
   void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
   bool inputs_done_locked() const override { return !accepting_ && queue_.empty(); }

@@ -101,11 +101,16 @@ class GraphCore {
   void retire_items(std::uint64_t n, WorkList& w) noexcept;
   /// For a source holding its own lock: how many of `want` items may it admit under
   /// max_in_flight (and, paired by a zip with another source, within pace_lead() items of it)?
-  /// Zero registers it to be poked when items retire (or its partner admits); pokes of sources
-  /// waiting for it go into `w`.
-  std::size_t try_admit(NodeBase& source, std::size_t want, WorkList& w);
-  /// `n` items a source was admitted will not be made after all (a consumer had fewer slots).
-  void unadmit(NodeBase& source, std::size_t n, WorkList& w) noexcept;
+  /// Zero registers it to be poked when items retire (or its partner's admitted items start).
+  /// What it reserves it then counts with admitted(); what it does not, it gives back with
+  /// retire_items().
+  std::size_t try_admit(NodeBase& source, std::size_t want);
+  /// The `n` items try_admit() let a source make start (their outputs were reserved; what it
+  /// did not reserve it gave back with retire_items): a source a zip pairs with another counts
+  /// them now, and the partners waiting for it are poked. Counted at try_admit(), items given
+  /// back a moment later widened a partner's room meanwhile: it then ran past pace_lead(), its
+  /// items waiting at the zips took all of max_in_flight, and the run hung (5 zips, 1 in 1,000).
+  void admitted(NodeBase& source, std::size_t n, WorkList& w) noexcept;
   /// A source's generator ended after `items` items: the sources a zip pairs with it are no
   /// longer paced by it, and those zips drop the other input's items past its end at once.
   void source_ended(NodeBase& source, std::uint64_t items, WorkList& w) noexcept;

@@ -369,6 +369,9 @@ class NodeBase {
   virtual std::size_t admit_locked(std::size_t want, WorkList& /*w*/) { return want; }
   /// `n` admitted items will not start after all (a consumer had fewer slots): give them back.
   virtual void unadmit_locked(std::size_t /*n*/, WorkList& /*w*/) {}
+  /// `n` admitted items start: their outputs were reserved (a source paired by a zip counts
+  /// them only now, so that no partner's room ever includes items it gives back).
+  virtual void admitted_locked(std::size_t /*n*/, WorkList& /*w*/) {}
   /// Extra capacity of an input port beyond its item slots (a pinned ring's byte budget): how
   /// many of `want` slots it can back. Called with mu_ held; 0 makes the producer wait.
   virtual std::size_t reserve_extra_locked(int /*port*/, std::size_t want) { return want; }

@@ -422,10 +422,11 @@ class SourceNode final : public Emitter<T> {
     return exhausted_ ? 0 : std::numeric_limits<std::size_t>::max() / 2;
   }
   bool inputs_done_locked() const override { return exhausted_; }
-  std::size_t admit_locked(std::size_t want, WorkList& w) override {
-    return this->graph().try_admit(*this, want, w);
+  std::size_t admit_locked(std::size_t want, WorkList&) override {
+    return this->graph().try_admit(*this, want);
   }
-  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().unadmit(*this, n, w); }
+  void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
+  void admitted_locked(std::size_t n, WorkList& w) override { this->graph().admitted(*this, n, w); }
 
  private:
   // The source's unit of pending work ends once, whoever sees the end first.
