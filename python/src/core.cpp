@@ -399,6 +399,17 @@ std::size_t count_arg(const py::handle& o, const std::string& who, const char* a
   return static_cast<std::size_t>(*v);
 }
 
+/// A flag argument (ordered=, blocking=, drop_last=): True or False (a NumPy bool too), else
+/// GraphError naming `who`'s argument `arg` and its value ('yes' is not a flag, nor is 1).
+bool flag_arg(const py::handle& o, const std::string& who, const char* arg) {
+  if (PyBool_Check(o.ptr())) return o.ptr() == Py_True;
+  const py::handle type = reinterpret_cast<PyObject*>(Py_TYPE(o.ptr()));
+  if (py::str(type.attr("__module__")).cast<std::string>() == "numpy" &&
+      py::str(type.attr("__name__")).cast<std::string>().rfind("bool", 0) == 0)
+    return PyObject_IsTrue(o.ptr()) == 1;
+  throw GraphError(who + ": " + arg + " must be True or False, not " + py::repr(o).cast<std::string>());
+}
+
 StageOptions stage_options(std::size_t concurrency, Order order, std::size_t capacity,
                            const std::string& on_error = "fail") {
   return StageOptions{concurrency == 0 ? Concurrency::unlimited : concurrency, order, capacity,
@@ -1229,9 +1240,14 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       }, py::arg("name"), py::arg("values"),
       "A C++ source of integers (indices into a dataset): no GIL per item.")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
-                       py::object concurrency, bool ordered, py::object capacity_arg,
+                       py::object concurrency, py::object ordered_arg, py::object capacity_arg,
                        std::string on_error, py::object substitute, py::object order,
-                       py::object field, long long processes, bool blocking) {
+                       py::object field, py::object processes_arg, py::object blocking_arg) {
+        const std::string who = "splitflow.Graph.stage('" + name + "')";
+        const bool ordered = flag_arg(ordered_arg, who, "ordered");
+        const bool blocking = flag_arg(blocking_arg, who, "blocking");
+        const std::size_t processes =
+            count_arg(processes_arg, who, "processes", "an int >= 0 (0: run in a thread of the runtime)");
         // concurrency="auto": C++'s Concurrency::automatic (the graph's tuner sets it). Not
         // given: "auto" for a C++ op (the library's, safe on any number of threads at once),
         // 1 for a Python function (whose state is its author's: serial unless they say).
@@ -1260,10 +1276,6 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         o.blocking = blocking;
         std::optional<Stage<Value, Value>> s;
         std::function<Value(Value)> fn;
-        if (processes < 0)
-          throw GraphError("splitflow.Graph.stage('" + name + "'): processes=" +
-                           std::to_string(processes) + " is negative; give the number of worker "
-                           "processes (0: run in a thread of the runtime)");
         if (processes > 0) {
           // Past the GIL: the function runs in `processes` spawned worker processes
           // (splitflow/_procs.py); this stage hands each item on and is answered by the pool's
@@ -1325,8 +1337,9 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "the arena's, so concurrency may go past the cores ('auto' takes it there when its "
       "measured CPU is a small part of its time); a Python body holds the GIL only while it "
       "runs Python.")
-      .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, py::object size_arg, bool drop_last) {
+      .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, py::object size_arg, py::object drop_last_arg) {
         const std::size_t size = count_arg(size_arg, "splitflow.Graph.batch('" + name + "')", "size");
+        const bool drop_last = flag_arg(drop_last_arg, "splitflow.Graph.batch('" + name + "')", "drop_last");
         // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
         auto b = g->graph.batch<Value>(name, size, {.drop_last = drop_last});
         const std::string who = "Graph.batch('" + name + "')";
@@ -1395,9 +1408,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "The graph's request entry and exit (one per graph): connect svc.source >> first stage "
       "and last stage >> svc.sink, run the graph, then svc.submit(item) from any thread.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object op_object,
-                           py::object concurrency_arg, bool ordered, py::object capacity_arg,
+                           py::object concurrency_arg, py::object ordered_arg, py::object capacity_arg,
                            py::object order, std::string on_error, py::object field) {
         const std::string where = "splitflow.Graph.gpu_stage('" + name + "')";
+        const bool ordered = flag_arg(ordered_arg, where, "ordered");
         const std::size_t concurrency = count_arg(concurrency_arg, where, "concurrency");
         const std::size_t capacity = count_arg(capacity_arg, where, "capacity");
         GpuOp op;

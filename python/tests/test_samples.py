@@ -385,6 +385,18 @@ def test_bad_arguments_are_named():
         g.stage("b", abs, capacity=2**70)
     assert g.batch("n", np.int64(3)).name == "n"  # a NumPy integer is an int
     assert g.stage("m", abs, concurrency=np.int64(2)).name == "m"
+    # Flags and the process count: named too ('yes' was pybind11's argument dump; 1 was True).
+    for make, text in [(lambda: g.stage("f", abs, blocking="yes"), r"stage\('f'\): blocking must be True or False, not 'yes'"),
+                       (lambda: g.stage("f", abs, ordered=1), r"stage\('f'\): ordered must be True or False, not 1"),
+                       (lambda: g.batch("f", 2, drop_last=None), r"batch\('f'\): drop_last must be True or False, not None"),
+                       (lambda: g.gpu_stage("f", sf.ops.normalize([0.0], [1.0]), ordered="no"),
+                        r"gpu_stage\('f'\): ordered must be True or False, not 'no'"),
+                       (lambda: g.stage("f", abs, processes="2"), r"stage\('f'\): processes must be an int >= 0 \(0: run in a thread"),
+                       (lambda: g.stage("f", abs, processes=-1), r"stage\('f'\): processes=-1 is negative")]:
+        with pytest.raises(sf.GraphError, match=text):
+            make()
+    assert g.stage("o", abs, ordered=np.bool_(False), blocking=np.bool_(True)).name == "o"  # a NumPy bool is a bool
+    assert g.batch("p", 2, drop_last=True).name == "p"
 
 
 def test_a_dtype_torch_lacks_is_named_with_its_field():
