@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -476,12 +477,21 @@ TEST(Zip, ThreeSourcesOfDifferentLengthsThroughNestedZips) {
 // max_in_flight (a stalls 1 run in 1,000 under ASan: a 53 items ahead of b with a lead of 25,
 // 5 x 53 held > 256). Both sources wait in their first item here, so that only this test calls.
 TEST(Zip, ItemsASourceGaveBackNeverWidenItsPartnersRoom) {
-  Runtime rt({.threads = 2});
-  Graph g(rt, "given-back", {.max_in_flight = 64});
+  // (Before the graph: its destructor waits for the sources, whom `release` lets go even when
+  // an assertion below returns early.)
   std::mutex mu;
   std::condition_variable cv;
   int entered = 0;
   bool go = false;
+  const auto release = [&] {
+    {
+      std::lock_guard lk(mu);
+      go = true;
+    }
+    cv.notify_all();
+  };
+  Runtime rt({.threads = 2});
+  Graph g(rt, "given-back", {.max_in_flight = 64});
   const auto gated = [&](long items) {
     return [&, items, i = 0L]() mutable -> std::optional<long> {
       if (i == 0) {
@@ -502,33 +512,69 @@ TEST(Zip, ItemsASourceGaveBackNeverWidenItsPartnersRoom) {
   long n = 0, bad = 0;
   z >> g.sink("k", [&](std::pair<long, long> p) { bad += p.first != p.second; ++n; });
   auto run = g.run();
+  const std::unique_ptr<void, std::function<void(void*)>> on_exit(&run, [&](void*) { release(); });
   {
     std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return entered == 2; });
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return entered == 2; }));
   }
   detail::GraphCore& core = a.out_port().graph();
   const std::size_t lead = core.pace_lead();
-  ASSERT_EQ(lead, 32u) << "max_in_flight 64 for one zip pairing two sources";
   // Each source started one item (its first claim). b is admitted 10 more and gives them back,
   // as a source whose consumer had no slot for them does; a, asking between the two, may go
   // `lead` past b's one item, not past the 10 that b never makes.
   const std::size_t b_took = core.try_admit(b.out_port(), 10);
-  ASSERT_EQ(b_took, 10u);
   const std::size_t a_took = core.try_admit(a.out_port(), 1000);
-  EXPECT_EQ(a_took, lead) << "a, at b's item, may go the lead past it, not past items b gave back";
   detail::WorkList w;
   core.retire_items(a_took + b_took, w);  // both give theirs back
   core.dispatch_external(w);
-  {
-    std::lock_guard lk(mu);
-    go = true;
-  }
-  cv.notify_all();
+  EXPECT_EQ(lead, 32u) << "max_in_flight 64 for one zip pairing two sources";
+  EXPECT_EQ(b_took, 10u);
+  EXPECT_EQ(a_took, lead) << "a, at b's item, may go the lead past it, not past items b gave back";
+  release();
   ASSERT_TRUE(run.wait_for(std::chrono::seconds(60)));
   ASSERT_EQ(run.wait(), RunStatus::succeeded);
   EXPECT_EQ(n, 500);
   EXPECT_EQ(bad, 0);
   EXPECT_EQ(held_for_partners(z), 0u);
+}
+
+// The other half: what a source's claim does reserve counts for the pace, and only that. b also
+// feeds a consumer of one slot, so that b's claims shrink to one item and every other claim of
+// b's finds no slot at all; a, made as fast as it goes, stays within the lead of what b made
+// (plus b's one item under way). Counting the claims b asked for instead, a ran away.
+TEST(Zip, ASourceWhoseClaimsShrinkKeepsItsPartnerWithinTheLead) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "shrunk", {.max_in_flight = 16});
+  constexpr long kItems = 3000;
+  std::atomic<long> b_made{0};
+  long ahead = 0;  // a's items made past b's, at most (a's generator runs serially)
+  auto a = g.source("a", [&, i = 0L]() mutable -> std::optional<long> {
+    if (i == kItems) return std::nullopt;
+    ahead = std::max(ahead, i + 1 - b_made.load());
+    return i++;
+  });
+  auto b = g.source("b", [&, i = 0L]() mutable -> std::optional<long> {
+    if (i == kItems) return std::nullopt;
+    b_made.fetch_add(1);
+    return i++;
+  });
+  auto z = g.zip<long, long>("z");
+  a >> z.first();
+  b >> z.second();
+  long slow = 0;
+  b >> g.sink("one-slot", [&](long) { spin_us(20); ++slow; }, {.capacity = 1});
+  long n = 0, bad = 0;
+  z >> g.sink("k", [&](std::pair<long, long> p) { bad += p.first != p.second; ++n; });
+  auto run = g.run();
+  ASSERT_TRUE(run.wait_for(std::chrono::seconds(60)));
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(n, kItems);
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(slow, kItems);
+  const std::size_t lead = a.out_port().graph().pace_lead();
+  EXPECT_EQ(lead, 8u);
+  EXPECT_GT(ahead, 0);
+  EXPECT_LE(ahead, static_cast<long>(lead) + 1);
 }
 
 // The items waiting at zips add up: two sources fanned out to 5 zips (each held a lead of 64

@@ -642,8 +642,9 @@ void GraphCore::source_ended(NodeBase& source, std::uint64_t items, WorkList& w)
 }
 
 std::size_t GraphCore::try_admit(NodeBase& source, std::size_t want) {
-  // A source a zip pairs with another is held within pace_lead_ items of it; waiting for it,
-  // it is poked when the partner admits or ends.
+  // A source a zip pairs with another is held within pace_lead_ items of it (of the items
+  // each started: admitted()); waiting for it, it is poked when the partner's items start or
+  // it ends.
   Paced* paced = paced_of(source);
   if (paced) {
     std::size_t room = pace_room(*paced);

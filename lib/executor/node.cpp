@@ -318,7 +318,7 @@ void NodeBase::collect_claims_locked(WorkList& w) {
         blocked = true;
         break;
       }
-      if (admitted > 0) admitted_locked(k, w);
+      admitted_locked(k, w);
       ++running_;
       unpopped_ += k;
       w.claims.push_back({this, k});

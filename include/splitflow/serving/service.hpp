@@ -360,6 +360,8 @@ class PushSourceNode final : public Emitter<In> {
     return this->graph().try_admit(*this, want);
   }
   void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
+  // (Never paced: a graph with a service has no other source. Were it, this counts its items.)
+  void admitted_locked(std::size_t n, WorkList& w) override { this->graph().admitted(*this, n, w); }
   bool inputs_done_locked() const override { return !accepting_ && queue_.empty(); }
 
  private:

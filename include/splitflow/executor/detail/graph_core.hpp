@@ -222,9 +222,9 @@ class GraphCore {
     NodeBase* source = nullptr;
     std::vector<std::size_t> partners;                    // indices in paced_
     std::vector<std::pair<DropListener*, int>> numbers;   // the zip inputs it numbers
-    std::atomic<std::uint64_t> admitted{0};               // items admitted this run
+    std::atomic<std::uint64_t> admitted{0};               // items started this run (admitted())
     std::atomic<bool> ended{false};
-    std::atomic<bool> waiting{false};                     // for a partner to admit or end
+    std::atomic<bool> waiting{false};                     // for a partner's items to start, or its end
   };
   std::vector<std::unique_ptr<Paced>> paced_;
   std::size_t pace_lead_ = 0;

@@ -365,7 +365,7 @@ class NodeBase {
   /// consumers their input from it ended (what lets a batch node emit its last, short batch).
   void maybe_close_locked(WorkList& w);
   /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
-  /// Nodes to poke (outside the lock) go into `w`.
+  /// Nodes to poke (outside the lock) would go into `w`.
   virtual std::size_t admit_locked(std::size_t want, WorkList& /*w*/) { return want; }
   /// `n` admitted items will not start after all (a consumer had fewer slots): give them back.
   virtual void unadmit_locked(std::size_t /*n*/, WorkList& /*w*/) {}
