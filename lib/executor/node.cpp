@@ -297,7 +297,7 @@ void NodeBase::collect_claims_locked(WorkList& w) {
     while (running_ < concurrency_) {
       const std::size_t ready = ready_locked();
       if (ready <= unpopped_) break;
-      const std::size_t admitted = admit_locked(claim_size_locked(ready - unpopped_), w);
+      const std::size_t admitted = admit_locked(claim_size_locked(ready - unpopped_));
       std::size_t k = admitted;
       // Reserve the claim's outputs in every consumer, shrinking them to what the fullest one
       // grants. Zero means a consumer is full: it registered us, and will poke us when slots

@@ -356,7 +356,7 @@ class PushSourceNode final : public Emitter<In> {
 
  protected:
   std::size_t ready_locked() const override { return queue_.size(); }
-  std::size_t admit_locked(std::size_t want, WorkList&) override {
+  std::size_t admit_locked(std::size_t want) override {
     return this->graph().try_admit(*this, want);
   }
   void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }

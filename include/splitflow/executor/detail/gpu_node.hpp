@@ -167,7 +167,7 @@ class GpuStageNode final : public Emitter<Out> {
 
  protected:
   std::size_t ready_locked() const override { return queue_.size(); }
-  std::size_t admit_locked(std::size_t want, WorkList&) override {
+  std::size_t admit_locked(std::size_t want) override {
     return out_ring_ ? out_ring_->try_reserve(want) : want;
   }
   void unadmit_locked(std::size_t n, WorkList&) override {

@@ -364,9 +364,10 @@ class NodeBase {
   /// Once the node has no input left to come, nothing queued and nothing running, it tells its
   /// consumers their input from it ended (what lets a batch node emit its last, short batch).
   void maybe_close_locked(WorkList& w);
-  /// Extra admission (sources: the graph's max_in_flight): how many of `want` may start.
-  /// Nodes to poke (outside the lock) would go into `w`.
-  virtual std::size_t admit_locked(std::size_t want, WorkList& /*w*/) { return want; }
+  /// Extra admission (sources: the graph's max_in_flight; a GPU stage: its output ring): how
+  /// many of `want` may start. It pokes no one: a partner's room moves only once items start
+  /// (admitted_locked), and a refusal is answered by whoever frees room.
+  virtual std::size_t admit_locked(std::size_t want) { return want; }
   /// `n` admitted items will not start after all (a consumer had fewer slots): give them back.
   virtual void unadmit_locked(std::size_t /*n*/, WorkList& /*w*/) {}
   /// `n` admitted items start: their outputs were reserved (a source paired by a zip counts

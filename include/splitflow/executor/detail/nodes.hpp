@@ -422,7 +422,7 @@ class SourceNode final : public Emitter<T> {
     return exhausted_ ? 0 : std::numeric_limits<std::size_t>::max() / 2;
   }
   bool inputs_done_locked() const override { return exhausted_; }
-  std::size_t admit_locked(std::size_t want, WorkList&) override {
+  std::size_t admit_locked(std::size_t want) override {
     return this->graph().try_admit(*this, want);
   }
   void unadmit_locked(std::size_t n, WorkList& w) override { this->graph().retire_items(n, w); }
