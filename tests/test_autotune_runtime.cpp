@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -130,6 +131,34 @@ TEST(AutotuneRuntime, TheDecisionsReachTheObserversAndTheTrace) {
 }
 
 // "a number a user sets is respected (autotune works around it)"
+// GraphOptions::autotune_window and autotune_cores out of range are refused by the Graph,
+// naming the option and its value (a window of 0 or less ran as 1 ms, "converged at 0 items/s";
+// a negative or NaN core budget ran as the runtime's threads: silently, a new user's trial).
+TEST(AutotuneRuntime, AnAutotuneWindowOrCoreBudgetOutOfRangeIsRefused) {
+  Runtime rt(RuntimeConfig{.threads = 2});
+  const auto refused = [&](GraphOptions o, const std::string& what) {
+    try {
+      Graph g(rt, "bad", o);
+      ADD_FAILURE() << "taken: " << what;
+    } catch (const GraphError& e) {
+      EXPECT_NE(std::string(e.what()).find("splitflow::Graph 'bad': GraphOptions::" + what),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  refused({.autotune_window = 0ms}, "autotune_window is 0 ms; it must be from 1 ms to 1 hour");
+  refused({.autotune_window = -5ms}, "autotune_window is -5 ms");
+  refused({.autotune_window = std::chrono::hours(2)}, "autotune_window is 7200000 ms");
+  refused({.autotune_cores = -1}, "autotune_cores is -1.000000; it must be a finite number");
+  refused({.autotune_cores = std::numeric_limits<double>::quiet_NaN()}, "autotune_cores is nan");
+  refused({.autotune_cores = std::numeric_limits<double>::infinity()}, "autotune_cores is inf");
+  // The edges are taken: 1 ms, an hour, 0 cores (the runtime's threads), a fraction of one.
+  EXPECT_NO_THROW(Graph(rt, "ok", {.autotune_window = 1ms}));
+  EXPECT_NO_THROW(Graph(rt, "ok", {.autotune_window = std::chrono::hours(1)}));
+  EXPECT_NO_THROW(Graph(rt, "ok", {.autotune_cores = 0}));
+  EXPECT_NO_THROW(Graph(rt, "ok", {.autotune_cores = 0.25}));
+}
+
 TEST(AutotuneRuntime, AUserSetConcurrencyIsKept) {
   Runtime rt({.threads = 2});
   Graph g(rt, "mixed", tuned());

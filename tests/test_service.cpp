@@ -9,6 +9,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <functional>
+#include <utility>
 #include <splitflow/ops/ops.hpp>
 #include <splitflow/serving/service.hpp>
 #include <splitflow/splitflow.hpp>
@@ -513,4 +516,201 @@ TEST(Service, LatencySplitCountsQueueingGpuAndCpuWork) {
                 "part=\"queueing\"} 3\n"),
       std::string::npos)
       << prom;
+}
+
+// "on_error substitute emits the stage's substitute value" (docs/api.md, Errors policy), in a
+// service too: the request whose body threw is answered with the substitute, as any other
+// (docs/architecture.md, 8.: only a stage that skips an item fails its request). Before, the
+// request failed with the body's error and its substitute reached the answer sink unused (a
+// new user's trial), from a CPU stage and a GPU stage alike.
+TEST(Service, ASubstitutedRequestIsAnsweredWithTheSubstitute) {
+  for (const bool gpu : {false, true}) {
+    SCOPED_TRACE(gpu ? "a GPU stage" : "a CPU stage");
+    Runtime rt(host(3));
+    Graph g(rt, "substitute");
+    auto svc = g.service<int, int>("requests");
+    const auto body = [](int x) {
+      if (x == 13) throw std::invalid_argument("unlucky request");
+      return 2 * x;
+    };
+    if (gpu) {
+      auto model = g.gpu_stage("model", [body](int x, DeviceContext&) { return body(x); },
+                               {.concurrency = 2});
+      model.substitute_on_error(-1);
+      svc.source() >> model >> svc.sink();
+    } else {
+      auto model = g.stage("model", body, {.concurrency = 3});
+      model.substitute_on_error(-1);
+      svc.source() >> model >> svc.sink();
+    }
+    auto run = g.run();
+    std::vector<std::future<int>> fs;
+    for (int i = 0; i < 20; ++i) fs.push_back(svc.submit(i));
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(fs[i].get(), i == 13 ? -1 : 2 * i) << i;
+    svc.close();
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    const ServiceStats s = svc.stats();
+    EXPECT_EQ(s.answered, 20u);
+    EXPECT_EQ(s.failed, 0u);
+    EXPECT_EQ(run.stats().find("model")->items_substituted, 1u);
+    ASSERT_EQ(run.stats().find("model")->errors.size(), 1u);
+    EXPECT_EQ(run.stats().find("model")->errors[0].message, "unlucky request");
+  }
+}
+
+namespace {
+
+// A request whose move number `at` (from 0) calls `hook`, once: white-box, the moment between
+// its admission and its push, when Service::submit moves it into the service's source (the
+// callback overload's first move; the future overload passes it on to its deadline overload
+// first, its second).
+struct Hooked {
+  int value = 0;
+  std::function<void()>* hook = nullptr;
+  int at = 0;
+  explicit Hooked(int v, std::function<void()>* h = nullptr, int at_move = 0)
+      : value(v), hook(h), at(at_move) {}
+  Hooked(const Hooked&) = default;
+  Hooked& operator=(const Hooked&) = default;
+  Hooked(Hooked&& o) noexcept
+      : value(o.value), hook(std::exchange(o.hook, nullptr)), at(o.at) {
+    if (hook && at-- == 0) std::exchange(hook, nullptr)->operator()();
+  }
+  Hooked& operator=(Hooked&& o) noexcept {
+    value = o.value;
+    hook = std::exchange(o.hook, nullptr);
+    at = o.at;
+    return *this;
+  }
+};
+
+}  // namespace
+
+// Service::submit: "a request is either refused by an exception or completed (its future or
+// its callback), never both". A run ending between a request's admission and its push (a
+// cancel, here held at that moment by the request's own move) fails it with the rest of the
+// run's requests; its submit then returns, without throwing. Before, it also threw GraphError:
+// a callback's request completed and refused at once (an RPC server would answer it twice),
+// counted submitted and failed, not rejected (a new user's trial: 434 in 1.9 million submits).
+TEST(Service, ARequestAdmittedAsTheRunEndsIsFailedOnceNeverAlsoRefused) {
+  for (const bool callback : {true, false}) {
+    SCOPED_TRACE(callback ? "submit with a callback" : "submit with a future");
+    Runtime rt(host(2));
+    Graph g(rt, "ending");
+    auto svc = g.service<Hooked, int>("requests");
+    svc.source() >> g.stage("value", [](Hooked h) { return h.value; }) >> svc.sink();
+    auto run = g.run();
+    std::mutex mu;
+    std::condition_variable cv;
+    bool admitted = false, go = false;
+    int calls = 0;
+    std::string error;
+    std::function<void()> hook = [&] {  // on the submitting thread, after the admission
+      std::unique_lock lk(mu);
+      admitted = true;
+      cv.notify_all();
+      cv.wait(lk, [&] { return go; });
+    };
+    bool threw = false;
+    std::future<int> future;
+    std::thread submitter([&] {
+      try {
+        if (callback)
+          svc.submit(Hooked(1, &hook), std::nullopt, [&](int*, std::exception_ptr e) {
+            std::lock_guard lk(mu);
+            ++calls;
+            try {
+              std::rethrow_exception(e);
+            } catch (const Error& x) {
+              error = x.what();
+            }
+            cv.notify_all();
+          });
+        else
+          future = svc.submit(Hooked(1, &hook, 1));
+      } catch (const GraphError&) {
+        threw = true;
+      }
+    });
+    {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return admitted; });
+    }
+    run.cancel();
+    EXPECT_EQ(run.wait(), RunStatus::cancelled);  // the run ended: its requests failed
+    {
+      std::lock_guard lk(mu);
+      go = true;
+      cv.notify_all();
+    }
+    submitter.join();
+    EXPECT_FALSE(threw) << "the request was completed by the run's end and refused as well";
+    if (callback) {
+      EXPECT_EQ(calls, 1);
+      EXPECT_NE(error.find("was cancelled or failed before request"), std::string::npos) << error;
+    } else {
+      ASSERT_TRUE(future.valid());
+      EXPECT_THROW(future.get(), Error);
+    }
+    const ServiceStats s = svc.stats();
+    EXPECT_EQ(s.submitted, 1u);
+    EXPECT_EQ(s.failed, 1u);
+    EXPECT_EQ(s.rejected, 0u);
+  }
+}
+
+// A Service is a handle: a copy kept by a client thread may outlive its Graph (a server's
+// shutdown). After the graph is destroyed, submit throws GraphError saying so, close() does
+// nothing and stats() still answers; submits racing the destruction either run, are refused
+// or fail with the run, never touch the freed source (before: a heap use-after-free in
+// PushSourceNode::push, found by ASan in a new user's trial).
+TEST(Service, AServiceThatOutlivesItsGraphRefusesRequestsSafely) {
+  Runtime rt(host(2));
+  std::optional<Service<int, int>> kept;
+  std::atomic<int> answered{0}, refused_gone{0};
+  std::vector<std::thread> clients;
+  {
+    Graph g(rt, "gone");
+    auto svc = g.service<int, int>("requests", {.max_pending = 4});
+    svc.source() >> g.stage("inc", [](int x) { return x + 1; }) >> svc.sink();
+    kept.emplace(svc);
+    auto run = g.run();
+    for (int c = 0; c < 2; ++c)
+      clients.emplace_back([&, svc]() mutable {  // each client its own copy
+        for (int i = 0;; ++i) {
+          try {
+            std::future<int> f = svc.submit(i);
+            try {
+              if (f.get() == i + 1) ++answered;
+            } catch (const Error&) {  // failed by the run's end
+            }
+          } catch (const GraphError& e) {
+            if (std::string(e.what()).find("its graph was destroyed") != std::string::npos) {
+              ++refused_gone;
+              return;
+            }
+          }
+        }
+      });
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    while (answered.load() < 10 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::yield();
+    EXPECT_GE(answered.load(), 10);
+  }  // the graph is destroyed with the clients submitting
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(refused_gone.load(), 2) << "each client ends on the 'destroyed' refusal";
+  try {
+    kept->submit(1);
+    ADD_FAILURE() << "a request was taken after its graph was destroyed";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("service 'requests' of graph 'gone' is not accepting "
+                                         "requests: its graph was destroyed"),
+              std::string::npos)
+        << e.what();
+  }
+  kept->close();  // nothing to close
+  EXPECT_THROW(kept->source(), GraphError);
+  const ServiceStats s = kept->stats();
+  EXPECT_EQ(s.pending, 0u);
+  EXPECT_EQ(s.answered + s.failed, s.submitted);
 }

@@ -26,6 +26,17 @@ GraphCore::GraphCore(std::shared_ptr<RuntimeCore> runtime, std::string name, Gra
   if (opts_.max_in_flight == 0 || opts_.default_capacity == 0)
     throw GraphError("splitflow::Graph '" + name_ +
                      "': max_in_flight and default_capacity must be at least 1");
+  // (A window of 0 or less was taken as 1 ms, a negative or NaN core budget as the runtime's
+  // threads: silently, where the user meant something else.)
+  if (opts_.autotune_window.count() < 1 || opts_.autotune_window > kMaxAutotuneWindow)
+    throw GraphError("splitflow::Graph '" + name_ + "': GraphOptions::autotune_window is " +
+                     std::to_string(opts_.autotune_window.count()) +
+                     " ms; it must be from 1 ms to 1 hour (the tuner measures and decides once "
+                     "a window)");
+  if (!(opts_.autotune_cores >= 0) || !std::isfinite(opts_.autotune_cores))
+    throw GraphError("splitflow::Graph '" + name_ + "': GraphOptions::autotune_cores is " +
+                     std::to_string(opts_.autotune_cores) +
+                     "; it must be a finite number of cores, 0 or more (0: the runtime's threads)");
 }
 
 GraphCore::~GraphCore() {

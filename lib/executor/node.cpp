@@ -155,7 +155,9 @@ bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool su
   } catch (...) {
     message = "unknown exception";
   }
-  if (ItemTracker* t = graph_->tracker()) t->item_failed(seq, error);
+  // A substituted item goes on and its request is answered with the substitute; a skipped
+  // one's request fails with the error.
+  if (ItemTracker* t = graph_->tracker(); t && !substituted) t->item_failed(seq, error);
   {
     std::lock_guard lk(mu_);
     ++(substituted ? substituted_ : skipped_);

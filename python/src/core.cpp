@@ -1213,10 +1213,12 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
              o.max_in_flight = max_in_flight;
              o.default_capacity = capacity;
              o.trace = trace;
-             if (!(autotune_window > 0))
-               throw GraphError("splitflow.Graph: autotune_window must be positive seconds");
-             o.autotune_window = std::max(std::chrono::milliseconds(1),
-                                          std::chrono::milliseconds(static_cast<long long>(autotune_window * 1000)));
+             // Seconds, from a millisecond to an hour (the C++ kMaxAutotuneWindow): 1e300 was
+             // cast to an integer (undefined behaviour: a 1 ms window here).
+             if (!(autotune_window >= 0.001 && autotune_window <= 3600))
+               throw GraphError("splitflow.Graph '" + name + "': autotune_window must be positive "
+                                "seconds, from 0.001 to 3600 (got " + py::repr(py::float_(autotune_window)).cast<std::string>() + ")");
+             o.autotune_window = std::chrono::milliseconds(std::llround(autotune_window * 1000));
              return make_released(std::make_unique<PyGraph>(std::move(rt), std::move(name), o));
            }),
            py::arg("runtime"), py::arg("name") = "graph", py::arg("max_in_flight") = 256,

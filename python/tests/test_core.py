@@ -815,3 +815,9 @@ def test_concurrency_auto_is_tuned_and_explained():
         sf.Graph(rt4, "bad").stage("w", work, concurrency="auto", processes=2)
     with pytest.raises(sf.GraphError, match="autotune_window must be positive"):
         sf.Graph(rt4, "bad", autotune_window=0)
+    # Past an hour or below a millisecond, not a number: named (1e300 was cast to an integer,
+    # undefined behaviour, and ran as a 1 ms window; 0.0005 ran as 1 ms).
+    for bad in (1e300, float("inf"), float("nan"), 0.0005, 3601):
+        with pytest.raises(sf.GraphError, match=r"Graph 'bad': autotune_window must be positive "
+                                                r"seconds, from 0.001 to 3600 \(got "):
+            sf.Graph(rt4, "bad", autotune_window=bad)

@@ -88,6 +88,37 @@ def test_a_bad_request_fails_alone_with_the_users_own_exception():
     assert svc.stats()["failed"] == 1
 
 
+def test_a_substituted_request_is_answered_with_the_substitute():
+    # substitute= answers the request whose body raised with the substitute, as any other item
+    # (it failed with the body's error before, the substitute thrown away at the answer sink),
+    # and the dynamic batch's latency counts each request's wait for its batch.
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def prep(x):
+        if x == 13:
+            raise ValueError("unlucky request")
+        return x
+
+    g = sf.Graph(rt, "svc")
+    svc = g.service("requests")
+    first = g.stage("prep", prep, substitute=-1)
+    gather = g.dynamic_batch("gather", max_batch=8, max_delay=0.05)
+    model = g.stage("model", lambda b: [2 * int(v) for v in np.asarray(b)])
+    svc.source >> first >> gather >> model >> g.unbatch("split", max_batch=8) >> svc.sink
+    run = g.run()
+    futs = [svc.submit(i) for i in range(20)]
+    assert [f.result(timeout=30) for f in futs] == [-2 if i == 13 else 2 * i for i in range(20)]
+    svc.close()
+    assert run.wait() == "succeeded"
+    stats = svc.stats()
+    assert (stats["answered"], stats["failed"]) == (20, 0)
+    prep_stats = next(s for s in run.stats()["stages"] if s["name"] == "prep")
+    assert prep_stats["substituted"] == 1
+    # 20 requests in batches of 8 with a 50 ms delay: the last 4 waited the delay at least.
+    gather_stats = next(s for s in run.stats()["stages"] if s["name"] == "gather")
+    assert gather_stats["latency_ns"]["max"] >= 50e6, gather_stats["latency_ns"]
+
+
 def jpeg_bytes(color):
     from PIL import Image
     buf = io.BytesIO()

@@ -72,6 +72,9 @@ struct BatchOptions {
   std::size_t capacity = 0;
 };
 
+/// The longest GraphOptions::autotune_window a Graph takes.
+inline constexpr std::chrono::milliseconds kMaxAutotuneWindow = std::chrono::hours(1);
+
 /// Per-graph policy.
 struct GraphOptions {
   /// Items admitted by the sources and not yet consumed by a sink (like oneTBB's
@@ -94,8 +97,9 @@ struct GraphOptions {
   /// trace_max_events: past it, invocations are sampled (the trace states the rate).
   bool trace = false;
   std::size_t trace_max_events = std::size_t{1} << 18;
-  /// Stages with Concurrency::automatic: how often the tuner measures and decides, and the
-  /// cores their bodies may hold at once (0: the runtime's threads).
+  /// Stages with Concurrency::automatic: how often the tuner measures and decides (1 ms to
+  /// kMaxAutotuneWindow), and the cores their bodies may hold at once (0: the runtime's
+  /// threads; finite, not negative). The Graph refuses others, naming them.
   std::chrono::milliseconds autotune_window{250};
   double autotune_cores = 0;
   /// The tuner sizes the input queues of automatic CPU stages whose capacity is not set (fed

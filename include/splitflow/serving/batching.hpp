@@ -150,6 +150,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     std::size_t popped = 0;
     std::vector<std::uint64_t> expired;
     std::vector<std::int64_t> waits;  // each batched item's time in the queue (a service's)
+    Scratch<Arrivals> arrivals;       // each taken item's arrival, for the stage's latency
     this->claim(
         w, k,
         [&](Ticks t0) {
@@ -161,6 +162,10 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
           for (std::size_t i = 0; i < n; ++i) {
             Queued& q = queue_.front();
             const std::uint64_t id = q.item.seq;
+            if (!arrivals->empty() && arrivals->back().ticks == q.ticks)
+              ++arrivals->back().count;
+            else
+              arrivals->push_back({1, q.ticks});
             if (tracker && tracker->expired(id)) {  // dropped before its (GPU) work
               expired.push_back(id);
             } else {
@@ -192,7 +197,10 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
           }
           const Ticks body_end = now_ticks();
           const std::size_t emitted = this->emit(0, popped > 0 ? 1 : 0, *out, w, body_end);
-          return ClaimResult{.emitted = emitted, .body_end = body_end, .items = popped};
+          // Each item's latency runs from its arrival in the queue, its wait for the batch
+          // included (a claim's own time is the emission's).
+          return ClaimResult{.emitted = emitted, .body_end = body_end, .items = popped,
+                             .arrivals = &*arrivals};
         });
   }
 

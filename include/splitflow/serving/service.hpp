@@ -28,6 +28,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -116,13 +117,16 @@ class RequestBook final : public ItemTracker {
   /// Takes back an admitted request that never entered the graph (its graph was not running
   /// or its service closed), without completing it: its submitter gets the error by an
   /// exception instead, and it counts as rejected, not submitted (nothing was admitted).
-  void withdraw(std::uint64_t id) noexcept {
+  /// False when the request was completed already (the run ended between its admission and
+  /// its push, and fail_all failed it): its future or callback has its error, and nothing
+  /// is to be thrown.
+  bool withdraw(std::uint64_t id) noexcept {
     std::lock_guard lk(mu_);
-    if (pending_.erase(id)) {
-      --stats_.submitted;
-      ++stats_.rejected;
-      cv_.notify_one();
-    }
+    if (!pending_.erase(id)) return false;
+    --stats_.submitted;
+    ++stats_.rejected;
+    cv_.notify_one();
+    return true;
   }
 
   void answer(std::uint64_t id, Out&& value) {
@@ -262,13 +266,37 @@ class RequestBook final : public ItemTracker {
   ServiceStats stats_;
 };
 
+template <class In>
+class PushSourceNode;
+
+/// A Service's hold on its source node, which its Graph owns: a Service (a copy kept by a
+/// client thread) may outlive the Graph; the node clears `node` as it is destroyed, under
+/// `mu`, which submit() holds shared while it pushes.
+template <class In>
+struct SourceLink {
+  std::shared_mutex mu;
+  PushSourceNode<In>* node = nullptr;  // null once the graph is destroyed
+  std::string graph, name;             // for errors naming them after that
+};
+
 /// The service's source: requests pushed by submit(), emitted in arrival order. It keeps the
 /// run open until close() (or a cancel).
 template <class In>
 class PushSourceNode final : public Emitter<In> {
  public:
   PushSourceNode(GraphCore& g, std::string name)
-      : Emitter<In>(g, std::move(name), StageKind::source, StageOptions{}, 0) {}
+      : Emitter<In>(g, std::move(name), StageKind::source, StageOptions{}, 0),
+        link_(std::make_shared<SourceLink<In>>()) {
+    link_->node = this;
+    link_->graph = g.name();
+    link_->name = this->name();
+  }
+  ~PushSourceNode() override {
+    std::unique_lock lk(link_->mu);  // waits for submits pushing now
+    link_->node = nullptr;
+  }
+
+  const std::shared_ptr<SourceLink<In>>& link() const { return link_; }
 
   void set_on_end(std::function<void(bool)> f) { on_end_ = std::move(f); }
 
@@ -373,6 +401,7 @@ class PushSourceNode final : public Emitter<In> {
   bool accepting_ = false;
   bool holds_unit_ = false;
   std::function<void(bool)> on_end_;
+  std::shared_ptr<SourceLink<In>> link_;
 };
 
 /// The service's sink: answers each item's request.
@@ -405,12 +434,18 @@ class Service {
 
   Service(detail::PushSourceNode<In>& src, detail::AnswerSinkNode<Out>& sink,
           std::shared_ptr<detail::RequestBook<Out>> book)
-      : src_(&src), sink_(&sink), book_(std::move(book)) {}
+      : link_(src.link()), sink_(&sink), book_(std::move(book)) {}
 
   /// Connect the graph's first stage to this: `svc.source() >> first`.
-  Source<In> source() const { return Source<In>(*src_, nullptr, src_); }
+  Source<In> source() const {
+    detail::PushSourceNode<In>& src = node("source()");
+    return Source<In>(src, nullptr, &src);
+  }
   /// Connect the graph's last stage to this: `last >> svc.sink()`.
-  Sink<Out> sink() const { return Sink<Out>(*sink_, &sink_->input(), nullptr); }
+  Sink<Out> sink() const {
+    node("sink()");  // the sink lives and dies with the source, in the same graph
+    return Sink<Out>(*sink_, &sink_->input(), nullptr);
+  }
 
   /// Submits a request from any thread; its result arrives through the future. Waits or
   /// throws OverloadedError when max_pending requests are pending (ServiceOptions). Throws
@@ -420,39 +455,58 @@ class Service {
   /// dropped unprocessed and its future gets DeadlineError.
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
-    if (!src_->push(std::move(value), id)) {
-      book_->withdraw(id);
-      throw not_accepting();
-    }
-    return std::move(future);
+    if (!push(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
+    return std::move(future);  // (not withdrawn: the run's end failed it, the future says so)
   }
   /// With a completion callback instead of a future (for event loops: asyncio, an RPC
   /// server's completion queue): `done(result, nullptr)` or `done(nullptr, error)` is called
   /// exactly once, on the thread that answers or fails the request (a oneTBB worker: keep it
-  /// short). Throws as submit() does, without calling `done`.
+  /// short). Throws as submit() does, and then never calls `done`: a request is either
+  /// refused by an exception or completed through `done` (a run ending as the request is
+  /// admitted fails it through `done`, without an exception).
   void submit(In value, std::optional<Clock::time_point> deadline,
               typename detail::RequestBook<Out>::Callback done) {
     const std::uint64_t id = book_->admit(deadline, std::move(done));
-    if (!src_->push(std::move(value), id)) {
-      book_->withdraw(id);
-      throw not_accepting();
-    }
+    if (!push(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
   }
 
   /// No more requests this run: the run ends once every admitted request is answered.
-  void close() { src_->close(); }
+  /// (Nothing to do once the graph is destroyed.)
+  void close() {
+    std::shared_lock lk(link_->mu);
+    if (link_->node) link_->node->close();
+  }
 
   ServiceStats stats() const { return book_->stats(); }
 
  private:
+  // False when the request was not taken: the graph is not running, the service was closed,
+  // or the graph was destroyed.
+  bool push(In&& value, std::uint64_t id) {
+    std::shared_lock lk(link_->mu);
+    return link_->node && link_->node->push(std::move(value), id);
+  }
+  detail::PushSourceNode<In>& node(const char* what) const {
+    std::shared_lock lk(link_->mu);
+    if (!link_->node)
+      throw GraphError("splitflow: service '" + link_->name + "' of graph '" + link_->graph +
+                       "': " + what + " after its graph was destroyed");
+    return *link_->node;
+  }
   GraphError not_accepting() const {
-    return GraphError("splitflow: service '" + src_->name() + "' of graph '" +
-                      src_->graph().name() +
-                      "' is not accepting requests: its graph is not running (call run() first) "
-                      "or the service was closed");
+    bool gone = false;
+    {
+      std::shared_lock lk(link_->mu);
+      gone = link_->node == nullptr;
+    }
+    return GraphError("splitflow: service '" + link_->name + "' of graph '" + link_->graph +
+                      (gone ? "' is not accepting requests: its graph was destroyed (a Service "
+                              "may outlive its Graph, but takes no request after it)"
+                            : "' is not accepting requests: its graph is not running (call "
+                              "run() first) or the service was closed"));
   }
 
-  detail::PushSourceNode<In>* src_;
+  std::shared_ptr<detail::SourceLink<In>> link_;
   detail::AnswerSinkNode<Out>* sink_;
   std::shared_ptr<detail::RequestBook<Out>> book_;
 };

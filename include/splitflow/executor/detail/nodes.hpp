@@ -170,6 +170,21 @@ std::vector<std::uint64_t> ids_for_errors(const NodeBase& node, const In& item) 
   return {};
 }
 
+/// Whether `item` carries exactly `ids` (a batch's substitute answering that batch's requests).
+template <class T>
+bool carries_ids(const T& item, const std::vector<std::uint64_t>& ids) {
+  if constexpr (CarriesIds<T>) {
+    return item.ids == ids;
+  } else if constexpr (requires { { item_ids(item) } -> std::convertible_to<const std::vector<std::uint64_t>*>; }) {
+    const std::vector<std::uint64_t>* mine = item_ids(item);
+    return mine && *mine == ids;
+  } else {
+    (void)item;
+    (void)ids;
+    return false;
+  }
+}
+
 /// Thrown by a body wrapper under OnError::substitute to emit `value` in place of the stage's
 /// fixed substitute: the item with only its failed part replaced (the Python module's field=
 /// stages keep a sample's other fields so). `cause` is the body's own error: the one counted,
@@ -212,8 +227,11 @@ class Emitter : public NodeBase {
   }
   /// A body threw on item `seq` (a batch of `ids`, see ids_for_errors): applies the stage's
   /// OnError. Returns false when the run fails; otherwise true, with `out` holding the
-  /// substitute (OnError::substitute) or empty (skip). A skipped batch's requests fail with the
-  /// error.
+  /// substitute (OnError::substitute) or empty (skip). A skipped item's request, and each of
+  /// a skipped batch's, fails with the error; a substituted item's request is answered with
+  /// the substitute, as any other item. A batch's substitute must carry the batch's ids (a
+  /// wrapper's SubstituteWith keeps them): one that does not (the stage's fixed value, whose
+  /// ids are not this batch's) would answer none of its requests, so the batch is skipped.
   bool absorb_item_error(std::uint64_t seq, const std::vector<std::uint64_t>& ids,
                          std::exception_ptr error, std::optional<Out>& out) noexcept {
     const bool substitute = this->on_error_ == OnError::substitute;
@@ -227,19 +245,21 @@ class Emitter : public NodeBase {
       error = s.cause;
     } catch (...) {
     }
-    if (ItemTracker* t = this->graph().tracker(); t && !substitute)
-      for (std::uint64_t id : ids)
-        if (id != seq) t->item_failed(id, error);
-    if (!this->absorb_error(seq, std::move(error), substitute)) return false;
     if constexpr (copyable_v<Out>) {
-      if (substitute && !out) {
+      if (substitute && !out && substitute_) {
         try {
           out.emplace(*substitute_);
         } catch (...) {  // the copy itself failed: the item is dropped
         }
       }
     }
-    return true;
+    if (out && !ids.empty() && !carries_ids(*out, ids)) out.reset();
+    // Under fail, absorb_error fails seq's request and the run; the rest of a batch's requests
+    // fail here (the others with the run's end).
+    if (ItemTracker* t = this->graph().tracker(); t && !out)
+      for (std::uint64_t id : ids)
+        if (id != seq) t->item_failed(id, error);
+    return this->absorb_error(seq, std::move(error), out.has_value());
   }
 
   /// The pinned ring this node's outputs go into (its only consumer is a GPU stage fed
