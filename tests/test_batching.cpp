@@ -262,7 +262,8 @@ TEST(DynamicBatch, ASubstitutedBatchAnswersItsRequestsOrFailsEachOfThem) {
     const ServiceStats s = svc.stats();
     EXPECT_EQ(s.answered, carries ? 8u : 4u);
     EXPECT_EQ(s.failed, carries ? 0u : 4u);
-    const StageStats* m = run.stats().find("model");
+    const RunStats st = run.stats();
+    const StageStats* m = st.find("model");
     EXPECT_EQ(m->items_substituted, carries ? 1u : 0u);
     EXPECT_EQ(m->items_skipped, carries ? 0u : 1u);
   }
@@ -351,7 +352,8 @@ TEST(DynamicBatch, EachRequestCountsItsBatchingWait) {
   // The batch node's own latency ("from its arrival in the input queue to the end of the
   // invocation", docs/telemetry.md) counts the wait for the batch too: it counted only the
   // claim's emission before (17 us against requests of 50 ms, a new user's trial).
-  const StageStats* gather = run.stats().find("gather");
+  const RunStats st = run.stats();
+  const StageStats* gather = st.find("gather");
   ASSERT_EQ(gather->latency.count(), 3u);
   EXPECT_GE(gather->latency.min(), static_cast<std::uint64_t>(in_batcher));
   ASSERT_EQ(s.batching.count(), 3u);
