@@ -543,6 +543,16 @@ protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view
         if (shape.empty()) throw py::type_error("len() of a 0-d splitflow.Tensor");
         return static_cast<py::ssize_t>(shape[0]);
       }, "The size of the first dimension (as len() of a torch tensor or numpy array).")
+      // Indexing and iteration as a numpy array's, through the same zero-copy view: code
+      // written for a collated list or array (`[x for x in batch]`, `batch[0]`) works on a
+      // collated batch (it raised TypeError: len() but no indexing, a new user's trial).
+      .def("__getitem__", [](py::object self, py::object key) {
+        py::object view = py::module_::import("numpy").attr("asarray")(self);
+        return view.attr("__getitem__")(key);
+      }, "t[key]: numpy.asarray(t)[key] (host memory only; a view where numpy gives one).")
+      .def("__iter__", [](py::object self) {
+        return py::iter(py::module_::import("numpy").attr("asarray")(self));
+      }, "Iterates over the first dimension, as a numpy array does (host memory only).")
       .def("numpy", [](py::object self) { return py::module_::import("numpy").attr("asarray")(self); },
            "A numpy array viewing the same memory (host memory only).")
       .def("torch", [](py::object self) {

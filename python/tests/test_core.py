@@ -93,6 +93,12 @@ def test_numpy_and_torch_views_share_memory(rt):
     tt[0, 0] = 42
     assert n[0, 0] == 42, "numpy sees torch's write"
     assert tt.data_ptr() == n.ctypes.data == t.data_ptr
+    # Indexing and iteration as a numpy array's, on the same memory (a collated batch had len()
+    # but raised TypeError on b[0] and [x for x in b]).
+    assert len(t) == 4 and t[1, 2] == 99 and t[0][0] == 42
+    assert [row.tolist() for row in t] == n.tolist()
+    t[3][3] = 5
+    assert n[3, 3] == 5, "a row of t is a view"
 
 
 # "The memory stays valid while any Python object refers to it; a test holds views after the
