@@ -287,3 +287,51 @@ TEST(PinnedRing, ItsErrorsGiveSmallSizesInKiB) {
               std::string::npos) << e.what();
   }
 }
+
+// A producer's heap HostTensor too large for the ring (it is copied there at delivery) is the
+// producer's failing item, under the producer's OnError, and its error names the producer:
+// skipped, the other items go through; under fail, the run's StageError names 'mk'. Before,
+// the ring's push failed the run whatever the policies, naming the GPU stage as the stage whose
+// output was too large (a new user's trial); a tensor allocated in the ring (a.empty) was
+// already the producer's.
+TEST(PinnedRing, AHeapTensorTooLargeForTheRingIsItsProducersItemUnderItsPolicy) {
+  Runtime rt(host_device(2, 2));
+  for (const OnError policy : {OnError::skip, OnError::fail}) {
+    SCOPED_TRACE(policy == OnError::skip ? "skip" : "fail");
+    Graph g(rt, "big");
+    auto src = g.source("n", std::vector<long>{0, 1, 2, 3, 4, 5});
+    auto mk = g.stage("mk", [](long i) {  // a heap tensor: copied into the ring at delivery
+      return HostTensor::empty(DType::u8, {i == 2 ? 20000 : 1000 + i});
+    }, {.on_error = policy});
+    GpuStageOptions o;
+    o.ring_bytes = 64 << 10;
+    o.ring_item_bytes = 8 << 10;
+    o.on_error = OnError::skip;
+    auto gs = g.gpu_stage("gs", [](DeviceTensor t, DeviceContext&) { return static_cast<long>(t.nbytes()); }, o);
+    std::vector<long> got;
+    src >> mk >> gs >> g.sink("s", [&](long x) { got.push_back(x); });
+    const std::string named =
+        "stage 'mk' item 2: its output (19.5 KiB of u8) exceeds the item size of the pinned ring "
+        "into 'gs' (8.0 KiB)";
+    if (policy == OnError::skip) {
+      auto run = g.run();
+      ASSERT_EQ(run.wait(), RunStatus::succeeded);
+      EXPECT_EQ(got, (std::vector<long>{1000, 1001, 1003, 1004, 1005}));
+      const RunStats st = run.stats();
+      EXPECT_EQ(st.find("mk")->items_skipped, 1u);
+      ASSERT_EQ(st.find("mk")->errors.size(), 1u);
+      EXPECT_EQ(st.find("mk")->errors[0].item, 2u);
+      EXPECT_NE(st.find("mk")->errors[0].message.find(named), std::string::npos)
+          << st.find("mk")->errors[0].message;
+      EXPECT_EQ(st.find("gs")->items_skipped, 0u);
+    } else {
+      try {
+        g.run().wait();
+        ADD_FAILURE() << "a 19.5 KiB item went into a ring of 8 KiB items";
+      } catch (const StageError& e) {
+        EXPECT_NE(std::string(e.what()).find("stage 'mk' failed on item 2: " + std::string("splitflow: ") + named),
+                  std::string::npos) << e.what();
+      }
+    }
+  }
+}

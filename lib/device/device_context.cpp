@@ -24,6 +24,10 @@ HostAllocator host_allocator(PinnedRing* ring, const std::string* stage, std::ui
   a.item_ = item;
   return a;
 }
+void check_ring_item(const PinnedRing& ring, const HostTensor& t, const std::string& stage,
+                     std::uint64_t item) {
+  ring.check_item(t, stage, item);
+}
 const std::string& current_stage() noexcept { return t_stage ? *t_stage : kNoStage; }
 
 Lease* lease_or_wait(DeviceRuntime& dev, LeaseWaiter& w) { return dev.pool().acquire_or_wait(w); }

@@ -854,14 +854,29 @@ std::size_t PinnedRing::alloc_offset_locked(std::size_t size) {
       owner_, size, head_, tail_, used_));
 }
 
+namespace {
+[[noreturn]] void throw_over_item_size(const std::string& stage, std::uint64_t item, std::size_t n,
+                                       DType dtype, const std::string& owner, std::size_t item_bytes) {
+  throw Error(fmt::format(
+      "splitflow: stage '{}' item {}: its output ({} of {}) exceeds the item size of the pinned "
+      "ring into '{}' ({}); raise GpuStageOptions::ring_item_bytes",
+      stage, item, mib(n), to_string(dtype), owner, mib(item_bytes)));
+}
+}  // namespace
+
+void PinnedRing::check_item(const HostTensor& t, const std::string& stage, std::uint64_t item) const {
+  if (!t.contiguous())
+    throw Error(fmt::format(
+        "splitflow: stage '{}' item {}: a non-contiguous host tensor cannot go through the "
+        "pinned ring into '{}'",
+        stage, item, owner_));
+  if (t.nbytes() > item_bytes_) throw_over_item_size(stage, item, t.nbytes(), t.dtype(), owner_, item_bytes_);
+}
+
 HostTensor PinnedRing::allocate(DType dtype, std::vector<std::int64_t> shape,
                                 const std::string& stage, std::uint64_t item) {
   const std::size_t n = bytes_of(dtype, shape);
-  if (n > item_bytes_)
-    throw Error(fmt::format(
-        "splitflow: stage '{}' item {}: its output ({} of {}) exceeds the item size of the pinned "
-        "ring into '{}' ({}); raise GpuStageOptions::ring_item_bytes",
-        stage, item, mib(n), to_string(dtype), owner_, mib(item_bytes_)));
+  if (n > item_bytes_) throw_over_item_size(stage, item, n, dtype, owner_, item_bytes_);
   Block* b;
   {
     std::lock_guard lk(mu_);
@@ -891,11 +906,7 @@ HostTensor PinnedRing::push(HostTensor t, bool& staged, const std::string& stage
       return t;
     }
   }
-  if (!t.contiguous())
-    throw Error(fmt::format(
-        "splitflow: stage '{}' item {}: a non-contiguous host tensor cannot go through the "
-        "pinned ring into '{}'",
-        stage, item, owner_));
+  check_item(t, stage, item);
   HostTensor copy = allocate(t.dtype(), t.shape(), stage, item);
   std::memcpy(copy.raw(), t.raw(), t.nbytes());
   bool again = false;

@@ -47,7 +47,9 @@ What is guaranteed:
   the skips and the stages' order;
 - otherwise the dataset counts samples (an item made by ``g.batch`` holds as many as its
   leading dimension; with workers: the loader's batches, each worker's in turn): exact when the
-  graph keeps the order and skips nothing. Each sample skipped before the save point then makes
+  graph keeps the order and skips nothing (with ``remote=``, the samples counted are matched to
+  the dataset indices the remote pass yielded, so its remote skips stay exact too). Each sample
+  skipped before the save point then makes
   one sample already taken come again after the resume (none is lost while the graph keeps the
   order), and a stage out of order can repeat or lose samples of its window around the save
   point;
@@ -57,6 +59,7 @@ What is guaranteed:
   num_workers and batch_size as when saved (and a graph that keeps the order and skips
   nothing), the very batches the unbroken epoch would have yielded.
 """
+import collections
 import os
 import warnings
 
@@ -315,6 +318,9 @@ class _Progress:
         self.samples = 0       # samples counted (num_workers=0)
         self.batches = 0       # batches the loop took (track())
         self.complete = False  # the iteration ended: every position settled
+        # A remote pass (remote=): the dataset index of each item its source yielded, in order
+        # (splitflow.dask's `yielded`; None where a remote item is not one index's).
+        self.yielded = None
         self._pos_of = None
         self._dups = None
 
@@ -375,6 +381,27 @@ class _Progress:
         self.taken[p] = True
         return len(p)
 
+    def _remote_positions(self, n):
+        """The positions of the first n samples a remote pass yielded (its skipped items are
+        not among them: counting the shard's positions instead marked a skipped one done and
+        left the n-th sample to come again after the resume), or None without a remote pass
+        or where its items are not one index's each."""
+        if self.yielded is None:
+            return None
+        first = list(self.yielded[:n])
+        if len(first) < n or any(i is None for i in first):
+            return None
+        at = {}
+        for p in self.lists[0].tolist():
+            at.setdefault(int(self.order[p]), collections.deque()).append(p)
+        out = []
+        for i in first:
+            q = at.get(int(i))
+            if not q:
+                return None
+            out.append(q.popleft())
+        return np.asarray(out, dtype=np.int64)
+
     def took_item(self, item, batch_size):
         """num_workers=0: the dataset yielded `item`."""
         n = self._note_indices(item)
@@ -406,7 +433,8 @@ class _Progress:
             if self.by_index:
                 return self.taken.copy(), 1, 0, True
             done = self.base_done.copy()
-            done[self.lists[0][:self.samples]] = True
+            remote = self._remote_positions(self.samples)
+            done[remote if remote is not None else self.lists[0][:self.samples]] = True
             return done, 1, 0, False
         if batches is None:
             batches = self.batches
@@ -714,6 +742,8 @@ class GraphDataset(_data.IterableDataset):
             remote = self.remote.iterate(indices, epoch=self.epoch)
             source = graph.source(self.remote.name, remote)
             run_indices = remote.yielded
+            if progress is not None:  # what the loop took is counted against what it yielded
+                progress.yielded = remote.yielded
         else:
             source = graph.indices("indices", indices)
             run_indices = indices

@@ -374,6 +374,32 @@ def test_resume_mid_epoch_is_exact():
     assert "remote 'remote': 37 items from" in report
 
 
+def test_resume_after_a_remote_skip_repeats_nothing_without_an_index_field():
+    # Samples counted, not named (index_field=None): the remote pass's yielded indices say which
+    # positions the loop took. Counting the shard's positions instead took the skipped item 13
+    # for a sample and left item 20 to come again after the resume (a new user's trial).
+    def make(client):
+        return sft.GraphDataset(lambda g, src: src, 40, threads=2, backend="host",
+                                to_torch=False, index_field=None,
+                                remote=sfd.remote(fns.build_skipping, client, split=3))
+
+    with cluster(2) as (_, client):
+        ds = make(client)
+        first = []
+        for s in ds:
+            first.append(int(s["index"]))
+            if len(first) == 20:
+                break
+        state = ds.state_dict()
+        again = make(client)
+        again.load_state_dict(state)
+        rest = [int(s["index"]) for s in again]
+    kept = [i for i in range(40) if i not in fns.SKIP]
+    assert first == kept[:20]
+    assert rest == kept[20:], "after the resume: " + str(rest)
+    assert not state["by_index"] and state["samples_seen"] == 20
+
+
 def test_tensors_travel_out_of_band_without_a_copy():
     # A split's result as Dask sends it: each array's memory is one of the frames (pickle
     # protocol 5 buffers or Dask's numpy serializer), not copied into a pickle.

@@ -29,6 +29,10 @@ class PinnedRing;
 Burst& burst_of(const DeviceContext& ctx) noexcept;
 /// A HostAllocator writing into `ring` (null: the heap), for the stage nodes.
 HostAllocator host_allocator(PinnedRing* ring, const std::string* stage, std::uint64_t item) noexcept;
+/// Throws the error pushing `t` into `ring` would raise (PinnedRing::check_item), naming the
+/// producing `stage`: called by a producer in its body's scope, so that its OnError applies.
+void check_ring_item(const PinnedRing& ring, const HostTensor& t, const std::string& stage,
+                     std::uint64_t item);
 }  // namespace detail
 
 /// Whether this build has the CUDA backend (SPLITFLOW_WITH_CUDA resolved to ON).

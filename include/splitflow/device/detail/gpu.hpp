@@ -150,6 +150,10 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   /// The item holding a budget is pushed: returns it in ring memory (copying it there if it
   /// was not allocated from this ring; `staged` tells) and releases the budget.
   HostTensor push(HostTensor t, bool& staged, const std::string& stage, std::uint64_t item);
+  /// Throws the Error push() would for `t` (a non-contiguous tensor, one larger than
+  /// item_bytes), naming `stage` (its producer) and the item: producers call it in their body's
+  /// scope, so that their OnError applies to it (a tensor of this ring always passes).
+  void check_item(const HostTensor& t, const std::string& stage, std::uint64_t item) const;
   void set_notifier(std::shared_ptr<SpaceNotifier> n);
 
   std::size_t capacity() const noexcept { return capacity_; }

@@ -559,8 +559,10 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
     const ThreadCpu sample_at0 = sampled ? thread_cpu() : ThreadCpu{};
     const std::uint64_t ticket = claim.ticket;
     Scratch<Envelope<Out>> out;
+    // The pinned ring its outputs go into: where a body allocating with a HostAllocator
+    // writes, and what a HostTensor output must fit (checked here, in the body's scope).
     PinnedRing* ring = nullptr;
-    if constexpr (kAllocates) ring = this->output_ring();
+    if constexpr (kAllocates || std::is_same_v<Out, HostTensor>) ring = this->output_ring();
     const std::size_t n = in.size();
     std::size_t emitted = 0;
     std::uint64_t next = ticket;  // the first ticket not yet handed to emit()
@@ -573,7 +575,21 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
       const std::uint64_t seq = item.seq;
       const std::vector<std::uint64_t> ids = ids_for_errors(*this, item.value);
       try {
-        if constexpr (kAllocates) {
+        if constexpr (std::is_same_v<Out, HostTensor>) {
+          // A tensor the ring cannot take (too large, not contiguous) fails here, as this
+          // stage's item under its OnError (it failed the run from the ring's push, naming
+          // the GPU stage, whatever the policies).
+          Out made = [&] {
+            if constexpr (kAllocates) {
+              HostAllocator alloc = host_allocator(ring, &this->name(), seq);
+              return std::invoke(f_, std::move(item.value), alloc);
+            } else {
+              return std::invoke(f_, std::move(item.value));
+            }
+          }();
+          if (ring) check_ring_item(*ring, made, this->name(), seq);
+          out->push_back(Envelope<Out>{std::move(made), seq});
+        } else if constexpr (kAllocates) {
           HostAllocator alloc = host_allocator(ring, &this->name(), seq);
           out->push_back(Envelope<Out>{std::invoke(f_, std::move(item.value), alloc), seq});
         } else {
