@@ -335,3 +335,31 @@ TEST(PinnedRing, AHeapTensorTooLargeForTheRingIsItsProducersItemUnderItsPolicy) 
     }
   }
 }
+
+// What the ring refuses at delivery from a producer without an OnError of its own (a source;
+// a stage feeding the GPU stage and another consumer) fails the run naming that producer, not
+// the GPU stage (it said "stage 'gs' failed on item 2: ... stage 'gs' item 2: its output").
+TEST(PinnedRing, AnItemTooLargeForTheRingFromASourceFailsTheRunNamingTheSource) {
+  Runtime rt(host_device(2, 2));
+  Graph g(rt, "big");
+  auto src = g.source("tensors", [i = 0]() mutable -> std::optional<HostTensor> {
+    if (i == 4) return std::nullopt;
+    return HostTensor::empty(DType::u8, {i++ == 2 ? 20000 : 1000});
+  });
+  GpuStageOptions o;
+  o.ring_bytes = 64 << 10;
+  o.ring_item_bytes = 8 << 10;
+  o.on_error = OnError::skip;
+  auto gs = g.gpu_stage("gs", [](DeviceTensor t, DeviceContext&) { return static_cast<long>(t.nbytes()); }, o);
+  src >> gs >> g.sink("s", [](long) {});
+  try {
+    g.run().wait();
+    ADD_FAILURE() << "a 19.5 KiB item went into a ring of 8 KiB items";
+  } catch (const StageError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "stage 'tensors' failed on item 2: splitflow: stage 'tensors' item 2: its output "
+                  "(19.5 KiB of u8) exceeds the item size of the pinned ring into 'gs' (8.0 KiB)"),
+              std::string::npos)
+        << e.what();
+  }
+}

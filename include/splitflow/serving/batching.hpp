@@ -225,7 +225,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
   class Port final : public Receiver<T> {
    public:
     explicit Port(DynamicBatchNode& n) : Receiver<T>(n, 0), node_(&n) {}
-    void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced) override {
+    void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced, const NodeBase&) override {
       const time_point now = node_->opts_.clock->now();
       const Ticks ticks = node_->stamps() ? (produced ? produced : now_ticks()) : 0;
       std::lock_guard lk(node_->mu_);

@@ -218,7 +218,7 @@ class GpuStageNode final : public Emitter<Out> {
   class Port final : public Receiver<In> {
    public:
     Port(GpuStageNode& n, int port) : Receiver<In>(n, port), node_(&n) {}
-    void push(std::vector<Envelope<In>>& items, WorkList& w, Ticks produced) override {
+    void push(std::vector<Envelope<In>>& items, WorkList& w, Ticks produced, const NodeBase&) override {
       const std::size_t bytes = this->sample_bytes(items);
       std::lock_guard lk(node_->mu_);
       if (node_->graph().stopping()) {
@@ -240,7 +240,8 @@ class GpuStageNode final : public Emitter<Out> {
    public:
     explicit HostPort(GpuStageNode& n) : Receiver<HostTensor>(n, 1), node_(&n) {}
     PinnedRing* ring() const noexcept override { return node_->ring_.get(); }
-    void push(std::vector<Envelope<HostTensor>>& items, WorkList& w, Ticks produced) override {
+    void push(std::vector<Envelope<HostTensor>>& items, WorkList& w, Ticks produced,
+              const NodeBase& from) override {
       if constexpr (kRing) {
         // Items come in ring memory (written there by the producer) or are copied there now;
         // either way their budget turns into a counted block.
@@ -249,9 +250,11 @@ class GpuStageNode final : public Emitter<Out> {
         std::size_t failed = 0;
         for (auto& e : items) {
           bool staged = false;
-          const bool ok = guarded(*node_, e.seq, [&] {
+          // (What the ring refuses is the producer's item: a stage producer checked it in
+          // its body's scope, under its OnError; others fail the run here, naming it.)
+          const bool ok = guarded(from, e.seq, [&] {
             in_ring.push_back(
-                {node_->ring_->push(std::move(e.value), staged, node_->name(), e.seq), e.seq});
+                {node_->ring_->push(std::move(e.value), staged, from.name(), e.seq), e.seq});
           });
           if (!ok) ++failed;
           if (staged) account_staged(node_->account_);
@@ -270,6 +273,7 @@ class GpuStageNode final : public Emitter<Out> {
         (void)items;
         (void)w;
         (void)produced;
+        (void)from;
       }
     }
 

@@ -182,7 +182,9 @@ class Receiver {
   virtual ~Receiver() = default;
   /// Pushes `items` into reserved slots. `produced`: when the producer made them (its claim's
   /// end, read anyway), their arrival time for latencies; 0: read the clock here if stamping.
-  virtual void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced) = 0;
+  /// `from`: the producer (named in an error of the entry's own, a pinned ring's).
+  virtual void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced,
+                    const NodeBase& from) = 0;
   /// The pinned ring behind this entry, if it is a CPU-to-GPU edge (producers write into it).
   virtual PinnedRing* ring() const noexcept { return nullptr; }
   NodeBase& node() const noexcept { return *node_; }

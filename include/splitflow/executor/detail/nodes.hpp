@@ -35,7 +35,7 @@ class InputPort final : public Receiver<T> {
   using value_type = T;
   using Receiver<T>::Receiver;
 
-  void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced) override {
+  void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks produced, const NodeBase&) override {
     // The items' arrival time, for their latency: when the producer made them, or read now,
     // before locking to keep the lock short.
     const Ticks now = this->node_->stamps() ? (produced ? produced : now_ticks()) : 0;
@@ -342,12 +342,12 @@ class Emitter : public NodeBase {
         Scratch<Envelope<Out>> copy;
         for (std::size_t i = 0; i + 1 < consumers; ++i) {
           copy->assign(out.begin(), out.end());
-          targets_[i]->push(*copy, w, produced);
+          targets_[i]->push(*copy, w, produced, *this);
           copy->clear();
         }
       }
     }
-    targets_[consumers - 1]->push(out, w, produced);
+    targets_[consumers - 1]->push(out, w, produced, *this);
     out.clear();
   }
 
@@ -365,7 +365,7 @@ class Emitter : public NodeBase {
 
 /// Runs `f` and, if it throws, fails the run naming the node and the item.
 template <class F>
-bool guarded(NodeBase& node, std::uint64_t seq, F&& f) noexcept {
+bool guarded(const NodeBase& node, std::uint64_t seq, F&& f) noexcept {
   try {
     f();
     return true;
@@ -1119,7 +1119,7 @@ class PullSinkNode final : public NodeBase {
   class Port final : public Receiver<T> {
    public:
     explicit Port(PullSinkNode& n) : Receiver<T>(n, 0), sink_(&n) {}
-    void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks) override {
+    void push(std::vector<Envelope<T>>& items, WorkList& w, Ticks, const NodeBase&) override {
       const std::size_t n = items.size();
       const std::size_t bytes = this->sample_bytes(items);
       {
