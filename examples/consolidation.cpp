@@ -20,12 +20,17 @@
 #include <splitflow/ops/ops.hpp>
 #include <splitflow/splitflow.hpp>
 
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -52,6 +57,16 @@ struct ImageJob {
 };
 const ImageJob kJob;
 splitflow::image::FileList g_files;
+
+// The images a job's run trained on: those decoded (a file that fails to decode is skipped).
+double images_of(const splitflow::RunStats& st) {
+  return static_cast<double>(st.find("decode+augment")->items_out);
+}
+
+// Ctrl-C during the processes mode: the job processes (same process group) stop, and this one
+// removes the arbiter segment before it exits.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted.store(true); }
 
 // One training job. `bundled`: one batch in flight and one stream, as a process owning its GPU.
 void build(splitflow::Graph& g, int seed, bool bundled) {
@@ -147,7 +162,7 @@ Row bundled() {
     row.held += st.wall_ns;  // the job owns its device for its whole run
     row.busy += st.gpu.busy_ns;
     row.device_busy += static_cast<double>(st.gpu.busy_ns) / st.wall_ns / kJobs;
-    row.throughput.push_back(kJob.images / (st.wall_ns / 1e9));
+    row.throughput.push_back(images_of(st) / (st.wall_ns / 1e9));
   }
   row.devices = kJobs;
   return row;
@@ -171,7 +186,7 @@ Row split(std::string& backend) {
     const auto st = r.stats();
     row.job_held += st.gpu.held_ns;
     row.job_busy += st.gpu.busy_ns;
-    row.throughput.push_back(kJob.images / (st.wall_ns / 1e9));
+    row.throughput.push_back(images_of(st) / (st.wall_ns / 1e9));
     row.stats.push_back(st);
     row.traces.push_back(r.trace_json());
   }
@@ -195,14 +210,29 @@ int job_process(int k, const std::string& arbiter) {
   build(g, k, false);
   auto run = g.run();
   if (run.wait() != splitflow::RunStatus::succeeded) return 1;
-  std::printf("%.3f\n", kJob.images / (run.stats().wall_ns / 1e9));
+  const auto st = run.stats();
+  std::printf("%.3f\n", images_of(st) / (st.wall_ns / 1e9));
   return 0;
 }
 
 Row processes(const char* data_dir, splitflow::ArbiterView& view) {
   Row row;
   const std::string name = "demo-" + std::to_string(::getpid());
-  splitflow::remove_arbiter(name);
+  splitflow::remove_arbiter(name, /*force=*/true);
+  // However this ends (a job failing, Ctrl-C), the segment goes with it.
+  struct RemoveSegment {
+    std::string name;
+    ~RemoveSegment() {
+      try {
+        splitflow::remove_arbiter(name, /*force=*/true);
+      } catch (...) {
+      }
+    }
+  } remove_segment{name};
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
   struct Child {
     pid_t pid;
     int out;
@@ -228,19 +258,23 @@ Row processes(const char* data_dir, splitflow::ArbiterView& view) {
     kids.push_back({pid, p[0]});
   }
   std::printf("  processes: %d job processes started, sharing arbiter '%s'\n", kJobs, name.c_str());
-  for (auto& c : kids) {
+  int failed = 0;
+  for (auto& c : kids) {  // every job to its end (a failed one does not orphan the others)
     std::string out;
     char b[256];
-    for (ssize_t n; (n = ::read(c.out, b, sizeof b)) > 0;) out.append(b, static_cast<std::size_t>(n));
+    for (ssize_t n; (n = ::read(c.out, b, sizeof b)) > 0 || (n < 0 && errno == EINTR);)
+      if (n > 0) out.append(b, static_cast<std::size_t>(n));
     ::close(c.out);
     int st = 0;
-    ::waitpid(c.pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) throw std::runtime_error("a job process failed");
+    while (::waitpid(c.pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failed;
     row.throughput.push_back(std::atof(out.c_str()));
   }
+  if (g_interrupted.load()) throw std::runtime_error("interrupted");
+  if (failed) throw std::runtime_error(std::to_string(failed) + " of the job processes failed");
   const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   view = splitflow::read_arbiter(name);
-  splitflow::remove_arbiter(name);
   // The host backend's device is measured in the segment; on CUDA each process publishes its own.
   const double busy = view.device_busy_ns > 0 ? static_cast<double>(view.device_busy_ns)
                                               : static_cast<double>(view.busy_ns());
@@ -258,23 +292,26 @@ void print(const char* mode, const Row& r, const Row& base) {
     const double dedicated = base.throughput[k];
     tput += (tput.empty() ? "" : ", ") + std::to_string(static_cast<int>(t));
     char buf[16];
-    std::snprintf(buf, sizeof buf, "%.2fx", t / dedicated);
+    std::snprintf(buf, sizeof buf, dedicated > 0 ? "%.2fx" : "-", t / dedicated);
     ratio += (ratio.empty() ? "" : ", ") + std::string(buf);
   }
-  std::printf("%-9s %7d %12.0f%% %10.2f   %-20s %s\n", mode, r.devices, 100 * r.device_busy,
-              r.held / r.busy, tput.c_str(), ratio.c_str());
+  char held_busy[32] = "-";  // (no device work: nothing was trained)
+  if (r.busy > 0) std::snprintf(held_busy, sizeof held_busy, "%.2f", r.held / r.busy);
+  std::printf("%-9s %7d %12.0f%% %10s   %-20s %s\n", mode, r.devices, 100 * r.device_busy,
+              held_busy, tput.c_str(), ratio.c_str());
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int demo(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--job") {  // one job process of the processes mode
     g_files = splitflow::image::FileList::directory(argv[3]);
     return job_process(std::atoi(argv[2]), argv[4]);
   }
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DATA_DIR [OUTPUT_DIR]   (DATA_DIR: JPEG files)\n", argv[0]);
-    return 2;
+  const bool help = argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0);
+  if (argc < 2 || argc > 3 || help || argv[1][0] == '-') {
+    std::fprintf(help ? stdout : stderr, "usage: %s DATA_DIR [OUTPUT_DIR]   (DATA_DIR: JPEG files)\n", argv[0]);
+    return help ? 0 : 2;
   }
   g_files = splitflow::image::FileList::directory(argv[1]);
   if (g_files.size() == 0) {
@@ -291,6 +328,12 @@ int main(int argc, char** argv) {
                   : "host backend (no CUDA device here: GPU-stage work runs on host threads in "
                     "stream order, one kernel at a time)");
   const Row b = bundled();
+  if (std::all_of(b.throughput.begin(), b.throughput.end(), [](double t) { return t == 0; })) {
+    std::fprintf(stderr, "consolidation: no file of %s could be decoded (each was skipped: see "
+                         "the decode stage's errors with a single file); nothing to compare\n",
+                 argv[1]);
+    return 1;
+  }
   std::string device;
   const Row s = split(device);
   splitflow::ArbiterView view;
@@ -330,4 +373,13 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return demo(argc, argv);
+  } catch (const std::exception& e) {  // a missing directory, a failed job, Ctrl-C
+    std::fprintf(stderr, "consolidation: %s\n", e.what());
+    return g_interrupted.load() ? 130 : 1;
+  }
 }

@@ -15,15 +15,25 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 using namespace splitflow;
 
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DIR [EPOCHS]   (DIR: JPEG files, searched recursively)\n", argv[0]);
+int run_pipeline(int argc, char** argv) {
+  const auto usage = [&](std::FILE* to) {
+    std::fprintf(to, "usage: %s DIR [EPOCHS]   (DIR: JPEG files, searched recursively; EPOCHS: 1 or more)\n",
+                 argv[0]);
+  };
+  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    usage(stdout);
+    return 0;
+  }
+  char* end = nullptr;
+  const long epochs = argc > 2 ? std::strtol(argv[2], &end, 10) : 1;
+  if (argc < 2 || argc > 3 || (argc > 2 && (*end != '\0' || epochs < 1 || epochs > 100000))) {
+    usage(stderr);
     return 2;
   }
-  const int epochs = argc > 2 ? std::atoi(argv[2]) : 1;
   const image::FileList files = image::FileList::directory(argv[1]);
   const int rank = 0, world_size = 1;  // from your launcher in distributed training
   constexpr int kBatch = 64, kSize = 224;
@@ -70,4 +80,13 @@ int main(int argc, char** argv) {
     for (const std::string& e : st.autotune) std::printf("  autotune: %s\n", e.c_str());
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_pipeline(argc, argv);
+  } catch (const std::exception& e) {  // a missing directory, an unreadable file: say it, exit 1
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
+  }
 }

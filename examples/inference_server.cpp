@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
@@ -23,7 +24,16 @@ using inference::Model;
 using inference::Server;
 
 int main(int argc, char** argv) {
-  const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
+  // [SECONDS] of closed-loop clients (default 3): a positive number, at most an hour.
+  char* end = nullptr;
+  const double seconds = argc > 1 ? std::strtod(argv[1], &end) : 3.0;
+  if (argc > 2 || (argc > 1 && (end == argv[1] || *end != '\0' || !(seconds > 0 && seconds <= 3600)))) {
+    const bool help = argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0);
+    std::fprintf(help ? stdout : stderr,
+                 "usage: %s [SECONDS]   (of closed-loop clients, default 3; more than 0, at most 3600)\n",
+                 argv[0]);
+    return help ? 0 : 2;
+  }
   const Model models[] = {
       {"ranker", 1, 8, 500us, 300us, 20us},
       {"embedder", 0, 64, 5000us, 1000us, 30us},

@@ -43,9 +43,9 @@ struct Name {
   Name() {
     static int n = 0;
     value = "test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-    remove_arbiter(value);
+    remove_arbiter(value, /*force=*/true);
   }
-  ~Name() { remove_arbiter(value); }
+  ~Name() { remove_arbiter(value, /*force=*/true); }
 };
 
 /// The member program: the build tree's, else the one beside this test (a staged copy).
@@ -324,6 +324,60 @@ TEST(Arbiter, TheLeasesOfAKilledProcessAreReclaimed) {
   EXPECT_EQ(by_pid(v, b->pid())->state, "live");
 }
 
+// "splitflow-top --remove removes a segment no process uses any more": while a process uses
+// it, removal is refused, naming the process (removed, a newcomer made a new segment and
+// shared the device with it past the capacity: two bursts at once on a capacity of 1, a new
+// user's trial); once it left, or with force, the segment goes.
+TEST(Arbiter, ASegmentInUseIsNotRemovedUnlessForced) {
+  Name n;
+  auto a = script(n.value, 1);
+  ASSERT_EQ(a->line().rfind("ready", 0), 0u);
+  ASSERT_EQ(a->ask("acquire 0"), "granted");
+  try {
+    remove_arbiter(n.value);
+    ADD_FAILURE() << "removed under a live process";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("arbiter '" + n.value + "' was not removed: processes use "
+                                         "it: " + std::to_string(a->pid()) + " ("),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(read_arbiter(n.value).in_use, 1u) << "the segment is still there, its lease out";
+  // A second process joins the same segment and waits for the token: one capacity between them.
+  auto b = script(n.value, 1);
+  ASSERT_EQ(b->line().rfind("ready", 0), 0u);
+  ticket_of(b->ask("acquire 0"));
+  a->send("quit");
+  EXPECT_EQ(a->wait_exit(), 0);
+  EXPECT_EQ(b->line().rfind("delivered ", 0), 0u);
+  EXPECT_THROW(remove_arbiter(n.value), Error);  // b still uses it
+  EXPECT_TRUE(remove_arbiter(n.value, /*force=*/true));
+  EXPECT_FALSE(remove_arbiter(n.value)) << "there is none left";
+}
+
+// The meter reads, it does not reclaim: a process killed while no other member looks (no pump
+// of another process, no newcomer) shows as "dead", not "live" with its leases growing
+// (a new user's trial); the next process to join reclaims it.
+TEST(Arbiter, TheMeterShowsAKilledProcessAsDeadUntilItIsReclaimed) {
+  Name n;
+  auto a = script(n.value, 2);
+  ASSERT_EQ(a->line().rfind("ready", 0), 0u);
+  ASSERT_EQ(a->ask("acquire 0"), "granted");
+  ASSERT_EQ(a->ask("acquire 0"), "granted");
+  const int pid = a->pid();
+  a->kill9();
+  ArbiterView v = read_arbiter(n.value);
+  ASSERT_NE(by_pid(v, pid), nullptr);
+  EXPECT_EQ(by_pid(v, pid)->state, "dead");
+  EXPECT_EQ(by_pid(v, pid)->held, 2u);  // not yet taken back
+  EXPECT_TRUE(remove_arbiter(n.value)) << "no live process uses it: removed without force";
+  auto b = script(n.value, 2);  // a new segment
+  ASSERT_EQ(b->line().rfind("ready", 0), 0u);
+  v = read_arbiter(n.value);
+  EXPECT_EQ(by_pid(v, pid), nullptr);
+  EXPECT_EQ(by_pid(v, b->pid())->state, "live");
+}
+
 // A process killed while it holds the segment's lock (robust mutex): the next locker repairs
 // the state and goes on; the dead one's token is reclaimed.
 TEST(Arbiter, AProcessKilledHoldingTheLockDoesNotWedgeTheOthers) {
@@ -411,10 +465,22 @@ TEST(Arbiter, TheSegmentIsPrivateAndOptionsAreChecked) {
   auto b = script(n.value, 2);
   const std::string e = b->line();
   EXPECT_NE(e.find("its capacity is 3 bursts; this runtime asks for 2"), std::string::npos) << e;
+  EXPECT_EQ(e.find("no process uses it now"), std::string::npos) << e;  // a uses it
   auto c = script(n.value, 3, 1.5);
   EXPECT_NE(c->line().find("ArbiterConfig::share is 1.5"), std::string::npos);
   auto d = script("no/slash", 1);
   EXPECT_NE(d->line().find("is not a valid arbiter name"), std::string::npos);
+  // A segment left by earlier runs (every process gone) keeps its capacity: the refusal says
+  // how to remove it (it did not: a new user's trial).
+  ASSERT_EQ(a->ask("quit"), "bye");
+  EXPECT_EQ(a->wait_exit(), 0);
+  auto f = script(n.value, 4);
+  const std::string stale = f->line();
+  EXPECT_NE(stale.find("its capacity is 3 bursts; this runtime asks for 4 (ArbiterConfig::capacity: "
+                       "0 joins whatever it is); no process uses it now (left by an earlier run): "
+                       "`splitflow-top --remove " + n.value + "` removes it"),
+            std::string::npos)
+      << stale;
 }
 
 // "the meter's figures equal the sum of what each process reports": two training-style jobs as

@@ -410,14 +410,25 @@ Arbiter::Arbiter(const ArbiterConfig& config, std::size_t local_streams,
   try {
     SegLock lk(s);
     capacity_ = s.capacity;
-    if (config.capacity != 0 && config.capacity != capacity_)
-      refuse(config.name, fmt::format("its capacity is {} bursts; this runtime asks for {} "
-                                      "(ArbiterConfig::capacity: 0 joins whatever it is)",
-                                      capacity_, config.capacity));
-    cap_ = static_cast<std::size_t>(std::floor(config.share * static_cast<double>(capacity_)));
-    cap_ = std::clamp<std::size_t>(cap_, 1, std::min(capacity_, local_streams));
     const std::int64_t now = steady_now_ns();
     reclaim_dead_locked(now);
+    if (config.capacity != 0 && config.capacity != capacity_) {
+      // A segment no process uses any more (left by earlier runs) keeps its capacity until it
+      // is removed: say how.
+      const bool unused = std::none_of(std::begin(s.procs), std::end(s.procs),
+                                       [](const ProcSlot& p) { return p.state == kLive; });
+      refuse(config.name,
+             fmt::format("its capacity is {} bursts; this runtime asks for {} "
+                         "(ArbiterConfig::capacity: 0 joins whatever it is){}",
+                         capacity_, config.capacity,
+                         unused ? fmt::format("; no process uses it now (left by an earlier run): "
+                                              "`splitflow-top --remove {}` removes it, and the "
+                                              "next runtime makes it with its own capacity",
+                                              config.name)
+                                : std::string()));
+    }
+    cap_ = static_cast<std::size_t>(std::floor(config.share * static_cast<double>(capacity_)));
+    cap_ = std::clamp<std::size_t>(cap_, 1, std::min(capacity_, local_streams));
     // A free slot, else the one that ended longest ago.
     int best = -1;
     for (int i = 0; i < kMaxProcs; ++i) {
@@ -850,7 +861,10 @@ ArbiterView read_arbiter(const std::string& name) {
       ArbiterProcess a;
       a.pid = p.pid;
       a.label = std::string(p.label, strnlen(p.label, sizeof p.label));
-      a.state = p.state == kLive ? "live" : p.state == kExited ? "exited" : "reclaimed";
+      // A process that died is "dead" until a member reclaims its leases (its pump, or the
+      // next process to join): a reader does not write, and would show it live otherwise.
+      const bool dead = p.state == kLive && !alive(p.pid, p.start_time);
+      a.state = dead ? "dead" : p.state == kLive ? "live" : p.state == kExited ? "exited" : "reclaimed";
       a.cap = p.cap;
       a.held = p.state == kLive ? p.tokens() : 0;
       a.waiting = p.state == kLive ? p.waiting : 0;
@@ -882,8 +896,27 @@ ArbiterView read_arbiter(const std::string& name) {
   return v;
 }
 
-bool remove_arbiter(const std::string& name) {
+bool remove_arbiter(const std::string& name, bool force) {
   detail::check_arbiter_name(name);
+  if (!force && ::access(detail::shm_path(name).c_str(), F_OK) == 0) {
+    // Processes still using it would go on in a segment no newcomer sees: a newcomer would
+    // make a new one, and the two sets of processes would share the device without a bound.
+    std::string live;
+    try {
+      for (const ArbiterProcess& p : read_arbiter(name).processes)
+        if (p.state == "live") live += fmt::format("{}{} ({})", live.empty() ? "" : ", ", p.pid, p.label);
+    } catch (const Error& e) {
+      throw Error(fmt::format("splitflow: arbiter '{}' was not removed: it cannot be read ({}); "
+                              "remove it anyway with force (splitflow-top --remove {} --force)",
+                              name, e.what(), name));
+    }
+    if (!live.empty())
+      throw Error(fmt::format("splitflow: arbiter '{}' was not removed: processes use it: {}; "
+                              "removing it would let newcomers share the device past its "
+                              "capacity with them (stop them first, or force it: "
+                              "splitflow-top --remove {} --force)",
+                              name, live, name));
+  }
   return ::shm_unlink(detail::shm_name(name).c_str()) == 0;
 }
 

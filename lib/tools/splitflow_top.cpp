@@ -5,7 +5,8 @@
 //   splitflow-top --json [NAME..]  one JSON document: {"arbiters": [...]}
 //   splitflow-top --prometheus     one scrape in Prometheus text format (for a node exporter's
 //                                  textfile collector, or behind a tiny HTTP server)
-//   splitflow-top --remove NAME    removes a segment no process uses any more
+//   splitflow-top --remove NAME    removes a segment no process uses any more (refused,
+//                                  naming them, while processes use it; --force anyway)
 //
 // Per device: bursts at once (capacity), leases out and queued, time held (at least one lease
 // out) and the busy time the processes published. Per process: its cap, leases held and
@@ -27,7 +28,7 @@ namespace {
 void usage(std::FILE* to) {
   std::fputs(
       "usage: splitflow-top [--once | --interval SECONDS | --json | --prometheus] [NAME ...]\n"
-      "       splitflow-top --remove NAME\n"
+      "       splitflow-top --remove NAME [--force]\n"
       "Shows the splitflow processes sharing each device through an arbiter\n"
       "(DeviceConfig::arbiter): held, busy and waste per process, leases out and queued.\n",
       to);
@@ -52,8 +53,10 @@ double pct(std::int64_t part, std::int64_t whole) {
   return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
 }
 
-void print_table(const std::vector<splitflow::ArbiterView>& views) {
-  if (views.empty()) std::printf("no splitflow arbiter on this machine (/dev/shm/splitflow-arb-*)\n");
+void print_table(const std::vector<splitflow::ArbiterView>& views, bool named) {
+  // (Names asked for that cannot be read are the errors printed after the table.)
+  if (views.empty() && !named)
+    std::printf("no splitflow arbiter on this machine (/dev/shm/splitflow-arb-*)\n");
   for (const auto& v : views) {
     std::printf("arbiter %s  capacity %zu  in use %zu  waiting %zu  leases %llu  age %.1f s\n",
                 v.name.c_str(), v.capacity, v.in_use, v.waiting,
@@ -91,16 +94,26 @@ int main(int argc, char** argv) {
   enum class Mode { live, once, json, prometheus } mode = Mode::live;
   double interval = 1.0;
   std::vector<std::string> names;
+  bool force = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--force") == 0) force = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if ((a == "--interval" || a == "--remove") && i + 1 >= argc) {
+      std::fprintf(stderr, "splitflow-top: %s needs a value (%s)\n", a.c_str(),
+                   a == "--remove" ? "the arbiter's NAME" : "SECONDS");
+      usage(stderr);
+      return 2;
+    }
     if (a == "--once") mode = Mode::once;
     else if (a == "--json") mode = Mode::json;
     else if (a == "--prometheus") mode = Mode::prometheus;
-    else if (a == "--interval" && i + 1 < argc) interval = std::atof(argv[++i]);
-    else if (a == "--remove" && i + 1 < argc) {
+    else if (a == "--force") continue;
+    else if (a == "--interval") interval = std::atof(argv[++i]);
+    else if (a == "--remove") {
       const std::string n = argv[++i];
       try {
-        if (!splitflow::remove_arbiter(n)) {
+        if (!splitflow::remove_arbiter(n, force)) {
           std::fprintf(stderr, "splitflow-top: there is no arbiter '%s'\n", n.c_str());
           return 1;
         }
@@ -132,7 +145,7 @@ int main(int argc, char** argv) {
     else if (mode == Mode::prometheus) std::fputs(splitflow::arbiters_prometheus(views).c_str(), stdout);
     else {
       if (mode == Mode::live) std::fputs("\033[H\033[2J", stdout);
-      print_table(views);
+      print_table(views, !names.empty());
     }
     for (const auto& e : errors) std::fprintf(stderr, "splitflow-top: %s\n", e.c_str());
     std::fflush(stdout);

@@ -1034,9 +1034,17 @@ waiting at once.)doc")
                  else if (key == "share") a.share = py::cast<double>(v);
                  else if (key == "group") a.group = py::cast<std::string>(v);
                  else if (key == "label") a.label = py::cast<std::string>(v);
-                 else if (key == "liveness")
-                   a.liveness = std::chrono::milliseconds(
-                       static_cast<long>(py::cast<double>(v) * 1000.0 + 0.5));
+                 else if (key == "liveness") {
+                   // Seconds, whole milliseconds from 0.001 to an hour (below half a
+                   // millisecond it rounded to 0 and was refused in C++'s words; 1e300 was an
+                   // overflowing cast).
+                   const double sec = py::cast<double>(v);
+                   if (!(sec >= 0.001 && sec <= 3600))
+                     throw Error("splitflow.Runtime: arbiter liveness is " +
+                                 py::repr(py::float_(sec)).cast<std::string>() +
+                                 " seconds; it must be from 0.001 to 3600");
+                   a.liveness = std::chrono::milliseconds(std::llround(sec * 1000.0));
+                 }
                  else
                    throw Error("splitflow.Runtime: arbiter has no option '" + key +
                                "' (name, capacity, share, group, liveness, label)");
@@ -1207,8 +1215,9 @@ A job: stages joined by bounded queues. Python callables run with the GIL (they 
 it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_setup(collectable_graph))
       .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, std::size_t max_in_flight,
                        std::size_t capacity, bool trace, double autotune_window,
-                       bool autotune_queues) {
+                       bool autotune_queues, int priority) {
              GraphOptions o;
+             o.priority = priority;
              o.autotune_queues = autotune_queues;
              o.max_in_flight = max_in_flight;
              o.default_capacity = capacity;
@@ -1223,7 +1232,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
            }),
            py::arg("runtime"), py::arg("name") = "graph", py::arg("max_in_flight") = 256,
            py::arg("capacity") = 32, py::arg("trace") = false, py::arg("autotune_window") = 0.25,
-           py::arg("autotune_queues") = true)
+           py::arg("autotune_queues") = true, py::arg("priority") = 0)
       .def_property_readonly("name", [](const PyGraph& g) { return g.graph.name(); })
       .def("source", [](std::shared_ptr<PyGraph> g, std::string name, py::object iterable) {
         auto s = g->graph.source(name, PythonSource{g->hold(std::move(iterable)), {}});
@@ -1531,8 +1540,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         return all["arbiters"][py::int_(0)];
       }, py::arg("name"),
         "One arbiter's figures as a dict (as splitflow-top --json prints them).");
-  m.def("remove_arbiter", [](const std::string& name) { return remove_arbiter(name); },
-        py::arg("name"), "Removes a segment no process uses any more; False if there was none.");
+  m.def("remove_arbiter", [](const std::string& name, bool force) { return remove_arbiter(name, force); },
+        py::arg("name"), py::arg("force") = false,
+        "Removes a segment no process uses any more; False if there was none. Raises "
+        "splitflow.Error naming the processes that still use it (force=True removes it anyway).");
   m.def("host_cache_stats", [] {
     const HostCacheStats s = host_cache_stats();
     py::dict d;

@@ -126,7 +126,7 @@ def test_runtime_shares_its_device_through_an_arbiter():
     try:
         rt = sf.Runtime(threads=2, backend="host", arbiter={"name": name, "capacity": 1, "label": "py",
                                                                 "liveness": 0.02})
-        g = sf.Graph(rt, "g")
+        g = sf.Graph(rt, "g", priority=3)  # the C++ GraphOptions::priority
         out = g.pull_sink("out")
         g.indices("idx", list(range(40))) >> g.stage("fill", sf.ops.fill([64]), concurrency=0) \
             >> g.gpu_stage("model", sf.ops.busy_kernel(100)) >> out
@@ -142,10 +142,19 @@ def test_runtime_shares_its_device_through_an_arbiter():
             if graphs and graphs[0]["bursts"] == 40:
                 break
             time.sleep(0.01)
-        assert [(g["name"], g["bursts"]) for g in graphs] == [("g", 40)]
+        assert [(g["name"], g["bursts"], g["priority"]) for g in graphs] == [("g", 40, 3)]
         assert graphs[0]["held_ns"] >= graphs[0]["busy_ns"] > 0
         assert name in sf.list_arbiters()
         with pytest.raises(sf.Error, match="arbiter has no option 'size'"):
             sf.Runtime(backend="host", arbiter={"name": name, "size": 2})
+        # Seconds from a millisecond (0.0004 rounded to 0 and was refused in C++'s words).
+        for bad in (0.0004, 0, -1, 1e300, float("nan")):
+            with pytest.raises(sf.Error, match=r"arbiter liveness is .* seconds; it must be from "
+                                               r"0.001 to 3600"):
+                sf.Runtime(backend="host", arbiter={"name": name, "liveness": bad})
+        # In use by this process's runtime: not removed, named (force=True below removes it).
+        with pytest.raises(sf.Error, match=rf"arbiter '{name}' was not removed: processes use "
+                                           rf"it: {os.getpid()} \(py\)"):
+            sf.remove_arbiter(name)
     finally:
-        sf.remove_arbiter(name)
+        sf.remove_arbiter(name, force=True)  # (this process's runtime may still hold it)

@@ -31,7 +31,8 @@ struct ArbiterGraph {
 struct ArbiterProcess {
   int pid = 0;
   std::string label;
-  /// "live", "exited" (detached cleanly) or "reclaimed" (died; its leases were taken back).
+  /// "live", "exited" (detached cleanly), "dead" (died; its leases not yet taken back: the
+  /// next member to look reclaims them) or "reclaimed" (died; its leases were taken back).
   std::string state;
   std::size_t cap = 0;       ///< bursts it may hold at once (ArbiterConfig::share of capacity)
   std::size_t held = 0;      ///< bursts it holds now (granted, in use)
@@ -82,8 +83,10 @@ ArbiterView read_arbiter(const std::string& name);
 std::string arbiters_json(const std::vector<ArbiterView>& views);
 /// Prometheus text exposition (one scrape, every process of every arbiter).
 std::string arbiters_prometheus(const std::vector<ArbiterView>& views);
-/// Removes a segment (after every process has left; a live one is recreated by the next joiner).
+/// Removes a segment once no process uses it. Throws splitflow::Error, naming them, while live
+/// processes use it (removed, the next joiner would make a new segment and share the device
+/// with them past its capacity), or when it cannot be read; `force` removes it anyway.
 /// Returns false when there was none.
-bool remove_arbiter(const std::string& name);
+bool remove_arbiter(const std::string& name, bool force = false);
 
 }  // namespace splitflow
