@@ -229,15 +229,41 @@ Row processes(const char* data_dir, splitflow::ArbiterView& view) {
       }
     }
   } remove_segment{name};
-  struct sigaction sa {};
-  sa.sa_handler = on_interrupt;
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  // Ctrl-C reaches the jobs too (one process group); SIGTERM to this process is passed on.
+  // The previous handlers come back when this returns.
+  struct Handlers {
+    struct sigaction old_int {}, old_term {};
+    Handlers() {
+      struct sigaction sa {};
+      sa.sa_handler = on_interrupt;
+      ::sigaction(SIGINT, &sa, &old_int);
+      ::sigaction(SIGTERM, &sa, &old_term);
+    }
+    ~Handlers() {
+      ::sigaction(SIGINT, &old_int, nullptr);
+      ::sigaction(SIGTERM, &old_term, nullptr);
+    }
+  } handlers;
   struct Child {
     pid_t pid;
     int out;
   };
   std::vector<Child> kids;
+  // Jobs started before a later start failed are stopped and reaped before the segment goes
+  // (destroyed last: declared after remove_segment).
+  struct Reap {
+    std::vector<Child>* kids;
+    bool armed = true;
+    ~Reap() {
+      if (!armed) return;
+      for (const Child& c : *kids) {
+        ::kill(c.pid, SIGTERM);
+        ::close(c.out);
+        while (::waitpid(c.pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+      }
+    }
+  } reap{&kids};
   const auto t0 = std::chrono::steady_clock::now();
   for (int k = 0; k < kJobs; ++k) {
     int p[2];
@@ -257,13 +283,23 @@ Row processes(const char* data_dir, splitflow::ArbiterView& view) {
     ::close(p[1]);
     kids.push_back({pid, p[0]});
   }
+  reap.armed = false;  // every job started: the loop below waits for each
   std::printf("  processes: %d job processes started, sharing arbiter '%s'\n", kJobs, name.c_str());
   int failed = 0;
   for (auto& c : kids) {  // every job to its end (a failed one does not orphan the others)
+    if (g_interrupted.load()) ::kill(c.pid, SIGTERM);  // (a SIGTERM sent to this process only)
     std::string out;
     char b[256];
-    for (ssize_t n; (n = ::read(c.out, b, sizeof b)) > 0 || (n < 0 && errno == EINTR);)
-      if (n > 0) out.append(b, static_cast<std::size_t>(n));
+    for (;;) {
+      const ssize_t n = ::read(c.out, b, sizeof b);
+      if (n > 0) {
+        out.append(b, static_cast<std::size_t>(n));
+      } else if (n < 0 && errno == EINTR) {
+        if (g_interrupted.load()) ::kill(c.pid, SIGTERM);
+      } else {
+        break;
+      }
+    }
     ::close(c.out);
     int st = 0;
     while (::waitpid(c.pid, &st, 0) < 0 && errno == EINTR) {

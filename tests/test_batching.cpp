@@ -356,6 +356,7 @@ TEST(DynamicBatch, EachRequestCountsItsBatchingWait) {
   const StageStats* gather = st.find("gather");
   ASSERT_EQ(gather->latency.count(), 3u);
   EXPECT_GE(gather->latency.min(), static_cast<std::uint64_t>(in_batcher));
+  EXPECT_GE(gather->latency.max(), s.batching.max());  // from the same arrival, to a later end
   ASSERT_EQ(s.batching.count(), 3u);
   EXPECT_GE(s.batching.min(), static_cast<std::uint64_t>(in_batcher));
   EXPECT_GT(s.batching.min(), 0u);

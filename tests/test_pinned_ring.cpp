@@ -336,6 +336,32 @@ TEST(PinnedRing, AHeapTensorTooLargeForTheRingIsItsProducersItemUnderItsPolicy) 
   }
 }
 
+// The same from an async stage answering with a heap tensor: its answer too large for the
+// ring is its failing item, skipped under its OnError (it failed the run at delivery).
+TEST(PinnedRing, AnAsyncStagesAnswerTooLargeForTheRingIsSkippedUnderItsPolicy) {
+  Runtime rt(host_device(2, 2));
+  Graph g(rt, "big-async");
+  auto src = g.source("n", std::vector<long>{0, 1, 2, 3});
+  auto mk = g.async_stage<long, HostTensor>("mk", [](long i, Completion<HostTensor> c) {
+    c.done(HostTensor::empty(DType::u8, {i == 1 ? 20000 : 1000 + i}));  // answered at once
+  }, {.on_error = OnError::skip});
+  GpuStageOptions o;
+  o.ring_bytes = 64 << 10;
+  o.ring_item_bytes = 8 << 10;
+  auto gs = g.gpu_stage("gs", [](DeviceTensor t, DeviceContext&) { return static_cast<long>(t.nbytes()); }, o);
+  std::vector<long> got;
+  src >> mk >> gs >> g.sink("s", [&](long x) { got.push_back(x); });
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(got, (std::vector<long>{1000, 1002, 1003}));
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("mk")->items_skipped, 1u);
+  ASSERT_EQ(st.find("mk")->errors.size(), 1u);
+  EXPECT_NE(st.find("mk")->errors[0].message.find("stage 'mk' item 1: its output (19.5 KiB of u8)"),
+            std::string::npos)
+      << st.find("mk")->errors[0].message;
+}
+
 // What the ring refuses at delivery from a producer without an OnError of its own (a source;
 // a stage feeding the GPU stage and another consumer) fails the run naming that producer, not
 // the GPU stage (it said "stage 'gs' failed on item 2: ... stage 'gs' item 2: its output").

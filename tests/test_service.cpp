@@ -632,9 +632,19 @@ TEST(Service, ARequestAdmittedAsTheRunEndsIsFailedOnceNeverAlsoRefused) {
         threw = true;
       }
     });
+    bool reached = false;
     {
-      std::unique_lock lk(mu);
-      cv.wait(lk, [&] { return admitted; });
+      std::unique_lock lk(mu);  // (the deadline bounds a hang: a submit that moves the request
+                                // fewer times than the hook expects would never reach it)
+      reached = cv.wait_for(lk, 60s, [&] { return admitted; });
+      if (!reached) {
+        go = true;
+        cv.notify_all();
+      }
+    }
+    if (!reached) {
+      submitter.join();
+      FAIL() << "the hook never fired: Service::submit's moves changed";
     }
     run.cancel();
     EXPECT_EQ(run.wait(), RunStatus::cancelled);  // the run ended: its requests failed

@@ -94,12 +94,20 @@ int main(int argc, char** argv) {
   enum class Mode { live, once, json, prometheus } mode = Mode::live;
   double interval = 1.0;
   std::vector<std::string> names;
-  bool force = false;
-  for (int i = 1; i < argc; ++i)
+  bool force = false, remove = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--force") == 0) force = true;
+    if (std::strcmp(argv[i], "--remove") == 0) remove = true;
+  }
+  if (force && !remove) {
+    std::fprintf(stderr, "splitflow-top: --force goes with --remove NAME\n");
+    usage(stderr);
+    return 2;
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--interval" || a == "--remove") && i + 1 >= argc) {
+    if ((a == "--interval" || a == "--remove") &&
+        (i + 1 >= argc || (argv[i + 1][0] == '-' && a == "--remove"))) {
       std::fprintf(stderr, "splitflow-top: %s needs a value (%s)\n", a.c_str(),
                    a == "--remove" ? "the arbiter's NAME" : "SECONDS");
       usage(stderr);

@@ -47,8 +47,9 @@ What is guaranteed:
   the skips and the stages' order;
 - otherwise the dataset counts samples (an item made by ``g.batch`` holds as many as its
   leading dimension; with workers: the loader's batches, each worker's in turn): exact when the
-  graph keeps the order and skips nothing (with ``remote=``, the samples counted are matched to
-  the dataset indices the remote pass yielded, so its remote skips stay exact too). Each sample
+  graph keeps the order and skips nothing (with ``remote=``, which iterates with num_workers=0,
+  the samples counted are matched to the dataset indices the remote pass yielded, so its
+  remote skips stay exact too; not through ``track(loader)`` or ``batches_seen=``). Each sample
   skipped before the save point then makes
   one sample already taken come again after the resume (none is lost while the graph keeps the
   order), and a stage out of order can repeat or lose samples of its window around the save

@@ -546,11 +546,16 @@ protocol) and ``torch.from_dlpack(t)`` (DLPack). The memory lives while any view
       // Indexing and iteration as a numpy array's, through the same zero-copy view: code
       // written for a collated list or array (`[x for x in batch]`, `batch[0]`) works on a
       // collated batch (it raised TypeError: len() but no indexing, a new user's trial).
+      // (A tensor numpy cannot view, CUDA or bfloat16, raises its reason first: numpy drops a
+      // refused buffer and, the type having __len__ and __getitem__, would read it as a
+      // sequence, calling these again without end.)
       .def("__getitem__", [](py::object self, py::object key) {
+        if (const char* why = buffer_refusal(self.cast<const PyTensor&>())) { PyErr_SetString(PyExc_BufferError, why); throw py::error_already_set(); }
         py::object view = py::module_::import("numpy").attr("asarray")(self);
         return view.attr("__getitem__")(key);
       }, "t[key]: numpy.asarray(t)[key] (host memory only; a view where numpy gives one).")
       .def("__iter__", [](py::object self) {
+        if (const char* why = buffer_refusal(self.cast<const PyTensor&>())) { PyErr_SetString(PyExc_BufferError, why); throw py::error_already_set(); }
         return py::iter(py::module_::import("numpy").attr("asarray")(self));
       }, "Iterates over the first dimension, as a numpy array does (host memory only).")
       .def("numpy", [](py::object self) { return py::module_::import("numpy").attr("asarray")(self); },

@@ -99,6 +99,15 @@ def test_numpy_and_torch_views_share_memory(rt):
     assert [row.tolist() for row in t] == n.tolist()
     t[3][3] = 5
     assert n[3, 3] == 5, "a row of t is a view"
+    # A tensor numpy cannot view (bfloat16 here; CUDA alike) says why, instead of numpy reading
+    # it as a sequence through __getitem__ / __iter__ without end.
+    g2 = sf.Graph(rt, "bf16")
+    out2 = g2.pull_sink("out")
+    g2.indices("idx", [1]) >> g2.stage("fill", sf.ops.fill([4, 4], "bfloat16")) >> out2
+    (b,) = list(g2.iterate(out2))
+    for read in (lambda: b[0], lambda: list(b), lambda: np.asarray(b)):
+        with pytest.raises(BufferError, match="bfloat16 has no buffer format"):
+            read()
 
 
 # "The memory stays valid while any Python object refers to it; a test holds views after the

@@ -19,6 +19,7 @@
 // failing stage, the graph destroyed).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -275,6 +276,9 @@ class PushSourceNode;
 template <class In>
 struct SourceLink {
   std::shared_mutex mu;
+  // Set before the node takes `mu` to go: submits that come after do not take it shared (with
+  // a reader-preferring lock, clients retrying in a loop could keep the node from going).
+  std::atomic<bool> going{false};
   PushSourceNode<In>* node = nullptr;  // null once the graph is destroyed
   std::string graph, name;             // for errors naming them after that
 };
@@ -292,6 +296,7 @@ class PushSourceNode final : public Emitter<In> {
     link_->name = this->name();
   }
   ~PushSourceNode() override {
+    link_->going.store(true);
     std::unique_lock lk(link_->mu);  // waits for submits pushing now
     link_->node = nullptr;
   }
@@ -449,7 +454,9 @@ class Service {
 
   /// Submits a request from any thread; its result arrives through the future. Waits or
   /// throws OverloadedError when max_pending requests are pending (ServiceOptions). Throws
-  /// GraphError when the graph is not running or the service was closed.
+  /// GraphError when the graph is not running (or destroyed) or the service was closed; a
+  /// request admitted as the run ends is not refused but failed by the run's end: the future
+  /// returned has that error.
   std::future<Out> submit(In value) { return submit(std::move(value), std::nullopt); }
   /// With a deadline: if it passes before a GPU stage takes the request, the request is
   /// dropped unprocessed and its future gets DeadlineError.
@@ -473,6 +480,7 @@ class Service {
   /// No more requests this run: the run ends once every admitted request is answered.
   /// (Nothing to do once the graph is destroyed.)
   void close() {
+    if (link_->going.load()) return;
     std::shared_lock lk(link_->mu);
     if (link_->node) link_->node->close();
   }
@@ -483,6 +491,7 @@ class Service {
   // False when the request was not taken: the graph is not running, the service was closed,
   // or the graph was destroyed.
   bool push(In&& value, std::uint64_t id) {
+    if (link_->going.load()) return false;
     std::shared_lock lk(link_->mu);
     return link_->node && link_->node->push(std::move(value), id);
   }
@@ -494,11 +503,7 @@ class Service {
     return *link_->node;
   }
   GraphError not_accepting() const {
-    bool gone = false;
-    {
-      std::shared_lock lk(link_->mu);
-      gone = link_->node == nullptr;
-    }
+    const bool gone = link_->going.load();
     return GraphError("splitflow: service '" + link_->name + "' of graph '" + link_->graph +
                       (gone ? "' is not accepting requests: its graph was destroyed (a Service "
                               "may outlive its Graph, but takes no request after it)"

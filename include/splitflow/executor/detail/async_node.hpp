@@ -273,6 +273,18 @@ class AsyncStageNode final : public Emitter<Out> {
         told_wait_.store(true, std::memory_order_relaxed);
       }
     }
+    if constexpr (std::is_same_v<Out, HostTensor>) {
+      // An answer the pinned ring after this stage would refuse (too large, not contiguous)
+      // is this stage's failing item, under its OnError, as a stage body's is (StageNode).
+      if (!inv->error && inv->out)
+        if (PinnedRing* ring = this->output_ring()) {
+          try {
+            check_ring_item(*ring, *inv->out, this->name(), inv->seq);
+          } catch (...) {
+            inv->error = std::current_exception();
+          }
+        }
+    }
     if (inv->error) {
       std::optional<Out> replacement;
       inv->out.reset();
