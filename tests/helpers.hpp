@@ -14,12 +14,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <future>
 #include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <splitflow/splitflow.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -183,6 +185,29 @@ inline void expect_returned(const splitflow::Runtime& rt,
 }
 inline void expect_returned(const splitflow::Runtime& rt, const splitflow::RunStats& st) {
   expect_returned(rt, std::vector<splitflow::RunStats>{st});
+}
+
+/// Whether the request behind `f` failed with an `E` whose message is `what` (or contains it,
+/// with `Match::contains`); another type of error propagates (the test fails with it). The
+/// error is kept in `held` until the caller's run has ended: libstdc++ (not built with TSan)
+/// counts an exception's references with atomics TSan cannot see, so the stage's thread
+/// dropping the last one after the test read its message would be reported as a race (a false
+/// positive). Held, the last reference is the test's.
+enum class Match { exactly, contains };
+template <class E, class T>
+::testing::AssertionResult fails_with(std::future<T>& f, std::string_view what,
+                                      std::vector<std::exception_ptr>& held,
+                                      Match match = Match::exactly) {
+  try {
+    f.get();
+    return ::testing::AssertionFailure() << "it was answered";
+  } catch (const E& e) {
+    held.push_back(std::current_exception());
+    const std::string_view got = e.what();
+    if (match == Match::exactly ? got == what : got.find(what) != std::string_view::npos)
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "it failed with \"" << got << "\", not \"" << what << "\"";
+  }
 }
 
 }  // namespace testing_helpers

@@ -1224,9 +1224,12 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
              o.trace = trace;
              // Seconds, from a millisecond to an hour (the C++ kMaxAutotuneWindow): 1e300 was
              // cast to an integer (undefined behaviour: a 1 ms window here).
-             if (!(autotune_window >= 0.001 && autotune_window <= 3600))
+             constexpr double kMaxWindowSeconds =
+                 std::chrono::duration<double>(kMaxAutotuneWindow).count();
+             if (!(autotune_window >= 0.001 && autotune_window <= kMaxWindowSeconds))
                throw GraphError("splitflow.Graph '" + name + "': autotune_window must be positive "
-                                "seconds, from 0.001 to 3600 (got " + py::repr(py::float_(autotune_window)).cast<std::string>() + ")");
+                                "seconds, from 0.001 to " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kMaxAutotuneWindow).count()) +
+                                " (got " + py::repr(py::float_(autotune_window)).cast<std::string>() + ")");
              o.autotune_window = std::chrono::milliseconds(std::llround(autotune_window * 1000));
              return make_released(std::make_unique<PyGraph>(std::move(rt), std::move(name), o));
            }),

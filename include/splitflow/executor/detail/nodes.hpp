@@ -152,37 +152,36 @@ concept CarriesIds = requires(const T& t) {
   { t.ids } -> std::convertible_to<const std::vector<std::uint64_t>&>;
 };
 
+/// The ids `item` carries when it holds several items: a batch's (`Batch<T>::ids`), or what an
+/// item type that may hold a batch (a type-erased one: the Python module's Value) says through
+/// an `item_ids(item)` found by argument-dependent lookup; null otherwise.
+template <class T>
+const std::vector<std::uint64_t>* carried_ids(const T& item) {
+  if constexpr (CarriesIds<T>) {
+    return &item.ids;
+  } else if constexpr (requires { { item_ids(item) } -> std::convertible_to<const std::vector<std::uint64_t>*>; }) {
+    return item_ids(item);
+  } else {
+    (void)item;
+    return nullptr;
+  }
+}
+
 /// The ids an error on `item` must reach besides its own number: a batch's items, when a
 /// service follows the requests (whatever the stage's OnError: under fail, every request of
 /// the failing batch gets the error, the others the run's end). Read before the body.
 template <class In>
 std::vector<std::uint64_t> ids_for_errors(const NodeBase& node, const In& item) {
-  if constexpr (CarriesIds<In>) {
-    if (node.graph().tracker()) return item.ids;
-  } else if constexpr (requires { { item_ids(item) } -> std::convertible_to<const std::vector<std::uint64_t>*>; }) {
-    // An item type that may hold a batch (a type-erased one: the Python module's Value)
-    // says so through an item_ids(item) found by argument-dependent lookup.
-    if (node.graph().tracker())
-      if (const std::vector<std::uint64_t>* ids = item_ids(item)) return *ids;
-  }
-  (void)node;
-  (void)item;
-  return {};
+  if (!node.graph().tracker()) return {};
+  const std::vector<std::uint64_t>* ids = carried_ids(item);
+  return ids ? *ids : std::vector<std::uint64_t>{};
 }
 
 /// Whether `item` carries exactly `ids` (a batch's substitute answering that batch's requests).
 template <class T>
 bool carries_ids(const T& item, const std::vector<std::uint64_t>& ids) {
-  if constexpr (CarriesIds<T>) {
-    return item.ids == ids;
-  } else if constexpr (requires { { item_ids(item) } -> std::convertible_to<const std::vector<std::uint64_t>*>; }) {
-    const std::vector<std::uint64_t>* mine = item_ids(item);
-    return mine && *mine == ids;
-  } else {
-    (void)item;
-    (void)ids;
-    return false;
-  }
+  const std::vector<std::uint64_t>* mine = carried_ids(item);
+  return mine && *mine == ids;
 }
 
 /// Thrown by a body wrapper under OnError::substitute to emit `value` in place of the stage's
