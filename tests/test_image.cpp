@@ -843,6 +843,19 @@ TEST(ImageDecode, ScaledDecodeIsChosenByTheShrinkAndStaysCloseToFullDecode) {
   EXPECT_EQ(image::decode_denominator(large, 2000, 4000, {0, 0, 1800, 1800}), 8);  // 8 MP
   const image::AugmentSpec never{.size = 224, .scaled_decode = SD::never};
   EXPECT_EQ(image::decode_denominator(never, 3000, 4000, {0, 0, 1800, 1800}), 1);
+  // Without antialias the crop is the plain bilinear of the full decode (its docs): a large
+  // photo decodes in full (it was decoded at 1/8 and antialiased, antialias=false ignored),
+  // and 'always' is refused when the op is built.
+  const image::AugmentSpec plain{.size = 224, .antialias = false};
+  EXPECT_EQ(image::decode_denominator(plain, 3000, 4000, {0, 0, 1800, 1800}), 1);
+  try {
+    image::DecodeRandomResizedCrop op({.size = 224, .antialias = false, .scaled_decode = SD::always});
+    ADD_FAILURE() << "scaled decode 'always' taken with antialias off";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DecodeRandomResizedCrop: scaled decode 'always' with "
+                                         "antialias off"),
+              std::string::npos) << e.what();
+  }
 
   // A photo-like image (smooth shading, edges, grain), 4:2:0.
   const int h = 1200, w = 1600;

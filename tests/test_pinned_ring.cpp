@@ -389,3 +389,61 @@ TEST(PinnedRing, AnItemTooLargeForTheRingFromASourceFailsTheRunNamingTheSource) 
         << e.what();
   }
 }
+
+// A GPU stage's heap output too large for its output ring (copied there as it goes out) is
+// the stage's failing item under its OnError, named as the output ring's: skipped, the other
+// items go through; substituted, the substitute goes out as it is; under fail, the run's error
+// names it. Every budget and byte comes back. Before, it failed the run whatever the policy,
+// calling the output ring "the pinned ring into 'gs'" and saying to raise ring_item_bytes.
+TEST(PinnedRing, AGpuStagesOutputTooLargeForItsOutputRingIsItsItemUnderItsPolicy) {
+  Runtime rt(host_device(2, 2));
+  const std::string named =
+      "stage 'gs' item 2: its output (19.5 KiB of u8) exceeds the item size of the pinned output "
+      "ring of 'gs' (8.0 KiB); raise GpuStageOptions::out_ring_item_bytes";
+  for (const OnError policy : {OnError::skip, OnError::substitute, OnError::fail}) {
+    SCOPED_TRACE(static_cast<int>(policy));
+    Graph g(rt, "big-out");
+    auto src = g.source("n", std::vector<long>{0, 1, 2, 3, 4, 5});
+    GpuStageOptions o;
+    o.out_ring_bytes = 64 << 10;
+    o.out_ring_item_bytes = 8 << 10;
+    o.on_error = policy;
+    auto gs = g.gpu_stage("gs", [](long i, DeviceContext&) {  // a heap tensor: staged
+      return HostTensor::empty(DType::u8, {i == 2 ? 20000 : 1000 + i});
+    }, o);
+    if (policy == OnError::substitute) gs.substitute_on_error(HostTensor::empty(DType::u8, {7}));
+    std::vector<std::int64_t> got;
+    std::vector<bool> pinned;
+    src >> gs >> g.sink("s", [&](HostTensor t) {
+      got.push_back(t.numel());
+      pinned.push_back(t.memory() == Memory::pinned);
+    });
+    if (policy == OnError::fail) {
+      try {
+        g.run().wait();
+        ADD_FAILURE() << "a 19.5 KiB output went into a ring of 8 KiB items";
+      } catch (const StageError& e) {
+        EXPECT_NE(std::string(e.what()).find("stage 'gs' failed on item 2: splitflow: " + named),
+                  std::string::npos) << e.what();
+      }
+      continue;
+    }
+    auto run = g.run();
+    ASSERT_EQ(run.wait(), RunStatus::succeeded);
+    const RunStats st = run.stats();
+    const StageStats& s = *st.find("gs");
+    ASSERT_EQ(s.errors.size(), 1u);
+    EXPECT_EQ(s.errors[0].item, 2u);
+    EXPECT_NE(s.errors[0].message.find(named), std::string::npos) << s.errors[0].message;
+    if (policy == OnError::skip) {
+      EXPECT_EQ(got, (std::vector<std::int64_t>{1000, 1001, 1003, 1004, 1005}));
+      EXPECT_EQ(pinned, std::vector<bool>(5, true));
+      EXPECT_EQ(s.items_skipped, 1u);
+    } else {
+      EXPECT_EQ(got, (std::vector<std::int64_t>{1000, 1001, 7, 1003, 1004, 1005}));
+      EXPECT_EQ(pinned, (std::vector<bool>{true, true, false, true, true, true}));
+      EXPECT_EQ(s.items_substituted, 1u);
+    }
+    expect_returned(rt, st);
+  }
+}

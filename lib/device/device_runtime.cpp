@@ -726,16 +726,18 @@ std::size_t round_up(std::size_t n) { return (n + kRingAlign - 1) / kRingAlign *
 }  // namespace
 
 PinnedRing::PinnedRing(std::shared_ptr<DeviceRuntime> dev, std::string owner, std::size_t bytes,
-                       std::size_t item_bytes)
+                       std::size_t item_bytes, Side side)
     : dev_(std::move(dev)),
       owner_(std::move(owner)),
+      side_(side),
       capacity_(round_up(bytes)),
       item_bytes_(round_up(item_bytes)) {
   if (item_bytes_ == 0 || capacity_ < 2 * item_bytes_)
     throw GraphError(fmt::format(
-        "splitflow: stage '{}': its pinned ring needs at least twice its item size ({} ring, {} "
-        "per item)",
-        owner_, mib(capacity_), mib(item_bytes_)));
+        "splitflow: stage '{}': its pinned {}ring needs at least twice its item size ({} ring, {} "
+        "per item{})",
+        owner_, side_ == Side::output ? "output " : "", mib(capacity_), mib(item_bytes_),
+        side_ == Side::output ? ": GpuStageOptions::out_ring_bytes and out_ring_item_bytes" : ""));
   dev_->pinned_bytes().take(capacity_, owner_, 0);
   try {
     base_ = static_cast<unsigned char*>(dev_->backend().pinned_alloc(capacity_));
@@ -855,28 +857,36 @@ std::size_t PinnedRing::alloc_offset_locked(std::size_t size) {
 }
 
 namespace {
+// "the pinned ring into 'gs'" or "the pinned output ring of 'gs'".
+std::string ring_words(PinnedRing::Side side, const std::string& owner) {
+  return side == PinnedRing::Side::output ? fmt::format("the pinned output ring of '{}'", owner)
+                                          : fmt::format("the pinned ring into '{}'", owner);
+}
+
 [[noreturn]] void throw_over_item_size(const std::string& stage, std::uint64_t item, std::size_t n,
-                                       DType dtype, const std::string& owner, std::size_t item_bytes) {
+                                       DType dtype, const std::string& owner, std::size_t item_bytes,
+                                       PinnedRing::Side side) {
   throw Error(fmt::format(
-      "splitflow: stage '{}' item {}: its output ({} of {}) exceeds the item size of the pinned "
-      "ring into '{}' ({}); raise GpuStageOptions::ring_item_bytes",
-      stage, item, mib(n), to_string(dtype), owner, mib(item_bytes)));
+      "splitflow: stage '{}' item {}: its output ({} of {}) exceeds the item size of {} ({}); "
+      "raise GpuStageOptions::{}",
+      stage, item, mib(n), to_string(dtype), ring_words(side, owner), mib(item_bytes),
+      side == PinnedRing::Side::output ? "out_ring_item_bytes" : "ring_item_bytes"));
 }
 }  // namespace
 
 void PinnedRing::check_item(const HostTensor& t, const std::string& stage, std::uint64_t item) const {
   if (!t.contiguous())
     throw Error(fmt::format(
-        "splitflow: stage '{}' item {}: a non-contiguous host tensor cannot go through the "
-        "pinned ring into '{}'",
-        stage, item, owner_));
-  if (t.nbytes() > item_bytes_) throw_over_item_size(stage, item, t.nbytes(), t.dtype(), owner_, item_bytes_);
+        "splitflow: stage '{}' item {}: a non-contiguous host tensor cannot go through {}",
+        stage, item, ring_words(side_, owner_)));
+  if (t.nbytes() > item_bytes_)
+    throw_over_item_size(stage, item, t.nbytes(), t.dtype(), owner_, item_bytes_, side_);
 }
 
 HostTensor PinnedRing::allocate(DType dtype, std::vector<std::int64_t> shape,
                                 const std::string& stage, std::uint64_t item) {
   const std::size_t n = bytes_of(dtype, shape);
-  if (n > item_bytes_) throw_over_item_size(stage, item, n, dtype, owner_, item_bytes_);
+  if (n > item_bytes_) throw_over_item_size(stage, item, n, dtype, owner_, item_bytes_, side_);
   Block* b;
   {
     std::lock_guard lk(mu_);

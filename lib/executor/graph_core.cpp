@@ -844,7 +844,21 @@ void GraphCore::complete() noexcept {
   run->publish(status, std::move(st));
 }
 
+namespace {
+thread_local std::uint64_t t_current_item = CurrentItem::kNone;
+}  // namespace
+
+std::uint64_t CurrentItem::exchange(std::uint64_t seq) noexcept {
+  return std::exchange(t_current_item, seq);
+}
+
 }  // namespace detail
+
+std::optional<std::uint64_t> current_item() noexcept {
+  const std::uint64_t seq = detail::t_current_item;
+  if (seq == detail::CurrentItem::kNone) return std::nullopt;
+  return seq;
+}
 
 Graph::Graph(Runtime& runtime, std::string name, GraphOptions options)
     : core_(std::make_unique<detail::GraphCore>(runtime.core(), std::move(name), options)) {}

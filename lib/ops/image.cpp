@@ -557,7 +557,9 @@ Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color co
 
 int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept {
   using S = AugmentSpec::ScaledDecode;
-  if (spec.scaled_decode == S::never) return 1;
+  // The reduced DCT scale is a filtered shrink: under antialias = false (the plain bilinear of
+  // the full decode) nothing is decoded scaled (validate() refuses always with it).
+  if (spec.scaled_decode == S::never || !spec.antialias) return 1;
   if (spec.scaled_decode == S::large_photos &&
       std::int64_t{height} * width < kScaledDecodeMinPixels)
     return 1;
@@ -1073,6 +1075,10 @@ void validate(const AugmentSpec& s, const char* op) {
   range("ratio", s.ratio_min, s.ratio_max);
   if (!(s.flip_probability >= 0 && s.flip_probability <= 1))
     bad(fmt::format("flip probability {} must be in [0, 1]", s.flip_probability));
+  if (s.scaled_decode == AugmentSpec::ScaledDecode::always && !s.antialias)
+    bad("scaled decode 'always' with antialias off: the reduced DCT scale is itself a filtered "
+        "shrink, so the crop cannot be the plain bilinear's; keep antialias on, or use 'never' "
+        "(or 'large_photos', which then decodes in full)");
 }
 
 void validate_size(int height, int width, const char* op) {

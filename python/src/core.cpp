@@ -365,6 +365,9 @@ struct CpuOp {
   std::string name;
   std::function<Value(Value)> fn;
   std::function<Value(Value, DeviceContext&)> gpu = {};  // empty: CPU only
+  // An image op, whose item's index matters (random_resized_crop's randomness): with field=,
+  // a plain array in the field reaches it as an image carrying the sample's "index" (on_field).
+  bool indexed = false;
 };
 
 /// The stage's order: `order` ("in_order" / "out_of_order", C++'s names) when given, else the
@@ -740,9 +743,13 @@ DeviceValue device_input(Value&& v, DeviceContext& ctx, const char* what) {
   return DeviceValue{ctx.to_device(h), ctx.backend() == BackendKind::cuda};
 }
 
+// An image op's input: an Image (from read_file, decode_jpeg or a sample's field with its
+// "index": on_field) keeps its index; a plain array carries none, so the item's number in the
+// run stands in for it (random_resized_crop's randomness: it was 0 for every item, the same box
+// and flip for all).
 image::Image image_input(Value&& v, const char* what) {
   if (auto* im = std::get_if<image::Image>(&v)) return std::move(*im);
-  return image::Image{0, "", as_host(v, what)};
+  return image::Image{current_item().value_or(0), "", as_host(v, what)};
 }
 
 void bind_image_ops(py::module_& mops) {
@@ -788,7 +795,7 @@ void bind_image_ops(py::module_& mops) {
       image::Image in = image_input(std::move(v), "ops.decode_jpeg");
       return image::decode({in.index, std::move(in.path), std::move(in.pixels)},
                            gray ? image::Color::gray : image::Color::rgb);
-    }};
+    }, {}, true};
   }, py::arg("gray") = false,
   "CPU op: JPEG bytes -> uint8 HWC pixels (libjpeg-turbo). Corrupt or truncated data raises, "
   "naming the file; use the stage's on_error='skip' to drop such files.");
@@ -800,7 +807,7 @@ void bind_image_ops(py::module_& mops) {
         {size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
     return CpuOp{"random_resized_crop", [op](Value v) -> Value {
       return op(image_input(std::move(v), "ops.random_resized_crop"));
-    }};
+    }, {}, true};
   }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
@@ -832,7 +839,7 @@ void bind_image_ops(py::module_& mops) {
     return CpuOp{"decode_random_resized_crop", [op](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.decode_random_resized_crop");
       return op({in.index, std::move(in.path), std::move(in.pixels)});
-    }};
+    }, {}, true};
   }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
@@ -850,7 +857,7 @@ void bind_image_ops(py::module_& mops) {
       image::Image in = image_input(std::move(v), "ops.resize");
       in.pixels = image::resize(in.pixels, height, width, {}, antialias);
       return in;
-    }};
+    }, {}, true};
   }, py::arg("height"), py::arg("width"), py::arg("antialias") = true,
   "CPU op: bilinear resize of uint8 HWC pixels. antialias=True (the default): when shrinking, "
   "PIL's resize(BILINEAR) (a triangle filter as wide as the scale factor; within 1 of PIL at "
@@ -858,21 +865,34 @@ void bind_image_ops(py::module_& mops) {
   "(two neighbours per side; aliases when shrinking).");
 }
 
+// A dict sample's "index" field, when it holds an integer: the data set index of its image.
+std::optional<std::int64_t> sample_index(const Sample& s) {
+  if (s.kind != Sample::Kind::dict) return std::nullopt;
+  for (std::size_t i = 0; i < s.keys.size(); ++i)
+    if (s.keys[i] == "index") return as_index(s.fields[i]);
+  return std::nullopt;
+}
+
 // `body` (Value(Value) or Value(Value, DeviceContext&)) on one field of each sample (`field`: a
 // dict's key or a tuple's index); the other fields pass through untouched. `method`, `name`:
 // the stage's, for errors. `substitute` (the stage's substitute=): when the body raises, the
 // sample goes on with that field replaced by it (the node emits it: detail::SubstituteWith),
-// not the whole sample.
+// not the whole sample. `indexed` (a C++ op's body): a plain array in the field goes to it as
+// an image with the sample's "index", when it has one (random_resized_crop draws from it).
 template <class Body>
 auto on_field(Body body, const py::object& field, const char* method, const std::string& name,
-              std::shared_ptr<const Value> substitute = nullptr) {
+              std::shared_ptr<const Value> substitute = nullptr, bool indexed = false) {
   // (Read from Python once, here: the lookups need no GIL, within a GPU stage's lease too.)
   Sample::Name f = Sample::Name::of(field, "splitflow.Graph." + std::string(method) + "('" + name + "')");
   return [body = std::move(body), f = std::move(f), who = "stage '" + name + "'",
-          substitute = std::move(substitute)](Value v, auto&... ctx) -> Value {
+          substitute = std::move(substitute), indexed](Value v, auto&... ctx) -> Value {
     auto* p = std::get_if<SamplePtr>(&v);
     if (!p) throw Error(who + ": field=" + f.repr + " but the item is " + describe(v) + ", not a tuple or dict");
-    Value& slot = writable(*p).at(f, who);
+    Sample& sample = writable(*p);
+    Value& slot = sample.at(f, who);
+    if (indexed && (std::holds_alternative<HostTensor>(slot) || std::holds_alternative<PyObj>(slot)))
+      if (const std::optional<std::int64_t> index = sample_index(sample); index && *index >= 0)
+        slot = image::Image{static_cast<std::uint64_t>(*index), "", as_host(slot, who.c_str())};
     if (!substitute) {
       slot = body(std::move(slot), ctx...);
       return v;
@@ -1318,6 +1338,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           node->pool = PyObj(pool);
           return node;
         }
+        const bool indexed = py::isinstance<CpuOp>(body) && body.cast<CpuOp>().indexed;
         if (py::isinstance<CpuOp>(body)) {
           fn = per_item(body.cast<CpuOp>().fn);
         } else {
@@ -1326,7 +1347,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                           "stage '" + name + "' of graph '" + g->graph.name() + "'"};
         }
         auto sub = substitute.is_none() ? nullptr : std::make_shared<const Value>(from_python(substitute));
-        if (!field.is_none()) fn = on_field(std::move(fn), field, "stage", name, sub);
+        if (!field.is_none()) fn = on_field(std::move(fn), field, "stage", name, sub, indexed);
         s = g->graph.stage<Value>(name, std::move(fn), o);
         if (sub) s->substitute_on_error(*sub);
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});

@@ -253,6 +253,79 @@ def test_fused_decode_crop_equals_decode_then_crop(tmp_path):
         assert np.array_equal(a, b)
 
 
+# random_resized_crop draws its box and flip from (seed, epoch, the item's index). An image
+# that went through a Python stage is a plain array, without the index read_file gave it: every
+# item got index 0, the same box and flip (a new user's trial: 1 distinct crop of 8). Now a plain
+# array takes its item's number in the run, and a sample's array its "index" field (field=).
+def test_random_resized_crop_draws_per_item_after_a_python_stage(tmp_path):
+    paths = write_jpegs(str(tmp_path), 8, size=(200, 150))
+    rt = sf.Runtime(threads=2)
+    crop = dict(size=40, seed=5, epoch=1)
+
+    def run(order, middle, final, labels=None):
+        g = sf.Graph(rt, "g")
+        node = g.indices("i", order) >> g.stage("read", sf.ops.read_file(paths, labels))
+        field = "image" if labels is not None else None
+        node = node >> g.stage("decode", sf.ops.decode_jpeg(), field=field)
+        if middle is not None:
+            node = node >> g.stage("py", middle)
+        out = g.pull_sink("out")
+        node >> g.stage("crop", final, field=field) >> out
+        return [(np.asarray(t["image"]).copy(), int(t["index"])) if labels is not None
+                else np.asarray(t).copy() for t in g.iterate(out)]
+
+    order = list(range(8))
+    want = run(order, None, sf.ops.random_resized_crop(**crop))  # Images: index i
+    assert len({a.tobytes() for a in want}) == 8
+    # The same through a Python stage returning a new array: item k of the run is index k.
+    got = run(order, lambda t: np.asarray(t) + 0, sf.ops.random_resized_crop(**crop))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    # Labelled samples in another order: the crop follows each sample's "index", not its place.
+    shuffled = [5, 2, 7, 0, 3, 6, 1, 4]
+
+    def renew(s):
+        return {"image": np.asarray(s["image"]) + 0, "label": s["label"], "index": s["index"]}
+
+    labelled = run(shuffled, renew, sf.ops.random_resized_crop(**crop), labels=list(range(8)))
+    assert [i for _, i in labelled] == shuffled
+    for a, i in labelled:
+        assert np.array_equal(a, want[i]), f"index {i}"
+
+
+# antialias=False is the plain bilinear of the full decode "whatever the scale", the fused op
+# equal to decode-then-crop with either setting: on a photo of 8 megapixels or more the fused
+# op decoded at a reduced DCT scale and antialiased anyway (byte for byte the antialias=True
+# output; 25 dB from decode-then-crop in the trial). Now it decodes in full there, and
+# scaled_decode="always" with antialias=False is refused when the op is built.
+def test_fused_crop_without_antialias_equals_decode_then_crop_on_large_photos(tmp_path):
+    h, w = 2448, 3300  # 8.08 megapixels: the default scales such photos
+    yy, xx = np.arange(h, dtype=np.uint32)[:, None], np.arange(w, dtype=np.uint32)[None, :]
+    px = np.stack(np.broadcast_arrays((xx * 7 + yy * 3) % 256, (xx ^ yy) % 256,
+                                      (xx * yy // 97) % 256), -1)
+    p = str(tmp_path / "big.jpg")
+    Image.fromarray(px.astype(np.uint8)).save(p, quality=90)
+    rt = sf.Runtime(threads=2)
+
+    def run(stages):
+        g = sf.Graph(rt, "g")
+        node = g.indices("i", [0, 0, 0, 0]) >> g.stage("read", sf.ops.read_file([p]))
+        for k, op in enumerate(stages):
+            node = node >> g.stage(f"s{k}", op)
+        out = g.pull_sink("out")
+        node >> out
+        return [np.asarray(t).copy() for t in g.iterate(out)]
+
+    crop = dict(size=64, seed=3, epoch=0, scale=(0.3, 0.6))
+    split = run([sf.ops.decode_jpeg(), sf.ops.random_resized_crop(**crop, antialias=False)])
+    fused = run([sf.ops.decode_random_resized_crop(**crop, antialias=False)])
+    scaled = run([sf.ops.decode_random_resized_crop(**crop)])
+    for a, b, c in zip(split, fused, scaled):
+        assert np.array_equal(a, b)
+        assert not np.array_equal(b, c)  # the antialiased, scaled decode differs
+    with pytest.raises(sf.Error, match="scaled decode 'always' with antialias off"):
+        sf.ops.decode_random_resized_crop(64, antialias=False, scaled_decode="always")
+
+
 # "Bad input gets a clear error naming what was wrong": op arguments are checked when the op is
 # built (not per item, where on_error="skip" would turn them into an empty epoch).
 @pytest.mark.parametrize("kwargs, text", [

@@ -257,6 +257,8 @@ struct GpuStageOptions {
   std::size_t ring_bytes = automatic;
   std::size_t ring_item_bytes = std::size_t{16} << 20;
   /// Pinned ring for DeviceContext::to_host() (D2H); 0 = allocate from the pinned pool instead.
+  /// A HostTensor output made elsewhere is copied into it; one over out_ring_item_bytes is the
+  /// stage's failing item, under its OnError.
   std::size_t out_ring_bytes = 0;
   std::size_t out_ring_item_bytes = 0;
 };

@@ -43,6 +43,16 @@ template <class T>
 struct Batch;
 struct DynamicBatchOptions;
 
+/// The item whose stage body runs on this thread: its number in the run, the one its errors
+/// name (a source numbers its items 0, 1, ... in its order each run; a batch, a zip's pair get
+/// their own); nullopt outside a stage's body (`g.stage`, a blocking stage's too). For an op
+/// that needs an item's identity when the item carries none: the Python module's
+/// `random_resized_crop` on a plain array draws its box from it.
+/// \code
+///   auto tag = g.stage("tag", [](long x) { return std::pair(*splitflow::current_item(), x); });
+/// \endcode
+std::optional<std::uint64_t> current_item() noexcept;
+
 /// The typed input end of an edge (a stage's input, a zip's first or second input).
 template <class T>
 struct InPort {

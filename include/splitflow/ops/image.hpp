@@ -153,7 +153,9 @@ struct AugmentSpec {
   /// PIL's Image.draft does) and resize the rest of the way. large_photos (the default): only
   /// for images of kScaledDecodeMinPixels or more, where full decode is most of the cost;
   /// always; never (the same pixels as decode then RandomResizedCrop). Its quality cost against
-  /// full decode is stated in docs/benchmarks.md.
+  /// full decode is stated in docs/benchmarks.md. Only with `antialias`: the reduced scale is a
+  /// filtered shrink, so with antialias false large_photos decodes in full (the same pixels as
+  /// decode then the plain bilinear) and always is refused.
   enum class ScaledDecode { never, large_photos, always };
   ScaledDecode scaled_decode = ScaledDecode::large_photos;
 };

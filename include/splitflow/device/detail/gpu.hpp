@@ -132,8 +132,12 @@ struct SpaceNotifier {
 /// the ring alive.
 class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
  public:
+  /// Which side of its GPU stage `owner` the ring is on: its input ring (host to device:
+  /// GpuStageOptions::ring_bytes) or its output ring (device to host: out_ring_bytes). Only
+  /// the errors' words differ: what they name and the option they say to raise.
+  enum class Side { input, output };
   PinnedRing(std::shared_ptr<DeviceRuntime> dev, std::string owner, std::size_t bytes,
-             std::size_t item_bytes);
+             std::size_t item_bytes, Side side = Side::input);
   ~PinnedRing();
   PinnedRing(const PinnedRing&) = delete;
   PinnedRing& operator=(const PinnedRing&) = delete;
@@ -187,6 +191,7 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
 
   std::shared_ptr<DeviceRuntime> dev_;
   std::string owner_;
+  Side side_;
   std::size_t capacity_;
   std::size_t item_bytes_;
   unsigned char* base_ = nullptr;

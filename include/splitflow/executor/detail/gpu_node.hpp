@@ -79,7 +79,8 @@ class GpuStageNode final : public Emitter<Out> {
     }
     if (opts_.out_ring_bytes > 0 && !out_ring_) {
       out_ring_ = std::make_shared<PinnedRing>(dev_, this->name(), opts_.out_ring_bytes,
-                                               opts_.out_ring_item_bytes);
+                                               opts_.out_ring_item_bytes,
+                                               PinnedRing::Side::output);
       out_ring_->set_notifier(notifier_);
     }
     if (out_ring_) out_ring_->reset_figures();
@@ -209,7 +210,7 @@ class GpuStageNode final : public Emitter<Out> {
     Ticks t0 = 0;
     Ticks done = 0;  // its work completed (for a service's latency split)
     bool began = false;
-    bool failed = false;  // its body threw (OnError applied once)
+    bool failed = false;  // its body, its device work or its output's staging failed (OnError applied once)
     std::vector<std::uint64_t> ids;  // a batch's, for its error (ids_for_errors)
     std::optional<Burst> burst;
     std::optional<Out> out;
@@ -344,19 +345,32 @@ class GpuStageNode final : public Emitter<Out> {
       t->on_device(inv->seq, ticks_to_ns(inv->done - inv->t0));
     if (inv->burst) {
       inv->burst->settle();
-      if (auto e = inv->burst->device_error(); e && !inv->failed)
+      if (auto e = inv->burst->device_error(); e && !inv->failed) {
+        inv->failed = true;
         this->absorb_item_error(inv->seq, inv->ids, e, inv->out);
+      }
     }
     Scratch<Envelope<Out>> out;
-    if (inv->out) {
-      if constexpr (std::is_same_v<Out, HostTensor>) {
-        if (out_ring_) {
-          bool staged = false;
-          guarded(*this, inv->seq, [&] {
+    if constexpr (std::is_same_v<Out, HostTensor>) {
+      // An output the body did not make in the output ring (a heap tensor) is copied there: one
+      // it refuses (too large, not contiguous) is this item's error, under the stage's OnError
+      // (it failed the run whatever the policy). A substitute goes out as it is.
+      if (inv->out && out_ring_) {
+        bool pushed = false;
+        if (!inv->failed) {
+          try {
+            bool staged = false;
             inv->out.emplace(out_ring_->push(std::move(*inv->out), staged, this->name(), inv->seq));
-          });
+            pushed = true;
+          } catch (...) {
+            inv->failed = true;
+            this->absorb_item_error(inv->seq, inv->ids, std::current_exception(), inv->out);
+          }
         }
+        if (!pushed && inv->out) out_ring_->release(1);  // a substitute: no push took its budget
       }
+    }
+    if (inv->out) {
       out->push_back(Envelope<Out>{std::move(*inv->out), inv->seq});
     } else {
       this->graph().retire_items(1, w);  // failed, or withdrawn before it ran

@@ -28,6 +28,24 @@ class RunState;
 class DeviceRuntime;
 class GpuAccount;
 
+/// The item whose stage body runs on this thread (splitflow::current_item()), set by a stage
+/// around each body call: `seq` for the call, the previous value (a body may run another
+/// graph's work inline) restored when the scope ends.
+class CurrentItem {
+ public:
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  CurrentItem() noexcept : previous_(exchange(kNone)) {}
+  ~CurrentItem() { exchange(previous_); }
+  CurrentItem(const CurrentItem&) = delete;
+  CurrentItem& operator=(const CurrentItem&) = delete;
+  void set(std::uint64_t seq) noexcept { exchange(seq); }
+  /// Sets this thread's item, returning the one before.
+  static std::uint64_t exchange(std::uint64_t seq) noexcept;
+
+ private:
+  std::uint64_t previous_;
+};
+
 /// Follows items by sequence number for a graph that answers requests (Graph::service): told
 /// when a stage drops an item on error, asked whether an item's deadline passed.
 class ItemTracker {

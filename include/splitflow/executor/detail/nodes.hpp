@@ -565,6 +565,7 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
     const std::size_t n = in.size();
     std::size_t emitted = 0;
     std::uint64_t next = ticket;  // the first ticket not yet handed to emit()
+    CurrentItem current;          // splitflow::current_item() in the bodies
     for (std::size_t i = 0; i < n; ++i) {
       if (this->graph().stopping()) {  // a cancel stops the claim between items
         this->graph().retire_items(n - i, w);
@@ -572,6 +573,7 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
       }
       auto& item = in[i];
       const std::uint64_t seq = item.seq;
+      current.set(seq);
       const std::vector<std::uint64_t> ids = ids_for_errors(*this, item.value);
       try {
         if constexpr (std::is_same_v<Out, HostTensor>) {
