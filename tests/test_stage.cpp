@@ -354,3 +354,39 @@ TEST(ErrorPolicy, SubstituteWithoutAValueOrOnASinkIsAGraphError) {
   s2 >> k;
   EXPECT_THROW(h.run(), GraphError);
 }
+
+// splitflow::current_item(): within a stage's body, its item's number in the run (the one its
+// errors name: the source's order, whatever the concurrency and order); nullopt outside a body
+// (a source's generator, a sink, the caller's thread). What the Python module's crops draw from
+// for a plain array (they drew every item from 0).
+TEST(CurrentItem, IsTheItemsNumberInItsStagesBodyAndNothingOutside) {
+  Runtime rt(RuntimeConfig{.threads = 2});
+  Graph g(rt, "current");
+  std::atomic<long> in_source{0}, in_sink{0};
+  auto src = g.source("n", [i = 0L, &in_source]() mutable -> std::optional<long> {
+    if (splitflow::current_item()) ++in_source;
+    if (i == 200) return std::nullopt;
+    return 10 * i++;
+  });
+  auto tag = g.stage("tag", [](long x) {
+    spin_us(static_cast<double>(x % 7));
+    return std::pair<long, std::int64_t>(x, static_cast<std::int64_t>(splitflow::current_item().value_or(~0ULL)));
+  }, {.concurrency = 4, .order = Order::out_of_order});
+  std::vector<std::pair<long, std::int64_t>> got;
+  auto sink = g.sink("s", [&](std::pair<long, std::int64_t> p) {
+    if (splitflow::current_item()) ++in_sink;
+    got.push_back(p);
+  });
+  src >> tag >> sink;
+  EXPECT_FALSE(splitflow::current_item().has_value());
+  g.run().wait();
+  EXPECT_FALSE(splitflow::current_item().has_value());
+  ASSERT_EQ(got.size(), 200u);
+  std::sort(got.begin(), got.end());
+  for (long i = 0; i < 200; ++i) {
+    EXPECT_EQ(got[i].first, 10 * i);
+    EXPECT_EQ(got[i].second, i) << "item " << i;
+  }
+  EXPECT_EQ(in_source.load(), 0);
+  EXPECT_EQ(in_sink.load(), 0);
+}
