@@ -59,15 +59,6 @@ void check_hwc(const HostTensor& t, const char* op) {
       t.dim(1) > INT_MAX || t.dim(2) > INT_MAX || t.dim(2) < 1)
     throw Error(fmt::format("splitflow::image::{}: takes a contiguous u8 HWC image, got {}", op,
                             t.describe()));
-  // torchvision.io's images are channels first: a (3, H, W) uint8 tensor read as HWC is an image
-  // of 3 rows and W channels, resized without an error (a new user's trial). An image of at
-  // most 4 rows with more than 4 channels is taken for one.
-  if (t.dim(0) <= 4 && t.dim(2) > 4)
-    throw Error(fmt::format(
-        "splitflow::image::{}: takes height x width x channels; a u8 tensor of shape ({}, {}, {}) "
-        "looks channels-first (torchvision.io's layout): permute it to (H, W, C) first "
-        "(tensor.permute(1, 2, 0), array.transpose(1, 2, 0))",
-        op, t.dim(0), t.dim(1), t.dim(2)));
 }
 
 struct TjHandle {

@@ -437,26 +437,6 @@ def test_ops_name_what_they_were_given(item, expect):
         list(g.iterate(out))
 
 
-# torchvision.io reads images channels first: a (3, H, W) uint8 tensor was taken for an image of
-# 3 rows and W channels and resized without an error (a new user's trial). Such a shape is
-# named with the permute that fixes it; the same pixels as HWC go through.
-def test_a_channels_first_tensor_is_named_with_its_permute():
-    chw = torch.arange(3 * 40 * 60, dtype=torch.int64).remainder(251).to(torch.uint8).reshape(3, 40, 60)
-    rt = sf.Runtime(threads=1, backend="host")
-    for op in (sf.ops.resize(20, 30), sf.ops.random_resized_crop(16)):
-        g = sf.Graph(rt, "chw")
-        out = g.pull_sink("out")
-        g.source("n", [chw]) >> g.stage("op", op) >> out
-        with pytest.raises(sf.StageError, match=re_escape(
-                "a u8 tensor of shape (3, 40, 60) looks channels-first (torchvision.io's layout): "
-                "permute it to (H, W, C) first (tensor.permute(1, 2, 0)")):
-            list(g.iterate(out))
-        g = sf.Graph(rt, "hwc")
-        out = g.pull_sink("out")
-        g.source("n", [chw.permute(1, 2, 0).contiguous()]) >> g.stage("op", op) >> out
-        assert [np.asarray(t).shape[2] for t in g.iterate(out)] == [3]
-
-
 # Runtime settings are validated (threads=70000 used to be accepted and crash at exit).
 def test_runtime_refuses_impossible_settings():
     for threads in (-1, 70000):
