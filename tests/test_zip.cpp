@@ -762,3 +762,37 @@ TEST(Zip, NestedZipsPassDropsOn) {
   EXPECT_EQ(n, 750);
   EXPECT_EQ(run.stats().find("outer")->items_skipped, 250u);
 }
+
+// One producer connected straight to both inputs of a zip (a pair of each item with itself,
+// the branches empty): with small zip queues the run hung, no pair ever made (a new user's
+// trial: 3 of 3 runs with a source and queues of 1; every run with an in-order stage of
+// concurrency 3 and queues of 4).
+TEST(Zip, OneProducerIntoBothInputsPairsEveryItem) {
+  Runtime rt({.threads = 2});
+  for (const std::size_t capacity : {1u, 2u, 4u}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      SCOPED_TRACE("capacity " + std::to_string(capacity) + " kind " + std::to_string(kind));
+      Graph g(rt, "zip-self");
+      auto src = g.source("n", counter(300));
+      auto z = g.zip<long, long>("z", capacity);
+      std::vector<std::pair<long, long>> got;
+      auto sink = g.sink("s", [&](std::pair<long, long> p) { got.push_back(p); });
+      if (kind == 0) {
+        src >> z.first();
+        src >> z.second();
+      } else {
+        auto st = g.stage("st", [](long x) { spin_us(static_cast<double>(x % 5)); return x; },
+                          {.concurrency = kind == 1 ? 1u : 3u});
+        src >> st;
+        st >> z.first();
+        st >> z.second();
+      }
+      z >> sink;
+      auto run = g.run();
+      ASSERT_TRUE(run.wait_for(std::chrono::seconds(60))) << format_table(run.stats());
+      ASSERT_EQ(run.wait(), RunStatus::succeeded);
+      ASSERT_EQ(got.size(), 300u);
+      for (long i = 0; i < 300; ++i) ASSERT_EQ(got[i], std::make_pair(i, i));
+    }
+  }
+}

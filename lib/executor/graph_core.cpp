@@ -68,7 +68,30 @@ GpuAccount* GraphCore::gpu_account() {
   return gpu_.get();
 }
 
-void GraphCore::post_blocking(BlockingTask t) { runtime_->blocking_pool().post(std::move(t)); }
+void GraphCore::post_blocking(BlockingTask t) {
+  // The body keeps the run open until it returned (or its task was dropped unrun), even once a
+  // cancel withdrew its item: the run's end (wait(), the Graph's and the Runtime's destructors)
+  // waits for bodies executing, on these threads as on the arena's. It returned while they
+  // ran: the next run went past the stage's concurrency, and state a body used could be
+  // destroyed under it (a new user's trial, a heap-use-after-free under ASan). The caller's
+  // claim holds a unit, so the run is live here.
+  struct Hold {
+    GraphCore* g;
+    explicit Hold(GraphCore* core) noexcept : g(core) { g->add_unit(); }
+    Hold(Hold&& o) noexcept : g(std::exchange(o.g, nullptr)) {}
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    Hold& operator=(Hold&&) = delete;
+    ~Hold() {
+      if (g) g->release_unit();
+    }
+  };
+  runtime_->blocking_pool().post(BlockingTask([hold = Hold(this), t = std::move(t)]() mutable {
+    Hold done = std::move(hold);  // released last: the item and its Completion go first
+    BlockingTask body = std::move(t);
+    body();
+  }));
+}
 
 bool GraphCore::post_if_running(std::function<void(WorkList&)> fn) {
   if (!try_acquire_unit()) return false;

@@ -114,12 +114,12 @@ std::size_t NodeBase::try_reserve(int port, NodeBase& producer, std::size_t want
   return got;
 }
 
-void NodeBase::release_reservation(int port, std::size_t n, WorkList& w) {
+void NodeBase::release_reservation(int port, std::size_t n, WorkList& w, const NodeBase* keep) {
   if (n == 0) return;
   {
     std::lock_guard lk(mu_);
     ports_[port].reserved -= n;
-    take_waiters_locked(w);
+    take_waiters_locked(w, keep);
   }
   release_extra(port, n);
 }
@@ -279,10 +279,15 @@ void NodeBase::release_successors(std::size_t n, WorkList& w) {
   for (const Edge& e : successors_) e.node->release_reservation(e.port, n, w);
 }
 
-void NodeBase::take_waiters_locked(WorkList& w) {
+void NodeBase::take_waiters_locked(WorkList& w, const NodeBase* keep) {
   if (waiters_.empty()) return;
-  for (NodeBase* n : waiters_) w.pokes.push_back(n);
+  bool kept = false;
+  for (NodeBase* n : waiters_) {
+    if (n == keep) kept = true;
+    else w.pokes.push_back(n);
+  }
   waiters_.clear();
+  if (kept) waiters_.push_back(const_cast<NodeBase*>(keep));
 }
 
 std::size_t NodeBase::ready_locked() const { return 0; }
@@ -311,7 +316,7 @@ void NodeBase::collect_claims_locked(WorkList& w) {
         const std::size_t got = successors_[i].node->try_reserve(successors_[i].port, *this, outs, whole);
         if (got < outs)
           for (std::size_t j = 0; j < i; ++j)
-            successors_[j].node->release_reservation(successors_[j].port, outs - got, w);
+            successors_[j].node->release_reservation(successors_[j].port, outs - got, w, this);
         outs = got;
       }
       if (outs < want) k = outs;  // 1:1: the claim shrinks; a batch claim waits for its slot

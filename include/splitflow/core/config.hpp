@@ -52,7 +52,8 @@ struct StageOptions {
   /// (RuntimeConfig::blocking_threads), not on the arena's, so `concurrency` may go past the
   /// cores (with Concurrency::automatic the tuner takes it there when the body's measured CPU
   /// is a small part of its time) and no arena thread is held while it waits. Its CPU time is
-  /// measured (StageStats::call_ns). Order, errors and skips as for any stage. An automatic
+  /// measured (StageStats::call_ns). Order, errors, skips and cancels as for any stage: a
+  /// cancelled run ends once its bodies executing returned (one not begun is not run). An automatic
   /// stage without it whose bodies a run found waiting runs there in the next graph of its
   /// graph's name (docs/autotune.md, "Placement"); set it where the body always waits.
   /// \code
@@ -78,7 +79,9 @@ inline constexpr std::chrono::milliseconds kMaxAutotuneWindow = std::chrono::hou
 /// Per-graph policy.
 struct GraphOptions {
   /// Items admitted by the sources and not yet consumed by a sink (like oneTBB's
-  /// max_number_of_live_tokens). A fan-out copy counts as one more item.
+  /// max_number_of_live_tokens). A fan-out copy counts as one more item; a batch formed of
+  /// items counts as one from then on (its items are not counted apart: behind a batch of n,
+  /// up to about n times as many source items may be alive: docs/autotune.md, "Memory").
   std::size_t max_in_flight = 256;
   /// Input queue capacity of stages that do not set their own, in source items: a queue of
   /// batches of n holds default_capacity / n of them (a queue of 64-image batches, 2 rather than

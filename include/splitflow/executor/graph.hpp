@@ -448,6 +448,7 @@ class Graph {
         auto submit = [kept, core](I item, Completion<Out> c) {
           core->post_blocking(detail::BlockingTask(
               [kept, item = std::move(item), c = std::move(c)]() mutable {
+                if (c.withdrawn()) return;  // its run stopped while it waited for a thread
                 const auto wall0 = std::chrono::steady_clock::now();
                 const detail::ThreadCpu at0 = detail::thread_cpu();
                 auto charge = [&] {
@@ -501,6 +502,11 @@ class Graph {
   /// stage otherwise: `concurrency` bounds the items out at once (each counts until answered),
   /// outputs leave in order when `order` is in_order, and on_error applies to a failed answer.
   /// The external completion of oneTBB's async_node; no arena thread waits for an answer.
+  /// A cancel (or a failure) withdraws the items out: the run ends without waiting for their
+  /// answers (an answer then does nothing; Completion::withdrawn() tells the work it may stop),
+  /// so a run started after it may have more out at once, the old ones' included. A blocking
+  /// stage (StageOptions::blocking) differs: its bodies run on the runtime's threads, and the
+  /// run's end waits for those executing.
   ///
   ///     auto s = g.async_stage<int, int>("remote", [&](int x, Completion<int> c) {
   ///       workers.post([x, c = std::move(c)]() mutable { c.done(x * 2); });

@@ -30,6 +30,8 @@ class AsyncAnswer {
   virtual void charge_cpu(std::int64_t ns) noexcept = 0;
   /// Time the item's work waited where it ran (slept, read), in ns (Completion::charge_wait).
   virtual void charge_wait(std::int64_t ns) noexcept = 0;
+  /// Whether the item was answered, or withdrawn by its run's cancel (Completion::withdrawn).
+  virtual bool settled() const noexcept = 0;
 
  protected:
   ~AsyncAnswer() = default;
@@ -91,6 +93,10 @@ class Completion {
   }
   /// Whether it still waits for its answer.
   explicit operator bool() const noexcept { return to_ != nullptr; }
+  /// Whether its item no longer waits for an answer though this Completion was not used: its
+  /// run was cancelled or failed, which withdrew it (an answer now does nothing). Work not yet
+  /// begun for it may be skipped; a blocking stage's queued body is.
+  bool withdrawn() const noexcept { return to_ != nullptr && to_->settled(); }
 
  private:
   void drop() noexcept {
@@ -243,6 +249,7 @@ class AsyncStageNode final : public Emitter<Out> {
       waited.fetch_add(ns > 0 ? ns : 0, std::memory_order_relaxed);
       told_wait.store(true, std::memory_order_relaxed);
     }
+    bool settled() const noexcept override { return answered.load(std::memory_order_acquire); }
     void release() noexcept {
       if (holders.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
     }

@@ -156,6 +156,10 @@ class GraphCore {
   /// Takes one more unit, for work outside any task (a GPU invocation in flight). Only while
   /// the caller itself holds one.
   void add_unit() noexcept { pending_.fetch_add(1, std::memory_order_relaxed); }
+  /// The units keeping the run open now (white-box tests: what a cancelled run still waits for).
+  std::uint64_t units() const noexcept {
+    return pending_.load(std::memory_order_acquire) & ((std::uint64_t{1} << kItemShift) - 1);
+  }
   /// Runs fn on an arena thread (from any thread, e.g. a device callback), then the work it
   /// found, ahead of queued claims (RuntimeCore::spawn_urgent). Holds a unit meanwhile. The
   /// caller must hold a unit (the run is live).

@@ -305,8 +305,11 @@ class NodeBase {
   /// Called by a producer holding its own lock: reserve up to `want` slots on `port` (with
   /// all_or_none, `want` or nothing); returns how many. Zero registers the producer as a waiter.
   std::size_t try_reserve(int port, NodeBase& producer, std::size_t want, bool all_or_none = false);
-  /// `n` reserved slots will not be filled. Called with no lock of this node held.
-  void release_reservation(int port, std::size_t n, WorkList& w);
+  /// `n` reserved slots will not be filled. Called with no lock of this node held. `keep`: a
+  /// producer not to wake (one rolling back its own reservations: it registered as a waiter on
+  /// the consumer that refused it; waking it here, when that consumer is this node through its
+  /// other input, retried the claim forever: one producer into both inputs of a zip).
+  void release_reservation(int port, std::size_t n, WorkList& w, const NodeBase* keep = nullptr);
   /// One producer delivered everything it will deliver this run (end of input). Called by the
   /// producer holding its own lock (we are downstream: in lock order).
   void producer_closed(WorkList& w);
@@ -465,7 +468,8 @@ class NodeBase {
   /// claims, close the output if that was the last work.
   void end_unbegun_locked(WorkList& w, bool waited);
   void release_successors(std::size_t n, WorkList& w);
-  void take_waiters_locked(WorkList& w);
+  /// Pokes the producers waiting for room, but `keep`, which stays registered.
+  void take_waiters_locked(WorkList& w, const NodeBase* keep = nullptr);
   void refresh_state_locked(Ticks now = 0);
   /// Integrates queue occupancy up to `now` (before the queue changes).
   void account_queue_locked(Ticks now) noexcept {
