@@ -471,3 +471,21 @@ TEST(BlockingStage, ACancelledRunEndsOnlyOnceItsExecutingBodiesReturned) {
   EXPECT_EQ(h.run().wait(), RunStatus::succeeded);
   EXPECT_EQ(n, 20);
 }
+
+// splitflow::current_item() in a blocking stage's body: its item's number, as in a stage's on
+// the arena (it was never set on the blocking threads: the Python module's random crops of
+// plain arrays drew every item from 0 there, where an automatic op stage that waited goes).
+TEST(BlockingStage, CurrentItemIsTheItemsNumberInItsBody) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "current-blocking");
+  std::vector<std::pair<long, std::int64_t>> got;
+  g.source("n", counter(50)) >>
+      g.stage("tag", [](long x) {
+        return std::pair<long, std::int64_t>(
+            x, static_cast<std::int64_t>(splitflow::current_item().value_or(~0ULL)));
+      }, {.concurrency = 4, .blocking = true}) >>
+      g.sink("s", [&](std::pair<long, std::int64_t> p) { got.push_back(p); });
+  EXPECT_EQ(g.run().wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), 50u);
+  for (long i = 0; i < 50; ++i) EXPECT_EQ(got[i], std::make_pair(i, std::int64_t{i}));
+}

@@ -507,8 +507,10 @@ std::function<Value(Value)> per_item(std::function<Value(Value)> op) {
     if (!b) return op(std::move(v));
     if (b->use_count() > 1) *b = std::make_shared<BatchBox>(**b);  // copy-on-write
     Batch<Value>& batch = (*b)->batch;
+    detail::CurrentItem current;  // each request's own number (random crops draw from it)
     for (std::size_t i = 0; i < batch.items.size(); ++i) {
       if (i < batch.errors.size() && batch.errors[i]) continue;
+      if (batch.ids.size() == batch.items.size()) current.set(batch.ids[i]);
       try {
         batch.items[i] = op(std::move(batch.items[i]));
       } catch (...) {
@@ -890,15 +892,21 @@ auto on_field(Body body, const py::object& field, const char* method, const std:
     if (!p) throw Error(who + ": field=" + f.repr + " but the item is " + describe(v) + ", not a tuple or dict");
     Sample& sample = writable(*p);
     Value& slot = sample.at(f, who);
-    if (indexed && (std::holds_alternative<HostTensor>(slot) || std::holds_alternative<PyObj>(slot)))
-      if (const std::optional<std::int64_t> index = sample_index(sample); index && *index >= 0)
-        slot = image::Image{static_cast<std::uint64_t>(*index), "", as_host(slot, who.c_str())};
+    // The body on the field (a plain array given the sample's index first: within the
+    // substitute's reach, as the op's own conversion of it was).
+    const auto call = [&] {
+      if (indexed && (std::holds_alternative<HostTensor>(slot) || std::holds_alternative<PyObj>(slot)))
+        if (const std::optional<std::int64_t> index = sample_index(sample); index && *index >= 0)
+          return body(Value{image::Image{static_cast<std::uint64_t>(*index), "",
+                                         as_host(slot, who.c_str())}}, ctx...);
+      return body(std::move(slot), ctx...);
+    };
     if (!substitute) {
-      slot = body(std::move(slot), ctx...);
+      slot = call();
       return v;
     }
     try {
-      slot = body(std::move(slot), ctx...);
+      slot = call();
     } catch (...) {
       slot = *substitute;
       throw detail::SubstituteWith<Value>{std::move(v), std::current_exception()};

@@ -262,7 +262,7 @@ def test_random_resized_crop_draws_per_item_after_a_python_stage(tmp_path):
     rt = sf.Runtime(threads=2)
     crop = dict(size=40, seed=5, epoch=1)
 
-    def run(order, middle, final, labels=None):
+    def run(order, middle, final, labels=None, blocking=False):
         g = sf.Graph(rt, "g")
         node = g.indices("i", order) >> g.stage("read", sf.ops.read_file(paths, labels))
         field = "image" if labels is not None else None
@@ -270,7 +270,7 @@ def test_random_resized_crop_draws_per_item_after_a_python_stage(tmp_path):
         if middle is not None:
             node = node >> g.stage("py", middle)
         out = g.pull_sink("out")
-        node >> g.stage("crop", final, field=field) >> out
+        node >> g.stage("crop", final, field=field, blocking=blocking) >> out
         return [(np.asarray(t["image"]).copy(), int(t["index"])) if labels is not None
                 else np.asarray(t).copy() for t in g.iterate(out)]
 
@@ -279,6 +279,9 @@ def test_random_resized_crop_draws_per_item_after_a_python_stage(tmp_path):
     assert len({a.tobytes() for a in want}) == 8
     # The same through a Python stage returning a new array: item k of the run is index k.
     got = run(order, lambda t: np.asarray(t) + 0, sf.ops.random_resized_crop(**crop))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    # On the blocking threads too (where an automatic stage whose bodies waited is placed).
+    got = run(order, lambda t: np.asarray(t) + 0, sf.ops.random_resized_crop(**crop), blocking=True)
     assert all(np.array_equal(a, b) for a, b in zip(got, want))
     # Labelled samples in another order: the crop follows each sample's "index", not its place.
     shuffled = [5, 2, 7, 0, 3, 6, 1, 4]
@@ -290,6 +293,15 @@ def test_random_resized_crop_draws_per_item_after_a_python_stage(tmp_path):
     assert [i for _, i in labelled] == shuffled
     for a, i in labelled:
         assert np.array_equal(a, want[i]), f"index {i}"
+    # A field the op cannot take is substituted alone: the sample keeps its other fields.
+    g = sf.Graph(rt, "sub")
+    out = g.pull_sink("out")
+    zero = np.zeros((4, 4, 3), np.uint8)
+    g.source("n", [{"image": "not pixels", "label": 3, "index": 7}]) >> g.stage(
+        "crop", sf.ops.random_resized_crop(**crop), field="image",
+        substitute=zero) >> out
+    (s,) = list(g.iterate(out))
+    assert np.array_equal(np.asarray(s["image"]), zero) and s["label"] == 3 and s["index"] == 7
 
 
 # antialias=False is the plain bilinear of the full decode "whatever the scale", the fused op

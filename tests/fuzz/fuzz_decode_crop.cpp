@@ -4,7 +4,8 @@
 // little-endian), the output size (1 + byte % 64), scale and ratio ranges (each end a byte
 // picking one of a table of values from 1e-6 to 1e6; the smaller first), the flip probability
 // (byte / 255), the seed and epoch (one byte), and a mode byte: bit 0 gray, bit 1 antialias off,
-// bit 2 scaled decode always (a crop that shrinks 2x or more decoded at a reduced DCT scale).
+// bit 2 scaled decode always (a crop that shrinks 2x or more decoded at a reduced DCT scale;
+// with antialias only, as validate() requires).
 //
 // Checks beyond "no sanitizer report": the spec is valid (validate() accepts it); the result
 // is size x size with the asked channels; it equals RandomResizedCrop(spec)(decode(file))
@@ -52,8 +53,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   spec.seed = t[10] & 15;
   spec.epoch = t[10] >> 4;
   spec.antialias = !(t[11] & 2);
-  spec.scaled_decode = t[11] & 4 ? image::AugmentSpec::ScaledDecode::always
-                                 : image::AugmentSpec::ScaledDecode::never;
+  // (The scaled decode goes with antialias only: validate() refuses always without it.)
+  spec.scaled_decode = t[11] & 4 && spec.antialias ? image::AugmentSpec::ScaledDecode::always
+                                                   : image::AugmentSpec::ScaledDecode::never;
   const image::Color color = t[11] & 1 ? image::Color::gray : image::Color::rgb;
   const int C = color == image::Color::rgb ? 3 : 1;
   image::validate(spec, "fuzz");  // throws (and the fuzzer reports it) if a spec here is refused

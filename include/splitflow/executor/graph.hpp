@@ -45,7 +45,8 @@ struct DynamicBatchOptions;
 
 /// The item whose stage body runs on this thread: its number in the run, the one its errors
 /// name (a source numbers its items 0, 1, ... in its order each run; a batch, a zip's pair get
-/// their own); nullopt outside a stage's body (`g.stage`, a blocking stage's too). For an op
+/// their own); nullopt outside a stage's body (`g.stage`, a blocking stage's too, an async
+/// stage's call). For an op
 /// that needs an item's identity when the item carries none: the Python module's
 /// `random_resized_crop` on a plain array draws its box from it.
 /// \code
@@ -447,8 +448,11 @@ class Graph {
         detail::GraphCore* core = core_.get();
         auto submit = [kept, core](I item, Completion<Out> c) {
           core->post_blocking(detail::BlockingTask(
-              [kept, item = std::move(item), c = std::move(c)]() mutable {
+              [kept, item = std::move(item), c = std::move(c),
+               seq = current_item()]() mutable {
                 if (c.withdrawn()) return;  // its run stopped while it waited for a thread
+                detail::CurrentItem current;  // splitflow::current_item() in the body
+                if (seq) current.set(*seq);
                 const auto wall0 = std::chrono::steady_clock::now();
                 const detail::ThreadCpu at0 = detail::thread_cpu();
                 auto charge = [&] {
@@ -506,7 +510,10 @@ class Graph {
   /// answers (an answer then does nothing; Completion::withdrawn() tells the work it may stop),
   /// so a run started after it may have more out at once, the old ones' included. A blocking
   /// stage (StageOptions::blocking) differs: its bodies run on the runtime's threads, and the
-  /// run's end waits for those executing.
+  /// run's end waits for those executing, and for its bodies still queued for a blocking thread
+  /// to reach one (they are then skipped): behind other graphs' bodies holding every blocking
+  /// thread (RuntimeConfig::blocking_threads, shared by the runtime's graphs), a cancel waits
+  /// for one of those to return.
   ///
   ///     auto s = g.async_stage<int, int>("remote", [&](int x, Completion<int> c) {
   ///       workers.post([x, c = std::move(c)]() mutable { c.done(x * 2); });
