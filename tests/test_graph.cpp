@@ -371,3 +371,63 @@ TEST(Validation, ConnectingAcrossGraphsIsRefused) {
   auto b = g2.sink("b", [](long) {});
   EXPECT_THROW(a >> b, GraphError);
 }
+
+// A C++ embedding trial (2026-12-05): every member of a Graph moved from dereferenced its
+// null core (a segfault); an empty stage name was taken, and its errors and report read
+// "stage ''". A moved-from graph now names the mistake, and is not running; the graph it was
+// moved into runs.
+TEST(Validation, AMovedFromGraphSaysSoAndItsSuccessorRuns) {
+  Runtime rt({.threads = 2});
+  Graph a(rt, "first");
+  auto src = a.source("n", counter(3));
+  std::vector<long> got;
+  auto sink = a.sink("out", [&](long x) { got.push_back(x); });
+  src >> sink;
+  Graph b = std::move(a);
+  const std::string moved = "splitflow::Graph: this graph was moved from; use the Graph it was "
+                            "moved into";
+  auto says = [&](auto&& call) {
+    try {
+      call();
+    } catch (const GraphError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(says([&] { a.run(); }), moved);  // NOLINT(bugprone-use-after-move): on purpose
+  EXPECT_EQ(says([&] { (void)a.name(); }), moved);
+  EXPECT_EQ(says([&] { a.source("m", counter(1)); }), moved);
+  EXPECT_EQ(says([&] { a.stage("s", [](long x) { return x; }); }), moved);
+  EXPECT_EQ(says([&] { a.stage("s", [](long x) { return x; }, {.blocking = true}); }), moved);
+  EXPECT_EQ(says([&] { a.batch<long>("b", 2); }), moved);
+  EXPECT_EQ(says([&] { a.pull_sink<long>("p"); }), moved);
+  EXPECT_FALSE(a.running());
+  EXPECT_EQ(b.name(), "first");
+  EXPECT_EQ(b.run().wait(), RunStatus::succeeded);
+  EXPECT_EQ(got, (std::vector<long>{0, 1, 2}));
+  a = std::move(b);  // assigning to a moved-from graph makes it whole again
+  got.clear();
+  EXPECT_EQ(a.run().wait(), RunStatus::succeeded);
+  EXPECT_EQ(got, (std::vector<long>{0, 1, 2}));
+}
+
+TEST(Validation, AnEmptyStageNameIsRefused) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "unnamed");
+  const std::string empty = "splitflow::Graph 'unnamed': a stage's name is empty (errors, the "
+                            "report and the tuner name stages: give it one, unique within the "
+                            "graph)";
+  auto says = [&](auto&& call) {
+    try {
+      call();
+    } catch (const GraphError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(says([&] { g.source("", counter(1)); }), empty);
+  EXPECT_EQ(says([&] { g.stage("", [](long x) { return x; }); }), empty);
+  EXPECT_EQ(says([&] { g.sink("", [](long) {}); }), empty);
+  EXPECT_EQ(says([&] { g.pull_sink<long>(""); }), empty);
+  EXPECT_EQ(says([&] { g.zip<long, long>(""); }), empty);
+}

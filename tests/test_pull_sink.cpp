@@ -248,3 +248,29 @@ TEST(PullSink, AMovedFromHandleStillReads) {
   EXPECT_EQ(other.next(), std::nullopt);
   EXPECT_EQ(run.wait(), RunStatus::succeeded);
 }
+
+// A new-user trial (2026-12-05): a loop over a pull sink written before run() ended at once,
+// empty, and the run started after it filled the sink's queue and waited for a reader that had
+// gone. A read before the graph's first run is refused, naming the sink; after a run has ended
+// a read is the end of its stream, as before.
+TEST(PullSink, AReadBeforeTheFirstRunIsRefusedNamingTheSink) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "early");
+  auto src = g.source("n", counter(3));
+  auto out = g.pull_sink<long>("out", 4);
+  src >> out;
+  try {
+    for (long x : out) ADD_FAILURE() << "read " << x << " before any run";
+    ADD_FAILURE() << "the loop ended without an error";
+  } catch (const GraphError& e) {
+    EXPECT_STREQ(e.what(), "splitflow: graph 'early': pull sink 'out' was read before its graph's "
+                           "first run: call run() first, then read");
+  }
+  EXPECT_THROW(out.next(), GraphError);
+  auto run = g.run();
+  std::vector<long> got;
+  for (long x : out) got.push_back(x);
+  EXPECT_EQ(got, (std::vector<long>{0, 1, 2}));
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(out.next(), std::nullopt);  // the end of the run's stream
+}

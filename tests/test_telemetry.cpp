@@ -439,6 +439,90 @@ TEST(Diagnosis, AChainIsHeldBackByItsLastStageNotBlockedItself) {
   EXPECT_EQ(d3.suggestions, std::vector<std::string>{"raise the concurrency of stage 'z' from 1 to 2"});
 }
 
+// A new-user trial (2026-12-05): the diagnosis told a user to raise a CPU stage's concurrency
+// past the runtime's threads (4 -> 8 on a runtime of 4: bodies that hold arena threads cannot
+// run more at once than there are), and diagnosed a run that failed on its third item as if
+// its figures described a pipeline's steady state.
+TEST(Diagnosis, ASuggestedConcurrencyStaysWithinTheRuntimesThreads) {
+  RunStats st;
+  st.graph = "cpu";
+  st.status = RunStatus::succeeded;
+  st.wall_ns = 1'000'000'000;
+  st.threads = 4;
+  auto stage = [](std::string name, StageKind kind, std::size_t limit, std::int64_t work) {
+    StageStats s;
+    s.name = std::move(name);
+    s.kind = kind;
+    s.concurrency_limit = limit;
+    s.items_in = s.items_out = 100;
+    s.busy_ns = std::min<std::int64_t>(work, 1'000'000'000);
+    s.work_ns = work;
+    return s;
+  };
+  st.stages = {stage("src", StageKind::source, 1, 1'000'000),
+               stage("decode", StageKind::stage, 4, 3'960'000'000),
+               stage("out", StageKind::sink, 1, 1'000'000)};
+  Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "decode") << join(d.findings);
+  EXPECT_EQ(d.suggestions, std::vector<std::string>{
+                               "stage 'decode' already runs on all 4 of the runtime's threads: it "
+                               "takes more cores (RuntimeConfig::threads), a cheaper body, or its "
+                               "work on the GPU"});
+  // At 3 of 4: raised to the threads, not doubled past them.
+  st.stages[1].concurrency_limit = 3;
+  st.stages[1].work_ns = 2'970'000'000;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.suggestions,
+            std::vector<std::string>{
+                "raise the concurrency of stage 'decode' from 3 to 4, the runtime's threads; past "
+                "them it takes more cores (RuntimeConfig::threads), a cheaper body, or its work "
+                "on the GPU"});
+  // Within the threads: doubled, as before.
+  st.threads = 16;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.suggestions,
+            std::vector<std::string>{"raise the concurrency of stage 'decode' from 3 to 6"});
+  // An async stage's items out hold no thread: not capped.
+  st.threads = 4;
+  st.stages[1].call_ns = 10'000'000;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.suggestions,
+            std::vector<std::string>{"raise the concurrency of stage 'decode' from 3 to 6"});
+  // The figure comes from the runtime, in a live run's stats and the JSON.
+  Runtime rt({.threads = 3});
+  Graph g(rt, "live");
+  g.source("n", counter(2)) >> g.sink("s", [](long) {});
+  auto run = g.run();
+  run.wait();
+  EXPECT_EQ(run.stats().threads, 3u);
+  EXPECT_EQ(nlohmann::json::parse(to_json(run.stats()))["threads"], 3);
+}
+
+TEST(Diagnosis, AFailedRunIsNotDiagnosed) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "fails");
+  auto src = g.source("n", counter(1000));
+  auto slow = g.stage("slow", [](long x) {
+    if (x == 2) throw std::runtime_error("bad item");
+    spin_us(2000);
+    return x;
+  });
+  src >> slow >> g.sink("out", [](long) {});
+  auto run = g.run();
+  EXPECT_THROW(run.wait(), StageError);
+  const RunStats st = run.stats();
+  ASSERT_EQ(st.status, RunStatus::failed);
+  const Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "");
+  EXPECT_TRUE(d.findings.empty()) << join(d.findings);
+  EXPECT_TRUE(d.suggestions.empty()) << join(d.suggestions);
+  const std::string text = report(st);
+  EXPECT_NE(text.find("diagnosis: none: the run failed (its error says where); the figures above "
+                      "cover the part before the failure"),
+            std::string::npos)
+      << text;
+}
+
 // "a ring full of reservations, not data, is not fixed by a larger ring": with the default
 // ring_item_bytes (16 MiB) a 64 MiB ring takes 3 items in flight however small they are.
 TEST(Diagnosis, ARingFullOfItemBudgetsSuggestsASmallerItemBudget) {

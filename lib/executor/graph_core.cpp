@@ -121,6 +121,9 @@ void GraphCore::post(std::function<void(WorkList&)> fn) {
 
 NodeBase& GraphCore::adopt(std::unique_ptr<NodeBase> node) {
   check_mutable();
+  if (node->name().empty())
+    throw GraphError("splitflow::Graph '" + name_ + "': a stage's name is empty (errors, the "
+                     "report and the tuner name stages: give it one, unique within the graph)");
   for (const auto& n : nodes_)
     if (n->name() == node->name())
       throw GraphError("splitflow::Graph '" + name_ + "': a stage named '" + node->name() +
@@ -809,6 +812,7 @@ RunStats GraphCore::collect_stats(bool final) const {
   if (gpu_) st.gpu = gpu_->snapshot(steady_now_ns());
   if (tuner_) st.autotune = tuner_->events();
   st.max_in_flight = admit_limit();
+  st.threads = static_cast<std::size_t>(std::max(runtime_->threads(), 0));
   if (window) {
     st.gpu.device_wall_ns = window->wall_ns;
     st.gpu.device_busy_ns = window->busy_ns;
@@ -883,14 +887,19 @@ std::optional<std::uint64_t> current_item() noexcept {
   return seq;
 }
 
+void detail::moved_from_graph() {
+  throw GraphError("splitflow::Graph: this graph was moved from; use the Graph it was moved "
+                   "into");
+}
+
 Graph::Graph(Runtime& runtime, std::string name, GraphOptions options)
     : core_(std::make_unique<detail::GraphCore>(runtime.core(), std::move(name), options)) {}
 Graph::~Graph() = default;
 Graph::Graph(Graph&&) noexcept = default;
 Graph& Graph::operator=(Graph&&) noexcept = default;
 
-Run Graph::run() { return Run(core_->start()); }
+Run Graph::run() { return Run(core().start()); }
 
-bool Graph::running() const { return core_->running(); }
+bool Graph::running() const { return core_ && core_->running(); }
 
 }  // namespace splitflow

@@ -169,6 +169,7 @@ std::string to_json(const RunStats& st, const std::optional<DeviceStats>& device
   j["items_delivered"] = std::uint64_t{st.items_delivered()};
   j["throughput"] = fixed(st.throughput(), 3);
   j["max_in_flight"] = std::uint64_t{st.max_in_flight};
+  j["threads"] = std::uint64_t{st.threads};
   Json stages = Json::array();
   for (const StageStats& s : st.stages) stages.push_back(stage_json(s));
   j["stages"] = std::move(stages);

@@ -20,6 +20,27 @@ std::string mib(double b) { return fmt::format("{:.1f} MiB", b / (1 << 20)); }
 std::string ms(std::int64_t ns) { return fmt::format("{:.1f} ms", static_cast<double>(ns) / 1e6); }
 bool limited(const StageStats& s) { return s.concurrency_limit != Concurrency::unlimited; }
 
+// "raise the concurrency of stage 'x' from a to b", `why` after it; within the runtime's
+// threads for a stage whose bodies hold them (an async or blocking stage's items out do not):
+// past them the suggestion says what else it takes.
+std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size_t to,
+                              const std::string& why = {}) {
+  const bool holds_threads = s.kind == StageKind::stage && s.call_ns < 0;
+  if (holds_threads && st.threads > 0 && to > st.threads) {
+    if (s.concurrency_limit >= st.threads)
+      return fmt::format(
+          "stage '{}' already runs on all {} of the runtime's threads{}: it takes more cores "
+          "(RuntimeConfig::threads), a cheaper body, or its work on the GPU",
+          s.name, st.threads, why);
+    return fmt::format(
+        "raise the concurrency of stage '{}' from {} to {}, the runtime's threads{}; past them it "
+        "takes more cores (RuntimeConfig::threads), a cheaper body, or its work on the GPU",
+        s.name, s.concurrency_limit, st.threads, why);
+  }
+  return fmt::format("raise the concurrency of stage '{}' from {} to {}{}", s.name,
+                     s.concurrency_limit, to, why);
+}
+
 // Share of its capacity a stage used: work over wall x limit (for unlimited stages, its busy
 // fraction: it was never the limit itself).
 double saturation(const StageStats& s, std::int64_t wall) {
@@ -100,6 +121,10 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
   Diagnosis d;
   const std::int64_t wall = st.wall_ns;
   if (wall <= 0 || st.stages.empty()) return d;
+  // A failed run stopped at its error: its rates, waits and busy times describe the part
+  // before it (often nothing but a start), and a bottleneck named from them would send its user
+  // tuning what did not go wrong.
+  if (st.status == RunStatus::failed) return d;
 
   // 1. What each GPU stage waited for, and what to change. "In flight" (the stage's busy
   // state) is not the same as the device working: the graph's device time decides.
@@ -169,10 +194,10 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
       if (limited(*p) && p_item > 0 && g_item > 0) {
         const auto need = static_cast<std::size_t>(std::ceil(p_item / g_item));
         if (need > p->concurrency_limit)
-          d.suggestions.push_back(fmt::format(
-              "raise the concurrency of stage '{}' from {} to {} ({:.2f} ms of work per item against "
-              "{:.2f} ms of device time per item); beyond the cores, move its work to the GPU",
-              p->name, p->concurrency_limit, need, p_item / 1e6, g_item / 1e6));
+          d.suggestions.push_back(raise_concurrency(
+              st, *p, need,
+              fmt::format(" ({:.2f} ms of work per item against {:.2f} ms of device time per item)",
+                          p_item / 1e6, g_item / 1e6)));
       }
     } else if (in_flight > 0.8 && (device_share >= 0.5 || producers_blocked(st, g.name) > 0.3)) {
       if (d.bottleneck.empty()) d.bottleneck = g.name;
@@ -251,8 +276,7 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
     const StageStats& b = holder ? *holder : *first_by;
     d.bottleneck = b.name;
     if (b.kind == StageKind::stage && limited(b) && saturation(b, wall) > 0.8)
-      d.suggestions.push_back(fmt::format("raise the concurrency of stage '{}' from {} to {}",
-                                          b.name, b.concurrency_limit, 2 * b.concurrency_limit));
+      d.suggestions.push_back(raise_concurrency(st, b, 2 * b.concurrency_limit));
   }
 
   // 3. A CPU-only graph: its most saturated stage.
@@ -266,9 +290,7 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
       d.findings.push_back(fmt::format("stage '{}' is the bottleneck: {} of its capacity used",
                                        top->name, pct(saturation(*top, wall))));
       if (limited(*top))
-        d.suggestions.push_back(fmt::format("raise the concurrency of stage '{}' from {} to {}",
-                                            top->name, top->concurrency_limit,
-                                            2 * top->concurrency_limit));
+        d.suggestions.push_back(raise_concurrency(st, *top, 2 * top->concurrency_limit));
     }
   }
 
@@ -325,7 +347,10 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
                        device->max_leases_in_use);
   const Diagnosis d = diagnose(st, device);
   out += "\ndiagnosis:";
-  if (d.findings.empty()) out += " nothing stands out\n";
+  if (st.status == RunStatus::failed)
+    out += " none: the run failed (its error says where); the figures above cover the part "
+           "before the failure\n";
+  else if (d.findings.empty()) out += " nothing stands out\n";
   else out += fmt::format(" bottleneck '{}'\n", d.bottleneck);
   for (const auto& f : d.findings) out += "  - " + f + "\n";
   for (const auto& s : d.suggestions) out += "  > " + s + "\n";

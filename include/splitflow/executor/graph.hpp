@@ -243,6 +243,9 @@ class GpuStage : public Node<In, Out> {
 
 namespace detail {
 
+/// Throws GraphError: a member of a Graph that was moved from was called.
+[[noreturn]] void moved_from_graph();
+
 struct Deduce {};
 
 template <class F>
@@ -383,7 +386,9 @@ class Graph {
   Graph(Graph&&) noexcept;
   Graph& operator=(Graph&&) noexcept;
 
-  const std::string& name() const noexcept { return core_->name(); }
+  /// The graph's name. Every member but running(), the destructor and assignment throws
+  /// GraphError on a graph moved from (use the Graph it was moved into).
+  const std::string& name() const { return core().name(); }
 
   /// A source from a generator: `std::optional<T>()` is called serially until it returns
   /// nullopt. A copyable generator is copied for each run, so every run starts afresh.
@@ -436,7 +441,7 @@ class Graph {
     bool placed = false;
     if constexpr (std::is_invocable_v<F&, I&&>)
       if (!options.blocking && options.concurrency == Concurrency::automatic &&
-          detail::placed_on_blocking_threads(*core_, name))
+          detail::placed_on_blocking_threads(core(), name))
         options.blocking = placed = true;
     if (options.blocking) {
       if constexpr (std::is_invocable_v<F&, I&&>) {
@@ -445,14 +450,14 @@ class Graph {
         // (its wall time less its CPU demand: time on a CPU or runnable waiting for one, so
         // that a busy machine does not make a computing body look as if it waited; wait_ns).
         auto kept = std::make_shared<F>(std::move(body));
-        detail::GraphCore* core = core_.get();
+        detail::GraphCore* core = &this->core();
         auto submit = [kept, core](I item, Completion<Out> c) {
           core->post_blocking(detail::BlockingTask(
               [kept, item = std::move(item), c = std::move(c),
                seq = current_item()]() mutable {
                 if (c.withdrawn()) return;  // its run stopped while it waited for a thread
-                detail::CurrentItem current;  // splitflow::current_item() in the body
-                if (seq) current.set(*seq);
+                // splitflow::current_item() in the body.
+                detail::CurrentItem current(seq.value_or(detail::CurrentItem::kNone));
                 const auto wall0 = std::chrono::steady_clock::now();
                 const detail::ThreadCpu at0 = detail::thread_cpu();
                 auto charge = [&] {
@@ -593,10 +598,15 @@ class Graph {
  private:
   template <class N, class... A>
   N& add(A&&... args) {
-    auto node = std::make_unique<N>(*core_, std::forward<A>(args)...);
+    auto node = std::make_unique<N>(core(), std::forward<A>(args)...);
     N& ref = *node;
     core_->adopt(std::move(node));
     return ref;
+  }
+  /// The graph's core; GraphError on a graph moved from.
+  detail::GraphCore& core() const {
+    if (!core_) detail::moved_from_graph();
+    return *core_;
   }
 
   std::unique_ptr<detail::GraphCore> core_;

@@ -518,14 +518,14 @@ class Service {
 
 template <class In, class Out>
 Service<In, Out> Graph::service(std::string name, ServiceOptions options) {
-  if (core_->tracker())
+  if (core().tracker())
     throw GraphError("splitflow::Graph '" + this->name() +
                      "': it already has a service (one per graph)");
   auto book = std::make_shared<detail::RequestBook<Out>>(this->name(), name, options);
   auto& src = add<detail::PushSourceNode<In>>(name);
   auto& sink = add<detail::AnswerSinkNode<Out>>(name + ".answer", book);
   src.set_on_end([b = book.get()](bool stopped) { b->fail_all(stopped); });
-  core_->set_tracker(book.get());
+  core().set_tracker(book.get());
   return Service<In, Out>(src, sink, std::move(book));
 }
 

@@ -215,6 +215,9 @@ struct RunStats {
   /// or the tuner's lower limit under the runtime's memory budget (RuntimeConfig::
   /// host_memory_budget: docs/autotune.md, "Memory").
   std::size_t max_in_flight = 0;
+  /// The threads of the runtime's task arena (RuntimeConfig::threads), which the graph's
+  /// synchronous stages share: the diagnosis suggests no concurrency past them. 0: not known.
+  std::size_t threads = 0;
   /// Items consumed by the graph's sinks: those a sink's body took (not those it skipped) and
   /// those that reached a pull sink's queue.
   std::uint64_t items_delivered() const noexcept;

@@ -147,8 +147,9 @@ class AsyncStageNode final : public Emitter<Out> {
           report_waits(this->graph(), *in, *arrivals, t0);
           In item = std::move(in->front().value);
           in->clear();
-          CurrentItem current;  // splitflow::current_item() in the body (a blocking stage's
-          current.set(inv->seq);  // task takes it to its thread)
+          // splitflow::current_item() in the body (a blocking stage's task takes it to its
+          // thread).
+          CurrentItem current(inv->seq);
           try {
             std::invoke(f_, std::move(item), Completion<Out>(inv));
             called(t0);

@@ -35,6 +35,7 @@ class CurrentItem {
  public:
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   CurrentItem() noexcept : previous_(exchange(kNone)) {}
+  explicit CurrentItem(std::uint64_t seq) noexcept : previous_(exchange(seq)) {}
   ~CurrentItem() { exchange(previous_); }
   CurrentItem(const CurrentItem&) = delete;
   CurrentItem& operator=(const CurrentItem&) = delete;

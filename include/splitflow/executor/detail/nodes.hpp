@@ -1057,6 +1057,7 @@ class PullSinkNode final : public NodeBase {
     NodeBase::reset(start, telemetry, parallelism);
     queue_.clear();  // leftovers of an earlier run
     eos_ = false;
+    ran_ = true;
     cancelled_.clear();
     late_ = std::make_shared<LateTakes>();  // the last run's stays with it
     finalized_ = false;
@@ -1092,6 +1093,10 @@ class PullSinkNode final : public NodeBase {
         return v;
       }
       if (queue_.empty()) {
+        if (!ran_)  // (an empty loop here, and a run started later filling a queue nobody reads)
+          throw GraphError("splitflow: " + readers_->what +
+                           " was read before its graph's first run: call run() first, then "
+                           "read");
         std::string cancelled = cancelled_;
         lk.unlock();
         this->graph().rethrow_if_failed();
@@ -1147,6 +1152,7 @@ class PullSinkNode final : public NodeBase {
   std::deque<std::pair<T, Ticks>> queue_;  // item, arrival
   std::condition_variable_any cv_;
   bool eos_ = true;
+  bool ran_ = false;  // a run started: before, a read is the caller's mistake
   std::string cancelled_;  // set at the end of a run cancelled by others: CancelledError's text
   std::shared_ptr<LateTakes> late_ = std::make_shared<LateTakes>();  // under mu_
   bool finalized_ = false;  // the run's final figures were read
