@@ -212,6 +212,15 @@ TEST(BatchDecode, BadOptionsFailWhenTheOpIsBuilt) {
   EXPECT_THROW(im::BatchDecode({.on_error = OnError::substitute}), Error);
   EXPECT_THROW(im::BatchDecode({.device_queue_cap = 0}), Error);
   EXPECT_THROW(im::BatchDecode({.cores = -1}), Error);
+  // Its rows are square crops (u8[n, size, size, c]): a width of its own is the fused op's.
+  try {
+    im::BatchDecode({.augment = {.size = 24, .width = 40}});
+    ADD_FAILURE() << "a non-square augment taken";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "splitflow: BatchDecode: its batches are of square crops (size 24); "
+                           "augment.width 40 is for DecodeRandomResizedCrop");
+  }
+  EXPECT_NO_THROW(im::BatchDecode({.augment = {.size = 24, .width = 24}}));
 }
 
 namespace {

@@ -24,6 +24,7 @@
 #include <splitflow/ops/image.hpp>
 #include <splitflow/splitflow.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -591,6 +592,48 @@ TEST(ImageDecode, TruncatedGarbageAndEmptyFilesAreErrorsNamingTheFile) {
   }
 }
 
+// A torchvision user's trial (2026-12-05): the same damaged bytes were worded differently by
+// decode_jpeg (TurboJPEG's "missing SOS marker") and the fused op (libjpeg's "Premature end of
+// JPEG file"), and bytes without a file name (an array from Python) read "decode_jpeg: '': ...".
+// Both ops now say the same of the same bytes, and an unnamed file is not quoted.
+TEST(ImageDecode, DecodeAndTheFusedCropWordTheSameDamagedBytesAlike) {
+  const auto jpeg = encode(random_pixels(120, 160, 3, 5), 120, 160, 3);
+  const std::vector<std::vector<std::uint8_t>> cases = {
+      std::vector<std::uint8_t>(jpeg.begin(), jpeg.begin() + jpeg.size() / 2),
+      std::vector<std::uint8_t>(jpeg.begin(), jpeg.begin() + 300),
+      std::vector<std::uint8_t>(jpeg.begin(), jpeg.begin() + 200),
+      std::vector<std::uint8_t>(40, 0x68)};
+  const image::DecodeRandomResizedCrop fused({.size = 32});
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    for (const std::string name : {"", "d.jpg"}) {
+      const auto& bytes = cases[i];
+      const std::string plain = message([&] {
+        image::decode_jpeg(bytes.data(), bytes.size(), image::Color::rgb, name);
+      });
+      const std::string crop = message([&] {
+        HostTensor t = HostTensor::empty(DType::u8, {static_cast<std::int64_t>(bytes.size())});
+        std::copy(bytes.begin(), bytes.end(), t.data<std::uint8_t>());
+        fused(image::Encoded{0, name, t});
+      });
+      EXPECT_EQ(plain, crop) << "case " << i;
+      EXPECT_EQ(plain.rfind(name.empty() ? "splitflow::image::decode_jpeg: "
+                                         : "splitflow::image::decode_jpeg: 'd.jpg': ",
+                            0),
+                0u)
+          << plain;
+      EXPECT_EQ(plain.find("''"), std::string::npos) << plain;
+    }
+  }
+}
+
 // "Decoders bound what they allocate from a header's claimed size" (image.hpp,
 // kMaxDecodePixels): a header forged to 60000 x 60000 (libjpeg-turbo's own limit is 65500 per
 // side) fails before anything is allocated for it, by every decoder, naming the file and the
@@ -825,6 +868,50 @@ TEST(ImageDecode, FusedCropEqualsDecodeThenCropAtLargeFactors) {
       EXPECT_EQ(bytes_of(two.pixels), bytes_of(want)) << "item " << i;
     }
   }
+}
+
+// A torchvision user's trial (2026-12-05): RandomResizedCrop(size=(h, w)) makes crops of h x
+// w; splitflow's ops took a square size only. AugmentSpec::width: the box is drawn as for a
+// square (torchvision draws it from the image alone), then resized to size x width; the fused
+// op still equals decode-then-crop, and its scaled decode keeps the decoded crop at least the
+// output's size on each side.
+TEST(ImageDecode, ANonSquareCropIsTheDrawnBoxResizedToHeightByWidth) {
+  const int h = 720, w = 960;
+  std::vector<std::uint8_t> px = fine_text(h, w, 3);
+  const auto noise = noise_pixels(h, w, 3, 5);
+  for (std::size_t i = 0; i < px.size(); ++i) px[i] = static_cast<std::uint8_t>((px[i] * 3 + noise[i]) / 4);
+  const auto jpeg = encode(px, h, w, 3, 95);
+  const HostTensor full = image::decode_jpeg(jpeg.data(), jpeg.size());
+  using SD = image::AugmentSpec::ScaledDecode;
+  for (SD sd : {SD::never, SD::always}) {
+    const image::AugmentSpec spec{.size = 24, .width = 40, .seed = 3, .scaled_decode = sd};
+    const image::AugmentSpec square{.size = 24, .seed = 3};
+    for (std::uint64_t i = 0; i < 10; ++i) {
+      HostTensor bytes = HostTensor::empty(DType::u8, {std::int64_t(jpeg.size())});
+      std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
+      const image::Image fused = image::decode_random_resized_crop({i, "wide.jpg", bytes}, spec);
+      const image::Image two = image::RandomResizedCrop(spec)({i, "wide.jpg", full});
+      ASSERT_EQ(two.pixels.shape(), (std::vector<std::int64_t>{24, 40, 3}));
+      ASSERT_EQ(fused.pixels.shape(), (std::vector<std::int64_t>{24, 40, 3}));
+      const image::Augment a = image::draw_augment(h, w, i, spec);
+      const image::Augment b = image::draw_augment(h, w, i, square);
+      EXPECT_EQ(std::tie(a.box.y, a.box.x, a.box.h, a.box.w, a.flip),
+                std::tie(b.box.y, b.box.x, b.box.h, b.box.w, b.flip)) << "item " << i;
+      HostTensor want = image::resize(full, 24, 40, a.box);
+      if (a.flip) want = image::hflip(want);
+      EXPECT_EQ(bytes_of(two.pixels), bytes_of(want)) << "item " << i;
+      if (sd == SD::never) EXPECT_EQ(bytes_of(fused.pixels), bytes_of(two.pixels)) << "item " << i;
+    }
+  }
+  // The denominator leaves the decoded crop at least 24 rows and 400 columns.
+  const image::AugmentSpec wide{.size = 24, .width = 400, .scaled_decode = SD::always};
+  EXPECT_EQ(image::decode_denominator(wide, 3000, 4000, {0, 0, 1800, 1800}), 4);   // 1800/8 < 400
+  EXPECT_EQ(image::decode_denominator(wide, 3000, 4000, {0, 0, 1800, 799}), 1);    // 799/2 < 400
+  const image::AugmentSpec tall{.size = 400, .width = 24, .scaled_decode = SD::always};
+  EXPECT_EQ(image::decode_denominator(tall, 3000, 4000, {0, 0, 1800, 1800}), 4);
+  // A width out of bounds is refused when the op is built; BatchDecode makes square batches.
+  EXPECT_THROW(image::RandomResizedCrop({.size = 24, .width = -1}), Error);
+  EXPECT_THROW(image::RandomResizedCrop({.size = 24, .width = image::kMaxOutputSide + 1}), Error);
 }
 
 // Scaled decode (issue 21): the DCT scale is the largest the crop's shrink allows (the decoded

@@ -111,6 +111,10 @@ struct BatchDecode::State {
 
 BatchDecode::BatchDecode(BatchDecodeOptions options) : s_(std::make_shared<State>()) {
   validate(options.augment, "BatchDecode");
+  if (options.augment.width != 0 && options.augment.width != options.augment.size)
+    throw Error(fmt::format("splitflow: BatchDecode: its batches are of square crops (size {}); "
+                            "augment.width {} is for DecodeRandomResizedCrop", options.augment.size,
+                            options.augment.width));
   if (options.on_error == OnError::substitute)
     throw Error("splitflow: BatchDecode: on_error must be fail or skip (a batch's substitute is "
                 "its stage's: set on_error = substitute on the stage instead)");

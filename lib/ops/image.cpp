@@ -79,6 +79,16 @@ struct TjHandle {
   throw Error(std::move(message));
 }
 
+// The output width of a random-resized crop: its own, or its size (a square).
+int out_width(const AugmentSpec& s) noexcept { return s.width > 0 ? s.width : s.size; }
+
+// "splitflow::image::<fn>: '<file>'", or without the file where the bytes have no name (an
+// array from Python: the stage's error names the item).
+std::string about(const char* fn, const std::string& what) {
+  return what.empty() ? fmt::format("splitflow::image::{}", fn)
+                      : fmt::format("splitflow::image::{}: '{}'", fn, what);
+}
+
 }  // namespace
 
 // ---- file lists ------------------------------------------------------------------------------
@@ -207,9 +217,9 @@ namespace {
 // A header's claimed size, checked before anything is allocated for it.
 void check_pixels(std::int64_t width, std::int64_t height, const std::string& what) {
   if (width * height > kMaxDecodePixels)
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': its header claims {}x{} pixels, "
+    throw Error(fmt::format("{}: its header claims {}x{} pixels, "
                             "over the decode limit of {} (splitflow::image::kMaxDecodePixels)",
-                            what, width, height, kMaxDecodePixels));
+                            about("decode_jpeg", what), width, height, kMaxDecodePixels));
 }
 // Progressive and multi-scan files decode through libjpeg's whole-image buffer of coefficients
 // (2 bytes a sample), allocated before any scan is read: held to the output's budget too.
@@ -217,7 +227,9 @@ void check_coefficients(const std::uint8_t* data, std::size_t size, const std::s
 }  // namespace
 
 namespace {
-bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size);
+// Whether libjpeg reads the header; if not, *why is its message (the one the region decoder
+// gives for the same bytes).
+bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size, std::string* why);
 }  // namespace
 
 HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, const std::string& what) {
@@ -228,19 +240,21 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
                                        &subsamp, &colorspace) != 0) {
     // TurboJPEG (2.x) refuses some headers that libjpeg, and so PIL, decodes (sampling factors
     // it has no name for: "Could not determine subsampling type"): the libjpeg decoder takes them.
-    if (size != 0 && libjpeg_reads_the_header(data, size))
+    std::string why = size == 0 ? "empty" : tjGetErrorStr2(tj);
+    if (size != 0 && libjpeg_reads_the_header(data, size, &why))
       return decode_jpeg_region(data, size, {}, color, what);
-    decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
-                            size == 0 ? "empty" : tjGetErrorStr2(tj)));
+    // (libjpeg's words where it refused the header too: decode_random_resized_crop, which reads
+    // it with libjpeg, says the same of the same bytes.)
+    decode_failed(fmt::format("{}: not a readable JPEG ({})", about("decode_jpeg", what), why));
   }
   // A CMYK or YCCK file: TurboJPEG decodes it to CMYK only; the libjpeg decoder converts it as
   // PIL does (cmyk_to_rgb).
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return decode_jpeg_region(data, size, {}, color, what);
   // Data cut short before the frame header parses as "tables only": no image in it.
   if (width <= 0 || height <= 0)
-    decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': no image in the data (truncated "
+    decode_failed(fmt::format("{}: no image in the data (truncated "
                             "before the frame header?)",
-                            what));
+                            about("decode_jpeg", what)));
   check_pixels(width, height, what);
   check_coefficients(data, size, what);
   const int channels = color == Color::rgb ? 3 : 1;
@@ -258,7 +272,7 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
     return decode_jpeg_region(data, size, {0, 0, height, width}, color, what);
   }
   if (rc != 0)
-    decode_failed(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
+    decode_failed(fmt::format("{}: {} ({}x{})", about("decode_jpeg", what),
                             tjGetErrorStr2(tj), width, height));
   return out;
 }
@@ -355,16 +369,18 @@ void check_coefficient_buffer(JpegDecoder& d, const std::string& what) {
              DCTSIZE2 * static_cast<std::int64_t>(sizeof(JCOEF));
   }
   if (bytes > kMaxDecodePixels * 3)
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': a {}x{} progressive or multi-scan "
+    throw Error(fmt::format("{}: a {}x{} progressive or multi-scan "
                             "JPEG needs {} bytes of coefficient buffer, over the decode limit of {} "
                             "(splitflow::image::kMaxDecodePixels * 3)",
-                            what, d.cinfo.image_width, d.cinfo.image_height, bytes,
+                            about("decode_jpeg", what), d.cinfo.image_width, d.cinfo.image_height, bytes,
                             kMaxDecodePixels * 3));
 }
 
-bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size) {
+bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size, std::string* why) {
   JpegDecoder d;
-  return read_header(d, data, size, false);
+  if (read_header(d, data, size, false)) return true;
+  if (why) *why = d.errors.message;
+  return false;
 }
 
 void check_coefficients(const std::uint8_t* data, std::size_t size, const std::string& what) {
@@ -457,7 +473,7 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
                               Box* decoded = nullptr) {
   JpegDecoder d;
   if (size == 0 || !read_header(d, data, size, color == Color::gray))
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': not a readable JPEG ({})", what,
+    throw Error(fmt::format("{}: not a readable JPEG ({})", about("decode_jpeg", what),
                             size == 0 ? "empty" : d.errors.message));
   const int H = static_cast<int>(d.cinfo.image_height), W = static_cast<int>(d.cinfo.image_width);
   check_pixels(W, H, what);
@@ -466,9 +482,9 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
   if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
   if (box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 || std::int64_t{box.y} + box.h > H ||
       std::int64_t{box.x} + box.w > W)
-    throw Error(fmt::format("splitflow::image::decode_jpeg_region: '{}': box (y {}, x {}, h {}, w "
+    throw Error(fmt::format("{}: box (y {}, x {}, h {}, w "
                             "{}) is outside the {}x{} image",
-                            what, box.y, box.x, box.h, box.w, H, W));
+                            about("decode_jpeg_region", what), box.y, box.x, box.h, box.w, H, W));
   const int C = color == Color::rgb ? 3 : 1;
   const int D = is_cmyk(d.cinfo) ? 4 : C;  // the channels libjpeg decodes
   unsigned max_w = static_cast<unsigned>(W);
@@ -491,7 +507,7 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
   std::vector<std::uint8_t> spare(static_cast<std::size_t>(max_w) * D);  // the last row's
   if (!decode_rows(d, box.y, box.h, &x, &w, static_cast<std::uint8_t*>(rows.raw()),
                    static_cast<std::size_t>(max_w) * D, &out_x, &out_w, spare.data()))
-    throw Error(fmt::format("splitflow::image::decode_jpeg: '{}': {} ({}x{})", what,
+    throw Error(fmt::format("{}: {} ({}x{})", about("decode_jpeg", what),
                             d.errors.message, W, H));
   // Compact the box's columns to the front of each row (in place: rows overlap; a CMYK row's
   // pixels are converted as they move, each read before its place is written).
@@ -549,10 +565,11 @@ Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color co
     const std::array<double, 4> sub{a.box.y / k - decoded.y, (a.box.y + a.box.h) / k - decoded.y,
                                     a.box.x / k - decoded.x, (a.box.x + a.box.w) / k - decoded.x};
     return Image{file.index, std::move(file.path),
-                 antialiased(region, spec.size, spec.size, {0, 0, decoded.h, decoded.w}, a.flip, &sub)};
+                 antialiased(region, spec.size, out_width(spec), {0, 0, decoded.h, decoded.w}, a.flip,
+                             &sub)};
   }
   return Image{file.index, std::move(file.path),
-               resize_flipped(region, spec.size, spec.size, a.flip, spec.antialias)};
+               resize_flipped(region, spec.size, out_width(spec), a.flip, spec.antialias)};
 }
 
 int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept {
@@ -567,7 +584,7 @@ int decode_denominator(const AugmentSpec& spec, int height, int width, const Box
   // The largest denominator that still leaves the decoded crop at least the output's size: the
   // resize after it then still shrinks (antialiased), never enlarges.
   for (int k : {8, 4, 2})
-    if (h / k >= spec.size && w / k >= spec.size) return k;
+    if (h / k >= spec.size && w / k >= out_width(spec)) return k;
   return 1;
 }
 
@@ -1066,6 +1083,9 @@ void validate(const AugmentSpec& s, const char* op) {
   };
   if (s.size < 1 || s.size > kMaxOutputSide)
     bad(fmt::format("size {} is out of range: give 1 to {} (pixels per side)", s.size, kMaxOutputSide));
+  if (s.width < 0 || s.width > kMaxOutputSide)
+    bad(fmt::format("width {} is out of range: give 1 to {} (pixels), or 0 for a square of size",
+                    s.width, kMaxOutputSide));
   const auto range = [&](const char* name, double lo, double hi) {
     if (!std::isfinite(lo) || !std::isfinite(hi) || lo <= 0 || hi <= 0 || lo > hi)
       bad(fmt::format("{} ({}, {}) must be two finite positive numbers, the smaller first", name,
@@ -1142,7 +1162,7 @@ Image RandomResizedCrop::operator()(Image img) const {
   check_hwc(img.pixels, "RandomResizedCrop");
   const Augment a = draw_augment(static_cast<int>(img.pixels.dim(0)),
                                  static_cast<int>(img.pixels.dim(1)), img.index, spec_);
-  img.pixels = resize_impl(img.pixels, spec_.size, spec_.size, a.box, a.flip, spec_.antialias);
+  img.pixels = resize_impl(img.pixels, spec_.size, out_width(spec_), a.box, a.flip, spec_.antialias);
   return img;
 }
 

@@ -19,18 +19,21 @@ std::string who(const std::string* stage, std::uint64_t item, const char* fn) {
 detail::NormalizeParams params(const std::string* stage, std::uint64_t item, std::int64_t c,
                                const std::vector<float>& mean, const std::vector<float>& stddev,
                                float scale, const char* fn = "normalize") {
-  if (c < 1 || c > detail::kMaxChannels || mean.size() != static_cast<std::size_t>(c) ||
-      stddev.size() != static_cast<std::size_t>(c))
-    throw Error(fmt::format("{} needs one mean and one stddev per channel (1..{} channels); the "
-                            "images have {}, {} means, {} stddevs",
+  // One value per channel, or one for all of them (broadcast, as torchvision's Normalize does).
+  const auto fits = [c](std::size_t k) { return k == 1 || k == static_cast<std::size_t>(c); };
+  if (c < 1 || c > detail::kMaxChannels || !fits(mean.size()) || !fits(stddev.size()))
+    throw Error(fmt::format("{} needs one mean and one stddev per channel, or one for all "
+                            "(1..{} channels); the images have {}, {} means, {} stddevs",
                             who(stage, item, fn), detail::kMaxChannels, c, mean.size(), stddev.size()));
   detail::NormalizeParams p{};
   p.scale = scale;
   for (std::int64_t i = 0; i < c; ++i) {
-    if (stddev[i] == 0.0f)
-      throw Error(fmt::format("{}: stddev[{}] is 0", who(stage, item, fn), i));
-    p.mean[i] = mean[i];
-    p.stddev[i] = stddev[i];
+    const std::size_t m = mean.size() == 1 ? 0 : static_cast<std::size_t>(i);
+    const std::size_t sd = stddev.size() == 1 ? 0 : static_cast<std::size_t>(i);
+    if (stddev[sd] == 0.0f)
+      throw Error(fmt::format("{}: stddev[{}] is 0", who(stage, item, fn), sd));
+    p.mean[i] = mean[m];
+    p.stddev[i] = stddev[sd];
   }
   return p;
 }
@@ -81,8 +84,9 @@ HostTensor normalize_reference(const HostTensor& images, const std::vector<float
       for (std::int64_t y = 0; y < h; ++y)
         for (std::int64_t x = 0; x < w; ++x)
           dst[((b * c + ch) * h + y) * w + x] =
-              (static_cast<float>(in[((b * h + y) * w + x) * c + ch]) * scale - mean[ch]) /
-              stddev[ch];
+              (static_cast<float>(in[((b * h + y) * w + x) * c + ch]) * scale -
+               mean[mean.size() == 1 ? 0 : ch]) /
+              stddev[stddev.size() == 1 ? 0 : ch];
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -400,6 +401,41 @@ std::size_t count_arg(const py::handle& o, const std::string& who, const char* a
     throw GraphError(who + ": " + arg + "=" + repr + (negative ? " is negative" : " is too large"));
   }
   return static_cast<std::size_t>(*v);
+}
+
+/// An output size as torchvision takes it: an int (a square), or a sequence of (height, width)
+/// (or of one int). Returns (height, width); GraphError naming `who` and the value otherwise.
+/// The bounds are the op's (image::validate).
+std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
+  // An int's value goes to the op's bounds check (image::validate names it out of range).
+  const auto side = [&](const py::handle& v) -> int {
+    if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
+      throw GraphError(who + ": size must be an int or (height, width), not " +
+                       py::repr(o).cast<std::string>());
+    const std::optional<std::int64_t> n = index_of(v.ptr());
+    if (!n) return PyObject_RichCompareBool(v.ptr(), py::int_(0).ptr(), Py_LT) == 1 ? -1 : INT_MAX;
+    return static_cast<int>(std::clamp<std::int64_t>(*n, INT_MIN, INT_MAX));
+  };
+  if (PyIndex_Check(o.ptr()) || PyBool_Check(o.ptr())) {
+    const int n = side(o);
+    return {n, n};
+  }
+  if (PySequence_Check(o.ptr()) && !PyUnicode_Check(o.ptr()) && !PyBytes_Check(o.ptr())) {
+    const py::sequence seq = py::reinterpret_borrow<py::sequence>(o);
+    if (seq.size() == 1) {
+      const int n = side(seq[0]);
+      return {n, n};
+    }
+    if (seq.size() == 2) {
+      const int h = side(seq[0]), w = side(seq[1]);
+      if (w < 1 || w > image::kMaxOutputSide)  // (0 would mean a square to the op)
+        throw GraphError(who + ": width " + std::to_string(w) + " is out of range: give 1 to " +
+                         std::to_string(image::kMaxOutputSide) + " (pixels)");
+      return {h, w};
+    }
+  }
+  throw GraphError(who + ": size must be an int or (height, width), not " +
+                   py::repr(o).cast<std::string>());
 }
 
 /// A flag argument (ordered=, blocking=, drop_last=): True or False (a NumPy bool too), else
@@ -802,11 +838,12 @@ void bind_image_ops(py::module_& mops) {
   "CPU op: JPEG bytes -> uint8 HWC pixels (libjpeg-turbo). Corrupt or truncated data raises, "
   "naming the file; use the stage's on_error='skip' to drop such files.");
 
-  mops.def("random_resized_crop", [](int size, std::uint64_t seed, std::uint64_t epoch,
+  mops.def("random_resized_crop", [](py::object size, std::uint64_t seed, std::uint64_t epoch,
                                      std::pair<double, double> scale, std::pair<double, double> ratio,
                                      double flip, bool antialias) {
+    const auto [h, w] = crop_size_arg(size, "splitflow.ops.random_resized_crop");
     image::RandomResizedCrop op(
-        {size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
+        {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
     return CpuOp{"random_resized_crop", [op](Value v) -> Value {
       return op(image_input(std::move(v), "ops.random_resized_crop"));
     }, {}, true};
@@ -814,12 +851,13 @@ void bind_image_ops(py::module_& mops) {
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
   py::arg("antialias") = true,
-  "CPU op: torchvision's RandomResizedCrop + RandomHorizontalFlip on uint8 HWC pixels, with "
+  "CPU op: torchvision's RandomResizedCrop + RandomHorizontalFlip on uint8 HWC pixels (size: an "
+  "int for a square, or (height, width), as torchvision takes it), with "
   "randomness drawn from (seed, epoch, the item's index): reproducible in any thread order. "
   "antialias=True (the default): the crop is shrunk as PIL's resize(BILINEAR) does it (within 1 "
   "at every pixel); antialias=False: the plain bilinear, which aliases when shrinking.");
 
-  mops.def("decode_random_resized_crop", [](int size, std::uint64_t seed, std::uint64_t epoch,
+  mops.def("decode_random_resized_crop", [](py::object size, std::uint64_t seed, std::uint64_t epoch,
                                             std::pair<double, double> scale,
                                             std::pair<double, double> ratio, double flip, bool gray,
                                             bool antialias, std::string scaled_decode) {
@@ -835,8 +873,9 @@ void bind_image_ops(py::module_& mops) {
       throw GraphError("splitflow.ops.decode_random_resized_crop: scaled_decode='" + scaled_decode +
                        "'; use 'large' (the default: photos of 8 megapixels or more), 'always' or 'never'");
     }
+    const auto [h, w] = crop_size_arg(size, "splitflow.ops.decode_random_resized_crop");
     image::DecodeRandomResizedCrop op(
-        {size, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias, sd},
+        {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias, sd},
         gray ? image::Color::gray : image::Color::rgb);
     return CpuOp{"decode_random_resized_crop", [op](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.decode_random_resized_crop");
@@ -846,7 +885,8 @@ void bind_image_ops(py::module_& mops) {
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
   py::arg("gray") = false, py::arg("antialias") = true, py::arg("scaled_decode") = "large",
-  "CPU op: decode_jpeg + random_resized_crop fused: the crop is drawn from the header's size "
+  "CPU op: decode_jpeg + random_resized_crop fused (size: an int or (height, width)): the crop "
+  "is drawn from the header's size "
   "and only its region is decoded. The same pixels as the two ops (with the same antialias), "
   "for less decoding, unless the crop is decoded at a reduced scale: scaled_decode='large' (the "
   "default) decodes a crop that shrinks by 2x or more at libjpeg's 1/2, 1/4 or 1/8 DCT scale "
@@ -926,10 +966,12 @@ void bind_ops(py::module_& m) {
 
   // What normalize's arguments must be, checked when the op is made (not per item at run time).
   auto check_normalize = [](const char* op, const std::vector<float>& mean, const std::vector<float>& stddev) {
-    if (mean.empty() || mean.size() != stddev.size())
-      throw GraphError(std::string(op) + ": mean and std give one value per channel: " +
-                       std::to_string(mean.size()) + " means, " + std::to_string(stddev.size()) +
-                       " stds");
+    // One value per channel, or one for all (broadcast, as torchvision's Normalize does).
+    if (mean.empty() || stddev.empty() ||
+        (mean.size() != stddev.size() && mean.size() != 1 && stddev.size() != 1))
+      throw GraphError(std::string(op) + ": mean and std give one value per channel, or one "
+                       "for all: " + std::to_string(mean.size()) + " means, " +
+                       std::to_string(stddev.size()) + " stds");
     for (std::size_t i = 0; i < stddev.size(); ++i)
       if (stddev[i] == 0.0f)
         throw GraphError(std::string(op) + ": std[" + std::to_string(i) + "] is 0 (it divides)");

@@ -253,6 +253,42 @@ def test_fused_decode_crop_equals_decode_then_crop(tmp_path):
         assert np.array_equal(a, b)
 
 
+# A torchvision user's trial (2026-12-05): RandomResizedCrop(size=(h, w)) takes a height and a
+# width; splitflow's crop ops took an int only. They take (h, w) (or [s], or s) now: with the
+# whole image as the box (scale and ratio pinned to it, no flip) the crop is the image resized
+# to h x w, and the fused op equals decode-then-crop.
+def test_crop_ops_take_a_height_and_width_as_torchvision_does(tmp_path):
+    paths = write_jpegs(str(tmp_path), 6, size=(200, 150))
+    rt = sf.Runtime(threads=2)
+
+    def run(stages):
+        g = sf.Graph(rt, "g")
+        node = g.indices("i", list(range(len(paths)))) >> g.stage("read", sf.ops.read_file(paths))
+        for k, op in enumerate(stages):
+            node = node >> g.stage(f"s{k}", op)
+        out = g.pull_sink("out")
+        node >> out
+        return [np.asarray(t).copy() for t in g.iterate(out)]
+
+    fused = run([sf.ops.decode_random_resized_crop((32, 56), seed=4)])
+    split = run([sf.ops.decode_jpeg(), sf.ops.random_resized_crop(size=[32, 56], seed=4)])
+    assert [a.shape for a in fused] == [(32, 56, 3)] * 6
+    for a, b in zip(fused, split):
+        assert np.array_equal(a, b)
+    assert [a.shape for a in run([sf.ops.decode_random_resized_crop([40])])] == [(40, 40, 3)] * 6
+    # The box is the whole image (one image size: 200x150, the first file): the crop is resize.
+    whole = dict(scale=(1.0, 1.0), ratio=(200 / 150, 200 / 150), flip=0.0)
+    crop = run([sf.ops.decode_jpeg(), sf.ops.random_resized_crop((30, 70), **whole)])[0]
+    resized = run([sf.ops.decode_jpeg(), sf.ops.resize(30, 70)])[0]
+    assert crop.shape == (30, 70, 3) and np.array_equal(crop, resized)
+    for bad, text in [((32, 0), "width 0 is out of range"), ((1, 2, 3), "size must be an int or "
+                      "(height, width), not (1, 2, 3)"), ("32", "size must be an int or (height, "
+                      "width), not '32'"), ((32.0, 32), "not (32.0, 32)"), (True, "not True")]:
+        for op in (sf.ops.random_resized_crop, sf.ops.decode_random_resized_crop):
+            with pytest.raises(sf.Error, match=re_escape(text)):
+                op(bad)
+
+
 # random_resized_crop draws its box and flip from (seed, epoch, the item's index). An image
 # that went through a Python stage is a plain array, without the index read_file gave it: every
 # item got index 0, the same box and flip (a new user's trial: 1 distinct crop of 8). Now a plain

@@ -263,7 +263,7 @@ def test_normalize_refuses_bad_arguments_when_made_and_names_the_users_stage():
     with pytest.raises(sf.GraphError, match=r"splitflow.ops.normalize: std\[0\] is 0"):
         sf.ops.normalize([0.5, 0.5, 0.5], [0.0, 1.0, 1.0])
     with pytest.raises(sf.GraphError, match="splitflow.ops.normalize: mean and std give one value "
-                                            "per channel: 3 means, 2 stds"):
+                                            "per channel, or one for all: 3 means, 2 stds"):
         sf.ops.normalize([0.5, 0.5, 0.5], [1.0, 1.0])
     with pytest.raises(sf.GraphError, match=r"splitflow.ops.gpu_normalize: std\[1\] is 0"):
         sf.ops.gpu_normalize([0.5, 0.5], [1.0, 0.0])
@@ -278,6 +278,36 @@ def test_normalize_refuses_bad_arguments_when_made_and_names_the_users_stage():
     msg = str(e.value)
     assert e.value.stage == "my_norm" and "stage 'normalize'" not in msg, msg
     assert "splitflow::ops::normalize needs one mean and one stddev per channel" in msg, msg
+
+
+def test_normalize_broadcasts_one_mean_or_std_to_every_channel_as_torchvision_does():
+    # A new-user trial (2026-12-05): torchvision's Normalize((0.5,), (0.5,)) on an RGB tensor
+    # broadcasts; ops.normalize refused a single mean ("one value per channel").
+    img = (np.arange(4 * 5 * 3) * 7 % 256).astype(np.uint8).reshape(4, 5, 3)
+    x = img.astype(np.float32).transpose(2, 0, 1) / 255.0
+    cases = [([0.5], [0.25], (x - 0.5) / 0.25),
+             ([0.4, 0.5, 0.6], [0.2], (x - np.array([0.4, 0.5, 0.6], np.float32)[:, None, None]) / 0.2),
+             ([0.5], [0.1, 0.2, 0.4], (x - 0.5) / np.array([0.1, 0.2, 0.4], np.float32)[:, None, None])]
+    rt = sf.Runtime(threads=1, backend="host")
+    for i, (mean, std, want) in enumerate(cases):
+        g = sf.Graph(rt, "bcast%d" % i)
+        out = g.pull_sink("out")
+        g.source("s", [img]) >> g.stage("norm", sf.ops.normalize(mean, std)) >> out
+        got = list(g.iterate(out))
+        assert len(got) == 1 and got[0].shape == (3, 4, 5)
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+        g2 = sf.Graph(rt, "bcast-gpu%d" % i)
+        out2 = g2.pull_sink("out")
+        g2.source("s", [img]) >> g2.gpu_stage("norm", sf.ops.normalize(mean, std)) >> out2
+        got2 = [t.torch().numpy() for t in g2.iterate(out2)]
+        np.testing.assert_allclose(got2[0], want, rtol=1e-5, atol=1e-5)
+    # Two means for three channels: neither one per channel nor one for all.
+    g = sf.Graph(rt, "bcast-bad")
+    out = g.pull_sink("out")
+    g.source("s", [img]) >> g.stage("norm", sf.ops.normalize([0.5, 0.5], [0.5])) >> out
+    with pytest.raises(sf.StageError, match="needs one mean and one stddev per channel, or one "
+                                            "for all .*the images have 3, 2 means, 1 stddevs"):
+        list(g.iterate(out))
 
 
 def _raise_on_two(v):

@@ -139,7 +139,11 @@ HostTensor resize_flipped(const HostTensor& hwc, int out_h, int out_w, bool flip
 /// and the flip depend only on (seed, epoch, item index), so a run is reproducible whatever the
 /// thread count or order.
 struct AugmentSpec {
-  int size = 224;  ///< output height and width
+  int size = 224;  ///< output height, and width unless `width` is given
+  /// Output width where it differs from the height (torchvision's size=(h, w)); 0: `size`.
+  /// The crop's box is drawn as for a square (its area and aspect ratio do not depend on the
+  /// output), then resized to size x width, as torchvision does.
+  int width = 0;
   double scale_min = 0.08, scale_max = 1.0;
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
   double flip_probability = 0.5;
@@ -164,7 +168,8 @@ struct AugmentSpec {
 inline constexpr std::int64_t kScaledDecodeMinPixels = 8'000'000;
 
 /// The DCT scale denominator (1, 2, 4 or 8) decode_random_resized_crop decodes a `box` of an
-/// `height` x `width` image at, for an output of `size` x `size` under `spec`.
+/// `height` x `width` image at, for an output of `size` x `size` (`spec.width` wide when given)
+/// under `spec`.
 int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept;
 
 /// The largest output side image ops accept (a stated bound: a 16384 x 16384 RGB output is
@@ -178,7 +183,8 @@ inline constexpr int kMaxOutputSide = 16384;
 inline constexpr std::int64_t kMaxDecodePixels = std::int64_t{1} << 28;
 /// read_file refuses files larger than this (and anything but a regular file).
 inline constexpr std::int64_t kMaxFileBytes = std::int64_t{1} << 30;
-/// Throws Error naming `op` and the bad value unless: 1 <= size <= kMaxOutputSide, scale and
+/// Throws Error naming `op` and the bad value unless: 1 <= size <= kMaxOutputSide (width 0
+/// or within the same bounds), scale and
 /// ratio finite, positive and min <= max, flip_probability in [0, 1]. The ops' constructors
 /// call it, so a bad op fails when it is built, not on each item.
 void validate(const AugmentSpec& spec, const char* op);
@@ -193,7 +199,8 @@ struct Augment {
 };
 Augment draw_augment(int height, int width, std::uint64_t index, const AugmentSpec& spec);
 
-/// A stage body: Image -> Image of size x size, cropped, resized and maybe flipped.
+/// A stage body: Image -> Image of size x size (size x width), cropped, resized and maybe
+/// flipped.
 class RandomResizedCrop {
  public:
   explicit RandomResizedCrop(AugmentSpec spec) : spec_(spec) { validate(spec_, "RandomResizedCrop"); }
