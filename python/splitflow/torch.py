@@ -61,6 +61,7 @@ What is guaranteed:
   nothing), the very batches the unbroken epoch would have yielded.
 """
 import collections
+import operator
 import os
 import warnings
 
@@ -170,6 +171,27 @@ def _distributed_rank():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _distributed_initialised():
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
+
+
+def _int_arg(who, name, value, minimum=None, none_ok=False):
+    """An integer argument (a Python or NumPy integer: not a float, a string or a bool), at least
+    `minimum`; ValueError naming `who`'s argument otherwise (2.5 was taken as 2, "3" failed
+    later with a TypeError of its own)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ValueError(f"{who}: {name} must be an int{' (or None)' if none_ok else ''}, "
+                         f"not {value!r}")
+    v = operator.index(value)
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{who}: {name} must be >= {minimum}{' (or None)' if none_ok else ''}, "
+                         f"not {value!r}")
+    return v
 
 
 class _Graph(_core.Graph):
@@ -493,15 +515,17 @@ class GraphDataset(_data.IterableDataset):
                  to_torch=True, name="dataset", even_shards=None, batch_size=None,
                  drop_last=False, index_field="index", remote=None):
         super().__init__()
-        if length < 0:
-            raise ValueError("GraphDataset: length must be >= 0")
+        length = _int_arg("GraphDataset", "length", length, 0)
+        seed = _int_arg("GraphDataset", "seed", seed, 0)
+        if seed >= 2 ** 63:  # (the epoch's generator takes a signed 64-bit seed)
+            raise ValueError(f"GraphDataset: seed must be < 2**63, not {seed!r}")
+        batch_size = _int_arg("GraphDataset", "batch_size", batch_size, 1, none_ok=True)
+        rank = _int_arg("GraphDataset", "rank", rank, 0, none_ok=True)
+        world_size = _int_arg("GraphDataset", "world_size", world_size, 1, none_ok=True)
+        if rank is not None and world_size is not None and rank >= world_size:
+            raise ValueError(f"GraphDataset: rank {rank} is not in [0, {world_size})")
         if even_shards not in (None, "pad", "drop"):
             raise ValueError(f"GraphDataset: even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
-        if world_size is not None and (isinstance(world_size, bool) or int(world_size) < 1):
-            raise ValueError(f"GraphDataset: world_size must be >= 1 (or None: from "
-                             f"torch.distributed), not {world_size!r}")
-        if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"GraphDataset: batch_size must be >= 1 (or None), not {batch_size!r}")
         self.even_shards = even_shards
         self._build = build
         self.length = int(length)
@@ -531,16 +555,41 @@ class GraphDataset(_data.IterableDataset):
         # A copy for a DataLoader worker: without this process's runtime and runs.
         self._pickled = True
         state = dict(self.__dict__)
+        # The shard as this process sees it: a spawned worker has no torch.distributed group to
+        # take the rank or world size from (it read the whole data set as 0 of 1).
+        if _distributed_initialised():
+            state["_rank"], state["_world_size"] = self.shard()
         for k in ("_runtime", "_runtime_pid", "last_run", "_progress"):
             state[k] = None
         return state
 
     # -- sharding -------------------------------------------------------------------------------
     def shard(self):
-        """(rank, world_size) this dataset reads."""
-        if self._rank is not None or self._world_size is not None:
-            return int(self._rank or 0), int(self._world_size or 1)
-        return _distributed_rank()
+        """(rank, world_size) this dataset reads: each as given, the one not given from
+        torch.distributed when it is initialised (as DistributedSampler takes them), else 0 of
+        1 when neither is given."""
+        rank, world = self._rank, self._world_size
+        if rank is not None and world is not None:
+            return int(rank), int(world)
+        if rank is None and world is None:
+            return _distributed_rank()
+        if world == 1:
+            return 0, 1
+        # One of the two: the other from torch.distributed (taking 0 or 1 for it, as before,
+        # read one shard twice on two ranks: world_size=2 alone gave both ranks shard 0).
+        if not _distributed_initialised():
+            raise ValueError(
+                f"GraphDataset: {'rank' if rank is not None else 'world_size'} is given but not "
+                f"{'world_size' if rank is not None else 'rank'}, and torch.distributed is not "
+                "initialised to tell it: give both (or neither, with torch.distributed "
+                "initialised)")
+        d_rank, d_world = _distributed_rank()
+        rank = d_rank if rank is None else int(rank)
+        world = d_world if world is None else int(world)
+        if rank >= world:
+            raise ValueError(f"GraphDataset: rank {rank} is not in [0, {world}) (rank or "
+                             "world_size from torch.distributed)")
+        return rank, world
 
     def epoch_order(self):
         """Every index of the epoch, in order (before sharding)."""
@@ -679,6 +728,10 @@ class GraphDataset(_data.IterableDataset):
         """The next iteration continues the saved epoch: the shard's positions not done, none
         repeated, none skipped (the state of another rank of the same world size loads too:
         exact when the ranks took the same positions)."""
+        missing = [k for k in ("length", "shuffle", "seed", "epoch") if k not in state]
+        if missing or not ("done" in state or "items_seen" in state):
+            raise ValueError("GraphDataset.load_state_dict: not a state of GraphDataset.state_dict() "
+                             f"(it lacks {', '.join(missing) or 'done'})")
         if state["length"] != self.length or state["shuffle"] != self.shuffle:
             raise ValueError("GraphDataset.load_state_dict: the state is of a different dataset "
                              f"(length {state['length']}, shuffle {state['shuffle']})")
@@ -693,6 +746,11 @@ class GraphDataset(_data.IterableDataset):
         done = np.zeros(self._samples(), bool)
         if "done" in state:
             for a, b in state["done"]:
+                # (Past this shard's end is another rank's longer shard: clipped, as that
+                # rank's state loads here too.)
+                if not 0 <= int(a) <= int(b):
+                    raise ValueError(f"GraphDataset.load_state_dict: done range [{a}, {b}) is "
+                                     "not a range of positions")
                 done[int(a):int(b)] = True
         else:  # a state of earlier versions: the first items_seen samples
             done[:int(state["items_seen"])] = True

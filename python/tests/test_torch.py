@@ -1,6 +1,7 @@
 """splitflow.torch: a graph as a DataLoader dataset (sharding, epochs, resume, training).
 Each test names the requirement of the issue "Python binding" it checks."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -250,6 +251,16 @@ def test_two_gloo_ranks_shard_the_dataset(tmp_path):
                                     world_size=world)
             ds = sft.GraphDataset(build, {N}, shuffle=True, seed=7, threads=2, backend="host")
             assert ds.shard() == (rank, world)
+            # One of the two given: the other from torch.distributed (a trial found world_size=2
+            # alone read shard 0 on both ranks, and rank= alone read the whole data set).
+            half = sft.GraphDataset(build, {N}, world_size=world, threads=2, backend="host")
+            assert half.shard() == (rank, world), half.shard()
+            half = sft.GraphDataset(build, {N}, rank=rank, threads=2, backend="host")
+            assert half.shard() == (rank, world), half.shard()
+            # A DataLoader worker's copy carries the shard: a spawned worker has no process
+            # group to take it from (it read the whole data set as 0 of 1).
+            state = ds.__getstate__()
+            assert (state["_rank"], state["_world_size"]) == (rank, world), state
             got = [int(x) for x in torch.utils.data.DataLoader(ds, batch_size=None)]
             gathered = [None] * world
             dist.all_gather_object(gathered, got)
@@ -271,6 +282,43 @@ def test_two_gloo_ranks_shard_the_dataset(tmp_path):
     assert len(gathered) == 2
     assert len(gathered[0]) == (N + 1) // 2 and len(gathered[1]) == N // 2
     assert sorted(gathered[0] + gathered[1]) == list(range(N))
+
+
+# A new user's trial (2026-12-05): rank= or world_size= alone, without torch.distributed,
+# read the wrong shard silently (world_size=2 alone: shard 0 on every rank); length=2.5 and
+# batch_size=2.5 were taken as 2, length="3" and seed=2**64 failed later with errors of their
+# own, load_state_dict({}) raised a bare KeyError and a state's done range past the shard was
+# taken.
+def test_shard_and_size_arguments_are_checked_when_given():
+    with pytest.raises(ValueError, match="world_size is given but not rank, and torch.distributed "
+                                         "is not initialised to tell it: give both"):
+        sft.GraphDataset(build_identity, 10, world_size=2).shard()
+    with pytest.raises(ValueError, match="rank is given but not world_size"):
+        sft.GraphDataset(build_identity, 10, rank=1).shard()
+    assert sft.GraphDataset(build_identity, 10, rank=1, world_size=2).shard() == (1, 2)
+    assert sft.GraphDataset(build_identity, 10).shard() == (0, 1)
+    for kwargs, text in [(dict(length=2.5), "length must be an int, not 2.5"),
+                         (dict(length="3"), "length must be an int, not '3'"),
+                         (dict(length=-1), "length must be >= 0, not -1"),
+                         (dict(batch_size=2.5), "batch_size must be an int (or None), not 2.5"),
+                         (dict(batch_size=0), "batch_size must be >= 1 (or None), not 0"),
+                         (dict(seed=2 ** 64), "seed must be < 2**63"),
+                         (dict(seed=-1), "seed must be >= 0"),
+                         (dict(rank=True, world_size=2), "rank must be an int (or None), not True"),
+                         (dict(rank=2, world_size=2), "rank 2 is not in [0, 2)")]:
+        args = dict(length=10)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=re.escape("GraphDataset: " + text)):
+            sft.GraphDataset(build_identity, args.pop("length"), **args)
+    assert sft.GraphDataset(build_identity, np.int64(4), batch_size=np.int32(2)).length == 4
+    ds = sft.GraphDataset(build_identity, 3)
+    with pytest.raises(ValueError, match="not a state of GraphDataset.state_dict"):
+        ds.load_state_dict({})
+    state = ds.state_dict()
+    state["done"] = [[2, 1]]
+    with pytest.raises(ValueError, match=re.escape("done range [2, 1) is not a range of positions")):
+        ds.load_state_dict(state)
+    assert sft.GraphDataset(build_identity, 10, world_size=1).shard() == (0, 1)
 
 
 # "Even shards for DDP": with even_shards every rank yields the same number of samples (101
