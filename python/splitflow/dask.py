@@ -65,7 +65,7 @@ import weakref
 import numpy as np
 
 from . import _core
-from ._errors import Error, StageError
+from ._errors import Error, GraphError, StageError
 
 __all__ = ["Remote", "RemotePass", "connect", "remote", "run_split"]
 
@@ -115,6 +115,26 @@ def _build_key(build):
     return build
 
 
+class _RemoteGraph(_core.Graph):
+    """The graph a remote build adds its stages to: batching there is refused. A split's items
+    would be batched apart from the next split's (batches cut at every split's edge, unlike a
+    local run's), and the local side counts, orders, resumes and shards samples, not batches
+    (a trial's GraphDataset counted 50 for 13 batches and repeated 9 samples on resume)."""
+
+    def _refuse(self, how, name):
+        raise GraphError(
+            f"splitflow.dask.remote: the remote build batches (g.{how}({name!r}, ...)): batch in "
+            "the local graph instead (after remote.source(g), or with g.batch at the end of the "
+            "GraphDataset's own build): a remote batch would end at every split's edge, and the "
+            "local side counts, resumes and shards samples")
+
+    def batch(self, name, *args, **kwargs):
+        self._refuse("batch", name)
+
+    def dynamic_batch(self, name, *args, **kwargs):
+        self._refuse("dynamic_batch", name)
+
+
 def _graph_for(build, seed, epoch, opts):
     """(graph, feed, sink) for this thread, build, seed and epoch: built once."""
     rt = _runtime(opts["threads"], opts["backend"])
@@ -127,7 +147,7 @@ def _graph_for(build, seed, epoch, opts):
         if hit is not None:
             graphs.move_to_end(key)
             return hit
-    g = _core.Graph(rt, opts["name"], max_in_flight=opts["max_in_flight"])
+    g = _RemoteGraph(rt, opts["name"], max_in_flight=opts["max_in_flight"])
     feed = _Feed()
     src = g.source("indices", feed)
     last = build(g, src, seed=seed, epoch=epoch)
@@ -706,7 +726,7 @@ class RemotePass:
         skipped = set(out["skipped"])
         if len(results) == n_in - len(skipped):
             self.buffer_indices.extend(int(i) for i in split.indices if int(i) not in skipped)
-        else:  # the remote graph is not one item per index (it batches, say)
+        else:  # the remote graph is not one item per index (it unbatches, say)
             self.buffer_indices.extend([None] * len(results))
         self.buffer_bytes = int(out["bytes"])
         self.max_local_bytes = max(self.max_local_bytes, self.buffer_bytes)

@@ -46,3 +46,7 @@ def build_skipping(g, indices, *, seed, epoch):
 def local_samples(indices, seed, epoch):
     """What a local run computes for these indices."""
     return [sample(int(i), seed, epoch) for i in indices]
+
+
+def build_batching(g, indices, *, seed, epoch):
+    return indices >> g.stage("sample", lambda i: sample(i, seed, epoch)) >> g.batch("b", 4)

@@ -141,6 +141,32 @@ def test_a_remote_exception_names_the_stage_the_item_and_the_worker():
         assert info.value.worker in workers
 
 
+# A new user's trial (2026-12-05): a remote build that batched gave GraphDataset batches it
+# counted as samples (len() 50 for 13 batches, batch_size= refused as "the graph does not
+# batch", 9 samples repeated on resume), and its batches ended at every split's edge. Batching
+# is refused in a remote build, naming where to batch instead.
+def test_a_remote_build_that_batches_is_refused_naming_where_to_batch():
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_batching, client, items=list(range(20)), split=8)
+        with pytest.raises(sf.Error) as info:
+            run_local_graph(r)
+        text = str(info.value) + str(info.value.__cause__)
+        assert "the remote build batches (g.batch('b', ...)): batch in the local graph" in text, text
+        ds = sft.GraphDataset(lambda g, src: src, 20, threads=2, backend="host",
+                              remote=sfd.remote(fns.build_batching, client, split=8))
+        with pytest.raises(sf.Error) as info:
+            list(ds)
+        text = str(info.value) + str(info.value.__cause__)
+        assert "or with g.batch at the end of the GraphDataset's own build" in text, text
+        # Batching locally, as the error says: every sample once, in batches of 4 (5 of them).
+        ds = sft.GraphDataset(lambda g, src: src >> g.batch("b", 4), 20, threads=2,
+                              backend="host", batch_size=4,
+                              remote=sfd.remote(fns.build_samples, client, split=8))
+        got = list(ds)
+        assert len(got) == len(ds) == 5
+        assert sorted(int(i) for b in got for i in b["index"]) == list(range(20))
+
+
 def test_skip_works_remotely_and_is_counted():
     items = order(60, seed=2)
     with cluster(2) as (_, client):
