@@ -1086,9 +1086,12 @@ TEST(ImageFiles, ShardsCoverTheDataExactlyOncePerEpoch) {
 TEST(ImageFiles, DirectoryGlobAndListFile) {
   TempDir dir("filelist");
   fs::create_directories(dir.path / "b");
-  for (const char* name : {"a1.jpg", "a0.JPEG", "b/c.jpg", "notes.txt"}) write_file(dir.path / name, {1, 2});
+  for (const char* name : {"a1.jpg", "a0.JPEG", "b/c.jpg", "notes.txt", "x.jpg"}) write_file(dir.path / name, {1, 2});
   const auto listed = image::FileList::directory(dir.path.string());
+  // torchvision's ImageFolder order: a folder's own files (sorted), then its subfolders' ("x.jpg"
+  // before "b/c.jpg": a new user's trial, 2026-12-05, found whole paths sorted instead).
   EXPECT_EQ(listed.paths(), (std::vector<std::string>{(dir.path / "a0.JPEG").string(), (dir.path / "a1.jpg").string(),
+                                                      (dir.path / "x.jpg").string(),
                                                       (dir.path / "b/c.jpg").string()}));
   const auto globbed = image::FileList::glob((dir.path / "a*").string());
   EXPECT_EQ(globbed.size(), 2u);

@@ -111,7 +111,18 @@ FileList FileList::directory(const std::string& dir, const std::vector<std::stri
     if (exts.empty() || std::find(exts.begin(), exts.end(), ext) != exts.end())
       paths.push_back(it->path().string());
   }
-  std::sort(paths.begin(), paths.end());
+  // torchvision's order (ImageFolder: sorted(os.walk(...)), then each folder's files sorted):
+  // by folder, then by name within it, so that a folder's own files come before its
+  // subfolders' ("cat/x.jpg" before "cat/sub/y.jpg"; sorted whole paths put the subfolder
+  // first, and a data set's indices differed from ImageFolder's).
+  std::vector<std::pair<std::pair<std::string, std::string>, std::string>> keyed;
+  keyed.reserve(paths.size());
+  for (auto& p : paths) {
+    const fs::path path(p);
+    keyed.push_back({{path.parent_path().string(), path.filename().string()}, std::move(p)});
+  }
+  std::sort(keyed.begin(), keyed.end());
+  for (std::size_t i = 0; i < keyed.size(); ++i) paths[i] = std::move(keyed[i].second);
   return FileList(std::move(paths));
 }
 
@@ -1195,7 +1206,10 @@ HostTensor collate_impl(std::size_t n, Get get, Name name, HostAllocator* alloc)
 HostTensor collate(const std::vector<Image>& images, HostAllocator* alloc) {
   return collate_impl(
       images.size(), [&](std::size_t i) -> const HostTensor& { return images[i].pixels; },
-      [&](std::size_t i) { return fmt::format(" ('{}')", images[i].path); }, alloc);
+      [&](std::size_t i) {
+        return images[i].path.empty() ? std::string() : fmt::format(" ('{}')", images[i].path);
+      },
+      alloc);
 }
 
 HostTensor collate(const std::vector<HostTensor>& images, HostAllocator* alloc) {

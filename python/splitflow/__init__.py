@@ -40,7 +40,8 @@ from ._core import _shutdown
 def image_folder(root):
     """A labelled image tree laid out as torchvision's ``ImageFolder`` reads it: one folder per
     class under ``root`` (class = folder name, classes sorted, labels 0..C-1), the JPEG files
-    anywhere below each (sorted). Returns ``(paths, labels, classes)``: feed ``paths`` and
+    anywhere below each, in ImageFolder's order (folder by folder, each folder's files sorted
+    before its subfolders'; a class folder without a JPEG is refused, as ImageFolder does). Returns ``(paths, labels, classes)``: feed ``paths`` and
     ``labels`` to ``splitflow.ops.read_file(paths, labels=labels)``, whose samples are
     ``{"image": ..., "label": ..., "index": ...}``::
 
@@ -60,13 +61,22 @@ def image_folder(root):
     if not entries:
         raise Error(f"splitflow.image_folder: '{root}' has no class folders (expected "
                     f"{root}/<class>/<image>.jpg, as torchvision's ImageFolder reads it)")
-    paths, labels = [], []
+    paths, labels, empty = [], [], []
     for label, name in enumerate(entries):
         files = image_files(os.path.join(root, name))
+        if not files:
+            empty.append(name)
         paths.extend(files)
         labels.extend([label] * len(files))
     if not paths:
         raise Error(f"splitflow.image_folder: no .jpg/.jpeg files under the class folders of '{root}'")
+    if empty:
+        # A class without an image would be a label no sample has (ImageFolder refuses it too:
+        # "Found no valid file for the classes ...").
+        raise Error(f"splitflow.image_folder: no .jpg/.jpeg files in the class folder"
+                    f"{'s' if len(empty) > 1 else ''} {', '.join(repr(e) for e in empty)} of "
+                    f"'{root}': remove {'them' if len(empty) > 1 else 'it'} (or add its images), as "
+                    f"torchvision's ImageFolder asks")
     return paths, labels, entries
 
 

@@ -42,9 +42,42 @@ def test_image_folder_lists_classes_sorted_and_labels_every_file(folder):
     paths, labels, classes = sf.image_folder(folder)
     assert classes == CLASSES
     assert len(paths) == len(labels) == 3 * 7 + 1
-    assert paths == sorted(paths)
+    assert paths == imagefolder_order(folder)
     for p, label in zip(paths, labels):
         assert classes[label] == class_of(p)
+
+
+def imagefolder_order(root):
+    """The files torchvision's ImageFolder lists (its make_dataset), in its order: classes
+    sorted, then sorted(os.walk(class folder)), each folder's files sorted."""
+    out = []
+    for c in sorted(e.name for e in os.scandir(root) if e.is_dir()):
+        for dirpath, _, names in sorted(os.walk(os.path.join(root, c), followlinks=True)):
+            out += [os.path.join(dirpath, n) for n in sorted(names)
+                    if n.lower().endswith((".jpg", ".jpeg"))]
+    return out
+
+
+# A new user's trial (2026-12-05): image_folder sorted whole paths, so "cat/sub/y.jpeg" came
+# before "cat/x.JPG" where ImageFolder lists a folder's own files first (the data set's indices
+# differed from ImageFolder's); and a class folder without an image was kept as a label no
+# sample had, where ImageFolder refuses it.
+def test_image_folder_lists_files_in_imagefolders_order_and_refuses_an_empty_class(tmp_path):
+    root = tmp_path / "train"
+    for rel in ["cat/x.JPG", "cat/sub/y.jpeg", "cat/sub-2/a.jpg", "cat/a/b/z.jpg", "cat/w.jpg",
+                "dog/sub/q.jpg", "dog/p.jpg"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"\xff\xd8")
+    paths, labels, classes = sf.image_folder(str(root))
+    want = imagefolder_order(str(root))
+    assert [os.path.relpath(p, root) for p in want] == [
+        "cat/w.jpg", "cat/x.JPG", "cat/a/b/z.jpg", "cat/sub/y.jpeg", "cat/sub-2/a.jpg",
+        "dog/p.jpg", "dog/sub/q.jpg"]
+    assert paths == want and labels == [0, 0, 0, 0, 0, 1, 1] and classes == ["cat", "dog"]
+    (root / "eel").mkdir()
+    (root / "fox" / "notes").mkdir(parents=True)
+    with pytest.raises(sf.Error, match="no .jpg/.jpeg files in the class folders 'eel', 'fox' of "):
+        sf.image_folder(str(root))
 
 
 def test_image_folder_names_a_folder_without_classes(tmp_path):
@@ -403,11 +436,11 @@ def test_bad_arguments_are_named():
     # Negative or non-integer counts: named, not pybind11's "incompatible function arguments".
     for make, text in [(lambda: g.stage("b", abs, capacity=-5), r"stage\('b'\): capacity=-5 is negative"),
                        (lambda: g.batch("c", -1), r"batch\('c'\): size=-1 is negative"),
-                       (lambda: g.batch("c", 2.5), r"batch\('c'\): size must be an int >= 0, not 2\.5"),
+                       (lambda: g.batch("c", 2.5), r"batch\(.c.\): size must be an int >= 1, not 2\.5"),
                        (lambda: g.pull_sink("p", capacity=-2), r"pull_sink\('p'\): capacity=-2 is negative"),
                        (lambda: g.zip("z", capacity=-1), r"zip\('z'\): capacity=-1 is negative"),
                        (lambda: g.dynamic_batch("d", max_batch=-1), r"dynamic_batch\('d'\): max_batch=-1 is negative"),
-                       (lambda: g.unbatch("u", max_batch="x"), r"unbatch\('u'\): max_batch must be an int >= 0, not 'x'"),
+                       (lambda: g.unbatch("u", max_batch="x"), r"unbatch\(.u.\): max_batch must be an int >= 1, not .x."),
                        (lambda: g.service("s", max_pending=-3), r"service\('s'\): max_pending=-3 is negative")]:
         with pytest.raises(sf.GraphError, match=text):
             make()

@@ -62,15 +62,16 @@ inline std::size_t host_bytes(const Image& i) noexcept {
   return sizeof(Image) + i.path.size() + i.pixels.nbytes();
 }
 
-/// An ordered list of files. The order is the data set's: sorted paths for a directory or glob,
-/// file order for a list file.
+/// An ordered list of files. The order is the data set's: torchvision's ImageFolder order for a
+/// directory, sorted paths for a glob, file order for a list file.
 class FileList {
  public:
   FileList() = default;
   explicit FileList(std::vector<std::string> paths) : paths_(std::move(paths)) {}
 
   /// Files under `dir` (recursively) whose extension is one of `extensions` (case-insensitive),
-  /// sorted. Throws splitflow::Error naming the directory if it cannot be read.
+  /// in torchvision's ImageFolder order: folder by folder (sorted), each folder's files sorted by
+  /// name before its subfolders' ("a/x.jpg" before "a/b/y.jpg"). Throws splitflow::Error naming the directory if it cannot be read.
   static FileList directory(const std::string& dir,
                             const std::vector<std::string>& extensions = {".jpg", ".jpeg"});
   /// Paths matching a shell pattern (glob(3)), sorted. An empty match is an error.
