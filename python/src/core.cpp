@@ -403,6 +403,22 @@ std::size_t count_arg(const py::handle& o, const std::string& who, const char* a
   return static_cast<std::size_t>(*v);
 }
 
+/// An integer argument within [lo, hi] (a Python int or NumPy integer; not a bool or a float),
+/// else GraphError naming `who`'s argument `arg` and the value given (a value past the C type's range
+/// was pybind's "incompatible constructor arguments").
+std::int64_t int_in(const py::handle& o, const std::string& who, const char* arg, std::int64_t lo,
+                    std::int64_t hi, const char* meaning = "") {
+  const std::string repr = py::repr(o).cast<std::string>();
+  const std::optional<std::int64_t> v =
+      PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()) ? std::nullopt : index_of(o.ptr());
+  if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
+    throw GraphError(who + ": " + arg + " must be an int, not " + repr);
+  if (!v || *v < lo || *v > hi)
+    throw GraphError(who + ": " + arg + " must be " + std::to_string(lo) + meaning + " to " +
+                std::to_string(hi) + ", not " + repr);
+  return *v;
+}
+
 /// An output size as torchvision takes it: an int (a square), or a sequence of (height, width)
 /// (or of one int). Returns (height, width); GraphError naming `who` and the value otherwise.
 /// The bounds are the op's (image::validate).
@@ -411,10 +427,12 @@ std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
   const auto side = [&](const py::handle& v) -> int {
     if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
       throw GraphError(who + ": size must be an int or (height, width), not " +
-                       py::repr(o).cast<std::string>());
+                  py::repr(o).cast<std::string>());
     const std::optional<std::int64_t> n = index_of(v.ptr());
-    if (!n) return PyObject_RichCompareBool(v.ptr(), py::int_(0).ptr(), Py_LT) == 1 ? -1 : INT_MAX;
-    return static_cast<int>(std::clamp<std::int64_t>(*n, INT_MIN, INT_MAX));
+    if (!n || *n < INT_MIN || *n > INT_MAX)  // (the op's own check would name a clamped value)
+      throw GraphError(who + ": size " + py::repr(v).cast<std::string>() + " is out of range: give 1 "
+                  "to " + std::to_string(image::kMaxOutputSide) + " (pixels per side)");
+    return static_cast<int>(*n);
   };
   if (PyIndex_Check(o.ptr()) || PyBool_Check(o.ptr())) {
     const int n = side(o);
@@ -435,7 +453,7 @@ std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
     }
   }
   throw GraphError(who + ": size must be an int or (height, width), not " +
-                   py::repr(o).cast<std::string>());
+              py::repr(o).cast<std::string>());
 }
 
 /// A flag argument (ordered=, blocking=, drop_last=): True or False (a NumPy bool too), else
@@ -1081,20 +1099,25 @@ with "name" and optionally "capacity", "share", "group", "liveness" (seconds) an
 RuntimeConfig::host_memory_budget; 0: none): the tuner sizes their queues within it.
 `blocking_threads`: the most bodies of blocking stages (`Graph.stage(..., blocking=True)`)
 waiting at once.)doc")
-      .def(py::init([](int threads, bool telemetry, std::string backend, std::size_t streams,
-                       int host_compute_slots, std::optional<py::dict> arbiter,
-                       std::size_t host_memory_budget, std::size_t blocking_threads) {
+      .def(py::init([](py::object threads, bool telemetry, std::string backend, py::object streams,
+                       py::object host_compute_slots, std::optional<py::dict> arbiter,
+                       py::object host_memory_budget, py::object blocking_threads) {
              RuntimeConfig c;
-             c.blocking_threads = blocking_threads;
-             c.threads = threads;
+             const std::string who = "splitflow.Runtime";
+             c.blocking_threads = static_cast<std::size_t>(
+                 int_in(blocking_threads, who, "blocking_threads", 1, 4096));
+             c.threads = static_cast<int>(
+                 int_in(threads, who, "threads", 0, RuntimeConfig::kMaxThreads, " (one per core)"));
              c.telemetry = telemetry;
-             c.host_memory_budget = host_memory_budget;
+             c.host_memory_budget = count_arg(host_memory_budget, who, "host_memory_budget",
+                                              "an int >= 0 (bytes; 0: none)");
              if (backend == "auto") c.device.backend = BackendKind::automatic;
              else if (backend == "host") c.device.backend = BackendKind::host;
              else if (backend == "cuda") c.device.backend = BackendKind::cuda;
              else throw Error("splitflow.Runtime: backend must be 'auto', 'host' or 'cuda', not '" + backend + "'");
-             c.device.streams = streams;
-             c.device.host_compute_slots = host_compute_slots;
+             c.device.streams = static_cast<std::size_t>(int_in(streams, who, "streams", 1, 1024));
+             c.device.host_compute_slots =
+                 static_cast<int>(int_in(host_compute_slots, who, "host_compute_slots", 1, 1024));
              if (arbiter) {
                ArbiterConfig& a = c.device.arbiter;
                for (auto [k, v] : *arbiter) {
@@ -1283,14 +1306,15 @@ Error when the run ends first.)doc")
   py::class_<PyGraph, std::shared_ptr<PyGraph>>(m, "Graph", R"doc(
 A job: stages joined by bounded queues. Python callables run with the GIL (they serialise on
 it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_setup(collectable_graph))
-      .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, std::size_t max_in_flight,
-                       std::size_t capacity, bool trace, double autotune_window,
+      .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, py::object max_in_flight,
+                       py::object capacity, bool trace, double autotune_window,
                        bool autotune_queues, int priority) {
              GraphOptions o;
              o.priority = priority;
              o.autotune_queues = autotune_queues;
-             o.max_in_flight = max_in_flight;
-             o.default_capacity = capacity;
+             const std::string who = "splitflow.Graph '" + name + "'";
+             o.max_in_flight = count_arg(max_in_flight, who, "max_in_flight", "an int >= 1");
+             o.default_capacity = count_arg(capacity, who, "capacity", "an int >= 1");
              o.trace = trace;
              // Seconds, from a millisecond to an hour (the C++ kMaxAutotuneWindow): 1e300 was
              // cast to an integer (undefined behaviour: a 1 ms window here).
@@ -1423,7 +1447,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "measured CPU is a small part of its time); a Python body holds the GIL only while it "
       "runs Python.")
       .def("batch", [](std::shared_ptr<PyGraph> g, std::string name, py::object size_arg, py::object drop_last_arg) {
-        const std::size_t size = count_arg(size_arg, "splitflow.Graph.batch('" + name + "')", "size");
+        const std::size_t size =
+            count_arg(size_arg, "splitflow.Graph.batch('" + name + "')", "size", "an int >= 1");
         const bool drop_last = flag_arg(drop_last_arg, "splitflow.Graph.batch('" + name + "')", "drop_last");
         // Gathers `size` items and stacks their tensors into one (N, ...) tensor, in C++.
         auto b = g->graph.batch<Value>(name, size, {.drop_last = drop_last});
@@ -1442,7 +1467,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       .def("dynamic_batch", [](std::shared_ptr<PyGraph> g, std::string name, py::object max_batch_arg,
                                double max_delay, py::object capacity_arg) {
         const std::string where = "splitflow.Graph.dynamic_batch('" + name + "')";
-        const std::size_t max_batch = count_arg(max_batch_arg, where, "max_batch");
+        const std::size_t max_batch = count_arg(max_batch_arg, where, "max_batch", "an int >= 1");
         const std::size_t capacity = count_arg(capacity_arg, where, "capacity");
         if (max_batch == 0) throw GraphError("splitflow.Graph.dynamic_batch('" + name + "'): max_batch must be at least 1");
         if (!(max_delay >= 0)) throw GraphError("splitflow.Graph.dynamic_batch('" + name + "'): max_delay must be >= 0 seconds");
@@ -1464,7 +1489,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "(as Graph.batch does) and returns one result per request; a C++ op applies to each "
       "item (an item's error fails its request alone). Graph.unbatch splits it again.")
       .def("unbatch", [](std::shared_ptr<PyGraph> g, std::string name, py::object max_batch_arg) {
-        const std::size_t max_batch = count_arg(max_batch_arg, "splitflow.Graph.unbatch('" + name + "')", "max_batch");
+        const std::size_t max_batch = count_arg(max_batch_arg, "splitflow.Graph.unbatch('" + name + "')", "max_batch", "an int >= 1");
         const std::string who = "unbatch '" + name + "'";
         auto unbox = g->graph.stage(name + ".unbox", [who](Value v) -> Batch<Value> {
           auto* b = std::get_if<BatchPtr>(&v);
@@ -1634,7 +1659,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
     if (fs::is_regular_file(where)) return image::FileList::list_file(where).paths();
     return image::FileList::glob(where).paths();
   }, py::arg("where"),
-  "JPEG files: every .jpg/.jpeg under a directory (sorted), the paths of a list file (one per "
+  "JPEG files: every .jpg/.jpeg under a directory (in torchvision ImageFolder's order: folder "
+  "by folder, each folder's files sorted before its subfolders'), the paths of a list file (one per "
   "line, relative to it), or a glob pattern's matches (sorted).");
 
   bind_ops(m);

@@ -749,7 +749,7 @@ def test_item_bytes_and_the_runtimes_memory_budget():
     unbounded = held(0)
     assert unbounded[2] > budget
     assert unbounded[0]["max_in_flight"] == 256
-    with pytest.raises(TypeError):
+    with pytest.raises(sf.GraphError, match="host_memory_budget=-1 is negative"):
         sf.Runtime(threads=1, host_memory_budget=-1)
 
 

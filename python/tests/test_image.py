@@ -492,6 +492,27 @@ def test_runtime_refuses_impossible_settings():
             sf.Runtime(threads=threads)
     with pytest.raises(sf.Error, match="streams must be 1 to 1024, not 0"):
         sf.Runtime(streams=0)
+    # A new user's trial (2026-12-05): values past the C types' range were pybind's bare
+    # "incompatible constructor arguments" (TypeError); a float batch size was told "an int >= 0"
+    # and a crop size past 2**31 was named as 2147483647.
+    for kwargs, text in [(dict(threads=10 ** 12), "splitflow.Runtime: threads must be 0 (one per "
+                                                  "core) to 1024, not 1000000000000"),
+                         (dict(threads=2.5), "splitflow.Runtime: threads must be an int, not 2.5"),
+                         (dict(blocking_threads=0), "blocking_threads must be 1 to 4096, not 0"),
+                         (dict(host_compute_slots=2 ** 70), "host_compute_slots must be 1 to 1024"),
+                         (dict(host_memory_budget=2 ** 70), "host_memory_budget=" + str(2 ** 70) +
+                          " is too large")]:
+        with pytest.raises(sf.Error, match=re_escape(text)):
+            sf.Runtime(**kwargs)
+    rt = sf.Runtime(threads=1, backend="host")
+    with pytest.raises(sf.Error, match=re_escape("splitflow.Graph 'v': capacity=-1 is negative")):
+        sf.Graph(rt, "v", capacity=-1)
+    with pytest.raises(sf.Error, match=re_escape("max_in_flight must be an int >= 1, not 1.5")):
+        sf.Graph(rt, "v", max_in_flight=1.5)
+    with pytest.raises(sf.Error, match=re_escape("Graph.batch('b'): size must be an int >= 1, not 2.7")):
+        sf.Graph(rt, "v").batch("b", 2.7)
+    with pytest.raises(sf.Error, match=re_escape("size 2147483648 is out of range: give 1 to 16384")):
+        sf.ops.random_resized_crop(2 ** 31)
 
 
 # read_file on a directory says so (it used to raise std::bad_alloc).
