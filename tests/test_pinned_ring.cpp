@@ -218,6 +218,7 @@ TEST(PinnedRing, AnAutomaticRingThatHeldTheGpuStageBackGrows) {
   const RingGraph::Run first = rg.run();
   EXPECT_EQ(first.ring(), 64 * kMiB);
   EXPECT_GT(first.stats.find("model")->ring_refusals, 0u);
+  ASSERT_EQ(first.ring_events.size(), 1u);
   const std::regex said(R"(^model ring_bytes 64 MiB -> 128 MiB: producers waited (\d+)% of the last run for room in it \((\d+) reservations refused, items of up to 32 MiB\) while 'model' waited (\d+)% of it for input$)");
   std::smatch m;
   ASSERT_TRUE(std::regex_match(first.ring_events[0], m, said)) << first.ring_events[0];

@@ -418,6 +418,7 @@ TEST(Diagnosis, AChainIsHeldBackByItsLastStageNotBlockedItself) {
   EXPECT_EQ(d.bottleneck, "slow") << join(d.findings);
   EXPECT_TRUE(contains(d.findings, "stage 'src' is blocked 79% of the run behind 'cheap'")) << join(d.findings);
   EXPECT_TRUE(contains(d.findings, "stage 'cheap' is blocked 90% of the run behind 'slow'")) << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "behind 'slow', which was busy ")) << join(d.findings);
   EXPECT_EQ(d.suggestions, std::vector<std::string>{"raise the concurrency of stage 'slow' from 1 to 2"});
   // 'slow' blocked too, behind the pull sink: the reader of the sink holds the chain back,
   // and no stage's concurrency is to be raised.
@@ -482,8 +483,18 @@ TEST(Diagnosis, ASuggestedConcurrencyStaysWithinTheRuntimesThreads) {
   d = diagnose(st, std::nullopt);
   EXPECT_EQ(d.suggestions,
             std::vector<std::string>{"raise the concurrency of stage 'decode' from 3 to 6"});
-  // An async stage's items out hold no thread: not capped.
+  // A sink's bodies hold arena threads too.
   st.threads = 4;
+  st.stages[1].kind = StageKind::sink;
+  d = diagnose(st, std::nullopt);
+  ASSERT_EQ(d.suggestions.size(), 1u);
+  EXPECT_EQ(d.suggestions[0].rfind("raise the concurrency of stage 'decode' from 3 to 4, the "
+                                   "runtime's threads; past them",
+                                   0),
+            0u)
+      << d.suggestions[0];
+  // An async stage's items out hold no thread: not capped.
+  st.stages[1].kind = StageKind::stage;
   st.stages[1].call_ns = 10'000'000;
   d = diagnose(st, std::nullopt);
   EXPECT_EQ(d.suggestions,

@@ -25,7 +25,8 @@ bool limited(const StageStats& s) { return s.concurrency_limit != Concurrency::u
 // past them the suggestion says what else it takes.
 std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size_t to,
                               const std::string& why = {}) {
-  const bool holds_threads = s.kind == StageKind::stage && s.call_ns < 0;
+  const bool holds_threads =
+      (s.kind == StageKind::stage || s.kind == StageKind::sink) && s.call_ns < 0;
   if (holds_threads && st.threads > 0 && to > st.threads) {
     if (s.concurrency_limit >= st.threads)
       return fmt::format(
@@ -264,7 +265,9 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
                                        "into '{}'",
                                        s.name, pct(blocked), by->name));
     } else {
-      d.findings.push_back(fmt::format("stage '{}' is blocked {} of the run behind '{}' (busy {})",
+      // (The busy share is the consumer's: "(busy 99%)" after it read as the blocked stage's.)
+      d.findings.push_back(fmt::format("stage '{}' is blocked {} of the run behind '{}', which was "
+                                       "busy {}",
                                        s.name, pct(blocked), by->name,
                                        pct(frac(by->busy_ns, wall))));
     }

@@ -47,6 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint64_t index = t[0] | t[1] << 8 | t[2] << 16 | static_cast<std::uint64_t>(t[3]) << 24;
   image::AugmentSpec spec;
   spec.size = 1 + t[4] % 64;
+  // A width of its own (torchvision's size=(h, w)) half the time: 1 to 64.
+  spec.width = t[11] & 8 ? 1 + ((t[11] >> 4) << 2 | t[4] >> 6) : 0;
   range(kScales, t[5], t[6], spec.scale_min, spec.scale_max);
   range(kRatios, t[7], t[8], spec.ratio_min, spec.ratio_max);
   spec.flip_probability = t[9] / 255.0;
@@ -76,7 +78,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     FUZZ_CHECK(fused.index == index && fused.path == fuzz::kName);
     FUZZ_CHECK(fused.pixels.ndim() == 3 && fused.pixels.dim(0) == spec.size &&
-               fused.pixels.dim(1) == spec.size && fused.pixels.dim(2) == C);
+               fused.pixels.dim(1) == (spec.width ? spec.width : spec.size) &&
+               fused.pixels.dim(2) == C);
   }
 
   // The contract: the same pixels as RandomResizedCrop(spec)(decode(file)).

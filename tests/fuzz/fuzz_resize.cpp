@@ -100,6 +100,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   spec.ratio_max = in.ConsumeFloatingPointInRange(spec.ratio_min, 1e6);
   spec.flip_probability = in.ConsumeProbability<double>();
   spec.seed = in.ConsumeIntegral<std::uint8_t>();
+  // A width of its own (torchvision's size=(h, w)) for odd seeds, taken from the seed so that the
+  // input's later bytes (and the regression inputs) keep their meaning.
+  spec.width = spec.seed & 1 ? 1 + (spec.seed >> 1) % 32 : 0;
   spec.antialias = antialias;
   const std::uint64_t index = in.ConsumeIntegral<std::uint16_t>();
   const int aug_h = in.ConsumeIntegralInRange(1, INT_MAX), aug_w = in.ConsumeIntegralInRange(1, INT_MAX);
@@ -153,10 +156,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
-  // RandomResizedCrop: size x size (or an Error for a degenerate crop of an extreme ratio).
+  // RandomResizedCrop: size x size, or size x width (or an Error for a degenerate crop of an extreme ratio).
   try {
     const image::Image r = image::RandomResizedCrop(spec)({index, "x.jpg", img});
-    FUZZ_CHECK((r.pixels.shape() == std::vector<std::int64_t>{spec.size, spec.size, C}));
+    FUZZ_CHECK((r.pixels.shape() ==
+                std::vector<std::int64_t>{spec.size, spec.width ? spec.width : spec.size, C}));
   } catch (const Error& e) {
     if (fuzz::verbose()) std::fprintf(stderr, "crop error: %s\n", e.what());
   }

@@ -16,7 +16,8 @@
 namespace splitflow::ops {
 
 /// A uint8 NHWC image batch to float32 NCHW: out[n][c][y][x] = (in[n][y][x][c] * scale -
-/// mean[c]) / stddev[c]. `mean` and `stddev` have one value per channel (at most 16 channels).
+/// mean[c]) / stddev[c]. `mean` and `stddev` have one value per channel (at most 16 channels),
+/// or one for every channel (broadcast, as torchvision's Normalize does).
 /// Throws Error naming the stage and item on a wrong dtype, rank or channel count.
 DeviceTensor normalize(DeviceContext& ctx, const DeviceTensor& images, const std::vector<float>& mean,
                        const std::vector<float>& stddev, float scale = 1.0f / 255.0f);

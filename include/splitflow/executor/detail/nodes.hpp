@@ -1055,6 +1055,8 @@ class PullSinkNode final : public NodeBase {
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     NodeBase::reset(start, telemetry, parallelism);
+    // Under the lock take() reads them with: a reader may call next() while run() starts.
+    std::lock_guard lk(this->mu_);
     queue_.clear();  // leftovers of an earlier run
     eos_ = false;
     ran_ = true;
