@@ -86,7 +86,7 @@ import time
 import traceback
 import weakref
 
-__all__ = ["ProcessPool"]
+__all__ = ["PoolScope", "ProcessPool"]
 
 _SHM_DIR = "/dev/shm"
 _ARRAY_MIN = 64 * 1024  # arrays (numpy, torch, splitflow) of at least this size: shared memory
@@ -1529,6 +1529,96 @@ def _close_all():
 atexit.register(_close_all)
 
 
+_building = threading.local()  # .scope: the PoolScope the graph built on this thread is under
+
+
+class PoolScope:
+    """Keeps the worker pools of the graphs built under it (``with scope.building(): build the
+    graph``) once those graphs go, and gives each to the next graph built under it that asks
+    for the same pool: the same function (its pickle), stage name, processes, field, depth and
+    substitute. A GraphDataset builds its graph anew for each epoch; under its scope the next
+    epoch's process stages take the last epoch's workers (as DataLoader's persistent_workers
+    keeps its own), instead of starting an interpreter and the function's imports per worker
+    per epoch. The pools it keeps close with the scope (close(), or when it is collected) or at
+    interpreter exit."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle = {}  # key -> _State of a pool whose graph went
+        self._finalizer = weakref.finalize(self, PoolScope._close_states, self._idle, self._lock)
+
+    def building(self):
+        scope = self
+
+        class _Building:
+            def __enter__(self):
+                self.before = getattr(_building, "scope", None)
+                _building.scope = scope
+                return scope
+
+            def __exit__(self, *exc):
+                _building.scope = self.before
+                return False
+
+        return _Building()
+
+    @staticmethod
+    def key(blob, processes, stage, field, depth, substitute):
+        try:
+            sub = pickle.dumps(substitute, _PROTOCOL)
+        except Exception:
+            return None  # (not kept: no way to tell the next one's substitute is the same)
+        return (blob, processes, stage, field, depth, sub)
+
+    def take(self, key):
+        with self._lock:
+            state = self._idle.pop(key, None)
+        if state is None:
+            return None
+        # A pool that broke, closed, or belongs to the parent of a forked process is not taken.
+        if state.closed or state.broken is not None or state.owner != os.getpid():
+            if state.owner == os.getpid():
+                _finalize(state)
+            return None
+        return state
+
+    def park(self, key, state):
+        """Keeps a pool whose graph went; False if it cannot be kept (closed, broken, taken)."""
+        if state.closed or state.broken is not None or state.owner != os.getpid():
+            return False
+        with self._lock:
+            if self._finalizer.alive and key not in self._idle:
+                self._idle[key] = state
+                return True
+        return False
+
+    def pools(self):
+        """The pools kept now (their states), for tests."""
+        with self._lock:
+            return list(self._idle.values())
+
+    def close(self):
+        """Stops the pools kept (their workers) now."""
+        self._finalizer()
+
+    @staticmethod
+    def _close_states(idle, lock):
+        with lock:
+            states = list(idle.values())
+            idle.clear()
+        for state in states:
+            if state.owner == os.getpid():
+                _finalize(state)
+
+
+def _park_or_close(state, scope_ref, key):
+    """A pool of a graph built under a PoolScope collected: kept by the scope if it still lives,
+    closed otherwise."""
+    scope = scope_ref()
+    if scope is None or _exiting or not scope.park(key, state):
+        _finalize(state)
+
+
 def _fn_name(fn):
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     return name if isinstance(name, str) else f"<{type(fn).__qualname__} object>"
@@ -1564,9 +1654,19 @@ class ProcessPool:
                              f"session's __main__, which worker processes cannot import; define "
                              f"it at module level of an importable module, as DataLoader "
                              f"workers need")
-        self._s = _State(blob, name, processes, str(stage), field, depth, substitute)
-        _live.add(self._s)
-        self._finalizer = weakref.finalize(self, _finalize, self._s)
+        # Under a PoolScope (a GraphDataset building its next epoch's graph), the pool its last
+        # graph left for the same function and stage is taken again, its workers running.
+        scope = getattr(_building, "scope", None)
+        key = scope.key(blob, processes, str(stage), field, depth, substitute) if scope else None
+        state = scope.take(key) if key is not None else None
+        if state is None:
+            state = _State(blob, name, processes, str(stage), field, depth, substitute)
+            _live.add(state)
+        self._s = state
+        if key is not None:
+            self._finalizer = weakref.finalize(self, _park_or_close, state, weakref.ref(scope), key)
+        else:
+            self._finalizer = weakref.finalize(self, _finalize, state)
 
     def submit(self, item, completion):
         """Sends item to a worker; later, on the pool's reader thread, exactly one of

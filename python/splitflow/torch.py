@@ -550,6 +550,7 @@ class GraphDataset(_data.IterableDataset):
         self._runtime = None
         self._runtime_pid = None
         self.last_run = None
+        self._pool_scope = None   # keeps process stages' workers across epochs (_pools)
 
     def __getstate__(self):
         # A copy for a DataLoader worker: without this process's runtime and runs.
@@ -559,7 +560,7 @@ class GraphDataset(_data.IterableDataset):
         # take the rank or world size from (it read the whole data set as 0 of 1).
         if _distributed_initialised():
             state["_rank"], state["_world_size"] = self.shard()
-        for k in ("_runtime", "_runtime_pid", "last_run", "_progress"):
+        for k in ("_runtime", "_runtime_pid", "last_run", "_progress", "_pool_scope"):
             state[k] = None
         return state
 
@@ -759,6 +760,15 @@ class GraphDataset(_data.IterableDataset):
         self._pickled = False
 
     # -- iteration ------------------------------------------------------------------------------
+    def _pools(self):
+        """The scope that keeps this dataset's process stages' workers from epoch to epoch."""
+        from . import _procs
+
+        scope = getattr(self, "_pool_scope", None)
+        if scope is None:
+            scope = self._pool_scope = _procs.PoolScope()
+        return scope
+
     def runtime(self):
         """This process's runtime (a new one after a fork)."""
         if self._runtime is None or self._runtime_pid != os.getpid():
@@ -806,7 +816,13 @@ class GraphDataset(_data.IterableDataset):
         else:
             source = graph.indices("indices", indices)
             run_indices = indices
-        last = self._build(graph, source)
+        # The last epoch's graph goes first (unless its caller holds it): its process stages'
+        # pools wait in the dataset's scope, and this epoch's stages of the same function take
+        # them, workers running (a spawn and the function's imports per worker per epoch
+        # otherwise).
+        self.last_run = None
+        with self._pools().building():
+            last = self._build(graph, source)
         returned_none = last is None
         if returned_none:
             last = source

@@ -180,3 +180,45 @@ def test_ctrl_c_reaches_the_main_thread_while_a_worker_runs_a_slow_body():
     waited = time.monotonic() - t0
     assert waited < 10, f"KeyboardInterrupt took {waited:.1f} s (the body sleeps 30 s)"
     st.pool.close()
+
+
+# A new user's trial (2026-12-05): a GraphDataset builds its graph anew for each epoch, so its
+# processes=N stages started N new workers (an interpreter and the function's imports each)
+# every epoch. Under the dataset's pool scope the next epoch's stage of the same function takes
+# the last epoch's workers; a different function gets its own; the scope's close() stops them.
+def test_a_graph_datasets_process_stage_keeps_its_workers_from_epoch_to_epoch():
+    import splitflow.torch as sft
+
+    def build(g, src):
+        return src >> g.stage("tag", fns.pid_and_value, processes=2)
+
+    ds = sft.GraphDataset(build, 12, shuffle=True, seed=1, threads=2, backend="host",
+                          to_torch=False)
+    pids = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        got = list(ds)
+        assert sorted(v for _, v in got) == list(range(12))
+        pids.append({p for p, _ in got})
+    assert pids[0] and pids[1] == pids[0] and pids[2] == pids[0], pids
+    kept = ds._pools().pools()
+    assert len(kept) == 0 or all(not s.closed for s in kept)
+    # Breaking out of an epoch: the next still gets every item, from the same workers.
+    for _ in ds:
+        break
+    got = list(ds)
+    assert sorted(v for _, v in got) == list(range(12)) and {p for p, _ in got} == pids[0]
+    # Another function: other workers.
+    other = sft.GraphDataset(lambda g, src: src >> g.stage("tag", fns.pid_and_value, processes=1),
+                             4, threads=2, backend="host", to_torch=False)
+    assert {p for p, _ in other} & pids[0] == set()
+    ds.last_run = None
+    import gc
+    gc.collect()
+    kept = ds._pools().pools()
+    assert len(kept) == 1, kept
+    ds._pools().close()
+    assert kept[0].closed
+    for pid in pids[0]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
