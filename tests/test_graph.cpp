@@ -372,6 +372,19 @@ TEST(Validation, ConnectingAcrossGraphsIsRefused) {
   EXPECT_THROW(a >> b, GraphError);
 }
 
+namespace {
+// What `call` throws as GraphError, or "no error".
+template <class F>
+std::string says(F&& call) {
+  try {
+    call();
+  } catch (const GraphError& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+}  // namespace
+
 // A C++ embedding trial (2026-12-05): every member of a Graph moved from dereferenced its
 // null core (a segfault); an empty stage name was taken, and its errors and report read
 // "stage ''". A moved-from graph now names the mistake, and is not running; the graph it was
@@ -386,14 +399,6 @@ TEST(Validation, AMovedFromGraphSaysSoAndItsSuccessorRuns) {
   Graph b = std::move(a);
   const std::string moved = "splitflow::Graph: this graph was moved from; use the Graph it was "
                             "moved into";
-  auto says = [&](auto&& call) {
-    try {
-      call();
-    } catch (const GraphError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_EQ(says([&] { a.run(); }), moved);  // NOLINT(bugprone-use-after-move): on purpose
   EXPECT_EQ(says([&] { (void)a.name(); }), moved);
   EXPECT_EQ(says([&] { a.source("m", counter(1)); }), moved);
@@ -417,14 +422,6 @@ TEST(Validation, AnEmptyStageNameIsRefused) {
   const std::string empty = "splitflow::Graph 'unnamed': a stage's name is empty (errors, the "
                             "report and the tuner name stages: give it one, unique within the "
                             "graph)";
-  auto says = [&](auto&& call) {
-    try {
-      call();
-    } catch (const GraphError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_EQ(says([&] { g.source("", counter(1)); }), empty);
   EXPECT_EQ(says([&] { g.stage("", [](long x) { return x; }); }), empty);
   EXPECT_EQ(says([&] { g.sink("", [](long) {}); }), empty);
