@@ -637,12 +637,49 @@ TEST(AutotuneRuntime, TheTunerSizesTheQueuesOfAutomaticStagesItsUserDidNotSize) 
   }
   EXPECT_FALSE(last.count("c")) << "c's capacity is its user's";
   EXPECT_EQ(on.find("c")->capacity, 5u);
-  EXPECT_FALSE(last.count("d")) << "d is fed by a batch";
+  // A queue after a batch is the tuner's too (a batch reserves a slot a claim: the next test),
+  // in batches, within its ceiling: max_in_flight source items, 256 / 4 = 64 batches of 4.
+  if (last.count("d")) EXPECT_EQ(on.find("d")->capacity, std::min<std::size_t>(last.at("d"), 64)) << all;
   // Off: no capacity decisions; the queues as sized (the default 32).
   const RunStats off = build_and_run(false);
   EXPECT_TRUE(last_capacity(off).empty());
   EXPECT_EQ(off.find("a")->capacity, 32u);
   EXPECT_EQ(off.find("b")->capacity, 32u);
+}
+
+// A dynamic batch reserves one slot a batch, as a fixed batch does: the queue after it is
+// tuned. An unbatch reserves a batch's slots all or none, so the queue after it keeps its size
+// (a cut below its batch would never grant them: the run would stall). Under a memory budget a
+// tuned queue starts with room for its producers' claims and one more, and the tuner raises it
+// once it has measured the items: so a tuned queue shows a decision whatever the machine's speed.
+TEST(AutotuneRuntime, TheQueueAfterADynamicBatchIsTunedAndTheOneAfterAnUnbatchKept) {
+  Runtime rt({.threads = 2, .host_memory_budget = std::size_t{64} << 20});
+  Graph g(rt, "batches", tuned(10ms));
+  constexpr long kItems = 12000;  // about 0.2 s here: a score of the tuner's 10 ms windows
+  auto src = g.source("n", counter(kItems));
+  auto gather = g.dynamic_batch<long>("gather", {.max_batch = 4});
+  auto e = g.stage("e", [](Batch<long> b) { spin_us(40); for (long& x : b.items) x *= 2; return b; },
+                   {.concurrency = Concurrency::automatic});
+  auto split = g.unbatch<long>("split", 4);
+  auto f = g.stage("f", [](long x) { spin_us(5); return x + 1; }, {.concurrency = Concurrency::automatic});
+  std::vector<long> got;
+  auto sink = g.sink("s", [&](long x) { got.push_back(x); });
+  src >> gather >> e >> split >> f >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(kItems));
+  for (long i = 0; i < kItems; ++i) ASSERT_EQ(got[static_cast<std::size_t>(i)], 2 * i + 1) << i;
+  const RunStats st = run.stats();
+  std::string all;
+  bool e_sized = false, f_sized = false;
+  for (const std::string& d : st.autotune) {
+    all += "\n  " + d;
+    if (d.rfind("e capacity ", 0) == 0) e_sized = true;
+    if (d.rfind("f capacity ", 0) == 0) f_sized = true;
+  }
+  EXPECT_TRUE(e_sized) << "no capacity decision for e, fed by a dynamic batch:" << all;
+  EXPECT_FALSE(f_sized) << "f is fed by an unbatch:" << all;
+  EXPECT_LE(st.find("e")->capacity, GraphOptions{}.max_in_flight / 4) << all;
 }
 
 namespace {
@@ -808,6 +845,62 @@ TEST(AutotuneRuntime, TheAdmissionLimitHoldsTwoMergedSourcesWithinTheMemoryBudge
   EXPECT_EQ(all.find("bound 0 items/s"), std::string::npos) << all;
   EXPECT_EQ(with.find("n")->items_out, 1000u);
   EXPECT_EQ(with.find("m")->items_out, 1000u);
+}
+
+// A pull sink's items are outside the admission limit (they count as consumed when they
+// arrive), so under a budget its queue is sized by bytes too: a quarter of the graph's share
+// (autotune::pull_sink_capacity), the rest for the admission limit. Before, a new user's trial
+// found a GraphDataset-like graph (a C++ op making 8 MiB arrays into a default pull sink, a
+// 64 MiB budget) holding 265 MiB: the sink's 32 items on top of the 7 the limit let in.
+TEST(AutotuneRuntime, APullSinksQueueIsHeldWithinTheMemoryBudget) {
+  constexpr std::size_t kBudget = 12 * Counted::kBytes;
+  static constexpr long kItems = 300;
+  auto build_and_run = [](std::size_t budget) {
+    Counted::peak = 0;
+    Runtime rt({.threads = 2, .host_memory_budget = budget});
+    Graph g(rt, "pulled", tuned(10ms));
+    auto src = g.source("n", counter(kItems));
+    auto make = g.stage("make", [](long x) { spin_us(50); return Blob{std::make_unique<Counted>(), x}; },
+                        {.concurrency = Concurrency::automatic});
+    auto out = g.pull_sink<Blob>("out");  // its capacity: the graph's default (32)
+    src >> make >> out;
+    auto run = g.run();
+    // The reader starts once 40 items are alive (1 s at most): whatever this machine's speed,
+    // the sink's queue and the items let in fill to what they may hold before it reads.
+    const auto until = std::chrono::steady_clock::now() + 1s;
+    while (Counted::live.load() < 40 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    long next = 0;
+    while (auto b = out.next()) {
+      EXPECT_EQ(b->n, next);
+      ++next;
+    }
+    EXPECT_EQ(next, kItems);
+    EXPECT_EQ(run.wait(), RunStatus::succeeded);
+    EXPECT_EQ(Counted::live.load(), 0) << "every item freed";
+    return std::pair{run.stats(), Counted::peak.load()};
+  };
+  const auto [with, peak] = build_and_run(kBudget);
+  std::string all;
+  for (const std::string& e : with.autotune) all += "\n  " + e;
+  // 12 MiB: a quarter (3 MiB) for the sink's queue, 2 items of 1 MiB and a Blob; the rest, 9,
+  // let in at once; and the one in the reader's hand.
+  EXPECT_LE(static_cast<std::size_t>(peak) * Counted::kBytes, kBudget) << peak << " items of 1 MiB alive at once" << all;
+  EXPECT_EQ(with.find("out")->capacity, 2u) << all;
+  EXPECT_EQ(with.max_in_flight, 9u) << all;
+  // It starts at 2, which is what fits here, so a decision (on a machine whose first window
+  // measured a different size) comes back to 2, saying the quarter of the budget.
+  const std::regex said(R"(^out capacity \d+ -> (\d+): items of 1 MiB: \d+ of them hold .+ within a quarter of the graph's 12 MiB of the memory budget .+$)");
+  for (const std::string& e : with.autotune) {
+    std::smatch m;
+    if (e.rfind("out capacity", 0) == 0) EXPECT_TRUE(std::regex_match(e, m, said)) << e;
+  }
+  EXPECT_NE(all.find("less 2 MiB its pull sinks' queues may hold"), std::string::npos) << all;
+  // Without the budget the sink's queue holds its default 32 (and the graph lets in more).
+  const auto [without, unbounded_peak] = build_and_run(0);
+  EXPECT_EQ(without.find("out")->capacity, 32u);
+  EXPECT_GT(static_cast<std::size_t>(unbounded_peak) * Counted::kBytes, kBudget)
+      << "without a budget the same graph holds more than 12 MiB (" << unbounded_peak << " items)";
 }
 
 // A zip's two sources keep max_in_flight under a budget (GraphCore::admit_limit_tunable):

@@ -414,7 +414,8 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
 
 std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t at_ns) {
   if (in.memory == kUnlimited || in.unit_bytes == 0) return std::nullopt;
-  const std::size_t left = in.memory > in.fixed_bytes ? in.memory - in.fixed_bytes : 0;
+  const std::size_t held = sat_add(in.fixed_bytes, in.sink_bytes);
+  const std::size_t left = in.memory > held ? in.memory - held : 0;
   const std::size_t fits = left / in.unit_bytes;
   const std::size_t floor = std::min(std::max<std::size_t>(in.floor, 1), std::max<std::size_t>(in.ceiling, 1));
   const std::size_t want = std::clamp(fits, floor, std::max(in.ceiling, floor));
@@ -423,7 +424,8 @@ std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t 
   std::string why = fmt::format("items of up to {} (at '{}')", byte_text(double(in.unit_bytes)), in.widest);
   const std::string share =
       fmt::format("the graph's {} of the memory budget{}", byte_text(double(in.memory)),
-                  in.fixed_bytes ? fmt::format(", less {} of pinned rings", byte_text(double(in.fixed_bytes))) : std::string());
+                  std::string(in.fixed_bytes ? fmt::format(", less {} of pinned rings", byte_text(double(in.fixed_bytes))) : std::string()) +
+                  (in.sink_bytes ? fmt::format(", less {} its pull sinks' queues may hold", byte_text(double(in.sink_bytes))) : std::string()));
   if (fits < floor)
     why += fmt::format(": {} holds {} of them, but its batches hold {} while they fill, so {} at the "
                        "least (a smaller batch or a larger RuntimeConfig::host_memory_budget fits it)",
@@ -434,6 +436,25 @@ std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t 
   else
     why += fmt::format(": {} of them hold {}, within {}", want, byte_text(double(sat_mul(want, in.unit_bytes))), share);
   return TuneEvent{at_ns, Action::retune, "", "max_in_flight", in.current, want, std::move(why)};
+}
+
+std::optional<TuneEvent> pull_sink_capacity(const SinkQueueInput& in, const std::string& sink,
+                                            std::int64_t at_ns) {
+  if (in.memory == kUnlimited || in.item_bytes == 0) return std::nullopt;
+  const std::size_t quarter = in.memory / 4 / std::max<std::size_t>(in.sinks, 1);
+  const std::size_t ceiling = std::max<std::size_t>(in.ceiling, 1);
+  const std::size_t want = std::clamp<std::size_t>(quarter / in.item_bytes, 1, ceiling);
+  if (want == in.current) return std::nullopt;
+  if (want > in.current && want - in.current < std::max<std::size_t>(1, in.current / 8)) return std::nullopt;
+  std::string why = fmt::format(
+      "items of {}: {} of them hold {}, {} of the graph's {} of the memory budget (what its reader "
+      "has ready; a pull sink's items are outside max_in_flight)",
+      byte_text(double(in.item_bytes)), want, byte_text(double(sat_mul(want, in.item_bytes))),
+      in.sinks > 1 ? fmt::format("its share of a quarter among {} pull sinks", in.sinks) : std::string("within a quarter"),
+      byte_text(double(in.memory)));
+  if (quarter / in.item_bytes > ceiling)
+    why += fmt::format("; {} at most, its capacity as sized", ceiling);
+  return TuneEvent{at_ns, Action::retune, sink, "capacity", in.current, want, std::move(why)};
 }
 
 std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const Budget& total) {

@@ -321,11 +321,38 @@ void RunTuner::loop() {
       tuner_.set_budget({.cores = left, .memory_bytes = memory_left_, .pool = pool});
     const autotune::Decision d = tuner_.observe(s);
     std::vector<autotune::TuneEvent> events = d.events;
+    // A pull sink's items are outside the admission limit (consumed as they arrive; its reader
+    // may hold them past the run): under a budget, what its queue may hold is sized here (if
+    // its user did not size it: a quarter of the share) and taken off the admission's memory.
+    std::size_t sink_bytes = 0;
+    if (memory != autotune::kUnlimited) {
+      std::size_t sinks = 0;
+      for (const StageStats& b : now.stages) sinks += b.kind == StageKind::pull_sink ? 1 : 0;
+      std::vector<Change> sized;
+      for (std::size_t i = 0; i < now.stages.size() && i < before.stages.size() && i < nodes_.size(); ++i) {
+        const StageStats& b = now.stages[i];
+        if (b.kind != StageKind::pull_sink) continue;
+        const std::size_t bytes = window_item_bytes(before.stages[i], b);
+        std::size_t capacity = b.capacity;
+        if (max_capacity_[i]) {
+          const autotune::SinkQueueInput q{.current = capacity, .memory = memory, .item_bytes = bytes,
+                                           .sinks = sinks, .ceiling = max_capacity_[i]};
+          if (std::optional<autotune::TuneEvent> e = autotune::pull_sink_capacity(q, b.name, s.end_ns)) {
+            capacity = e->to;
+            sized.push_back(Change{nodes_[i], 0, capacity});
+            events.push_back(std::move(*e));
+          }
+        }
+        sink_bytes = autotune::sat_add(sink_bytes, autotune::sat_mul(capacity, bytes));
+      }
+      if (!sized.empty()) post(std::move(sized));
+    }
     // The items the graph lets in at once, within its share of the memory budget: each item
     // alive counts against the limit, so this bounds what a user's capacities can hold too.
     if (memory != autotune::kUnlimited && graph_.admit_limit_tunable()) {
       autotune::AdmissionInput in{.current = admit_limit_,
                                   .memory = memory,
+                                  .sink_bytes = sink_bytes,
                                   .floor = graph_.admit_floor(),
                                   .ceiling = graph_.options().max_in_flight};
       for (std::size_t i = 0; i < now.stages.size() && i < before.stages.size(); ++i) {

@@ -482,9 +482,10 @@ class GraphDataset(_data.IterableDataset):
     build(graph, indices) -> node: adds the stages to ``graph`` after ``indices`` (a C++ source
     of int dataset indices) and returns the last one; its outputs are the samples.
     length: the dataset's size. rank, world_size: this process's shard (default: from
-    torch.distributed when it is initialised, else 0 of 1). threads, backend, streams: the
-    runtime's (one per process, built on first use, after any fork). capacity: the output
-    queue's. Samples' splitflow tensors become torch tensors (zero-copy) unless to_torch=False.
+    torch.distributed when it is initialised, else 0 of 1). threads, backend, streams,
+    host_memory_budget: the runtime's (one per process, built on first use, after any fork;
+    host_memory_budget bounds the bytes the samples in flight and the output queue hold, for a
+    graph with automatic stages: docs/autotune.md). capacity: the output queue's. Samples' splitflow tensors become torch tensors (zero-copy) unless to_torch=False.
     even_shards: None (default: rank r reads items r, r + world, ...: shards differ by one when
     world does not divide length), "pad" (every rank reads ceil(length / world), the first
     items of the epoch's order read twice, as DistributedSampler pads) or "drop" (every rank
@@ -513,7 +514,7 @@ class GraphDataset(_data.IterableDataset):
     def __init__(self, build, length, *, shuffle=False, seed=0, rank=None, world_size=None,
                  threads=0, backend="auto", streams=8, capacity=0, max_in_flight=256,
                  to_torch=True, name="dataset", even_shards=None, batch_size=None,
-                 drop_last=False, index_field="index", remote=None):
+                 drop_last=False, index_field="index", remote=None, host_memory_budget=0):
         super().__init__()
         length = _int_arg("GraphDataset", "length", length, 0)
         seed = _int_arg("GraphDataset", "seed", seed, 0)
@@ -534,7 +535,8 @@ class GraphDataset(_data.IterableDataset):
         self.epoch = 0
         self._rank = rank
         self._world_size = world_size
-        self._runtime_args = dict(threads=threads, backend=backend, streams=streams)
+        self._runtime_args = dict(threads=threads, backend=backend, streams=streams,
+                                  host_memory_budget=host_memory_budget)
         self._graph_args = dict(max_in_flight=max_in_flight)
         self._capacity = capacity
         self._to_torch = to_torch

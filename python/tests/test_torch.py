@@ -371,3 +371,24 @@ def test_stage_errors_name_the_dataset_index():
             collect(ds, num_workers=workers)
         assert info.value.item == 10, (workers, str(info.value))
         assert "failed on item 10 (dataset index;" in str(info.value)
+
+
+def test_a_graph_datasets_memory_budget_holds_its_output_queue():
+    # GraphDataset(host_memory_budget=...) reaches its runtime, and the output queue (a pull
+    # sink: its samples are outside the admission limit) is held by bytes: it starts with room
+    # for 2 samples and is then sized to a quarter of the budget. A new user's trial found
+    # arrays of 8 MiB into the default queue of 32 holding 265 MiB under a 64 MiB budget, and
+    # GraphDataset had no way to set the budget.
+    def dataset(budget):
+        return sft.GraphDataset(lambda g, idx: idx >> g.stage("fill", sf.ops.fill([1 << 20], "uint8")),
+                                60, threads=2, backend="host", to_torch=False,
+                                host_memory_budget=budget)
+
+    bounded, free = dataset(8 << 20), dataset(0)
+    assert sum(1 for _ in bounded) == 60 and sum(1 for _ in free) == 60
+    st = bounded.last_run.stats()
+    sink = next(s for s in st["stages"] if s["name"] == "samples")
+    assert sink["capacity"] <= 2, (sink, st["autotune"])
+    assert st["max_in_flight"] <= 8, st["autotune"]
+    unbounded = next(s for s in free.last_run.stats()["stages"] if s["name"] == "samples")
+    assert unbounded["capacity"] == 32
