@@ -277,12 +277,14 @@ TEST(DynamicBatch, ExpiredRequestsAreDroppedWhenTheBatchForms) {
 // An unbatch whose consumer cannot hold a whole batch could never emit one: said at run().
 TEST(DynamicBatch, AnUnbatchIntoASmallerQueueIsAGraphError) {
   Runtime rt({.threads = 2});
-  Graph g(rt, "small", {.default_capacity = 4});
+  Graph g(rt, "small");
   auto svc = g.service<long, long>("requests");
   auto gather = g.dynamic_batch<long>("gather", {.max_batch = 16});
   auto model = g.stage("model", [](Batch<long> b) { return b; });
   auto split = g.unbatch<long>("split", 16);
-  svc.source() >> gather >> model >> split >> svc.sink();
+  // A queue its user sized below a batch (one the user did not size holds a batch: below).
+  auto after = g.stage("after", [](long x) { return x; }, {.capacity = 4});
+  svc.source() >> gather >> model >> split >> after >> svc.sink();
   try {
     g.run();
     FAIL();
@@ -291,6 +293,110 @@ TEST(DynamicBatch, AnUnbatchIntoASmallerQueueIsAGraphError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A queue after an unbatch that its user did not size holds a batch, whatever the graph's
+// default: a service's answers after batches of 64 (its answer sink, which has no capacity
+// of its own to raise) ran only with GraphOptions::default_capacity raised to 64 (a new C++
+// user's trial: run() said "its consumer 'requests.answer' holds 32 items, less than a batch
+// of 64; raise that stage's capacity").
+TEST(DynamicBatch, TheQueueAfterAnUnbatchHoldsABatchWhateverTheDefault) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "wide");  // default_capacity 32
+  auto svc = g.service<long, long>("requests", {.max_pending = 512});
+  auto gather = g.dynamic_batch<long>("gather", {.max_batch = 64, .max_delay = 1ms});
+  auto model = g.stage("model", [](Batch<long> b) {
+    std::vector<long> out;
+    for (long x : b.items) out.push_back(3 * x);
+    return std::move(b).with(std::move(out));
+  });
+  auto split = g.unbatch<long>("split", 64);
+  svc.source() >> gather >> model >> split >> svc.sink();
+  auto run = g.run();
+  std::vector<std::future<long>> fs;
+  for (long i = 0; i < 300; ++i) fs.push_back(svc.submit(i));
+  for (long i = 0; i < 300; ++i) EXPECT_EQ(fs[static_cast<std::size_t>(i)].get(), 3 * i);
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(run.stats().find("requests.answer")->capacity, 64u);
+}
+
+// "full batches only": max_delay = nanoseconds::max() sets no timer (at + max_delay
+// overflowed, and the partial batch went at once: a new C++ user's trial, UBSan's "signed
+// integer overflow"). The last partial batch goes at the end of the input.
+TEST(DynamicBatch, AnEndlessMaxDelayFormsOnlyFullBatchesUntilTheInputEnds) {
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
+  Pipeline p({.max_batch = 4, .max_delay = std::chrono::nanoseconds::max(), .clock = clock});
+  auto run = p.g.run();
+  std::vector<std::future<long>> fs;
+  for (long i = 0; i < 6; ++i) fs.push_back(p.svc.submit(i));
+  for (long i = 0; i < 4; ++i) EXPECT_EQ(fs[static_cast<std::size_t>(i)].get(), 10 * i);
+  wait_arrived(run, 6);
+  clock->advance(std::chrono::hours(24 * 365));
+  for (std::size_t i = 4; i < 6; ++i)
+    EXPECT_EQ(fs[i].wait_for(0s), std::future_status::timeout) << "a partial batch went before the end";
+  p.svc.close();
+  for (long i = 4; i < 6; ++i) EXPECT_EQ(fs[static_cast<std::size_t>(i)].get(), 10 * i);
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  std::lock_guard lk(p.mu);
+  EXPECT_EQ(p.sizes, (std::vector<std::size_t>{4, 2}));
+}
+
+// A body that builds its results' Batch itself, without the ids: its requests cannot be
+// answered, and the run fails saying so. Before, the unbatch answered the batch's first
+// request with every item and left the others waiting until close() (a new C++ user's trial).
+TEST(DynamicBatch, ABatchWhoseResultsLostTheirIdsFailsTheRunSayingSo) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "lost");
+  auto svc = g.service<long, long>("requests");
+  auto gather = g.dynamic_batch<long>("gather", {.max_batch = 4, .max_delay = 1h});
+  auto model = g.stage("model", [](Batch<long> b) {
+    std::vector<long> out(b.items.begin(), b.items.end());
+    return Batch<long>{std::move(out), {}, {}};  // the ids dropped
+  });
+  auto split = g.unbatch<long>("split", 4);
+  svc.source() >> gather >> model >> split >> svc.sink();
+  auto run = g.run();
+  std::vector<std::future<long>> fs;
+  for (long i = 0; i < 4; ++i) fs.push_back(svc.submit(i));
+  const std::string said = "unbatch 'split': a batch of 4 results carries 0 request ids";
+  for (auto& f : fs) {
+    try {
+      f.get();
+      ADD_FAILURE() << "a request was answered";
+    } catch (const Error&) {  // the run's end, as every request of a failed run
+    }
+  }
+  try {
+    run.wait();
+    ADD_FAILURE() << "the run did not fail";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.stage(), "split");
+    EXPECT_NE(std::string(e.what()).find(said), std::string::npos) << e.what();
+  }
+}
+
+// "Move-only items (inside standard containers too) are moved, never copied"
+// (docs/architecture.md): a Batch of move-only requests, too. It did not compile: a Batch of
+// unique_ptr declares its vectors' copy constructor, and the emitter took it as copyable.
+TEST(DynamicBatch, BatchesOfMoveOnlyRequestsAreMoved) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "moved");
+  auto svc = g.service<std::unique_ptr<int>, std::unique_ptr<long>>("requests");
+  auto gather = g.dynamic_batch<std::unique_ptr<int>>("gather", {.max_batch = 4, .max_delay = 1ms});
+  auto model = g.stage("model", [](Batch<std::unique_ptr<int>> b) {
+    std::vector<std::unique_ptr<long>> out;
+    for (auto& p : b.items) out.push_back(std::make_unique<long>(*p * 3L));
+    return std::move(b).with(std::move(out));
+  });
+  auto split = g.unbatch<std::unique_ptr<long>>("split", 4);
+  svc.source() >> gather >> model >> split >> svc.sink();
+  auto run = g.run();
+  std::vector<std::future<std::unique_ptr<long>>> fs;
+  for (int i = 0; i < 10; ++i) fs.push_back(svc.submit(std::make_unique<int>(i)));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(*fs[static_cast<std::size_t>(i)].get(), 3L * i);
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
 }
 
 // "unbatch's max_batch must hold the largest batch its dynamic batch forms": said at run(),

@@ -6,6 +6,7 @@
 // throw std::future_error).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -706,4 +707,45 @@ TEST(Service, AServiceThatOutlivesItsGraphRefusesRequestsSafely) {
   const ServiceStats s = kept->stats();
   EXPECT_EQ(s.pending, 0u);
   EXPECT_EQ(s.answered + s.failed, s.submitted);
+}
+
+// A request its GPU stage's pinned ring cannot take is refused to its submitter, with the
+// reason, and nothing else fails. Before, a new C++ user's trial found one oversized request
+// (4 MiB into a ring of 64 KiB items, OnError::skip) failing the whole run: it and the requests
+// after it got "the run was cancelled or failed before request N was answered", and every later
+// submit "its graph is not running".
+TEST(Service, ARequestTheRingCannotTakeIsRefusedToItsSubmitterAlone) {
+  Runtime rt(host(2));
+  Graph g(rt, "ringed");
+  auto svc = g.service<HostTensor, HostTensor>("requests", {.max_pending = 64});
+  GpuStageOptions o;
+  o.ring_bytes = 1 << 20;
+  o.ring_item_bytes = 64 << 10;
+  o.on_error = OnError::skip;
+  auto model = g.gpu_stage("model", [](DeviceTensor t, DeviceContext& ctx) { return ctx.to_host(t); }, o);
+  svc.source() >> model >> svc.sink();
+  auto run = g.run();
+  auto small = [](float v) {
+    HostTensor t = HostTensor::empty(DType::f32, {100});
+    std::fill(t.data<float>(), t.data<float>() + 100, v);
+    return t;
+  };
+  auto f0 = svc.submit(small(1));
+  try {
+    svc.submit(HostTensor::empty(DType::f32, {1 << 20}));  // 4 MiB
+    ADD_FAILURE() << "an oversized request was taken";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'requests'"), std::string::npos) << m;
+    EXPECT_NE(m.find("exceeds the item size of the pinned ring into 'model'"), std::string::npos) << m;
+  }
+  auto f2 = svc.submit(small(2));
+  EXPECT_EQ(f0.get().data<float>()[0], 1.0f);
+  EXPECT_EQ(f2.get().data<float>()[99], 2.0f);
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const ServiceStats st = svc.stats();
+  EXPECT_EQ(st.answered, 2u);
+  EXPECT_EQ(st.rejected, 1u);
+  EXPECT_EQ(st.submitted, 2u);
 }

@@ -206,6 +206,7 @@ void GraphCore::validate() {
                      " (graphs must be acyclic)");
   }
   size_queues(order);
+  for (const NodeBase* n : order) n->validate_sized();
   check_batching(order);
   check_zips(order);
   topo_ = std::move(order);
@@ -239,23 +240,38 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
         room[e.node] = opts_.max_in_flight;
         fixed[e.node] = true;
       }
-      // A producer that reserves several slots at once (all or none: an unbatch), or one per
-      // several items, or a GPU stage (its rings), keeps its consumer's queue as sized, as
-      // does an automatic async stage (above).
-      if (n->kind() == StageKind::gpu_stage || n->items_per_output() != 1.0 ||
-          n->splits_batches_of() != 0 || n->forms_batches_of() != 0)
-        fixed[e.node] = true;
+      // A producer that reserves several slots at once, all or none (an unbatch: a cut below
+      // its batch would never grant them), or a GPU stage (its rings), keeps its consumer's
+      // queue as sized, as does an automatic async stage (above). A batch reserves one slot a
+      // claim, as a 1:1 stage does: the queue after it is tuned, in batches.
+      if (n->kind() == StageKind::gpu_stage || n->splits_batches_of() != 0) fixed[e.node] = true;
+      // An unbatch's claim reserves a whole batch's slots: its consumer's queue, if its user
+      // did not size it, holds a batch at least (a service's answers after batches of 64: the
+      // default 32 could never take one, and the service has no capacity to raise).
+      if (const std::size_t b = n->splits_batches_of()) room[e.node] = std::max(room[e.node], b);
     }
   }
   // The tuner sizes the input queues of automatic CPU stages whose capacity the user did not
-  // set, fed by 1:1 producers only: from 1 up to the larger of the sized capacity and the items
+  // set, fed by producers that reserve a slot an output (1:1 stages, batches): from 1 up to the larger of the sized capacity and the items
   // the graph lets in at once (max_in_flight source items, which bounds their memory already:
   // a queue of 64-image batches, 256 / 64 = 4 of them).
   // Under a memory budget (RuntimeConfig::host_memory_budget) such a queue starts with room
   // for its producers' claims and one more item: the tuner raises it within the budget once it
   // has measured what the items hold (not from a default sized for small ones).
   const bool budget = runtime_->config().host_memory_budget > 0;
+  // Under a budget, a tuned graph's pull sinks whose capacity their user did not set are
+  // sized by the tuner too (autotune::pull_sink_capacity): their items are outside the
+  // admission limit (they count as consumed when they arrive), so their queues are bounded by
+  // bytes here. They start with room for two items, then what fits once items are measured.
+  const bool tuned = std::any_of(order.begin(), order.end(), [](const NodeBase* n) { return n->auto_concurrency(); });
   for (NodeBase* n : order) {
+    if (n->kind() == StageKind::pull_sink) {
+      // (Not one fed by an unbatch, whose claims reserve a batch all or none, or by a GPU
+      // stage: kept as sized, as other queues; its bytes still count against the admission.)
+      const bool on = budget && tuned && n->default_capacity() && !fixed[n];
+      n->tune_capacity(on, n->capacity(), on ? 2 : 0);
+      continue;
+    }
     const double in = items.count(n) ? std::max(items[n], 1.0) : 1.0;
     n->tune_capacity(opts_.autotune_queues && n->auto_concurrency() && n->default_capacity() &&
                          n->kind() == StageKind::stage && !fixed[n],

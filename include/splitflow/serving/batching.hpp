@@ -25,6 +25,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -63,6 +65,13 @@ struct Batch {
     errors.at(i) = std::move(error);
   }
 };
+
+namespace detail {
+/// A Batch is copied where its items can be (fan-out, a substitute): a Batch of move-only
+/// items declares a copy constructor (its vectors') that cannot be instantiated.
+template <class T>
+struct copyable<Batch<T>> : copyable<T> {};
+}  // namespace detail
 
 /// The time a dynamic batch node goes by, and its timers. The default is steady_clock with a
 /// timer thread; tests inject a ManualClock (splitflow/serving/testing.hpp).
@@ -247,7 +256,14 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     armed_ = true;
     const std::uint64_t gen = timer_gen_;
     std::weak_ptr<FlushToken> weak = token_;
-    opts_.clock->call_at(queue_.front().at + opts_.max_delay, [weak, gen] {
+    // A max_delay past the clock's end (nanoseconds::max(): "full batches only") sets no
+    // timer: a batch goes when full or at the end of the input (at + max_delay overflowed and
+    // flushed at once).
+    const time_point at = queue_.front().at;
+    if (opts_.max_delay > std::chrono::nanoseconds::zero() &&
+        opts_.max_delay >= time_point::max() - at)
+      return;
+    opts_.clock->call_at(at + opts_.max_delay, [weak, gen] {
       if (auto t = weak.lock()) {
         std::lock_guard lk(t->mu);
         if (t->flush) t->flush(gen);
@@ -295,8 +311,7 @@ class UnbatchNode final : public OneInputNode<UnbatchNode<T>, Emitter<T>, Batch<
   std::size_t splits_batches_of() const noexcept override { return max_batch_; }
   double items_per_output() const noexcept override { return 1.0 / static_cast<double>(max_batch_); }
 
-  void validate() const override {
-    Emitter<T>::validate();
+  void validate_sized() const override {
     for (const Edge& e : this->successors_)
       if (e.node->capacity() < max_batch_)
         throw GraphError("splitflow: unbatch '" + this->name() + "': its consumer '" +
@@ -311,9 +326,17 @@ class UnbatchNode final : public OneInputNode<UnbatchNode<T>, Emitter<T>, Batch<
       for (const auto& e : in) t->unbatched(e.seq);
     Scratch<Envelope<T>> out;
     std::size_t slots = 0, over = 0;
+    std::optional<std::pair<std::size_t, std::size_t>> unnamed;  // a batch's items and ids
     for (auto& e : in) {
       Batch<T>& b = e.value;
       slots += max_batch_;
+      // A service's requests are answered by their ids: a batch whose results lost them (a
+      // body that built its own Batch) answered its first request and left the others
+      // waiting until close() (a new C++ user's trial).
+      if (this->graph().tracker() && b.ids.size() != b.items.size()) {
+        if (!unnamed) unnamed.emplace(b.items.size(), b.ids.size());
+        continue;
+      }
       if (b.items.size() > max_batch_) over += b.items.size() - max_batch_;
       for (std::size_t i = 0; i < b.items.size() && i < max_batch_; ++i) {
         const std::uint64_t id = i < b.ids.size() ? b.ids[i] : e.seq;
@@ -324,6 +347,14 @@ class UnbatchNode final : public OneInputNode<UnbatchNode<T>, Emitter<T>, Batch<
         out->push_back(Envelope<T>{std::move(b.items[i]), id});
       }
     }
+    if (unnamed)
+      this->graph().fail(*this, claim.first,
+                         std::make_exception_ptr(Error(
+                             "splitflow: unbatch '" + this->name() + "': a batch of " +
+                             std::to_string(unnamed->first) + " results carries " +
+                             std::to_string(unnamed->second) + " request ids, so its requests "
+                             "cannot be answered; make a stage's results with "
+                             "std::move(batch).with(results), which keeps the batch's ids")));
     if (over > 0)
       this->graph().fail(*this, claim.first,
                          std::make_exception_ptr(Error("splitflow: unbatch '" + this->name() +

@@ -307,6 +307,11 @@ class PushSourceNode final : public Emitter<In> {
 
   /// False when the run is not accepting requests (not started, closed, stopping).
   bool push(In value, std::uint64_t id) {
+    // A request its GPU stage's pinned ring cannot take (over ring_item_bytes, not contiguous)
+    // is refused to its submitter here, with the reason: inside the run it would fail the run,
+    // whatever the stages' OnError (a source's item), and every other client's requests with it.
+    if constexpr (std::is_same_v<In, HostTensor>)
+      if (PinnedRing* ring = this->output_ring()) check_ring_item(*ring, value, this->name(), id);
     WorkList w;
     const Ticks now = now_ticks();
     {
@@ -456,13 +461,15 @@ class Service {
   /// throws OverloadedError when max_pending requests are pending (ServiceOptions). Throws
   /// GraphError when the graph is not running (or destroyed) or the service was closed; a
   /// request admitted as the run ends is not refused but failed by the run's end: the future
-  /// returned has that error.
+  /// returned has that error. A HostTensor request fed straight into a GPU stage's pinned ring
+  /// that the ring cannot take (over its ring_item_bytes, not contiguous) throws Error with the
+  /// reason, and is not admitted (the run and the other requests go on).
   std::future<Out> submit(In value) { return submit(std::move(value), std::nullopt); }
   /// With a deadline: if it passes before a GPU stage takes the request, the request is
   /// dropped unprocessed and its future gets DeadlineError.
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
-    if (!push(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
+    if (!push_or_withdraw(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
     return std::move(future);  // (not withdrawn: the run's end failed it, the future says so)
   }
   /// With a completion callback instead of a future (for event loops: asyncio, an RPC
@@ -474,7 +481,7 @@ class Service {
   void submit(In value, std::optional<Clock::time_point> deadline,
               typename detail::RequestBook<Out>::Callback done) {
     const std::uint64_t id = book_->admit(deadline, std::move(done));
-    if (!push(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
+    if (!push_or_withdraw(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
   }
 
   /// No more requests this run: the run ends once every admitted request is answered.
@@ -494,6 +501,16 @@ class Service {
     if (link_->going.load()) return false;
     std::shared_lock lk(link_->mu);
     return link_->node && link_->node->push(std::move(value), id);
+  }
+  // push(), and a request the graph refused (too large for its GPU stage's ring) withdrawn
+  // before its error reaches the submitter: it was never admitted.
+  bool push_or_withdraw(In&& value, std::uint64_t id) {
+    try {
+      return push(std::move(value), id);
+    } catch (...) {
+      book_->withdraw(id);
+      throw;
+    }
   }
   detail::PushSourceNode<In>& node(const char* what) const {
     std::shared_lock lk(link_->mu);

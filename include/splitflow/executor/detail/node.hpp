@@ -272,6 +272,8 @@ class NodeBase {
   std::size_t predecessors(int port) const noexcept { return npred_[port]; }
   /// Throws GraphError when the node's own settings or edges are invalid.
   virtual void validate() const;
+  /// The same for what depends on the queues' sizes (GraphCore::size_queues, after validate).
+  virtual void validate_sized() const {}
   /// A node that pairs items from two branches hears of drops upstream through this (a zip).
   virtual DropListener* drop_listener() noexcept { return nullptr; }
   /// Registers `l` (input `port`) to hear of the items this node drops; set while validating.
