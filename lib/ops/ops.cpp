@@ -1,3 +1,4 @@
+#include <cmath>
 #include <fmt/format.h>
 
 #include "device/device_runtime.hpp"
@@ -32,6 +33,9 @@ detail::NormalizeParams params(const std::string* stage, std::uint64_t item, std
     const std::size_t sd = stddev.size() == 1 ? 0 : static_cast<std::size_t>(i);
     if (stddev[sd] == 0.0f)
       throw Error(fmt::format("{}: stddev[{}] is 0", who(stage, item, fn), sd));
+    if (!std::isfinite(mean[m]) || !std::isfinite(stddev[sd]))
+      throw Error(fmt::format("{}: mean[{}] = {} and stddev[{}] = {}: give finite numbers",
+                              who(stage, item, fn), m, mean[m], sd, stddev[sd]));
     p.mean[i] = mean[m];
     p.stddev[i] = stddev[sd];
   }

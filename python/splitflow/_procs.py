@@ -1640,6 +1640,15 @@ class ProcessPool:
                              f"(a tuple's index)")
         if not callable(fn):
             raise GraphError(f"{where}: {fn!r} is not callable")
+        # A daemonic process (a DataLoader worker, a multiprocessing.Pool worker) may not start
+        # children: said here, when the graph is built, not as the first item's failure.
+        if multiprocessing.current_process().daemon:
+            raise GraphError(
+                f"{where}: this process ({multiprocessing.current_process().name}) is daemonic, "
+                f"as DataLoader workers are, and a daemonic process may not start the worker "
+                f"processes a process stage runs in; use the process stage in the main process "
+                f"(a GraphDataset with DataLoader(num_workers=0): its processes= stage does the "
+                f"parallel work) or a thread stage (processes=0) inside DataLoader workers")
         name = _fn_name(fn)
         try:
             blob = pickle.dumps(fn, _PROTOCOL)

@@ -419,6 +419,23 @@ std::int64_t int_in(const py::handle& o, const std::string& who, const char* arg
   return *v;
 }
 
+/// A seed or an epoch: an int from 0 to 2**64 - 1 (not a bool or a float), else GraphError
+/// naming `who`'s argument (a negative or wider value was pybind's "incompatible function
+/// arguments").
+std::uint64_t u64_arg(const py::handle& o, const std::string& who, const char* arg) {
+  const std::string repr = py::repr(o).cast<std::string>();
+  if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
+    throw GraphError(who + ": " + arg + " must be an int, not " + repr);
+  const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
+  if (!i) throw py::error_already_set();
+  const unsigned long long v = PyLong_AsUnsignedLongLong(i.ptr());
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw GraphError(who + ": " + arg + " must be an int from 0 to 2**64 - 1, not " + repr);
+  }
+  return static_cast<std::uint64_t>(v);
+}
+
 /// An output size as torchvision takes it: an int (a square), or a sequence of (height, width)
 /// (or of one int). Returns (height, width); GraphError naming `who` and the value otherwise.
 /// The bounds are the op's (image::validate).
@@ -856,10 +873,12 @@ void bind_image_ops(py::module_& mops) {
   "CPU op: JPEG bytes -> uint8 HWC pixels (libjpeg-turbo). Corrupt or truncated data raises, "
   "naming the file; use the stage's on_error='skip' to drop such files.");
 
-  mops.def("random_resized_crop", [](py::object size, std::uint64_t seed, std::uint64_t epoch,
+  mops.def("random_resized_crop", [](py::object size, py::object seed_arg, py::object epoch_arg,
                                      std::pair<double, double> scale, std::pair<double, double> ratio,
                                      double flip, bool antialias) {
     const auto [h, w] = crop_size_arg(size, "splitflow.ops.random_resized_crop");
+    const std::uint64_t seed = u64_arg(seed_arg, "splitflow.ops.random_resized_crop", "seed");
+    const std::uint64_t epoch = u64_arg(epoch_arg, "splitflow.ops.random_resized_crop", "epoch");
     image::RandomResizedCrop op(
         {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
     return CpuOp{"random_resized_crop", [op](Value v) -> Value {
@@ -875,7 +894,7 @@ void bind_image_ops(py::module_& mops) {
   "antialias=True (the default): the crop is shrunk as PIL's resize(BILINEAR) does it (within 1 "
   "at every pixel); antialias=False: the plain bilinear, which aliases when shrinking.");
 
-  mops.def("decode_random_resized_crop", [](py::object size, std::uint64_t seed, std::uint64_t epoch,
+  mops.def("decode_random_resized_crop", [](py::object size, py::object seed_arg, py::object epoch_arg,
                                             std::pair<double, double> scale,
                                             std::pair<double, double> ratio, double flip, bool gray,
                                             bool antialias, std::string scaled_decode) {
@@ -892,6 +911,8 @@ void bind_image_ops(py::module_& mops) {
                        "'; use 'large' (the default: photos of 8 megapixels or more), 'always' or 'never'");
     }
     const auto [h, w] = crop_size_arg(size, "splitflow.ops.decode_random_resized_crop");
+    const std::uint64_t seed = u64_arg(seed_arg, "splitflow.ops.decode_random_resized_crop", "seed");
+    const std::uint64_t epoch = u64_arg(epoch_arg, "splitflow.ops.decode_random_resized_crop", "epoch");
     image::DecodeRandomResizedCrop op(
         {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias, sd},
         gray ? image::Color::gray : image::Color::rgb);
@@ -911,8 +932,10 @@ void bind_image_ops(py::module_& mops) {
   "(PIL's Image.draft) for photos of 8 megapixels or more, 'always' for any image, 'never' "
   "keeps full decode.");
 
-  mops.def("resize", [](int height, int width, bool antialias) {
-    image::validate_size(height, width, "resize");
+  mops.def("resize", [](py::object height_arg, py::object width_arg, bool antialias) {
+    // (Out of range: GraphError, as the crop ops' sizes; past C's int it was pybind's TypeError.)
+    const int height = static_cast<int>(int_in(height_arg, "splitflow.ops.resize", "height", 1, image::kMaxOutputSide));
+    const int width = static_cast<int>(int_in(width_arg, "splitflow.ops.resize", "width", 1, image::kMaxOutputSide));
     return CpuOp{"resize", [height, width, antialias](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.resize");
       in.pixels = image::resize(in.pixels, height, width, {}, antialias);
@@ -993,6 +1016,15 @@ void bind_ops(py::module_& m) {
     for (std::size_t i = 0; i < stddev.size(); ++i)
       if (stddev[i] == 0.0f)
         throw GraphError(std::string(op) + ": std[" + std::to_string(i) + "] is 0 (it divides)");
+    // NaN or an infinity made every pixel NaN (or 0), silently: a new user's trial.
+    auto finite = [&](const std::vector<float>& v, const char* name) {
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (!std::isfinite(v[i]))
+          throw GraphError(std::string(op) + ": " + name + "[" + std::to_string(i) + "] is " +
+                           py::repr(py::float_(v[i])).cast<std::string>() + "; give finite numbers");
+    };
+    finite(mean, "mean");
+    finite(stddev, "std");
   };
   auto gpu_normalize = [](std::vector<float> mean, std::vector<float> stddev, float scale) {
     return [=](Value v, DeviceContext& ctx) -> Value {
@@ -1315,6 +1347,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
              const std::string who = "splitflow.Graph '" + name + "'";
              o.max_in_flight = count_arg(max_in_flight, who, "max_in_flight", "an int >= 1");
              o.default_capacity = count_arg(capacity, who, "capacity", "an int >= 1");
+             // (Said with Python's names: C++'s message names GraphOptions::default_capacity.)
+             if (o.max_in_flight == 0) throw GraphError(who + ": max_in_flight=0: it must be an int >= 1");
+             if (o.default_capacity == 0)
+               throw GraphError(who + ": capacity=0: a graph's capacity (its stages' default queue "
+                                "size, which a stage's capacity=0 takes) must be an int >= 1");
              o.trace = trace;
              // Seconds, from a millisecond to an hour (the C++ kMaxAutotuneWindow): 1e300 was
              // cast to an integer (undefined behaviour: a 1 ms window here).

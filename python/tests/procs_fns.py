@@ -51,3 +51,8 @@ def spin(x):
     for i in range(200_000):
         t += i * x
     return t
+
+
+def build_with_a_process_stage(g, src):
+    """A GraphDataset's build: one process stage (for DataLoader workers, which import it)."""
+    return src >> g.stage("tag", pid_and_value, processes=2)

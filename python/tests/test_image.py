@@ -389,8 +389,18 @@ def test_crop_ops_refuse_bad_arguments_when_built(kwargs, text):
     for op in (sf.ops.decode_random_resized_crop, sf.ops.random_resized_crop):
         with pytest.raises(sf.Error, match=re_escape(text)):
             op(**kwargs)
-    with pytest.raises(sf.Error, match="output size 0x3 is out of range"):
+    with pytest.raises(sf.GraphError, match=re_escape("splitflow.ops.resize: height must be 1 to 16384, not 0")):
         sf.ops.resize(0, 3)
+    # Past C's int (a new user's trial: pybind's bare "incompatible function arguments"), and
+    # seeds or epochs out of 64 bits, are said as the other bad arguments are.
+    with pytest.raises(sf.GraphError, match=re_escape("width must be 1 to 16384, not 2147483648")):
+        sf.ops.resize(3, 2**31)
+    for op in (sf.ops.decode_random_resized_crop, sf.ops.random_resized_crop):
+        with pytest.raises(sf.GraphError, match=re_escape("seed must be an int from 0 to 2**64 - 1, not -1")):
+            op(seed=-1)
+        with pytest.raises(sf.GraphError, match=re_escape("epoch must be an int from 0 to 2**64 - 1, not " + str(2**70))):
+            op(epoch=2**70)
+        op(seed=2**64 - 1, epoch=np.uint64(3))  # the whole range, NumPy integers too
 
 
 def re_escape(text):
@@ -509,6 +519,11 @@ def test_runtime_refuses_impossible_settings():
         sf.Graph(rt, "v", capacity=-1)
     with pytest.raises(sf.Error, match=re_escape("max_in_flight must be an int >= 1, not 1.5")):
         sf.Graph(rt, "v", max_in_flight=1.5)
+    # Zero, with Python's names (C++'s message said GraphOptions' "default_capacity").
+    with pytest.raises(sf.GraphError, match=re_escape("splitflow.Graph 'v': capacity=0: a graph's capacity")):
+        sf.Graph(rt, "v", capacity=0)
+    with pytest.raises(sf.GraphError, match=re_escape("splitflow.Graph 'v': max_in_flight=0: it must be an int >= 1")):
+        sf.Graph(rt, "v", max_in_flight=0)
     with pytest.raises(sf.Error, match=re_escape("Graph.batch('b'): size must be an int >= 1, not 2.7")):
         sf.Graph(rt, "v").batch("b", 2.7)
     with pytest.raises(sf.Error, match=re_escape("size 2147483648 is out of range: give 1 to 16384")):

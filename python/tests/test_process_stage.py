@@ -222,3 +222,24 @@ def test_a_graph_datasets_process_stage_keeps_its_workers_from_epoch_to_epoch():
     for pid in pids[0]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_process_stage_inside_dataloader_workers_is_refused_when_built():
+    # DataLoader workers are daemonic processes, which may not start children: a new user's
+    # trial saw the first item fail with multiprocessing's "daemonic processes are not allowed
+    # to have children", blamed on a data item. The graph is refused when built, saying what
+    # to do instead.
+    import torch
+    import splitflow.torch as sft
+
+    ds = sft.GraphDataset(fns.build_with_a_process_stage, 8, threads=2, backend="host",
+                          to_torch=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                         multiprocessing_context="spawn")
+    with pytest.raises(Exception) as e:
+        list(loader)
+    text = str(e.value)
+    assert "processes=2" in text and "is daemonic" in text, text
+    assert "DataLoader(num_workers=0)" in text and "processes=0" in text, text
+    # In the main process the same dataset runs.
+    assert sorted(v for _, v in ds) == list(range(8))

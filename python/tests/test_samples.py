@@ -300,6 +300,11 @@ def test_normalize_refuses_bad_arguments_when_made_and_names_the_users_stage():
         sf.ops.normalize([0.5, 0.5, 0.5], [1.0, 1.0])
     with pytest.raises(sf.GraphError, match=r"splitflow.ops.gpu_normalize: std\[1\] is 0"):
         sf.ops.gpu_normalize([0.5, 0.5], [1.0, 0.0])
+    # NaN or an infinity made every pixel NaN, silently (a new user's trial).
+    with pytest.raises(sf.GraphError, match=r"splitflow.ops.normalize: mean\[1\] is nan; give finite numbers"):
+        sf.ops.normalize([0.5, float("nan"), 0.5], [0.2] * 3)
+    with pytest.raises(sf.GraphError, match=r"splitflow.ops.gpu_normalize: std\[0\] is inf; give finite numbers"):
+        sf.ops.gpu_normalize([0.5], [float("inf")])
     # An image of the wrong channel count: the error names the user's stage, not 'normalize'.
     rt = sf.Runtime(threads=1, backend="host")
     g = sf.Graph(rt, "norm-errors")
