@@ -305,6 +305,38 @@ TEST(Autotune, SplitBudgetByDemandAndPriority) {
   }
 }
 
+// A pull sink's queue under a budget (its items are outside the admission limit): a quarter
+// of the share, raised to its producers' claims and one more where that fits half of it,
+// within its ceiling; a cut at once, a raise only if it fits items an eighth larger.
+TEST(Autotune, APullSinksQueueIsAQuarterOfTheShareOrItsProducersClaims) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto to = [](SinkQueueInput in) {
+    const auto e = pull_sink_capacity(in, "out", 0);
+    return e ? e->to : in.current;
+  };
+  // 64 MiB, items of 8 MiB: a quarter holds 2; 2 claims and one more fit half (4): 3.
+  EXPECT_EQ(to({.current = 32, .memory = 64 * MiB, .item_bytes = 8 * MiB, .claims = 2, .ceiling = 32}), 3u);
+  // 8 claims and one more do not fit half: a quarter's 2... or half's 4, the claims' share.
+  EXPECT_EQ(to({.current = 32, .memory = 64 * MiB, .item_bytes = 8 * MiB, .claims = 8, .ceiling = 32}), 4u);
+  // Small items: the ceiling (its capacity as sized), said so.
+  const auto small = pull_sink_capacity(
+      {.current = 2, .memory = 64 * MiB, .item_bytes = 150 << 10, .claims = 2, .ceiling = 32}, "out", 0);
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->to, 32u);
+  EXPECT_NE(small->text().find("32 at most, its capacity as sized"), std::string::npos) << small->text();
+  EXPECT_NE(small->text().find("out capacity 2 -> 32: items of 150 KiB"), std::string::npos) << small->text();
+  // Larger than a quarter and half: one.
+  EXPECT_EQ(to({.current = 32, .memory = 64 * MiB, .item_bytes = 40 * MiB, .claims = 2, .ceiling = 32}), 1u);
+  // No budget, or nothing measured: no decision.
+  EXPECT_FALSE(pull_sink_capacity({.current = 32, .memory = kUnlimited, .item_bytes = MiB, .ceiling = 32}, "out", 0));
+  EXPECT_FALSE(pull_sink_capacity({.current = 2, .memory = 64 * MiB, .item_bytes = 0, .ceiling = 32}, "out", 0));
+  // A raise needs room for items an eighth larger: 3 fit 16 MiB of 5.3 MiB items, not of 6 MiB.
+  const std::size_t item = 16 * MiB / 3;
+  EXPECT_EQ(to({.current = 2, .memory = 64 * MiB, .item_bytes = item, .claims = 0, .ceiling = 32}), 2u);
+  // ... and a cut is made at once.
+  EXPECT_EQ(to({.current = 3, .memory = 64 * MiB, .item_bytes = item + MiB, .claims = 0, .ceiling = 32}), 2u);
+}
+
 // "the host memory (pinned rings, queues, in-flight items) they may hold. The tuner never
 // exceeds either": the items a graph lets in at once, from its share of the budget and the
 // largest item it holds (admission_limit).

@@ -326,12 +326,14 @@ TEST(DynamicBatch, TheQueueAfterAnUnbatchHoldsABatchWhateverTheDefault) {
 // integer overflow"). The last partial batch goes at the end of the input.
 TEST(DynamicBatch, AnEndlessMaxDelayFormsOnlyFullBatchesUntilTheInputEnds) {
   auto clock = std::make_shared<splitflow::testing::ManualClock>();
+  clock->advance(1s);  // (from the clock's epoch, at + max_delay would not overflow)
   Pipeline p({.max_batch = 4, .max_delay = std::chrono::nanoseconds::max(), .clock = clock});
   auto run = p.g.run();
   std::vector<std::future<long>> fs;
   for (long i = 0; i < 6; ++i) fs.push_back(p.svc.submit(i));
   for (long i = 0; i < 4; ++i) EXPECT_EQ(fs[static_cast<std::size_t>(i)].get(), 10 * i);
   wait_arrived(run, 6);
+  EXPECT_EQ(clock->timers(), 0u) << "a timer was set for an endless max_delay";
   clock->advance(std::chrono::hours(24 * 365));
   for (std::size_t i = 4; i < 6; ++i)
     EXPECT_EQ(fs[i].wait_for(0s), std::future_status::timeout) << "a partial batch went before the end";

@@ -425,7 +425,7 @@ std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t 
   const std::string share =
       fmt::format("the graph's {} of the memory budget{}", byte_text(double(in.memory)),
                   std::string(in.fixed_bytes ? fmt::format(", less {} of pinned rings", byte_text(double(in.fixed_bytes))) : std::string()) +
-                  (in.sink_bytes ? fmt::format(", less {} its pull sinks' queues may hold", byte_text(double(in.sink_bytes))) : std::string()));
+                  (in.sink_bytes ? fmt::format(", less {} its pull sink's queue may hold", byte_text(double(in.sink_bytes))) : std::string()));
   if (fits < floor)
     why += fmt::format(": {} holds {} of them, but its batches hold {} while they fill, so {} at the "
                        "least (a smaller batch or a larger RuntimeConfig::host_memory_budget fits it)",
@@ -441,19 +441,26 @@ std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t 
 std::optional<TuneEvent> pull_sink_capacity(const SinkQueueInput& in, const std::string& sink,
                                             std::int64_t at_ns) {
   if (in.memory == kUnlimited || in.item_bytes == 0) return std::nullopt;
-  const std::size_t quarter = in.memory / 4 / std::max<std::size_t>(in.sinks, 1);
   const std::size_t ceiling = std::max<std::size_t>(in.ceiling, 1);
-  const std::size_t want = std::clamp<std::size_t>(quarter / in.item_bytes, 1, ceiling);
+  const auto fit = [&](std::size_t bytes) {
+    const std::size_t ready = in.memory / 4 / bytes;
+    const std::size_t claimed = std::min(sat_add(in.claims, 1), in.memory / 2 / bytes);
+    return std::clamp<std::size_t>(std::max(ready, claimed), 1, ceiling);
+  };
+  std::size_t want = fit(in.item_bytes);
+  if (want > in.current) want = std::max(in.current, fit(sat_add(in.item_bytes, in.item_bytes / 8)));
   if (want == in.current) return std::nullopt;
-  if (want > in.current && want - in.current < std::max<std::size_t>(1, in.current / 8)) return std::nullopt;
-  std::string why = fmt::format(
-      "items of {}: {} of them hold {}, {} of the graph's {} of the memory budget (what its reader "
-      "has ready; a pull sink's items are outside max_in_flight)",
-      byte_text(double(in.item_bytes)), want, byte_text(double(sat_mul(want, in.item_bytes))),
-      in.sinks > 1 ? fmt::format("its share of a quarter among {} pull sinks", in.sinks) : std::string("within a quarter"),
-      byte_text(double(in.memory)));
-  if (quarter / in.item_bytes > ceiling)
-    why += fmt::format("; {} at most, its capacity as sized", ceiling);
+  const std::size_t ready = in.memory / 4 / in.item_bytes;
+  std::string why = fmt::format("items of {}: {} of them hold {}", byte_text(double(in.item_bytes)), want,
+                                byte_text(double(sat_mul(want, in.item_bytes))));
+  if (want > std::max<std::size_t>(ready, 1))
+    why += fmt::format(", a slot for each of its producers' {} claims and one more, within half of "
+                       "the graph's {} of the memory budget", in.claims, byte_text(double(in.memory)));
+  else
+    why += fmt::format(", within a quarter of the graph's {} of the memory budget",
+                       byte_text(double(in.memory)));
+  why += " (what its reader has ready; a pull sink's items are outside max_in_flight)";
+  if (want == ceiling && ready > ceiling) why += fmt::format("; {} at most, its capacity as sized", ceiling);
   return TuneEvent{at_ns, Action::retune, sink, "capacity", in.current, want, std::move(why)};
 }
 

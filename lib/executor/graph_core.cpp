@@ -264,11 +264,14 @@ void GraphCore::size_queues(const std::vector<NodeBase*>& order) {
   // admission limit (they count as consumed when they arrive), so their queues are bounded by
   // bytes here. They start with room for two items, then what fits once items are measured.
   const bool tuned = std::any_of(order.begin(), order.end(), [](const NodeBase* n) { return n->auto_concurrency(); });
+  const auto pull_sinks = std::count_if(order.begin(), order.end(), [](const NodeBase* n) { return n->kind() == StageKind::pull_sink; });
   for (NodeBase* n : order) {
     if (n->kind() == StageKind::pull_sink) {
       // (Not one fed by an unbatch, whose claims reserve a batch all or none, or by a GPU
-      // stage: kept as sized, as other queues; its bytes still count against the admission.)
-      const bool on = budget && tuned && n->default_capacity() && !fixed[n];
+      // stage: kept as sized, as other queues; its bytes still count against the admission.
+      // Nor one of two: a reader taking from one while the other is full would wait for items
+      // that the full one holds back, as the admission limit is kept for them.)
+      const bool on = budget && tuned && pull_sinks == 1 && n->default_capacity() && !fixed[n];
       n->tune_capacity(on, n->capacity(), on ? 2 : 0);
       continue;
     }

@@ -324,10 +324,8 @@ void RunTuner::loop() {
     // A pull sink's items are outside the admission limit (consumed as they arrive; its reader
     // may hold them past the run): under a budget, what its queue may hold is sized here (if
     // its user did not size it: a quarter of the share) and taken off the admission's memory.
-    std::size_t sink_bytes = 0;
+    std::size_t sink_bytes = 0, unmeasured_slots = 0;  // (a sink whose items were not measured yet)
     if (memory != autotune::kUnlimited) {
-      std::size_t sinks = 0;
-      for (const StageStats& b : now.stages) sinks += b.kind == StageKind::pull_sink ? 1 : 0;
       std::vector<Change> sized;
       for (std::size_t i = 0; i < now.stages.size() && i < before.stages.size() && i < nodes_.size(); ++i) {
         const StageStats& b = now.stages[i];
@@ -335,8 +333,15 @@ void RunTuner::loop() {
         const std::size_t bytes = window_item_bytes(before.stages[i], b);
         std::size_t capacity = b.capacity;
         if (max_capacity_[i]) {
+          // Its producers' claims at once: each reserves a slot in it while its bodies run.
+          std::size_t claims = 0;
+          const auto cores = static_cast<std::size_t>(std::max(1.0, cores_));
+          for (const StageStats& p : now.stages)
+            if (std::find(p.consumers.begin(), p.consumers.end(), b.name) != p.consumers.end())
+              claims = autotune::sat_add(claims, p.concurrency_limit == Concurrency::unlimited
+                                                      ? cores : std::max<std::size_t>(p.concurrency_limit, 1));
           const autotune::SinkQueueInput q{.current = capacity, .memory = memory, .item_bytes = bytes,
-                                           .sinks = sinks, .ceiling = max_capacity_[i]};
+                                           .claims = claims, .ceiling = max_capacity_[i]};
           if (std::optional<autotune::TuneEvent> e = autotune::pull_sink_capacity(q, b.name, s.end_ns)) {
             capacity = e->to;
             sized.push_back(Change{nodes_[i], 0, capacity});
@@ -344,6 +349,7 @@ void RunTuner::loop() {
           }
         }
         sink_bytes = autotune::sat_add(sink_bytes, autotune::sat_mul(capacity, bytes));
+        if (bytes == 0) unmeasured_slots = autotune::sat_add(unmeasured_slots, capacity);
       }
       if (!sized.empty()) post(std::move(sized));
     }
@@ -365,6 +371,8 @@ void RunTuner::loop() {
           in.widest = b.name;
         }
       }
+      // A sink not measured yet holds items of the widest size measured, at most.
+      in.sink_bytes = autotune::sat_add(in.sink_bytes, autotune::sat_mul(unmeasured_slots, in.unit_bytes));
       if (std::optional<autotune::TuneEvent> e = autotune::admission_limit(in, s.end_ns)) {
         admit_limit_ = e->to;
         graph_.post_if_running([g = &graph_, n = e->to](WorkList& w) { g->set_admit_limit(n, w); });

@@ -1510,7 +1510,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         if (!(max_delay >= 0)) throw GraphError("splitflow.Graph.dynamic_batch('" + name + "'): max_delay must be >= 0 seconds");
         DynamicBatchOptions o;
         o.max_batch = max_batch;
-        o.max_delay = std::chrono::nanoseconds(static_cast<std::int64_t>(max_delay * 1e9));
+        // float('inf') (or past what nanoseconds hold): full batches only, the last at the
+        // input's end, as C++'s nanoseconds::max() (the cast of inf was undefined).
+        o.max_delay = max_delay * 1e9 >= 9.2e18
+                          ? std::chrono::nanoseconds::max()
+                          : std::chrono::nanoseconds(static_cast<std::int64_t>(max_delay * 1e9));
         o.capacity = capacity;
         auto d = g->graph.dynamic_batch<Value>(name, o);
         // Its batches travel on Value edges to the Python stages and ops after it.

@@ -106,7 +106,9 @@ struct GraphOptions {
   std::chrono::milliseconds autotune_window{250};
   double autotune_cores = 0;
   /// The tuner sizes the input queues of automatic CPU stages whose capacity is not set (fed
-  /// by 1:1 producers), between 1 and max_in_flight; false: they keep default_capacity.
+  /// by 1:1 producers, batches or dynamic batches), between 1 and max_in_flight; false: they
+  /// keep default_capacity. (Under RuntimeConfig::host_memory_budget a tuned graph's one pull
+  /// sink whose capacity is not set is sized by bytes whatever this says: docs/autotune.md.)
   bool autotune_queues = true;
 };
 

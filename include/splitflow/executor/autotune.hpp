@@ -240,7 +240,7 @@ struct AdmissionInput {
   std::size_t current = 0;      ///< the limit now
   std::size_t memory = 0;       ///< the graph's share of the budget, in bytes (kUnlimited: none)
   std::size_t fixed_bytes = 0;  ///< what it holds whatever its items: GPU stages' pinned rings
-  /// What its pull sinks' queues may hold (their items are outside the limit: pull_sink_capacity).
+  /// What its pull sink's queue may hold (its items are outside the limit: pull_sink_capacity).
   std::size_t sink_bytes = 0;
   /// What one item alive holds at most: the largest of its stages' input items (0: none
   /// measured yet), at `widest`'s input.
@@ -264,25 +264,27 @@ std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t 
 
 /// A pull sink's queue under a memory budget. Its items count as consumed when they arrive
 /// (its reader may hold them past the run), so they are outside the admission limit: what it
-/// may hold is its capacity times its items. A pull sink whose capacity its user did not set is
-/// sized to a quarter of the graph's share of the budget (shared among its pull sinks): the
-/// items its reader has ready, as a DataLoader's prefetch, within [1, `ceiling`]; what it may
-/// hold then is taken off the admission limit's memory (AdmissionInput::fixed_bytes).
+/// may hold is its capacity times its items. A graph's one pull sink whose capacity its user
+/// did not set is sized to a quarter of the graph's share of the budget (the items its reader
+/// has ready, as a DataLoader's prefetch), raised to its producers' claims and one more where
+/// that fits half the share (each claim of a producer reserves a slot in it: fewer slots than
+/// claims would hold the producer back); within [1, `ceiling`]. What it may hold then is taken
+/// off the admission limit's memory (AdmissionInput::sink_bytes).
 struct SinkQueueInput {
   std::size_t current = 0;     ///< its capacity now
   std::size_t memory = 0;      ///< the graph's share of the budget, in bytes (kUnlimited: none)
   std::size_t item_bytes = 0;  ///< its items (0: none measured yet)
-  std::size_t sinks = 1;       ///< the graph's pull sinks (they share the quarter)
+  std::size_t claims = 0;      ///< its producers' claims at once (their concurrency)
   std::size_t ceiling = 1;     ///< its capacity as sized (GraphOptions::default_capacity)
 };
-/// The capacity for `in` (knob "capacity" of stage `sink`), as admission_limit decides (a cut
-/// at once, a raise of less than an eighth not), or none (no budget, no item measured, no
-/// change).
+/// The capacity for `in` (knob "capacity" of stage `sink`): a cut at once, a raise only when
+/// it fits items an eighth larger than measured (item sizes vary from window to window), or
+/// none (no budget, no item measured, no change).
 ///
 ///   autotune::SinkQueueInput in{.current = 32, .memory = 64 << 20, .item_bytes = 8 << 20,
-///                               .ceiling = 32};
+///                               .claims = 2, .ceiling = 32};
 ///   auto e = autotune::pull_sink_capacity(in, "out", 0);
-///   // e->to == 2: two items of 8 MiB hold 16 MiB, a quarter of the graph's 64 MiB
+///   // e->to == 3: a quarter (16 MiB) holds 2 items of 8 MiB; 2 claims and one more fit half
 std::optional<TuneEvent> pull_sink_capacity(const SinkQueueInput& in, const std::string& sink,
                                             std::int64_t at_ns);
 

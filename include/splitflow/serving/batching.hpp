@@ -261,7 +261,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     // flushed at once).
     const time_point at = queue_.front().at;
     if (opts_.max_delay > std::chrono::nanoseconds::zero() &&
-        opts_.max_delay >= time_point::max() - at)
+        at >= time_point::max() - opts_.max_delay)  // (max less a positive delay: no overflow)
       return;
     opts_.clock->call_at(at + opts_.max_delay, [weak, gen] {
       if (auto t = weak.lock()) {

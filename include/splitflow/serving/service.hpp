@@ -307,16 +307,18 @@ class PushSourceNode final : public Emitter<In> {
 
   /// False when the run is not accepting requests (not started, closed, stopping).
   bool push(In value, std::uint64_t id) {
-    // A request its GPU stage's pinned ring cannot take (over ring_item_bytes, not contiguous)
-    // is refused to its submitter here, with the reason: inside the run it would fail the run,
-    // whatever the stages' OnError (a source's item), and every other client's requests with it.
-    if constexpr (std::is_same_v<In, HostTensor>)
-      if (PinnedRing* ring = this->output_ring()) check_ring_item(*ring, value, this->name(), id);
     WorkList w;
     const Ticks now = now_ticks();
     {
       std::lock_guard lk(this->mu_);
       if (!accepting_ || this->graph().stopping()) return false;
+      // A request its GPU stage's pinned ring cannot take (over ring_item_bytes, not
+      // contiguous) is refused to its submitter here, with the reason: inside the run it would
+      // fail the run, whatever the stages' OnError (a source's item), and every other client's
+      // requests with it. (Under the lock, accepting: the ring is this run's, replaced only
+      // between runs.)
+      if constexpr (std::is_same_v<In, HostTensor>)
+        if (PinnedRing* ring = this->output_ring()) check_ring_item(*ring, value, this->name(), id);
       queue_.push_back(Queued{Envelope<In>{std::move(value), id}, now});
       this->collect_claims_locked(w);
       this->refresh_state_locked();
@@ -503,13 +505,14 @@ class Service {
     return link_->node && link_->node->push(std::move(value), id);
   }
   // push(), and a request the graph refused (too large for its GPU stage's ring) withdrawn
-  // before its error reaches the submitter: it was never admitted.
+  // before its error reaches the submitter: it was never admitted. (Not withdrawn: the run's
+  // end completed it in between, through its future or callback; nothing is thrown then.)
   bool push_or_withdraw(In&& value, std::uint64_t id) {
     try {
       return push(std::move(value), id);
     } catch (...) {
-      book_->withdraw(id);
-      throw;
+      if (book_->withdraw(id)) throw;
+      return true;
     }
   }
   detail::PushSourceNode<In>& node(const char* what) const {
