@@ -37,6 +37,13 @@ GraphOptions tuned(std::chrono::milliseconds window = 10ms) {
   return o;
 }
 
+// The run's tuner decisions, one a line, for failure messages.
+std::string decisions_text(const RunStats& st) {
+  std::string all;
+  for (const std::string& e : st.autotune) all += "\n  " + e;
+  return all;
+}
+
 }  // namespace
 
 // "concurrency = auto for any stage ... every decision is an event with its reason"
@@ -71,8 +78,7 @@ TEST(AutotuneRuntime, AutomaticStagesAreTunedWithReasonsWithinTheCores) {
     ++changes;
     EXPECT_TRUE(m[1] == "light" || m[1] == "heavy") << "a change of a stage not tuned: " << e;
   }
-  std::string all;
-  for (const std::string& e : st.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(st);
   EXPECT_GT(changes, 0u) << "no stage was changed from its start at 1; the decisions:" << all;
   for (const char* name : {"light", "heavy"}) {
     const StageStats* s = st.find(name);
@@ -210,8 +216,7 @@ TEST(AutotuneRuntime, AnAutomaticGpuStageIsModelledByItsDeviceTime) {
   ASSERT_EQ(got.size(), 400u);
   for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<std::int64_t>(i));
   const RunStats st = run.stats();
-  std::string all;
-  for (const std::string& e : st.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(st);
   ASSERT_FALSE(st.autotune.empty());
   const std::string& first = st.autotune.front();
   EXPECT_NE(first.find(" GPU; bound "), std::string::npos) << all;   // "model 1.1 ms GPU"
@@ -504,8 +509,7 @@ TEST(AutotuneRuntime, AnAsyncIoStageGoesBeyondTheThreadsUpToItsConsumersQueue) {
   ASSERT_EQ(got.size(), static_cast<std::size_t>(kItems));
   for (long i = 0; i < kItems; ++i) ASSERT_EQ(got[static_cast<std::size_t>(i)], 2 * i + 1) << i;
   const RunStats st = run.stats();
-  std::string all;
-  for (const std::string& e : st.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(st);
   const StageStats* r = st.find("read");
   const StageStats* w = st.find("work");
   // Its calls are measured apart from its items' time (which includes the 2 ms wait).
@@ -626,8 +630,7 @@ TEST(AutotuneRuntime, TheTunerSizesTheQueuesOfAutomaticStagesItsUserDidNotSize) 
     return last;
   };
   const RunStats on = build_and_run(true);
-  std::string all;
-  for (const std::string& e : on.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(on);
   const auto last = last_capacity(on);
   ASSERT_TRUE(last.count("a") && last.count("b")) << "no capacity decision for a or b:" << all;
   // The last decision reached each queue (within its ceiling, max_in_flight).
@@ -767,8 +770,7 @@ TEST(AutotuneRuntime, TheTunedQueuesHoldTheirItemsWithinTheRuntimesMemoryBudget)
                       .work = {.concurrency = Concurrency::automatic}, .sink = {.capacity = 2}});
   };
   const auto [with, peak] = build_and_run(kBudget);
-  std::string all;
-  for (const std::string& e : with.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(with);
   const StageStats& work = *with.find("work");
   EXPECT_EQ(work.item_bytes, sizeof(Blob) + Counted::kBytes) << "its items, as sampled";
   EXPECT_LE(static_cast<std::size_t>(peak) * Counted::kBytes, kBudget)
@@ -803,8 +805,7 @@ TEST(AutotuneRuntime, TheAdmissionLimitHoldsAUsersQueueWithinTheMemoryBudget) {
                       .work = {.concurrency = 1, .capacity = 64}});
   };
   const auto [with, peak] = build_and_run(kBudget);
-  std::string all;
-  for (const std::string& e : with.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(with);
   EXPECT_EQ(with.find("work")->capacity, 64u) << "its user's capacity is kept";
   EXPECT_EQ(with.find("work")->concurrency_limit, 1u);
   // 12 MiB / (1 MiB and the Blob) = 11 items, told once with its reason; the run started at the
@@ -837,8 +838,7 @@ TEST(AutotuneRuntime, TheAdmissionLimitHoldsTwoMergedSourcesWithinTheMemoryBudge
   const auto [with, peak] = run_blobs({.budget = kBudget, .items = 1000, .make_us = 20, .work_us = 200,
                                        .fill = 40, .work = {.concurrency = 1, .capacity = 64},
                                        .second_source = true});
-  std::string all;
-  for (const std::string& e : with.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(with);
   EXPECT_EQ(with.max_in_flight, 11u) << all;
   EXPECT_LE(static_cast<std::size_t>(peak) * Counted::kBytes, kBudget) << peak << " items of 1 MiB alive at once" << all;
   // The user's queue (64 MiB) holds more than the budget: the model bounds the rate at its
@@ -882,8 +882,7 @@ TEST(AutotuneRuntime, APullSinksQueueIsHeldWithinTheMemoryBudget) {
     return std::pair{run.stats(), Counted::peak.load()};
   };
   const auto [with, peak] = build_and_run(kBudget);
-  std::string all;
-  for (const std::string& e : with.autotune) all += "\n  " + e;
+  const std::string all = decisions_text(with);
   // 12 MiB: the sink's queue a quarter (2 items of 1 MiB and a Blob) or, where they fit half,
   // a slot for each of make's claims (at most 2 on 2 threads) and one more; the items let in
   // at once the rest; and the one in the reader's hand.
