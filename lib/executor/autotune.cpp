@@ -829,7 +829,8 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
     if (n.capacity != c0)
       emit(d, {s.end_ns, action, m.name, "capacity", c0, n.capacity,
                (m.producers.empty() || m.producers[0] >= next.stages.size()
-                    ? fmt::format("fed by the source; concurrency {} here", n.concurrency)
+                    ? fmt::format("fed by no tuned stage (a source, a batch): a buffer for concurrency {} here",
+                                  n.concurrency)
                     : fmt::format("{} invocations of '{}' reserve a slot each, and a buffer for "
                                   "concurrency {} here",
                                   next.stages[m.producers[0]].concurrency,

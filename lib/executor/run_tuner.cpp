@@ -327,6 +327,8 @@ void RunTuner::loop() {
     std::size_t sink_bytes = 0, unmeasured_slots = 0;  // (a sink whose items were not measured yet)
     if (memory != autotune::kUnlimited) {
       std::vector<Change> sized;
+      // (An unlimited producer's claims at once: the runtime's threads, the tuner's cores.)
+      const auto unlimited_claims = static_cast<std::size_t>(std::max(1.0, cores_));
       for (std::size_t i = 0; i < now.stages.size() && i < before.stages.size() && i < nodes_.size(); ++i) {
         const StageStats& b = now.stages[i];
         if (b.kind != StageKind::pull_sink) continue;
@@ -335,11 +337,10 @@ void RunTuner::loop() {
         if (max_capacity_[i]) {
           // Its producers' claims at once: each reserves a slot in it while its bodies run.
           std::size_t claims = 0;
-          const auto cores = static_cast<std::size_t>(std::max(1.0, cores_));
           for (const StageStats& p : now.stages)
             if (std::find(p.consumers.begin(), p.consumers.end(), b.name) != p.consumers.end())
               claims = autotune::sat_add(claims, p.concurrency_limit == Concurrency::unlimited
-                                                      ? cores : std::max<std::size_t>(p.concurrency_limit, 1));
+                                                      ? unlimited_claims : std::max<std::size_t>(p.concurrency_limit, 1));
           const autotune::SinkQueueInput q{.current = capacity, .memory = memory, .item_bytes = bytes,
                                            .claims = claims, .ceiling = max_capacity_[i]};
           if (std::optional<autotune::TuneEvent> e = autotune::pull_sink_capacity(q, b.name, s.end_ns)) {
