@@ -186,6 +186,99 @@ TEST(Service, WaitAdmissionBlocksUntilAnAnswer) {
   EXPECT_EQ(run.wait(), RunStatus::succeeded);
 }
 
+// Under Admission::wait a request with a deadline waits for room until its deadline, no
+// longer: it is refused with DeadlineError, not admitted (it waited for as long as the pending
+// request took, past its deadline). The gate opens when the submit returns, or after 10 s
+// so that the old behaviour fails the test rather than hanging it.
+TEST(Service, WaitAdmissionGivesUpAtTheRequestsDeadline) {
+  Runtime rt(host(2));
+  Graph g(rt, "wait-deadline");
+  auto svc = g.service<int, int>("requests", {.max_pending = 1, .admission = Admission::wait});
+  Gate entered;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool returned = false;
+  auto slow = g.stage("slow", [&](int x) {
+    if (x == 0) {
+      entered.open();
+      std::unique_lock lk(mu);
+      cv.wait_for(lk, 10s, [&] { return returned; });
+    }
+    return x;
+  });
+  svc.source() >> slow >> svc.sink();
+  auto run = g.run();
+  auto first = svc.submit(0);
+  entered.pass();  // request 0 is in its body: the service is full
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    svc.submit(1, t0 + 50ms);
+    ADD_FAILURE() << "admitted after its deadline";
+  } catch (const DeadlineError& e) {
+    EXPECT_NE(std::string(e.what()).find("'requests' of graph 'wait-deadline': the request's "
+                                         "deadline passed while it waited for admission (1 "
+                                         "requests pending, ServiceOptions::max_pending)"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 50ms) << "it waited for room until then";
+  {
+    std::lock_guard lk(mu);
+    returned = true;
+  }
+  cv.notify_all();
+  EXPECT_EQ(first.get(), 0);
+  // Room again: a request with a deadline still ahead is admitted and answered.
+  EXPECT_EQ(svc.submit(2, std::chrono::steady_clock::now() + 60s).get(), 2);
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const ServiceStats st = svc.stats();
+  EXPECT_EQ(st.submitted, 2u);
+  EXPECT_EQ(st.answered, 2u);
+  EXPECT_EQ(st.rejected, 1u) << "refused at admission: not submitted, not expired";
+  EXPECT_EQ(st.expired, 0u);
+}
+
+// A close() while no run is going closes the next run: it ends as it starts, taking no
+// request (a new user's trial: the close was lost and the run lasted until a cancel). The
+// same holds when close() races with run() from another thread (it could also release the
+// source's unit before the run had counted it, and the run never ended): every run ends.
+TEST(Service, ACloseBeforeTheRunClosesThatRun) {
+  Runtime rt(host(2));
+  Graph g(rt, "closed-early");
+  auto svc = g.service<int, int>("requests");
+  auto inc = g.stage("inc", [](int x) { return x + 1; });
+  svc.source() >> inc >> svc.sink();
+  svc.close();
+  auto run = g.run();
+  if (!run.wait_for(10s)) {
+    run.cancel();
+    run.wait();
+    FAIL() << "the run did not end: the close() before it was lost";
+  }
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_THROW(svc.submit(1), GraphError);
+  // The next run is open again: the close was that run's.
+  auto next = g.run();
+  auto f = svc.submit(41);
+  svc.close();
+  EXPECT_EQ(f.get(), 42);
+  EXPECT_EQ(next.wait(), RunStatus::succeeded);
+  // close() racing with run(): each run ends, having answered what it admitted.
+  for (int round = 0; round < 200; ++round) {
+    splitflow::Run r;
+    std::thread starter([&] { r = g.run(); });
+    svc.close();
+    starter.join();
+    if (!r.wait_for(10s)) {
+      r.cancel();
+      r.wait();
+      FAIL() << "round " << round << ": the run did not end after its close()";
+    }
+    ASSERT_EQ(r.wait(), RunStatus::succeeded) << round;
+  }
+  EXPECT_EQ(svc.stats().pending, 0u);
+}
+
 // "an expired request is dropped before its GPU work with a 'deadline exceeded' error on its
 // future, and counted"
 TEST(Service, ExpiredRequestsAreDroppedBeforeTheirGpuWork) {

@@ -556,6 +556,7 @@ std::shared_ptr<RunState> GraphCore::start() {
     pending_.store(sources_.size() + 1, std::memory_order_release);
     current_ = run;
     active_ = true;
+    for (auto& n : nodes_) n->begin_run();
   }
   tuner_.reset();  // the last run's (stopped)
   if (std::any_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->auto_concurrency(); })) {

@@ -114,7 +114,7 @@ struct GraphOptions {
 
 /// What submit() does when max_pending requests are already waiting for answers.
 enum class Admission {
-  wait,       ///< block until one is answered
+  wait,       ///< block until one is answered (a request with a deadline: until its deadline, then DeadlineError)
   fail_fast,  ///< throw OverloadedError at once
 };
 

@@ -85,7 +85,20 @@ class RequestBook final : public ItemTracker {
                               "' is overloaded: " + std::to_string(opts_.max_pending) +
                               " requests pending (ServiceOptions::max_pending)");
       }
-      cv_.wait(lk, [&] { return pending_.size() < opts_.max_pending; });
+      const auto room = [&] { return pending_.size() < opts_.max_pending; };
+      // A request with a deadline waits for room until its deadline, then is refused: its
+      // submitter asked for an answer by then, and waiting longer could only fail it later.
+      if (deadline && *deadline != Clock::time_point::max()) {
+        if (!cv_.wait_until(lk, *deadline, room)) {
+          ++stats_.rejected;
+          throw DeadlineError("splitflow: service '" + name_ + "' of graph '" + graph_ +
+                              "': the request's deadline passed while it waited for admission (" +
+                              std::to_string(opts_.max_pending) +
+                              " requests pending, ServiceOptions::max_pending); it was not admitted");
+        }
+      } else {
+        cv_.wait(lk, room);
+      }
     }
     const std::uint64_t id = next_++;
     Pending& p = pending_[id];
@@ -332,6 +345,13 @@ class PushSourceNode final : public Emitter<In> {
     bool release = false;
     {
       std::lock_guard lk(this->mu_);
+      // Between runs, or as one starts (its units not counted yet): the next run starts
+      // closed (a close() lost here left that run open until a cancel; one released the
+      // source's unit before the run had counted it, and the run never ended).
+      if (phase_ != Phase::running) {
+        closed_early_ = true;
+        return;
+      }
       accepting_ = false;
       release = std::exchange(holds_unit_, false);
       this->maybe_close_locked(w);
@@ -344,9 +364,32 @@ class PushSourceNode final : public Emitter<In> {
 
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     Emitter<In>::reset(start, telemetry, parallelism);
+    std::lock_guard lk(this->mu_);
     queue_.clear();
-    accepting_ = true;
+    accepting_ = false;  // until begin_run(): the run's units are counted then
     holds_unit_ = true;
+    phase_ = Phase::starting;
+  }
+
+  void begin_run() override {
+    std::lock_guard lk(this->mu_);
+    phase_ = Phase::running;
+    accepting_ = !std::exchange(closed_early_, false);  // closed: poke() ends it
+  }
+
+  /// The run's first task: a run that starts closed releases its unit here and ends once
+  /// nothing is left (no request was admitted).
+  void poke(WorkList& w) override {
+    bool release = false;
+    {
+      std::lock_guard lk(this->mu_);
+      if (phase_ == Phase::running && !accepting_ && holds_unit_) {
+        release = std::exchange(holds_unit_, false);
+        this->maybe_close_locked(w);
+      }
+    }
+    Emitter<In>::poke(w);
+    if (release) this->graph().release_unit();  // (the calling task holds a unit of its own)
   }
 
   /// Takes up to k pushed requests, in arrival order.
@@ -390,6 +433,7 @@ class PushSourceNode final : public Emitter<In> {
       std::lock_guard lk(this->mu_);
       accepting_ = false;
       queue_.clear();
+      phase_ = Phase::idle;
     }
     if (on_end_) on_end_(this->graph().stopping());
   }
@@ -410,8 +454,11 @@ class PushSourceNode final : public Emitter<In> {
     Ticks pushed;
   };
   std::deque<Queued> queue_;  // under mu_; bounded by the book's max_pending
+  enum class Phase { idle, starting, running };
   bool accepting_ = false;
   bool holds_unit_ = false;
+  Phase phase_ = Phase::idle;  // under mu_
+  bool closed_early_ = false;  // under mu_: close() between runs closes the next one
   std::function<void(bool)> on_end_;
   std::shared_ptr<SourceLink<In>> link_;
 };
@@ -468,7 +515,8 @@ class Service {
   /// reason, and is not admitted (the run and the other requests go on).
   std::future<Out> submit(In value) { return submit(std::move(value), std::nullopt); }
   /// With a deadline: if it passes before a GPU stage takes the request, the request is
-  /// dropped unprocessed and its future gets DeadlineError.
+  /// dropped unprocessed and its future gets DeadlineError. Under Admission::wait it waits
+  /// for room until its deadline at most, then throws DeadlineError (not admitted).
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
     if (!push_or_withdraw(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
@@ -487,7 +535,9 @@ class Service {
   }
 
   /// No more requests this run: the run ends once every admitted request is answered.
-  /// (Nothing to do once the graph is destroyed.)
+  /// Called while no run is going (before run(), or as it starts), it closes the next run:
+  /// that run ends as soon as it starts, taking no request. (Nothing to do once the graph is
+  /// destroyed.)
   void close() {
     if (link_->going.load()) return;
     std::shared_lock lk(link_->mu);

@@ -263,8 +263,9 @@ class NodeBase {
   /// Runs a claim granted by collect_claims_locked(): pop up to k items, run the body on each,
   /// emit, finish.
   virtual void run_claim(WorkList& w, std::size_t k) = 0;
-  /// Capacity or tokens may have become free: grant what claims can be granted.
-  void poke(WorkList& w);
+  /// Capacity or tokens may have become free: grant what claims can be granted. (A source
+  /// is poked as its run's first task.)
+  virtual void poke(WorkList& w);
 
   // ---- structure (build time) ---------------------------------------------------------------
   void add_successor(NodeBase& consumer, int port);
@@ -331,6 +332,9 @@ class NodeBase {
   /// Before a run, after validation: acquire what the run needs (a device, rings). May throw.
   virtual void prepare() {}
   virtual void reset(Ticks start, bool telemetry, std::size_t parallelism);
+  /// The run is set up (its units counted): items pushed from outside may go in now. (Under
+  /// the graph's lock, after every node's reset.)
+  virtual void begin_run() {}
   /// Cancel: drop queued items (they are retired) and wake producers.
   virtual void drop_queued(WorkList& w);
   /// Empties the typed queues; returns how many items must be retired.
