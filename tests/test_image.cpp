@@ -1000,6 +1000,60 @@ TEST(ImageOps, FlipMirrorsColumns) {
   EXPECT_EQ(bytes_of(image::hflip(image::hflip(t))), px);
 }
 
+// torchvision's CenterCrop: offsets int(round((H - h) / 2.0)) (Python's round: half to even),
+// and an image smaller than the crop centred on zeros (padded by (h - H) // 2 before). The
+// expected offsets are written out from torchvision's formula for each case.
+TEST(ImageOps, CenterCropIsTorchvisionsCenterCrop) {
+  struct Case {
+    int H, W, h, w, top, left;  // top/left < 0: padding before
+  };
+  for (const Case c : {Case{10, 10, 4, 4, 3, 3}, Case{9, 10, 4, 4, 2, 3},  // round(2.5) = 2
+                       Case{11, 10, 4, 4, 4, 3},                             // round(3.5) = 4
+                       Case{7, 8, 7, 8, 0, 0}, Case{5, 6, 2, 3, 2, 2},       // round(1.5) = 2
+                       Case{3, 4, 6, 9, -1, -2},                             // pad 1 (3 // 2), 2 (5 // 2)
+                       Case{4, 10, 7, 4, -1, 3}}) {                         // pad rows, crop columns
+    const auto px = random_pixels(c.H, c.W, 3, 11);
+    const auto got = bytes_of(image::center_crop(tensor_of(px, c.H, c.W, 3), c.h, c.w));
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(c.h * c.w * 3));
+    for (int y = 0; y < c.h; ++y)
+      for (int x = 0; x < c.w; ++x)
+        for (int k = 0; k < 3; ++k) {
+          const int sy = y + c.top, sx = x + c.left;
+          const bool inside = sy >= 0 && sy < c.H && sx >= 0 && sx < c.W;
+          ASSERT_EQ(got[(y * c.w + x) * 3 + k], inside ? px[(sy * c.W + sx) * 3 + k] : 0)
+              << c.H << "x" << c.W << " -> " << c.h << "x" << c.w << " at " << y << "," << x;
+        }
+  }
+  EXPECT_THROW(image::center_crop(tensor_of(random_pixels(4, 4, 3, 1), 4, 4, 3), 0, 3), GraphError);
+}
+
+// torchvision's Resize(size) with one number: the shorter side to size, the longer
+// int(size * long / short); the pixels are resize()'s to that size.
+TEST(ImageOps, ResizeShorterSetsTheShorterSideAsTorchvisionDoes) {
+  struct Case {
+    int H, W, size, oh, ow;
+  };
+  for (const Case c : {Case{480, 640, 256, 256, 341},   // int(256 * 640 / 480) = int(341.33)
+                       Case{640, 480, 256, 341, 256}, Case{300, 300, 224, 224, 224},
+                       Case{37, 101, 16, 16, 43},      // int(43.67)
+                       Case{20, 30, 64, 64, 96}}) {    // enlarging
+    const HostTensor t = tensor_of(noise_pixels(c.H, c.W, 3, 7), c.H, c.W, 3);
+    const HostTensor got = image::resize_shorter(t, c.size);
+    ASSERT_EQ(got.dim(0), c.oh);
+    ASSERT_EQ(got.dim(1), c.ow);
+    EXPECT_EQ(bytes_of(got), bytes_of(image::resize(t, c.oh, c.ow)));
+  }
+  // The longer side past the bound is refused, naming the sizes.
+  const HostTensor thin = tensor_of(random_pixels(2, 300, 1, 3), 2, 300, 1);
+  try {
+    image::resize_shorter(thin, 200);
+    ADD_FAILURE() << "a 30000-pixel side was made";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("the shorter side of a 2x300 image to 200 makes the longer 30000, past 16384 pixels"),
+              std::string::npos) << e.what();
+  }
+}
+
 // "random-resized-crop and flip with per-item seeded randomness (reproducible given seed, epoch
 // and index)", within torchvision's scale and ratio bounds
 TEST(ImageOps, AugmentIsReproducibleAndWithinBounds) {

@@ -1090,7 +1090,8 @@ HostTensor resize_impl(const HostTensor& img, int out_h, int out_w, Box box, boo
 
 void validate(const AugmentSpec& s, const char* op) {
   const auto bad = [&](const std::string& what) {
-    throw Error(fmt::format("splitflow::image::{}: {}", op, what));
+    // (A bad argument is a GraphError, as every op's: Python's ValueError.)
+    throw GraphError(fmt::format("splitflow::image::{}: {}", op, what));
   };
   if (s.size < 1 || s.size > kMaxOutputSide)
     bad(fmt::format("size {} is out of range: give 1 to {} (pixels per side)", s.size, kMaxOutputSide));
@@ -1109,12 +1110,13 @@ void validate(const AugmentSpec& s, const char* op) {
   if (s.scaled_decode == AugmentSpec::ScaledDecode::always && !s.antialias)
     bad("scaled decode 'always' with antialias off: the reduced DCT scale is itself a filtered "
         "shrink, so the crop cannot be the plain bilinear's; keep antialias on, or use 'never' "
-        "(or 'large_photos', which then decodes in full)");
+        "(or large photos only: ScaledDecode::large_photos, Python's 'large', which then decodes in "
+        "full)");
 }
 
 void validate_size(int height, int width, const char* op) {
   if (height < 1 || width < 1 || height > kMaxOutputSide || width > kMaxOutputSide)
-    throw Error(fmt::format("splitflow::image::{}: output size {}x{} is out of range: give 1 to {} "
+    throw GraphError(fmt::format("splitflow::image::{}: output size {}x{} is out of range: give 1 to {} "
                             "per side", op, height, width, kMaxOutputSide));
 }
 
@@ -1135,6 +1137,47 @@ HostTensor hflip(const HostTensor& img) {
   for (std::int64_t y = 0; y < H; ++y)
     for (std::int64_t x = 0; x < W; ++x)
       std::memcpy(d + (y * W + x) * C, s + (y * W + (W - 1 - x)) * C, static_cast<std::size_t>(C));
+  return out;
+}
+
+HostTensor resize_shorter(const HostTensor& img, int size, bool antialias) {
+  check_hwc(img, "resize_shorter");
+  validate_size(size, size, "resize_shorter");
+  const std::int64_t H = img.dim(0), W = img.dim(1);
+  const std::int64_t shorter = std::min(H, W), longer = std::max(H, W);
+  // torchvision: int(size * long / short), in floating point.
+  const double other = static_cast<double>(size) * static_cast<double>(longer) / static_cast<double>(shorter);
+  if (other > kMaxOutputSide)
+    throw GraphError(fmt::format("splitflow::image::resize_shorter: the shorter side of a {}x{} "
+                                 "image to {} makes the longer {:.0f}, past {} pixels",
+                                 H, W, size, other, kMaxOutputSide));
+  const int out_long = std::max(1, static_cast<int>(other));
+  return W <= H ? resize(img, out_long, size, {}, antialias) : resize(img, size, out_long, {}, antialias);
+}
+
+HostTensor center_crop(const HostTensor& img, int height, int width) {
+  check_hwc(img, "center_crop");
+  validate_size(height, width, "center_crop");
+  const std::int64_t H = img.dim(0), W = img.dim(1), C = img.dim(2);
+  // Where the image is at least the crop: torchvision's int(round((H - h) / 2.0)), half to
+  // even; where smaller, it is padded by (h - H) // 2 before (and the rest after) first.
+  const auto offset = [](std::int64_t have, std::int64_t want) -> std::int64_t {
+    if (have < want) return -((want - have) / 2);
+    const std::int64_t d = have - want, k = d / 2;
+    return d % 2 == 0 ? k : k + (k & 1);
+  };
+  const std::int64_t top = offset(H, height), left = offset(W, width);
+  HostTensor out = HostTensor::empty(DType::u8, {height, width, C});
+  std::uint8_t* d = out.data<std::uint8_t>();
+  const std::uint8_t* s = img.data<std::uint8_t>();
+  std::memset(d, 0, static_cast<std::size_t>(height) * static_cast<std::size_t>(width) * static_cast<std::size_t>(C));
+  const std::int64_t x0 = std::max<std::int64_t>(0, -left), x1 = std::min<std::int64_t>(width, W - left);
+  for (std::int64_t y = 0; y < height; ++y) {
+    const std::int64_t sy = y + top;
+    if (sy < 0 || sy >= H || x1 <= x0) continue;
+    std::memcpy(d + (y * width + x0) * C, s + (sy * W + x0 + left) * C,
+                static_cast<std::size_t>((x1 - x0) * C));
+  }
   return out;
 }
 

@@ -825,6 +825,15 @@ image::Image image_input(Value&& v, const char* what) {
   return image::Image{current_item().value_or(0), "", as_host(v, what)};
 }
 
+// A pixel op's input: image_input, with a 2-D uint8 array (a gray image, as NumPy gives PIL's
+// 'L' mode) taken as height x width x 1 (it was refused: "takes a u8 HWC image").
+image::Image pixels_input(Value&& v, const char* what) {
+  image::Image im = image_input(std::move(v), what);
+  if (im.pixels.ndim() == 2 && im.pixels.dtype() == DType::u8)
+    im.pixels = reshaped(im.pixels, {im.pixels.dim(0), im.pixels.dim(1), 1});
+  return im;
+}
+
 void bind_image_ops(py::module_& mops) {
   mops.def("read_file", [](std::vector<std::string> paths, py::object labels_in) {
     std::optional<std::vector<std::int64_t>> labels;
@@ -882,13 +891,14 @@ void bind_image_ops(py::module_& mops) {
     image::RandomResizedCrop op(
         {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
     return CpuOp{"random_resized_crop", [op](Value v) -> Value {
-      return op(image_input(std::move(v), "ops.random_resized_crop"));
+      return op(pixels_input(std::move(v), "ops.random_resized_crop"));
     }, {}, true};
   }, py::arg("size") = 224, py::arg("seed") = 0, py::arg("epoch") = 0,
   py::arg("scale") = std::pair<double, double>{0.08, 1.0},
   py::arg("ratio") = std::pair<double, double>{3.0 / 4.0, 4.0 / 3.0}, py::arg("flip") = 0.5,
   py::arg("antialias") = true,
-  "CPU op: torchvision's RandomResizedCrop + RandomHorizontalFlip on uint8 HWC pixels (size: an "
+  "CPU op: torchvision's RandomResizedCrop + RandomHorizontalFlip on uint8 HWC pixels (HW: gray, "
+  "one channel) (size: an "
   "int for a square, or (height, width), as torchvision takes it), with "
   "randomness drawn from (seed, epoch, the item's index): reproducible in any thread order. "
   "antialias=True (the default): the crop is shrunk as PIL's resize(BILINEAR) does it (within 1 "
@@ -934,18 +944,41 @@ void bind_image_ops(py::module_& mops) {
 
   mops.def("resize", [](py::object height_arg, py::object width_arg, bool antialias) {
     // (Out of range: GraphError, as the crop ops' sizes; past C's int it was pybind's TypeError.)
+    if (width_arg.is_none()) {  // torchvision's Resize(size): the shorter side
+      const int size = static_cast<int>(int_in(height_arg, "splitflow.ops.resize", "size", 1, image::kMaxOutputSide));
+      return CpuOp{"resize", [size, antialias](Value v) -> Value {
+        image::Image in = pixels_input(std::move(v), "ops.resize");
+        in.pixels = image::resize_shorter(in.pixels, size, antialias);
+        return in;
+      }, {}, true};
+    }
     const int height = static_cast<int>(int_in(height_arg, "splitflow.ops.resize", "height", 1, image::kMaxOutputSide));
     const int width = static_cast<int>(int_in(width_arg, "splitflow.ops.resize", "width", 1, image::kMaxOutputSide));
     return CpuOp{"resize", [height, width, antialias](Value v) -> Value {
-      image::Image in = image_input(std::move(v), "ops.resize");
+      image::Image in = pixels_input(std::move(v), "ops.resize");
       in.pixels = image::resize(in.pixels, height, width, {}, antialias);
       return in;
     }, {}, true};
-  }, py::arg("height"), py::arg("width"), py::arg("antialias") = true,
-  "CPU op: bilinear resize of uint8 HWC pixels. antialias=True (the default): when shrinking, "
+  }, py::arg("height"), py::arg("width") = py::none(), py::arg("antialias") = true,
+  "CPU op: bilinear resize of uint8 HWC pixels (HW: gray, one channel) to height x width, or, "
+  "given one size (width=None), its shorter side to that size and the longer in proportion "
+  "(torchvision's Resize(256)). antialias=True (the default): when shrinking, "
   "PIL's resize(BILINEAR) (a triangle filter as wide as the scale factor; within 1 of PIL at "
   "every pixel); when enlarging, the plain bilinear. antialias=False: the plain bilinear always "
   "(two neighbours per side; aliases when shrinking).");
+
+  mops.def("center_crop", [](py::object size) {
+    const auto [h, w] = crop_size_arg(size, "splitflow.ops.center_crop");
+    image::validate_size(h, w, "center_crop");
+    return CpuOp{"center_crop", [h = h, w = w](Value v) -> Value {
+      image::Image in = pixels_input(std::move(v), "ops.center_crop");
+      in.pixels = image::center_crop(in.pixels, h, w);
+      return in;
+    }, {}, true};
+  }, py::arg("size"),
+  "CPU op: torchvision's CenterCrop on uint8 HWC pixels (size: an int for a square, or "
+  "(height, width)): the centre of the image, zero-padded where the image is smaller. With "
+  "resize(256) before it, torchvision's evaluation transform Resize(256) + CenterCrop(224).");
 }
 
 // A dict sample's "index" field, when it holds an integer: the data set index of its image.
@@ -1037,13 +1070,20 @@ void bind_ops(py::module_& m) {
   mops.def("normalize", [gpu_normalize, check_normalize](std::vector<float> mean, std::vector<float> stddev, float scale) {
     check_normalize("splitflow.ops.normalize", mean, stddev);
     return CpuOp{"normalize", [=](Value v) -> Value {
-      const HostTensor in = as_host(v, "ops.normalize");
+      HostTensor in = as_host(v, "ops.normalize");
+      // Said in Python's words, of the array given (C++'s names a batch of one: f32[1, ...]).
+      if (in.dtype() != DType::u8 || in.ndim() < 2 || in.ndim() > 4)
+        throw Error("splitflow.ops.normalize takes uint8 pixels (an HWC image, an HW gray one or "
+                    "an NHWC batch) and scales them (scale=1/255 by default), got " +
+                    in.describe() + (in.dtype() != DType::u8 ? ": give the uint8 image, before "
+                    "any conversion to float" : ""));
+      if (in.ndim() == 2) in = reshaped(in, {in.dim(0), in.dim(1), 1});
       const bool single = in.ndim() == 3;
       HostTensor out = splitflow::ops::normalize(single ? batched(in) : in, mean, stddev, scale);
       return single ? unbatched(out) : out;
     }, gpu_normalize(mean, stddev, scale)};
   }, py::arg("mean"), py::arg("std"), py::arg("scale") = 1.0f / 255.0f,
-  R"doc(uint8 HWC image (or NHWC batch) -> float32 CHW (NCHW), (x*scale - mean) / std, as C++'s
+  R"doc(uint8 HWC image (an HW gray one, or an NHWC batch) -> float32 CHW (NCHW), (x*scale - mean) / std, as C++'s
 ops::normalize: in g.stage it runs on the CPU thread, in g.gpu_stage on the leased stream (host
 input copied H2D first).)doc");
 
@@ -1325,11 +1365,13 @@ Error when the run ends first.)doc")
       }, py::arg("item"), py::arg("deadline") = py::none(),
       "Submits a request; returns a concurrent.futures.Future of its result. deadline: seconds "
       "from now (None or math.inf: none) after which, if no GPU stage or dynamic batch has taken it yet, it is dropped "
-      "with DeadlineError. Waits for room (admission='wait') or raises OverloadedError "
+      "with DeadlineError. Waits for room (admission='wait': until the deadline at most, then "
+      "raises DeadlineError) or raises OverloadedError "
       "(admission='fail_fast') when max_pending requests are pending; GraphError when the graph "
       "is not running or the service was closed.")
       .def("close", [](PyService& s) { s.svc.close(); },
-           "No more requests: the run ends once every admitted one is answered.")
+           "No more requests: the run ends once every admitted one is answered. Called while no "
+           "run is going (before run()), it closes the next run, which ends as it starts.")
       .def("stats", [](const PyService& s) {
         return py::module_::import("json").attr("loads")(to_json(s.svc.stats()));
       }, "The service's figures as a dict (to_json(ServiceStats)'s keys): submitted, answered, "

@@ -370,8 +370,10 @@ def test_fused_crop_without_antialias_equals_decode_then_crop_on_large_photos(tm
     for a, b, c in zip(split, fused, scaled):
         assert np.array_equal(a, b)
         assert not np.array_equal(b, c)  # the antialiased, scaled decode differs
-    with pytest.raises(sf.Error, match="scaled decode 'always' with antialias off"):
+    with pytest.raises(sf.GraphError, match="scaled decode 'always' with antialias off") as e:
         sf.ops.decode_random_resized_crop(64, antialias=False, scaled_decode="always")
+    # It names the Python value to use (it named C++'s 'large_photos', which Python refuses).
+    assert "Python's 'large'" in str(e.value)
 
 
 # "Bad input gets a clear error naming what was wrong": op arguments are checked when the op is
@@ -387,7 +389,9 @@ def test_fused_crop_without_antialias_equals_decode_then_crop_on_large_photos(tm
 ])
 def test_crop_ops_refuse_bad_arguments_when_built(kwargs, text):
     for op in (sf.ops.decode_random_resized_crop, sf.ops.random_resized_crop):
-        with pytest.raises(sf.Error, match=re_escape(text)):
+        # A GraphError (Python's ValueError), as every op's bad argument (a new user's trial:
+        # these were sf.Error, a RuntimeError, so `except ValueError` missed them).
+        with pytest.raises(sf.GraphError, match=re_escape(text)):
             op(**kwargs)
     with pytest.raises(sf.GraphError, match=re_escape("splitflow.ops.resize: height must be 1 to 16384, not 0")):
         sf.ops.resize(0, 3)
@@ -538,3 +542,76 @@ def test_read_file_on_a_directory_is_named(tmp_path):
     g.indices("i", [0]) >> g.stage("read", sf.ops.read_file([str(tmp_path)])) >> out
     with pytest.raises(sf.StageError, match="is a directory, not a file"):
         list(g.iterate(out))
+
+
+# A 2-D uint8 array (a gray image, as np.asarray(PIL 'L') gives it) is height x width x 1 to
+# the pixel ops (a new user's trial: refused as "takes a contiguous u8 HWC image"); the result
+# has one channel and the pixels of the same image given as (H, W, 1).
+def test_gray_images_as_2d_arrays_are_one_channel():
+    rng = np.random.default_rng(5)
+    gray = rng.integers(0, 256, size=(60, 80), dtype=np.uint8)
+    rt = sf.Runtime(threads=1, backend="host")
+    ops = [sf.ops.resize(30, 40), sf.ops.random_resized_crop((24, 32), seed=3),
+           sf.ops.normalize([0.5], [0.25])]
+    for op in ops:
+        outs = []
+        for image in (gray, gray[..., None].copy()):
+            g = sf.Graph(rt, "gray")
+            out = g.pull_sink("out")
+            g.source("n", [image]) >> g.stage("op", op) >> out
+            outs.append(np.asarray(list(g.iterate(out))[0]))
+        flat, with_channel = outs
+        assert flat.shape == with_channel.shape, op.name
+        assert np.array_equal(flat, with_channel), op.name
+    assert outs[0].shape == (1, 60, 80)  # normalize: CHW
+    assert np.allclose(outs[0][0], (gray / 255.0 - 0.5) / 0.25, atol=1e-5)
+
+
+# normalize scales 0-255 pixels: a float image is refused, named as given (it said "takes a
+# contiguous u8 NHWC batch, got f32[1, 4, 4, 3]": a shape not given, a batch not given).
+def test_normalize_refuses_float_pixels_naming_what_it_got():
+    rt = sf.Runtime(threads=1, backend="host")
+    g = sf.Graph(rt, "float-in")
+    out = g.pull_sink("out")
+    image = np.zeros((4, 4, 3), np.float32)
+    g.source("n", [image]) >> g.stage("norm", sf.ops.normalize([0.5] * 3, [0.2] * 3)) >> out
+    with pytest.raises(sf.StageError, match=re_escape("splitflow.ops.normalize takes uint8 pixels "
+                                                      "(an HWC image, an HW gray one or an NHWC "
+                                                      "batch)") + ".*f32\\[4, 4, 3\\].*give the uint8 image"):
+        list(g.iterate(out))
+
+
+# torchvision's evaluation transform, Resize(256) + CenterCrop(224), on PIL images: resize with
+# one size sets the shorter side, center_crop takes the centre (a new user's trial: Python had
+# neither, and a validation pipeline needed a Python stage holding the GIL). Within 1 of
+# torchvision at every pixel (the antialiased resize is PIL's within 1); the crop alone exact.
+def test_resize_and_center_crop_are_torchvisions_evaluation_transform():
+    tv = pytest.importorskip("torchvision.transforms")
+    rng = np.random.default_rng(9)
+    rt = sf.Runtime(threads=1, backend="host")
+    for h, w in [(480, 640), (641, 479), (300, 300), (250, 200), (180, 120)]:
+        # smooth content plus noise: a photograph's mix of low and high frequencies
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = (127 + 100 * np.sin(xx / 17.0) * np.cos(yy / 23.0))[..., None] + rng.normal(0, 20, (h, w, 3))
+        image = np.clip(base, 0, 255).astype(np.uint8)
+        want = np.asarray(tv.CenterCrop(224)(tv.Resize(256)(Image.fromarray(image))))
+        g = sf.Graph(rt, "eval")
+        out = g.pull_sink("out")
+        g.source("n", [image]) >> g.stage("resize", sf.ops.resize(256)) >> \
+            g.stage("crop", sf.ops.center_crop(224)) >> out
+        got = np.asarray(list(g.iterate(out))[0])
+        assert got.shape == want.shape == (224, 224, 3), (h, w)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1, (h, w)
+        # The crop alone equals torchvision's, padding included (a crop larger than the image).
+        for size in [(100, 60), 301, (17, 400)]:
+            g = sf.Graph(rt, "crop")
+            out = g.pull_sink("out")
+            g.source("n", [image]) >> g.stage("crop", sf.ops.center_crop(size)) >> out
+            got = np.asarray(list(g.iterate(out))[0])
+            assert np.array_equal(got, np.asarray(tv.CenterCrop(size)(Image.fromarray(image)))), (h, w, size)
+    with pytest.raises(sf.GraphError, match=re_escape("splitflow.ops.center_crop: size must be an int or (height, width)")):
+        sf.ops.center_crop("224")
+    with pytest.raises(sf.GraphError, match="center_crop: output size 0x5 is out of range"):
+        sf.ops.center_crop((0, 5))
+    with pytest.raises(sf.GraphError, match="splitflow.ops.resize: size must be 1 to 16384, not 0"):
+        sf.ops.resize(0)

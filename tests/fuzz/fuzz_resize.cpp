@@ -1,5 +1,5 @@
 // Fuzz target: the geometry ops on arbitrary images and sizes: image::resize (antialiased and
-// plain) of any box, resize_flipped, hflip, RandomResizedCrop and draw_augment. The input's last
+// plain) of any box, resize_flipped, hflip, center_crop, RandomResizedCrop and draw_augment. The input's last
 // bytes (FuzzedDataProvider) give the image's height and width (0..40) and channels (mostly 1..4,
 // up to 15), the output size (1..96, or any int32 through validate_size, the documented gate
 // of the ops' sizes), the box (empty, inside, near the edges, or any int32), the flags, and an
@@ -123,6 +123,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Keep a run quick: a large output (valid, but slow under the sanitizers) is not resized.
   if (!size_ok || static_cast<std::int64_t>(oh) * ow * std::max<std::int64_t>(C, 1) > (1 << 16)) return 0;
+
+  // center_crop: any HWC u8 image to any valid size; its own size is itself, and a crop
+  // larger by an even margin (padded by half of it each side) cropped back is the image.
+  if (hwc) {
+    const HostTensor cc = image::center_crop(img, oh, ow);
+    FUZZ_CHECK((cc.shape() == std::vector<std::int64_t>{oh, ow, C}));
+    if (oh == H && ow == W) FUZZ_CHECK(same(cc, img));
+    if (H >= 1 && W >= 1 && oh >= H && ow >= W && (oh - H) % 2 == 0 && (ow - W) % 2 == 0)
+      FUZZ_CHECK(same(image::center_crop(cc, static_cast<int>(H), static_cast<int>(W)), img));
+  }
 
   // resize: succeeds exactly when the tensor is an HWC u8 image and the box lies in it.
   const bool empty = box.h == 0 && box.w == 0;

@@ -132,6 +132,16 @@ HostTensor resize(const HostTensor& hwc, int out_h, int out_w, Box box = {}, boo
 /// Mirror left-right.
 HostTensor hflip(const HostTensor& hwc);
 
+/// torchvision's Resize(size) with one number: the shorter side to `size`, the longer in
+/// proportion (truncated, as torchvision computes it), resized as resize() does.
+///
+///     HostTensor eval = center_crop(resize_shorter(pixels, 256), 224, 224);  // validation
+HostTensor resize_shorter(const HostTensor& hwc, int size, bool antialias = true);
+/// torchvision's CenterCrop: the centre height x width of an HWC u8 image (its offsets rounded
+/// as torchvision rounds them, half to even); where the image is smaller than the crop it is
+/// centred on zeros, as torchvision pads it.
+HostTensor center_crop(const HostTensor& hwc, int height, int width);
+
 /// The whole image resized to out_h x out_w, mirrored when `flip` (the flip costs nothing).
 HostTensor resize_flipped(const HostTensor& hwc, int out_h, int out_w, bool flip,
                           bool antialias = true);
