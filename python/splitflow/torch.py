@@ -104,6 +104,29 @@ def to_torch(x, _where="the item"):
     return x
 
 
+def _warn_skipped(run, worker):
+    """In a DataLoader worker, items its stages skipped (on_error='skip') or substituted are
+    said as a warning at the end of its shard: the run's stats, which name them, stay in the
+    worker's process (the main process's ``last_run`` is None), so they were lost silently."""
+    try:
+        stages = run.stats().get("stages", [])
+    except Exception:  # (the figures are a courtesy here: never fail the epoch for them)
+        return
+    said = []
+    for st in stages:
+        n, m = st.get("skipped", 0), st.get("substituted", 0)
+        if not n and not m:
+            continue
+        first = (st.get("errors") or [{}])[0]
+        item = first.get("item")  # (DatasetRun.stats(): the dataset index)
+        what = ", ".join(f"{k} {v}" for k, v in (("skipped", n), ("substituted", m)) if v)
+        said.append(f"stage '{st.get('name')}' {what} (the first: dataset index {item}: "
+                    f"{first.get('message', '?')})")
+    if said:
+        warnings.warn(f"GraphDataset: DataLoader worker {worker}: " + "; ".join(said) +
+                      " (with num_workers=0, ds.last_run.stats() names every one)", stacklevel=3)
+
+
 def _name_dataset_index(e, indices):
     """A StageError names the item's position in the run (its source's order); here that
     position maps to a dataset index: the error names the index, and keeps the position."""
@@ -874,5 +897,7 @@ class GraphDataset(_data.IterableDataset):
             raise
         finally:
             it.close()  # an early break or an exception cancels the run
+        if info is not None:
+            _warn_skipped(self.last_run, info.id)
         if progress is not None:
             progress.complete = True  # the epoch's shard is settled
