@@ -588,6 +588,43 @@ TEST(Diagnosis, ThePoolIsJudgedOverTheRunNotTheDevicesLifetime) {
 }
 
 // Stage names are quoted once: "stage 'decode'", never "'decode''s".
+// A slow source feeding the GPU (a Python generator, a Dask Remote): the advice is to move its
+// work into a stage, not to raise a concurrency no source has (a new user's trial: "raise the
+// concurrency of stage 'remote' from 1 to 2", which g.source refuses).
+TEST(Diagnosis, ASlowSourceIsToldToMoveItsWorkNotToRaiseItsConcurrency) {
+  RunStats st = planted_gpu_run();
+  st.stages[0].name = "remote";
+  st.stages[0].kind = StageKind::source;
+  st.stages[0].busy_ns = st.stages[0].work_ns = 990'000'000;
+  st.stages[0].blocked_ns = 0;
+  st.stages[1].starved_ns = 900'000'000;
+  st.gpu.busy_ns = 50'000'000;
+  const Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "remote") << join(d.findings);
+  EXPECT_FALSE(contains(d.suggestions, "raise the concurrency")) << join(d.suggestions);
+  EXPECT_TRUE(contains(d.suggestions, "source 'remote' yields one item at a time")) << join(d.suggestions);
+  EXPECT_TRUE(contains(d.suggestions, "move its work into a stage after it")) << join(d.suggestions);
+  // A CPU-only graph whose source is its most saturated node: the same.
+  RunStats cpu;
+  cpu.graph = "cpu";
+  cpu.wall_ns = 1'000'000'000;
+  StageStats src;
+  src.name = "gen";
+  src.kind = StageKind::source;
+  src.concurrency_limit = 1;
+  src.items_out = 100;
+  src.busy_ns = src.work_ns = 950'000'000;
+  src.consumers = {"out"};
+  StageStats out;
+  out.name = "out";
+  out.kind = StageKind::pull_sink;
+  out.items_in = 100;
+  cpu.stages = {src, out};
+  const Diagnosis c = diagnose(cpu, std::nullopt);
+  EXPECT_EQ(c.bottleneck, "gen") << join(c.findings);
+  EXPECT_TRUE(contains(c.suggestions, "source 'gen' yields one item at a time")) << join(c.suggestions);
+}
+
 TEST(Diagnosis, NamesAreQuotedOnce) {
   RunStats st = planted_gpu_run();
   st.stages[0].busy_ns = st.stages[0].work_ns = 990'000'000;

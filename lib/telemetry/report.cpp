@@ -25,6 +25,13 @@ bool limited(const StageStats& s) { return s.concurrency_limit != Concurrency::u
 // past them the suggestion says what else it takes.
 std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size_t to,
                               const std::string& why = {}) {
+  // A source has no concurrency to raise (a new user's trial: "raise the concurrency of stage
+  // 'remote' from 1 to 2", which no source takes): its items come one at a time.
+  if (s.kind == StageKind::source)
+    return fmt::format("source '{}' yields one item at a time{}: move its work into a stage after "
+                       "it, which can run concurrently (a source of indices or paths, and a stage "
+                       "that loads each)",
+                       s.name, why);
   const bool holds_threads =
       (s.kind == StageKind::stage || s.kind == StageKind::sink) && s.call_ns < 0;
   if (holds_threads && st.threads > 0 && to > st.threads) {
