@@ -90,14 +90,28 @@ class _Feed:
         return iter(self.indices)
 
 
+_RUNTIMES = 4  # distinct (threads, backend) runtimes a worker process keeps, at most
+
+
 def _runtime(threads, backend):
+    """The worker process's runtime of these threads and backend (a Remote asking for other
+    threads gets its own: a new user's trial saw threads= of a second Remote ignored, the
+    first one's runtime shared); at most _RUNTIMES, the oldest going first."""
     st = _worker_state
     with st["lock"]:
-        if st["pid"] != os.getpid():  # a new process (fork): a runtime of its own
+        if st["pid"] != os.getpid():  # a new process (fork): runtimes of its own
             st["pid"], st["runtime"], st["graphs"] = os.getpid(), None, collections.OrderedDict()
-        if st["runtime"] is None:
-            st["runtime"] = _core.Runtime(threads=threads, backend=backend)
-        return st["runtime"]
+        runtimes = st["runtime"]
+        if runtimes is None:
+            runtimes = st["runtime"] = collections.OrderedDict()
+        key = (int(threads), backend)
+        rt = runtimes.get(key)
+        if rt is None:
+            rt = runtimes[key] = _core.Runtime(threads=threads, backend=backend)
+            while len(runtimes) > _RUNTIMES:
+                runtimes.popitem(last=False)  # (its graphs in the cache keep it while cached)
+        runtimes.move_to_end(key)
+        return rt
 
 
 def _build_key(build):
@@ -138,7 +152,8 @@ class _RemoteGraph(_core.Graph):
 def _graph_for(build, seed, epoch, opts):
     """(graph, feed, sink) for this thread, build, seed and epoch: built once."""
     rt = _runtime(opts["threads"], opts["backend"])
-    key = (threading.get_ident(), _build_key(build), seed, epoch, opts["name"])
+    key = (threading.get_ident(), _build_key(build), seed, epoch, opts["name"], opts["threads"],
+           opts["backend"])
     graphs = _worker_state["graphs"]
     if key[1] is None:
         graphs = collections.OrderedDict()
@@ -202,6 +217,23 @@ def _worker_threads():
         return 1
 
 
+def _in_process_threads(threads):
+    """A worker in the client's own process (LocalCluster(processes=False)) runs its graphs
+    beside the local graph's runtime, whose source waits for the remote results: oneTBB
+    (2021.8) gives no thread to a second arena of one thread while another arena's task waits
+    so (a new user's trial hung in 4 of 4 tries; plain oneTBB shows it: an arena of
+    1 slot, 0 reserved, got no worker while a 2-slot arena's task waited, though the cap
+    allowed 16), so such a worker's runtime gets two. Workers in processes of their
+    own keep the threads asked for."""
+    if threads >= 2:
+        return threads
+    try:
+        from distributed.client import _global_clients
+        return 2 if _global_clients else threads
+    except Exception:
+        return threads
+
+
 def _error_payload(e, indices):
     import pickle
     import traceback
@@ -230,7 +262,7 @@ def run_split(build, split, indices, seed, epoch, opts):
     start = time.time()
     t0 = time.perf_counter()
     c0 = time.process_time()
-    threads = opts["threads"] or _worker_threads()
+    threads = _in_process_threads(opts["threads"] or _worker_threads())
     g, feed, out = _graph_for(build, seed, epoch, dict(opts, threads=threads))
     feed.indices = [int(i) for i in indices]
     results, nbytes, error = [], 0, None
@@ -623,10 +655,14 @@ class RemotePass:
         pending = len(lost)
         left = int(sum(len(s.indices) for s in lost)) + len(self.indices) - self.next_start
         self.pending = collections.deque()
+        status = getattr(self.client, "status", "running")
+        # (A client closed during the pass is not waited for: it said it waited timeout s.)
+        waited = (f"the client is {status}: it was closed during the pass, or gave up "
+                  f"reconnecting on its own" if status in ("closing", "closed") else
+                  f"the run waited timeout={self.remote.timeout:g} s for the client to reconnect")
         self.error = Error(
             f"splitflow.dask: lost the Dask scheduler at {self._address()}: {why}; "
-            f"{pending} splits in flight and {left} items not computed (the run waited "
-            f"timeout={self.remote.timeout:g} s for the client to reconnect)")
+            f"{pending} splits in flight and {left} items not computed ({waited})")
         raise self.error
 
     def _reconnected(self):

@@ -897,6 +897,10 @@ class GraphDataset(_data.IterableDataset):
             raise
         finally:
             it.close()  # an early break or an exception cancels the run
+            if remote is not None:
+                # Its splits still in flight are released now, and its figures end with the
+                # run (left to the next epoch, they held the workers' results and aged).
+                remote.close()
         if info is not None:
             _warn_skipped(self.last_run, info.id)
         if progress is not None:

@@ -50,3 +50,10 @@ def local_samples(indices, seed, epoch):
 
 def build_batching(g, indices, *, seed, epoch):
     return indices >> g.stage("sample", lambda i: sample(i, seed, epoch)) >> g.batch("b", 4)
+
+
+def worker_runtime_threads():
+    """(client.run on each worker) the threads of the splitflow runtimes its process keeps."""
+    import splitflow.dask as sfd
+    runtimes = sfd._worker_state["runtime"] or {}
+    return sorted(rt.threads for rt in runtimes.values())

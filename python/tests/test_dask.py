@@ -12,6 +12,9 @@ import multiprocessing
 import os
 import signal
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 
 import dask
@@ -441,3 +444,79 @@ def test_tensors_travel_out_of_band_without_a_copy():
     for a in arrays + big:
         assert a.ctypes.data in addresses
     same(out["results"], fns.local_samples([3, 1, 4], 7, 0))
+
+
+# remote(threads=) is each worker's runtime threads: a second Remote asking for other threads
+# gets a runtime of its own on the worker (a new user's trial: the first Remote's runtime, of 1
+# thread, served a later threads=3 too, silently).
+def test_a_remote_with_other_threads_gets_a_runtime_of_its_own():
+    items = list(range(30))
+    with cluster(1) as (_, client):
+        for threads in (1, 3, 1):
+            r = sfd.remote(fns.build_samples, client, items=items, split=10, threads=threads)
+            same(run_local_graph(r), fns.local_samples(items, 0, 0))
+        seen = client.run(fns.worker_runtime_threads)
+    assert list(seen.values()) == [[1, 3]], seen
+
+
+# An epoch of a GraphDataset left early (a break) closes its remote pass as the loop ends: the
+# splits in flight are released (they were held until the next epoch, results kept on the
+# workers) and its figures end with the run (its wall time went on growing while the local
+# run's had stopped: a new user's trial, 0.15 s local against 2.15 s remote two seconds later).
+def test_a_dataset_epoch_left_early_closes_its_remote_pass():
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_slow_samples, client, split=4, max_splits_in_flight=3)
+        ds = sft.GraphDataset(lambda g, src: src, 200, threads=2, backend="host", remote=r)
+        for k, _ in enumerate(ds):
+            if k == 5:
+                break
+        p = r.last_pass
+        assert p.done and not p.pending, "its splits in flight were released"
+        assert p.t_end is not None, "its wall time ends with the run"
+        walls = {ds.last_run.stats()["remote"]["wall_s"] for _ in range(3)}
+        assert len(walls) == 1
+        # The next epoch runs whole.
+        assert sorted(int(s["index"]) for s in ds) == list(range(200))
+
+
+# The client closed during a pass (its user's client.close()): the error says so, not that the
+# run waited `timeout` for it to reconnect (it did not wait: a new user's trial).
+def test_a_client_closed_during_a_pass_is_said_so():
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_slow_samples, client, items=list(range(400)), split=4, timeout=30)
+        g = sf.Graph(sf.Runtime(threads=2, backend="host"), "local")
+        out = g.pull_sink("out")
+        r.source(g) >> out
+        with pytest.raises(sf.Error) as e:
+            for k, _ in enumerate(g.iterate(out)):
+                if k == 3:
+                    client.close()
+        text = str(e.value) + " " + str(e.value.__cause__)
+        assert "it was closed during the pass" in text, text
+        assert "waited timeout=30 s" not in text, text
+
+
+# Workers in the client's own process (LocalCluster(processes=False), one thread each): their
+# runtimes stand beside the local graph's, whose source waits for their results; oneTBB gave a
+# second runtime of one thread no thread then, and the pass hung (a new user's trial: 4 of 4).
+# In a subprocess, so that a hang fails the test instead of holding the suite.
+def test_in_process_workers_of_one_thread_do_not_hang():
+    script = textwrap.dedent("""
+        import distributed, splitflow as sf, splitflow.dask as sfd
+        import dask_fns as fns
+        with distributed.LocalCluster(n_workers=2, processes=False, threads_per_worker=1,
+                                      dashboard_address=None) as c, distributed.Client(c) as client:
+            for k in range(3):
+                r = sfd.remote(fns.build_samples, client, items=list(range(300)), split=10)
+                g = sf.Graph(sf.Runtime(threads=2, backend="host"), "local")
+                out = g.pull_sink("out")
+                r.source(g) >> out
+                got = [int(s["index"]) for s in g.iterate(out)]
+                assert got == list(range(300)), got[:10]
+        print("passes ran", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                       env=env)
+    assert p.returncode == 0 and "passes ran" in p.stdout, p.stdout + p.stderr
