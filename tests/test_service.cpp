@@ -238,10 +238,12 @@ TEST(Service, WaitAdmissionGivesUpAtTheRequestsDeadline) {
   EXPECT_EQ(st.expired, 0u);
 }
 
-// A close() while no run is going closes the next run: it ends as it starts, taking no
-// request (a new user's trial: the close was lost and the run lasted until a cancel). The
-// same holds when close() races with run() from another thread (it could also release the
-// source's unit before the run had counted it, and the run never ended): every run ends.
+// A close() before the graph's first run closes that run: it ends as it starts, taking no
+// request (a new user's trial: the close was lost and the run lasted until a cancel). The same
+// holds when close() races with the first run() from another thread (it could also release the
+// source's unit before the run had counted it, and the run never ended): every run ends. A
+// close() after a run ended closes nothing: the next run is open (a close meant for a run that
+// a failure or a cancel ended first must not end its restart, from the review of this fix).
 TEST(Service, ACloseBeforeTheRunClosesThatRun) {
   Runtime rt(host(2));
   Graph g(rt, "closed-early");
@@ -263,11 +265,23 @@ TEST(Service, ACloseBeforeTheRunClosesThatRun) {
   svc.close();
   EXPECT_EQ(f.get(), 42);
   EXPECT_EQ(next.wait(), RunStatus::succeeded);
-  // close() racing with run(): each run ends, having answered what it admitted.
+  // A close() after the run ended (a cancelled one here) does not reach the next run.
+  auto cancelled = g.run();
+  cancelled.cancel();
+  EXPECT_EQ(cancelled.wait(), RunStatus::cancelled);
+  svc.close();
+  auto restarted = g.run();
+  EXPECT_EQ(svc.submit(6).get(), 7) << "the restarted run takes requests";
+  svc.close();
+  EXPECT_EQ(restarted.wait(), RunStatus::succeeded);
+  // close() racing with a graph's first run(): each run ends.
   for (int round = 0; round < 200; ++round) {
+    Graph h(rt, "race");
+    auto s = h.service<int, int>("requests");
+    s.source() >> h.stage("inc", [](int x) { return x + 1; }) >> s.sink();
     splitflow::Run r;
-    std::thread starter([&] { r = g.run(); });
-    svc.close();
+    std::thread starter([&] { r = h.run(); });
+    s.close();
     starter.join();
     if (!r.wait_for(10s)) {
       r.cancel();

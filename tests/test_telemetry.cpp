@@ -587,7 +587,6 @@ TEST(Diagnosis, ThePoolIsJudgedOverTheRunNotTheDevicesLifetime) {
   EXPECT_TRUE(contains(d.findings, "(device busy 60%)")) << join(d.findings);
 }
 
-// Stage names are quoted once: "stage 'decode'", never "'decode''s".
 // A slow source feeding the GPU (a Python generator, a Dask Remote): the advice is to move its
 // work into a stage, not to raise a concurrency no source has (a new user's trial: "raise the
 // concurrency of stage 'remote' from 1 to 2", which g.source refuses).
@@ -625,6 +624,7 @@ TEST(Diagnosis, ASlowSourceIsToldToMoveItsWorkNotToRaiseItsConcurrency) {
   EXPECT_TRUE(contains(c.suggestions, "source 'gen' yields one item at a time")) << join(c.suggestions);
 }
 
+// Stage names are quoted once: "stage 'decode'", never "'decode''s".
 TEST(Diagnosis, NamesAreQuotedOnce) {
   RunStats st = planted_gpu_run();
   st.stages[0].busy_ns = st.stages[0].work_ns = 990'000'000;

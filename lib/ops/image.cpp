@@ -1144,9 +1144,13 @@ HostTensor resize_shorter(const HostTensor& img, int size, bool antialias) {
   check_hwc(img, "resize_shorter");
   validate_size(size, size, "resize_shorter");
   const std::int64_t H = img.dim(0), W = img.dim(1);
+  if (H < 1 || W < 1)
+    throw Error(fmt::format("splitflow::image::resize_shorter: an empty image ({}) has no side "
+                            "to scale", img.describe()));
   const std::int64_t shorter = std::min(H, W), longer = std::max(H, W);
-  // torchvision: int(size * long / short), in floating point.
-  const double other = static_cast<double>(size) * static_cast<double>(longer) / static_cast<double>(shorter);
+  // torchvision: int(size * long / short), in floating point (truncated, then bounded).
+  const double other = std::floor(static_cast<double>(size) * static_cast<double>(longer) /
+                                  static_cast<double>(shorter));
   if (other > kMaxOutputSide)
     throw GraphError(fmt::format("splitflow::image::resize_shorter: the shorter side of a {}x{} "
                                  "image to {} makes the longer {:.0f}, past {} pixels",

@@ -109,7 +109,11 @@ def _runtime(threads, backend):
         if rt is None:
             rt = runtimes[key] = _core.Runtime(threads=threads, backend=backend)
             while len(runtimes) > _RUNTIMES:
-                runtimes.popitem(last=False)  # (its graphs in the cache keep it while cached)
+                gone, _ = runtimes.popitem(last=False)
+                # Its graphs go with it (they would keep it alive past the cap).
+                graphs = st["graphs"]
+                for k in [k for k in graphs if k[-2:] == gone]:
+                    del graphs[k]
         runtimes.move_to_end(key)
         return rt
 
@@ -217,7 +221,7 @@ def _worker_threads():
         return 1
 
 
-def _in_process_threads(threads):
+def _in_process_threads(threads, client_pid):
     """A worker in the client's own process (LocalCluster(processes=False)) runs its graphs
     beside the local graph's runtime, whose source waits for the remote results: oneTBB
     (2021.8) gives no thread to a second arena of one thread while another arena's task waits
@@ -225,13 +229,7 @@ def _in_process_threads(threads):
     1 slot, 0 reserved, got no worker while a 2-slot arena's task waited, though the cap
     allowed 16), so such a worker's runtime gets two. Workers in processes of their
     own keep the threads asked for."""
-    if threads >= 2:
-        return threads
-    try:
-        from distributed.client import _global_clients
-        return 2 if _global_clients else threads
-    except Exception:
-        return threads
+    return 2 if threads < 2 and client_pid == os.getpid() else threads
 
 
 def _error_payload(e, indices):
@@ -262,7 +260,7 @@ def run_split(build, split, indices, seed, epoch, opts):
     start = time.time()
     t0 = time.perf_counter()
     c0 = time.process_time()
-    threads = _in_process_threads(opts["threads"] or _worker_threads())
+    threads = _in_process_threads(opts["threads"] or _worker_threads(), opts.get("client_pid"))
     g, feed, out = _graph_for(build, seed, epoch, dict(opts, threads=threads))
     feed.indices = [int(i) for i in indices]
     results, nbytes, error = [], 0, None
@@ -373,7 +371,8 @@ class Remote:
         self.direct = direct
         self.name = name
         self.opts = {"threads": int(threads), "backend": backend,
-                     "max_in_flight": int(max_in_flight), "name": name}
+                     "max_in_flight": int(max_in_flight), "name": name,
+                     "client_pid": os.getpid()}  # (a worker in this process: _in_process_threads)
         self.last_pass = None
         self._per_item_s = None  # measured cost of an item on a worker (split="auto")
 

@@ -120,7 +120,7 @@ def _warn_skipped(run, worker):
         first = (st.get("errors") or [{}])[0]
         item = first.get("item")  # (DatasetRun.stats(): the dataset index)
         what = ", ".join(f"{k} {v}" for k, v in (("skipped", n), ("substituted", m)) if v)
-        said.append(f"stage '{st.get('name')}' {what} (the first: dataset index {item}: "
+        said.append(f"stage '{st.get('name')}' {what} (the first recorded: dataset index {item}: "
                     f"{first.get('message', '?')})")
     if said:
         warnings.warn(f"GraphDataset: DataLoader worker {worker}: " + "; ".join(said) +

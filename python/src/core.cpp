@@ -1370,8 +1370,9 @@ Error when the run ends first.)doc")
       "(admission='fail_fast') when max_pending requests are pending; GraphError when the graph "
       "is not running or the service was closed.")
       .def("close", [](PyService& s) { s.svc.close(); },
-           "No more requests: the run ends once every admitted one is answered. Called while no "
-           "run is going (before run()), it closes the next run, which ends as it starts.")
+           "No more requests: the run ends once every admitted one is answered. Called before the "
+           "graph's first run (or as a run starts), it closes that run, which ends as it "
+           "starts; after a run ended it does nothing.")
       .def("stats", [](const PyService& s) {
         return py::module_::import("json").attr("loads")(to_json(s.svc.stats()));
       }, "The service's figures as a dict (to_json(ServiceStats)'s keys): submitted, answered, "

@@ -420,5 +420,5 @@ def test_samples_skipped_in_dataloader_workers_are_said():
     said = [line for line in p.stderr.splitlines() if "GraphDataset: DataLoader worker" in line]
     assert len(said) == 2, p.stderr  # worker k takes positions p % 2 == k: one bad sample each
     for index in (7, 24):
-        assert any(f"stage 'check' skipped 1 (the first: dataset index {index}: " in line and
+        assert any(f"stage 'check' skipped 1 (the first recorded: dataset index {index}: " in line and
                    f"bad sample {index}" in line for line in said), p.stderr

@@ -345,13 +345,16 @@ class PushSourceNode final : public Emitter<In> {
     bool release = false;
     {
       std::lock_guard lk(this->mu_);
-      // Between runs, or as one starts (its units not counted yet): the next run starts
-      // closed (a close() lost here left that run open until a cancel; one released the
-      // source's unit before the run had counted it, and the run never ended).
-      if (phase_ != Phase::running) {
+      // Before the graph's first run, or as a run starts (its units not counted yet): that
+      // run starts closed (a close() lost here left the run open until a cancel; one released
+      // the source's unit before the run had counted it, and the run never ended). After a
+      // run ended it closes nothing: that run is over, and the next one is open (a close()
+      // meant for a run that a failure or a cancel ended first must not end its restart).
+      if (phase_ == Phase::starting || (phase_ == Phase::idle && !ran_)) {
         closed_early_ = true;
         return;
       }
+      if (phase_ == Phase::idle) return;
       accepting_ = false;
       release = std::exchange(holds_unit_, false);
       this->maybe_close_locked(w);
@@ -369,6 +372,7 @@ class PushSourceNode final : public Emitter<In> {
     accepting_ = false;  // until begin_run(): the run's units are counted then
     holds_unit_ = true;
     phase_ = Phase::starting;
+    ran_ = true;
   }
 
   void begin_run() override {
@@ -458,7 +462,8 @@ class PushSourceNode final : public Emitter<In> {
   bool accepting_ = false;
   bool holds_unit_ = false;
   Phase phase_ = Phase::idle;  // under mu_
-  bool closed_early_ = false;  // under mu_: close() between runs closes the next one
+  bool closed_early_ = false;  // under mu_: close() before the first run or as one starts
+  bool ran_ = false;           // under mu_: a run has started (reset)
   std::function<void(bool)> on_end_;
   std::shared_ptr<SourceLink<In>> link_;
 };
@@ -535,9 +540,9 @@ class Service {
   }
 
   /// No more requests this run: the run ends once every admitted request is answered.
-  /// Called while no run is going (before run(), or as it starts), it closes the next run:
-  /// that run ends as soon as it starts, taking no request. (Nothing to do once the graph is
-  /// destroyed.)
+  /// Called before the graph's first run, or as a run starts (from another thread), it closes
+  /// that run: it ends as soon as it starts, taking no request. Called after a run ended, it
+  /// does nothing (the next run is open). (Nothing to do once the graph is destroyed.)
   void close() {
     if (link_->going.load()) return;
     std::shared_lock lk(link_->mu);

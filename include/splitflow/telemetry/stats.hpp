@@ -99,7 +99,7 @@ struct ServiceStats {
   std::uint64_t answered = 0;   ///< completed with a result
   std::uint64_t failed = 0;     ///< completed with a stage's error or the run's end
   std::uint64_t expired = 0;    ///< completed with DeadlineError
-  std::uint64_t rejected = 0;   ///< submit() threw: fail_fast admission full, or not accepting
+  std::uint64_t rejected = 0;   ///< submit() threw: fail_fast admission full, its deadline passed waiting for room, or not accepting
   std::size_t pending = 0;      ///< admitted, not yet completed
   /// submit() to the answer, of answered requests, in nanoseconds.
   LatencyHistogram latency;
