@@ -749,7 +749,12 @@ class RemotePass:
             if s["skipped"]:
                 self.stage_skips[s["name"]] += s["skipped"]
                 for e in s["errors"]:
-                    self.skip_errors.append(dict(e, stage=s["name"], worker=out["worker"]))
+                    e = dict(e, stage=s["name"], worker=out["worker"])
+                    if isinstance(e.get("position"), int):
+                        # The place in the pass (as a local run's errors[].position), not in
+                        # its split (a new user's trial read 5, 2, 21 for items far apart).
+                        e["position"] += int(split.start)
+                    self.skip_errors.append(e)
         self.latencies.append(now - split.submitted)
         self.spans[out["pid"]].append((float(out["start"]), float(out["end"])))
         self.splits_done += 1

@@ -181,6 +181,8 @@ def test_skip_works_remotely_and_is_counted():
     s = r.stats()
     assert s["skipped"] == 2 and s["skipped_by_stage"] == {"check": 2}
     assert sorted(e["item"] for e in s["errors"]) == sorted(fns.SKIP)
+    # errors[].position: the place in the pass's indices (it was the place in the split)
+    assert all(items[e["position"]] == e["item"] for e in s["errors"]), s["errors"]
     assert all(e["worker"] in workers and "is corrupt" in e["message"] for e in s["errors"])
     assert sum(w["skipped"] for w in s["workers"].values()) == 2
     assert r.last_pass.yielded == kept
