@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <splitflow/splitflow.hpp>
 #include <string>
 #include <vector>
@@ -86,6 +87,36 @@ TEST(Sources, IteratorRangeAndGeneratorRestartOnEveryRun) {
     for (long v : out) got.push_back(v);
     EXPECT_EQ(run.wait(), RunStatus::succeeded);
     EXPECT_EQ(got, (std::vector<long>{1, 2, 3})) << "round " << round;
+  }
+}
+
+// A run's copy of its generator, and what it holds (a file, a socket, a remote pass), is
+// released when the run ends, however it ends: it was kept until the next run started (a Dask
+// pass left early kept its splits on the workers and its figures ageing, a new user's trial).
+TEST(Sources, ARunsCopyOfTheGeneratorIsReleasedWhenTheRunEnds) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "released");
+  auto token = std::make_shared<int>(0);
+  long next = 0;
+  auto src = g.source("n", [token, &next]() -> std::optional<long> {
+    if (next == 1000) return std::nullopt;
+    return next++;
+  });
+  auto out = g.pull_sink<long>("out", 2);
+  src >> out;
+  ASSERT_EQ(token.use_count(), 2);  // the test's and the graph's prototype
+  for (const bool cancel : {true, false, true}) {
+    next = 0;
+    auto run = g.run();
+    long taken = 0;
+    for (long v : out) {
+      EXPECT_EQ(v, taken);
+      if (++taken == 5 && cancel) break;  // leaves the run early; the cancel below ends it
+    }
+    if (cancel) run.cancel();
+    EXPECT_EQ(run.wait(), cancel ? RunStatus::cancelled : RunStatus::succeeded);
+    EXPECT_EQ(taken, cancel ? 5 : 1000);
+    EXPECT_EQ(token.use_count(), 2) << (cancel ? "after a cancelled run" : "after a run");
   }
 }
 

@@ -877,6 +877,8 @@ void GraphCore::complete() noexcept {
   }
   RunStats st = collect_stats(true);
   retune_at_end(st);
+  // Before the run is published: once wait() returns, what only this run used is released.
+  for (auto& n : nodes_) n->end_run();
   const StopReason why = stop_reason_.load();
   const RunStatus status = why == StopReason::failed      ? RunStatus::failed
                            : why == StopReason::cancelled ? RunStatus::cancelled

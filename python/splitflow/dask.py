@@ -47,8 +47,11 @@ Semantics (docs/scale-out.md):
   ``timeout`` (default 30 s).
 * Errors. A remote stage's exception reaches the local run as ``splitflow.StageError`` naming
   the remote graph, the stage, the item's dataset index and the worker's address (its
-  ``__cause__`` the original exception when it could travel). In a plain graph that error is the
-  ``__cause__`` of the local source's StageError; GraphDataset raises it directly.
+  ``__cause__`` the original exception when it could travel) and its place in the pass. In a
+  plain graph that error is the ``__cause__`` of the local source's StageError (whose item is
+  where the remote results stopped: the failed split's first); GraphDataset raises it directly.
+* A split on the cluster past ``stuck_after`` is said (a RuntimeWarning naming it, its items
+  and its worker; ``stats()["stuck_splits"]`` and the diagnosis): a remote body may be stuck.
   ``on_error="skip"`` in the remote stages skips there; ``stats()`` counts and names them.
 * Transport: the results' tensors travel as numpy arrays through Dask's serialization (its
   numpy serializer or pickle protocol 5 with out-of-band buffers: no copy into the pickle).
@@ -334,12 +337,16 @@ class Remote:
     scheduler does not answer, its connection closed (a client that reconnects within it, to
     a restarted scheduler, gets the splits not yet taken resubmitted) or it has no workers.
     direct: results are fetched from the workers directly (not through the scheduler).
+    stuck_after: seconds a split may be on the cluster before the pass warns that a remote
+    body may be stuck, naming the split, its items and its worker, and says so in stats()'s
+    diagnosis (default: 20 times the median split's, at least 10 s; 60 s before any split
+    finished). Dask cannot interrupt a running task: the warning says how to find the body.
     """
 
     def __init__(self, build, client, items=None, *, seed=0, epoch=0, split="auto",
                  split_seconds=_DEFAULT_SPLIT_S, probe=_PROBE, max_splits_in_flight=None,
                  order="in_order", threads=0, backend="host", max_in_flight=256,
-                 timeout=30.0, direct=True, name="remote"):
+                 timeout=30.0, direct=True, name="remote", stuck_after=None):
         if not callable(build):
             raise TypeError("splitflow.dask.remote: build must be callable (a module-level "
                             "function the workers can import)")
@@ -358,9 +365,15 @@ class Remote:
             raise ValueError(f"splitflow.dask.remote: split must be 'auto' or >= 1, not {split!r}")
         if max_splits_in_flight is not None and int(max_splits_in_flight) < 1:
             raise ValueError("splitflow.dask.remote: max_splits_in_flight must be >= 1")
+        if items is not None:
+            _as_indices(items)  # refused here, in the user's call, rather than at the first pass
+        if stuck_after is not None and not float(stuck_after) > 0:
+            raise ValueError(f"splitflow.dask.remote: stuck_after must be > 0 seconds, not "
+                             f"{stuck_after!r}")
         self.build = build
         self.client = client
         self.items = None if items is None else items
+        self.stuck_after = None if stuck_after is None else float(stuck_after)
         self.seed = int(seed)
         self.epoch = int(epoch)
         self.split = split if split == "auto" else int(split)
@@ -391,7 +404,15 @@ class Remote:
     def __iter__(self):
         if self.items is None:
             raise Error("splitflow.dask.Remote: no items: give items= (or use it in a GraphDataset)")
-        return self.iterate(self.items)
+        p = self.iterate(self.items)
+        # A generator, so that the pass is closed (its splits in flight released on the
+        # workers, its figures' clock stopped) when the local run that iterates it ends, however
+        # it ends: that run drops its source's iterator then (a pass left early aged until it
+        # was closed by hand: a new user's trial).
+        try:
+            yield from p
+        finally:
+            p.close()
 
     def iterate(self, indices, *, seed=None, epoch=None):
         """A pass over ``indices`` (an iterator of the results, in order); ``stats()`` then
@@ -418,6 +439,32 @@ class _Split:
         self.comm = None  # the client's scheduler connection it was submitted through
 
 
+def _as_indices(items):
+    """The items as an int64 array of dataset indices, or GraphError naming the first one that
+    is not an int (a path, a record: a new user's trial got int()'s "invalid literal")."""
+    seq = items if hasattr(items, "__len__") else list(items)
+    a = np.asarray(seq)
+    if a.size and a.dtype.kind not in "iu":
+        flat = list(np.asarray(seq, dtype=object).reshape(-1))
+        k, bad = next(((k, x) for k, x in enumerate(flat)
+                       if isinstance(x, bool) or not isinstance(x, (int, np.integer))), (0, flat[0]))
+        raise GraphError(
+            f"splitflow.dask.remote: items are dataset indices (ints), but item {k} is {bad!r} "
+            f"({type(bad).__name__}): give the indices (items=range(len(paths))) and look each "
+            f"one up in build (sf.ops.read_file(PATHS) reads PATHS[i]); the seed, the epoch's "
+            f"order, shards and resume are drawn from the indices")
+    return a.astype(np.int64, copy=False).reshape(-1)
+
+
+def _threads_of(client):
+    """The cluster's task slots (its workers' threads), or None when not known."""
+    try:
+        return sum(int(w.get("nthreads", 1)) for w in
+                   client.scheduler_info().get("workers", {}).values()) or None
+    except Exception:
+        return None
+
+
 def _workers_of(client):
     try:
         return max(1, len(client.scheduler_info().get("workers", {})))
@@ -432,8 +479,7 @@ class RemotePass:
     def __init__(self, remote, indices, seed, epoch):
         self.remote = remote
         self.client = remote.client
-        self.indices = np.asarray(list(indices) if not hasattr(indices, "__len__") else indices,
-                                  dtype=np.int64).reshape(-1)
+        self.indices = _as_indices(indices)
         self.seed, self.epoch = seed, epoch
         self.key = f"splitflow-{remote.name}-{uuid.uuid4().hex[:12]}"
         self.next_start = 0
@@ -453,6 +499,7 @@ class RemotePass:
         self.items_out = 0
         self.splits_done = 0
         self.max_in_flight_seen = 0
+        self.worker_threads = None  # the cluster's task slots at the pass's start
         self.max_local_bytes = 0
         self.reconnections = 0   # the scheduler connection lost and found again within timeout
         self.resubmitted = 0     # splits submitted again after a reconnection
@@ -460,6 +507,9 @@ class RemotePass:
         self.latencies = []      # submit -> result taken (s), per split (queueing included)
         self.workers = {}        # address -> figures
         self.split_log = []      # (split, worker address, pid) as taken
+        self.split_sizes = []    # items of each split submitted
+        self.stuck = {}          # split no -> what was said of a split that may be stuck
+        self.last_split_done = None  # time.perf_counter() of the last split taken
         self.fetches = []        # the client's gather of a finished split's result (s)
         self.spans = collections.defaultdict(list)  # worker pid -> [(start, end)] (its clock)
         self.stage_skips = collections.Counter()
@@ -516,6 +566,7 @@ class RemotePass:
             self.cap = r.max_splits_in_flight
         else:
             self.cap = max(2, 2 * _workers_of(self.client))
+        self.worker_threads = _threads_of(self.client)
 
     def _address(self):
         try:
@@ -545,6 +596,7 @@ class RemotePass:
             part = self.indices[start:start + size]
             split = _Split(next(self.splits), start, part, None, time.perf_counter())
             self.next_start = start + len(part)
+            self.split_sizes.append(len(part))
             self.pending.append(split)
             try:
                 self._submit(split)
@@ -603,8 +655,46 @@ class RemotePass:
                 pass
             if self._check_scheduler(quiet_since):
                 quiet_since = time.monotonic()  # resubmitted after a reconnection
+            self._check_stuck()
             if any(s.future.done() for s in self.pending):
                 quiet_since = time.monotonic()
+
+    def _stuck_after(self):
+        if self.remote.stuck_after is not None:
+            return self.remote.stuck_after
+        med = _median(self.latencies)
+        return 60.0 if med is None else max(10.0, 20.0 * med)
+
+    def _check_stuck(self):
+        """Warns, once a split, of a split on the cluster for longer than stuck_after: a
+        remote body may be stuck (a hung pass said nothing, and the local report saw nothing
+        standing out: a new user's trial)."""
+        limit = self._stuck_after()
+        now = time.perf_counter()
+        late = [s for s in self._oldest() if s.no not in self.stuck and self._age(s, now) >= limit]
+        if not late:
+            return
+        import warnings
+
+        try:  # which worker runs it (the scheduler's view; a short wait at most)
+            processing = self.client.sync(self.client.scheduler.processing, workers=None,
+                                          callback_timeout=2.0)
+        except Exception:
+            processing = {}
+        for s in late:
+            key = f"{self.key}-{s.no}"
+            worker = next((w for w, keys in processing.items()
+                           if any(str(k).startswith(key) for k in keys)), None)
+            self.stuck[s.no] = self._stuck_record(s, worker, limit)
+            where = f"on worker {worker}" if worker else "on no worker yet"
+            warnings.warn(
+                f"splitflow.dask: split {s.no} (items {s.start}..{s.start + len(s.indices) - 1} "
+                f"of the pass, dataset indices {int(s.indices[0])}...) has been on the cluster for "
+                f"{self._age(s, now):.1f} s ({where}; stuck_after={limit:.1f} s, the median split "
+                f"took {1e3 * (_median(self.latencies) or 0):.0f} ms): a remote body may be stuck. "
+                "Dask cannot interrupt a running task: `py-spy dump --pid <the worker's pid>` shows "
+                "where it is; a timeout in the body, or client.restart(), ends it", RuntimeWarning,
+                stacklevel=2)
 
     def _check_scheduler(self, quiet_since):
         """Raises when the scheduler is gone or has not answered for `timeout` seconds; True
@@ -729,7 +819,7 @@ class RemotePass:
         r = self.remote
         if out["error"] is not None:
             self.close()
-            self.error = self._stage_error(out)
+            self.error = self._stage_error(out, split)
             raise self.error
         results = out["results"]
         n_in = len(split.indices)
@@ -756,6 +846,7 @@ class RemotePass:
                         e["position"] += int(split.start)
                     self.skip_errors.append(e)
         self.latencies.append(now - split.submitted)
+        self.last_split_done = now
         self.spans[out["pid"]].append((float(out["start"]), float(out["end"])))
         self.splits_done += 1
         self.split_log.append((split.no, out["worker"], out["pid"]))
@@ -771,7 +862,7 @@ class RemotePass:
         self.buffer_bytes = int(out["bytes"])
         self.max_local_bytes = max(self.max_local_bytes, self.buffer_bytes)
 
-    def _stage_error(self, out):
+    def _stage_error(self, out, split):
         import pickle
 
         e = out["error"]
@@ -790,7 +881,9 @@ class RemotePass:
             except Exception:
                 pass
         item = e["item"]
-        where = f"dataset index; on Dask worker {out['worker']}, pid {out['pid']}"
+        place = (f", item {int(split.start) + int(e['position'])} of the pass"
+                 if isinstance(e.get("position"), int) else "")
+        where = f"dataset index{place}; on Dask worker {out['worker']}, pid {out['pid']}"
         text = (f"splitflow: graph '{e['graph']}': stage '{e['stage']}' failed on item "
                 f"{item} ({where}): {e['message']}")
         err = StageError(text, e["graph"], e["stage"], item, e["message"])
@@ -826,7 +919,8 @@ class RemotePass:
         gap, fetch = _median(gaps), _median(self.fetches)
         s = {
             "name": self.remote.name, "items": len(self.indices), "items_out": self.items_out,
-            "splits": self.splits_done, "split_items": self._split_size(),
+            "splits": self.splits_done,
+            "split_items": _median(self.split_sizes), "split_items_next": self._split_size(),
             "max_splits_in_flight": self.cap, "splits_in_flight_max": self.max_in_flight_seen,
             "local_bytes_max": self.max_local_bytes,
             "reconnections": self.reconnections, "resubmitted_splits": self.resubmitted,
@@ -838,35 +932,97 @@ class RemotePass:
             "overhead_s_per_split": None if gap is None or fetch is None else gap + fetch,
             "latency_s_per_split": _median(self.latencies),
             "workers": {k: dict(v) for k, v in self.workers.items()},
+            "worker_threads": self.worker_threads,
             "skipped": sum(self.stage_skips.values()),
             "skipped_by_stage": dict(self.stage_skips),
             "errors": list(self.skip_errors),
+            "stuck_splits": self._stuck_figures(),
         }
-        s["diagnosis"] = self._diagnosis(s)
+        s["diagnosis"] = self.diagnose(s)
         return s
 
-    def _diagnosis(self, s):
+    def _oldest(self):
+        """The split in flight submitted first (the others may wait behind it), as a list."""
+        live = [p for p in list(self.pending) if p.future is not None]
+        return [min(live, key=lambda p: p.submitted)] if live else []
+
+    def _age(self, s, now):
+        """How long `s` has been on the cluster with no split finishing meanwhile (a split
+        queued behind a slow one is not counted as slow itself)."""
+        return now - max(s.submitted, self.last_split_done or s.submitted)
+
+    @staticmethod
+    def _stuck_record(s, worker, limit):
+        return {"split": s.no, "items": [int(s.start), int(s.start + len(s.indices) - 1)],
+                "first_index": int(s.indices[0]) if len(s.indices) else None,
+                "worker": worker, "limit_s": limit}
+
+    def _stuck_figures(self):
+        """The splits past stuck_after: those on the cluster now (whoever asks, while the pass
+        waits for them) and those said so before (on_cluster False once done)."""
+        limit = self._stuck_after()
+        now = time.perf_counter()
+        out, on = [], set()
+        for p in self._oldest():
+            if self._age(p, now) >= limit:
+                d = self.stuck.get(p.no) or self._stuck_record(p, None, limit)
+                out.append(dict(d, on_cluster=True, age_s=self._age(p, now)))
+                on.add(p.no)
+        out += [dict(d, on_cluster=False, age_s=None) for no, d in self.stuck.items() if no not in on]
+        return sorted(out, key=lambda d: d["split"])
+
+    @staticmethod
+    def diagnose(s):
+        """The diagnosis of a pass's figures (``stats()`` without "diagnosis"): one sentence."""
+        stuck = [d for d in s.get("stuck_splits", ()) if d["on_cluster"]]
+        if stuck:
+            d = stuck[0]
+            return (f"split {d['split']} (items {d['items'][0]}..{d['items'][1]}, dataset indices "
+                    f"{d['first_index']}...) has been on the cluster for {d['age_s']:.0f} s "
+                    f"({'on worker ' + d['worker'] if d['worker'] else 'on no worker yet'}; "
+                    f"stuck_after {d['limit_s']:.1f} s): a remote body may be stuck"
+                    + (f"; {len(stuck) - 1} more splits too" if len(stuck) > 1 else ""))
         wall, wait = s["wall_s"], s["wait_s"]
         if wall <= 0 or not s["splits"]:
             return "no split completed yet"
         workers = max(1, len(s["workers"]))
         frac = wait / wall
-        per_worker = (s["items_out"] + s["skipped"]) / s["worker_busy_s"] * 1.0 if s["worker_busy_s"] else 0
+        busy_s = s["worker_busy_s"]
+        per_worker = (s["items_out"] + s["skipped"]) / busy_s if busy_s else 0
         local_s = wall - wait
         if frac < 0.1 or per_worker <= 0:
             return (f"the remote workers keep up: the local graph waited {100 * frac:.0f}% of "
                     f"the run for remote results")
+        # How busy the workers' task slots were: a pipeline of splits that leaves them idle is
+        # not made faster by more workers (a trial's workers were 44-62% busy when this said
+        # "add workers").
+        slots = max(1, int(s.get("worker_threads") or workers))
+        busy_frac = busy_s / (wall * slots)
+        split_s = busy_s / s["splits"]
+        cost = s.get("overhead_s_per_split")
+        if busy_frac < 0.75:
+            text = (f"the local graph waited {100 * frac:.0f}% of the run for remote results, but "
+                    f"the workers' {slots} task slots were busy only {100 * busy_frac:.0f}% of it: "
+                    f"not their compute but moving splits to and from them")
+            if s["splits_in_flight_max"] < slots:
+                text += (f"; only {s['splits_in_flight_max']} splits were in flight for {slots} "
+                         f"slots: raise max_splits_in_flight")
+            elif cost is not None and cost > 0.2 * split_s:
+                text += (f"; Dask's cost per split ({1e3 * cost:.0f} ms: worker gap and fetch) is "
+                         f"{100 * cost / split_s:.0f}% of a split's {1e3 * split_s:.0f} ms of work: "
+                         f"larger splits (split_seconds=, or split=) would cut it")
+            else:
+                text += "; the results' transport (bytes_per_s) or the scheduler may be the limit"
+            return text
         local_rate = s["items_out"] / local_s if local_s > 0 else float("inf")
         need = math.ceil(local_rate / per_worker) if math.isfinite(local_rate) else None
         text = (f"remote workers are the bottleneck: the local graph waited {100 * frac:.0f}% of "
-                f"the run for remote results; a worker makes {per_worker:.0f} items/s busy, the "
-                f"local graph takes {local_rate:.0f} items/s when fed")
+                f"the run for remote results, the workers busy {100 * busy_frac:.0f}%; a worker "
+                f"makes {per_worker:.0f} items/s busy, the local graph takes {local_rate:.0f} "
+                f"items/s when fed")
         if need is not None:
             more = max(0, need - workers)
             text += f": about {need} workers would feed it ({more} more than the {workers} used)"
-        if s["splits_in_flight_max"] < workers:
-            text += (f"; only {s['splits_in_flight_max']} splits were in flight for {workers} "
-                     f"workers: raise max_splits_in_flight")
         return text
 
     def report(self):

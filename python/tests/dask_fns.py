@@ -27,6 +27,18 @@ def build_slow_samples(g, indices, *, seed, epoch):
     return indices >> g.stage("slow sample", slow)
 
 
+STUCK_ON, STUCK_S = 6, 3.0
+
+
+def build_stuck(g, indices, *, seed, epoch):
+    """Item STUCK_ON's body takes STUCK_S (a body that hangs, for as long as a test can wait)."""
+    def body(i):
+        if i == STUCK_ON:
+            time.sleep(STUCK_S)
+        return sample(i, seed, epoch)
+    return indices >> g.stage("sample", body)
+
+
 def _check(i):
     if i in SKIP:
         raise ValueError(f"item {i} is corrupt")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import dask
 import numpy as np
@@ -94,6 +95,12 @@ def test_split_auto_sizes_splits_from_the_measured_cost():
     assert 0.05 <= s["split_items"] * per <= 0.2, (s["split_items"], per)
     assert s["split_items"] > 4 or per > 0.025, (s["split_items"], per)  # past the probe's 4
     assert s["splits"] < 120 // 4, s["splits"]  # fewer than splits of the probe's size
+    # split_items is the size the splits had (the median), split_items_next the next one's (it
+    # said the next automatic size as the one used: a new user's trial)
+    sizes = r.last_pass.split_sizes
+    assert sum(sizes) == 120 and len(sizes) == s["splits"] and sizes[:2] == [4, 4], sizes
+    assert s["split_items"] == np.median(sizes), (s["split_items"], sizes)
+    assert s["split_items_next"] >= 1
 
 
 def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing():
@@ -132,6 +139,11 @@ def test_a_remote_exception_names_the_stage_the_item_and_the_worker():
         assert isinstance(e, sf.StageError)
         assert (e.graph, e.stage, e.item) == ("remote", "check", 13)
         assert e.worker in workers and e.worker in str(e) and "item 13" in str(e)
+        # The local source's item is where the remote results stopped (the failed split's
+        # first, 8); the remote error says the failed item's place in the pass as well as its
+        # dataset index (a new user's trial read only 8 and 13 and could not relate them).
+        assert outer.item == 8, str(outer)
+        assert "dataset index, item 13 of the pass;" in str(e), str(e)
         assert isinstance(e.__cause__, ValueError) and "item 13 is corrupt" in str(e.__cause__)
         assert "_check" in "\n".join(e.__cause__.__notes__)  # the worker's traceback
         # a GraphDataset raises the remote error itself, naming the dataset index
@@ -479,6 +491,108 @@ def test_a_dataset_epoch_left_early_closes_its_remote_pass():
         assert len(walls) == 1
         # The next epoch runs whole.
         assert sorted(int(s["index"]) for s in ds) == list(range(200))
+
+
+# A plain local graph whose run ends early (a pull sink's loop left by a break): its remote pass
+# is closed with the run, as GraphDataset's is (its splits released on the workers, its figures
+# stopped); it was left open, ageing, until the next run (a new user's trial).
+def test_a_plain_graphs_run_left_early_closes_its_remote_pass():
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_slow_samples, client, items=list(range(200)), split=4,
+                       max_splits_in_flight=3)
+        g = sf.Graph(sf.Runtime(threads=2, backend="host"), "local", capacity=4)
+        out = g.pull_sink("out", capacity=2)
+        r.source(g) >> out
+        it = g.iterate(out)
+        for k, s in enumerate(it):
+            assert int(s["index"]) == k
+            if k == 5:
+                break
+        it.close()  # cancels the run and waits for its end
+        p = r.last_pass
+        assert p.done and not p.pending, "its splits in flight were released"
+        assert p.t_end is not None, "its wall time ends with the run"
+        walls = {r.stats()["wall_s"] for _ in range(3)}
+        assert len(walls) == 1
+        # The next run runs whole.
+        assert [int(s["index"]) for s in g.iterate(out)] == list(range(200))
+        assert r.last_pass is not p and r.last_pass.done
+
+
+# Items that are not dataset indices (paths, say) are refused when the Remote is made, naming
+# the first and saying what to give instead (a new user's trial got int()'s "invalid literal").
+def test_items_that_are_not_indices_are_refused_naming_the_first():
+    for items, k, bad in ((["a.jpg", "b.jpg"], 0, "'a.jpg' (str)"), ([0, 1, 2.5], 2, "2.5 (float)"),
+                          ([3, None], 1, "None (NoneType)")):
+        with pytest.raises(sf.GraphError) as e:
+            sfd.remote(fns.build_samples, None, items=items)
+        text = str(e.value)
+        assert f"items are dataset indices (ints), but item {k} is {bad}" in text, text
+        assert "items=range(len(paths))" in text, text
+    for ok in (range(5), np.arange(5), [np.int32(1), 2], torch.arange(3), []):
+        sfd.remote(fns.build_samples, None, items=ok)
+
+
+# A split on the cluster far longer than the others (a body that hangs): the pass warns, naming
+# the split, its items and its worker, and the diagnosis says so while it lasts (a hung pass
+# said nothing, and the local report saw "nothing stands out": a new user's trial).
+def test_a_split_that_may_be_stuck_is_said_naming_its_items_and_worker():
+    with cluster(1) as (_, client):
+        workers = set(client.scheduler_info()["workers"])
+        r = sfd.remote(fns.build_stuck, client, items=list(range(16)), split=4,
+                       max_splits_in_flight=2, stuck_after=0.5)
+        seen = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = []
+            for x in r:
+                got.append(int(x["index"]))
+                if len(got) == 4:  # split 1 is on the cluster, its item 6 in its body (3 s)
+                    deadline = time.monotonic() + 2.5
+                    while not r.stats()["stuck_splits"] and time.monotonic() < deadline:
+                        time.sleep(0.05)  # its age passes stuck_after (0.5 s)
+                    seen.append(r.stats()["diagnosis"])
+        assert got == list(range(16))
+        said = [str(w.message) for w in caught if "may be stuck" in str(w.message)]
+        assert len(said) == 1, said  # once a split
+        text = said[0]
+        assert "split 1 (items 4..7 of the pass, dataset indices 4...)" in text, text
+        assert any(f"on worker {w}" in text for w in workers), text
+        assert "py-spy dump" in text and "stuck_after=0.5 s" in text, text
+        assert seen[0].startswith("split 1 (items 4..7, dataset indices 4...) has been on the "
+                                  "cluster for "), seen
+        assert "a remote body may be stuck" in seen[0], seen
+        (d,) = r.stats()["stuck_splits"]
+        assert (d["split"], d["items"], d["worker"] in workers, d["on_cluster"]) == (1, [4, 7], True, False)
+
+
+# The remote diagnosis, a function of the figures: workers idle while the local graph waits are
+# not told to be more (a trial's workers were 44-62% busy when it said "about 3 workers would
+# feed it"); it names the cause: too few splits in flight, or Dask's per-split cost.
+def test_the_remote_diagnosis_tells_idle_workers_from_busy_ones():
+    base = {"wall_s": 10.0, "wait_s": 5.0, "splits": 100, "items_out": 1000, "skipped": 0,
+            "workers": {"a": {}, "b": {}}, "worker_threads": 2, "splits_in_flight_max": 4,
+            "overhead_s_per_split": 0.001, "stuck_splits": []}
+    d = sfd.RemotePass.diagnose
+    assert d(dict(base, wait_s=0.5, worker_busy_s=10.0)).startswith("the remote workers keep up")
+    busy = d(dict(base, worker_busy_s=18.0))  # 90% of 2 slots
+    assert busy.startswith("remote workers are the bottleneck"), busy
+    # a slot makes 1000 / 18 = 56 items/s busy; fed, the local graph takes 1000 / 5 = 200 items/s
+    assert "the workers busy 90%" in busy and "about 4 workers would feed it (2 more" in busy, busy
+    few = d(dict(base, worker_busy_s=9.0, splits_in_flight_max=1))  # 45%
+    assert "task slots were busy only 45% of it: not their compute" in few, few
+    assert "only 1 splits were in flight for 2 slots: raise max_splits_in_flight" in few, few
+    assert "workers would feed it" not in few, few
+    costly = d(dict(base, worker_busy_s=9.0, overhead_s_per_split=0.05))  # 50 ms of 90 ms
+    assert "Dask's cost per split (50 ms: worker gap and fetch) is 56% of a split's 90 ms" in costly
+    assert "larger splits" in costly, costly
+    other = d(dict(base, worker_busy_s=9.0))
+    assert "the results' transport (bytes_per_s) or the scheduler may be the limit" in other, other
+    stuck = d(dict(base, worker_busy_s=9.0, stuck_splits=[
+        {"split": 3, "items": [30, 39], "first_index": 7, "worker": "tcp://w:1", "limit_s": 10.0,
+         "on_cluster": True, "age_s": 42.0}]))
+    assert stuck == ("split 3 (items 30..39, dataset indices 7...) has been on the cluster for "
+                     "42 s (on worker tcp://w:1; stuck_after 10.0 s): a remote body may be stuck")
 
 
 # The client closed during a pass (its user's client.close()): the error says so, not that the

@@ -341,6 +341,11 @@ class NodeBase {
   virtual std::size_t clear_queues_locked() { return 0; }
   /// The run is over: let consumers of a pull sink see the end of the stream.
   virtual void end_of_stream() {}
+  /// The run's figures are in and no body of it runs: drop what only this run used (a
+  /// source's copy of its generator, and what that holds: a file, a remote pass), so that it
+  /// is released when the run ends, not when the next one starts. On the completing thread,
+  /// no lock held.
+  virtual void end_run() noexcept {}
   /// The graph is going and its run has ended: wait for the threads still reading this node
   /// from outside the run (a pull sink's readers) to leave it.
   virtual void close_readers() noexcept {}

@@ -375,7 +375,8 @@ bool guarded(const NodeBase& node, std::uint64_t seq, F&& f) noexcept {
 }
 
 /// A source: a generator `std::optional<T>()` called serially until it returns nullopt.
-/// A copyable generator is copied afresh for every run, so each run starts from the start.
+/// A copyable generator is copied afresh for every run, so each run starts from the start;
+/// the copy is dropped when its run ends (end_run).
 template <class T, class Gen>
 class SourceNode final : public Emitter<T> {
  public:
@@ -434,6 +435,12 @@ class SourceNode final : public Emitter<T> {
   void drop_queued(WorkList& w) override {
     Emitter<T>::drop_queued(w);
     finish();
+  }
+
+  /// The run's copy of the generator goes with its run (a generator of one that is not
+  /// copyable is the graph's, kept for the next run).
+  void end_run() noexcept override {
+    if constexpr (std::is_copy_constructible_v<Gen>) gen_.reset();
   }
 
  protected:
