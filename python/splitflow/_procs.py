@@ -99,6 +99,8 @@ _TRIM_MIN = 4 << 20  # a slot holding more than this, 4 times what a message use
 _ALIGN = 64  # arrays start at this alignment inside a slot
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _JOIN_S = 2.0  # close(): how long workers get to exit before they are killed
+_STALE_S = 2.0  # a worker still busy this long with an item its run withdrew is replaced
+_STALE_POLL_S = 0.5  # how often the reader looks for such a worker while items are out
 _START_FAILURES = 3  # workers dying before they are ready this many times in a row break the pool
 
 # A message: kind (1 byte, | _VIA_SHM when the body is the name of a file holding it, | _VIA_ARENA
@@ -918,7 +920,7 @@ class _Slot:
     """One worker: its process, pipe and items in flight (seq -> _Entry, oldest first)."""
 
     __slots__ = ("index", "generation", "prefix", "process", "conn", "sock", "outq", "pid",
-                 "outstanding", "tx", "rx", "rbuf", "ready", "eof", "dead")
+                 "outstanding", "tx", "rx", "rbuf", "ready", "eof", "dead", "stale_since")
 
     def __init__(self, index, generation, prefix):
         self.index, self.generation = index, generation
@@ -930,11 +932,19 @@ class _Slot:
         self.rx = None  # the worker's arena: results' arrays
         self.rbuf = bytearray()  # what the pipe gave past the last whole message
         self.ready = self.eof = self.dead = False
+        self.stale_since = None  # time.monotonic() it was first seen busy with a withdrawn item
 
     def close_arenas(self):
         """Unmaps both arenas (one that arrays still use: when the last of them goes)."""
         self.tx.close()
         self.rx = None
+
+
+def _withdrawn(completion):
+    try:
+        return bool(completion.withdrawn())
+    except Exception:  # a completion without it (a test's): never withdrawn
+        return False
 
 
 class _KeepSample:
@@ -945,6 +955,9 @@ class _KeepSample:
 
     def __init__(self, completion, item, field, substitute):
         self.completion, self.item, self.field, self.substitute = completion, item, field, substitute
+
+    def withdrawn(self):
+        return _withdrawn(self.completion)
 
     def done(self, value):
         return self.completion.done(value)
@@ -979,6 +992,7 @@ class _State:
         self.broken = None  # the exception every item fails with once the pool cannot work
         self.start_failures = 0
         self.submitted = self.completed = self.failed = self.restarts = 0
+        self.replaced_stale = 0  # workers replaced while busy with a withdrawn item
 
     # -- under self.lock --------------------------------------------------------------------------
 
@@ -1054,12 +1068,15 @@ class _State:
                 q[0] = q[0][n:]
 
     def _pick(self):
+        """The worker with the fewest items out, ties rotating; one busy with an item its run
+        withdrew (a run left early) last: it may be slow to come back."""
         n = len(self.slots)
         start, self.turn = self.turn, (self.turn + 1) % n
         best = None
         for k in range(n):
             slot = self.slots[(start + k) % n]
-            if best is None or len(slot.outstanding) < len(best.outstanding):
+            if best is None or ((slot.stale_since is not None, len(slot.outstanding)) <
+                                (best.stale_since is not None, len(best.outstanding))):
                 best = slot
         if best.process is None:
             self._spawn(best)
@@ -1188,6 +1205,7 @@ class _State:
                     deferred, self.deferred = self.deferred, []
                     wake_r = self.wake_r
                     backlog = any(slot.outq for slot in self.slots)
+                    busy = any(slot.outstanding for slot in self.slots)
                 self._finish_all(deferred)
                 del deferred
                 for fd in registered - waits.keys():
@@ -1195,7 +1213,10 @@ class _State:
                 for fd in waits.keys() - registered:
                     poller.register(fd, select.POLLIN)
                 registered = set(waits)
-                ready = poller.poll(_BACKLOG_POLL_S * 1000 if backlog else None)
+                ready = poller.poll(_BACKLOG_POLL_S * 1000 if backlog else
+                                    _STALE_POLL_S * 1000 if busy else None)
+                if busy:
+                    self._replace_stale()
                 if backlog:
                     with self.lock:
                         for slot in self.slots:
@@ -1228,6 +1249,33 @@ class _State:
             with self.lock:
                 if self.closed:
                     self._close_wake()
+
+    def _replace_stale(self):
+        """A worker whose item in hand was withdrawn by its run (a run left early, cancelled or
+        failed) and is still busy with it after _STALE_S is killed and replaced, its other
+        items going to the new one: the next run's items would wait behind it, for ever if the
+        body hangs (a new user's trial: an epoch after a break waited for a body of an hour)."""
+        now = time.monotonic()
+        kill = []
+        with self.lock:
+            for slot in self.slots:
+                if slot.dead or slot.process is None or not slot.outstanding:
+                    slot.stale_since = None
+                    continue
+                held = next(iter(slot.outstanding.values()))  # the oldest: in the worker's hands
+                if not _withdrawn(held.completion):
+                    slot.stale_since = None
+                elif slot.stale_since is None:
+                    slot.stale_since = now
+                elif now - slot.stale_since >= _STALE_S:
+                    kill.append(slot.pid)
+                    slot.stale_since = now  # (once: its death replaces it)
+                    self.replaced_stale += 1
+        for pid in kill:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def _drain(self, slot):
         """Handles the messages the worker's pipe holds, without waiting: one recv() takes all
@@ -1377,6 +1425,10 @@ class _State:
                 for seq, entry in entries:
                     if new.process is None:
                         failures.append((entry.completion, self.broken))
+                        continue
+                    if _withdrawn(entry.completion):  # its run is over: not computed again
+                        failures.append((entry.completion, Error(
+                            f"stage '{self.stage}': withdrawn by its run")))
                         continue
                     new.outstanding[seq] = entry
                     err = self._send_item(new, seq, entry)
@@ -1699,4 +1751,5 @@ class ProcessPool:
         s = self._s
         with s.lock:
             return {"processes": s.processes, "restarts": s.restarts, "submitted": s.submitted,
-                    "completed": s.completed, "failed": s.failed}
+                    "completed": s.completed, "failed": s.failed,
+                    "replaced_stale": s.replaced_stale}

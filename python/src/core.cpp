@@ -79,7 +79,20 @@ auto call_python(F&& f) {
     // KeyboardInterrupt, SystemExit: not errors of the item but requests to stop; they reach
     // the caller as themselves (the run was cancelled), not wrapped in a StageError.
     if (!PyObject_IsInstance(cause.ptr(), PyExc_Exception)) {
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(cause.ptr())), cause.ptr());
+      // A fresh one of its type and arguments is raised, not the object the run keeps: raising
+      // that one would chain the caller's frames to its traceback, and those frames (holding
+      // the graph, which holds the run's error) would never be collected: a cycle through C++
+      // (a new user's trial leaked a graph, its workers and 16 descriptors per raise).
+      PyObject* fresh = PyObject_Call(reinterpret_cast<PyObject*>(Py_TYPE(cause.ptr())),
+                                      py::getattr(cause, "args").ptr(), nullptr);
+      if (fresh) {
+        PyException_SetTraceback(fresh, py::getattr(cause, "__traceback__").ptr());
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(fresh)), fresh);
+        Py_DECREF(fresh);
+      } else {  // its type takes other arguments: the kept one, as before
+        PyErr_Clear();
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(cause.ptr())), cause.ptr());
+      }
       throw py::error_already_set();
     }
     PyException_SetCause(exc.ptr(), cause.release().ptr());  // steals
@@ -1254,7 +1267,9 @@ waiting at once.)doc")
                              "A process stage's worker pool (pids, stats()); None for others.");
   py::class_<PyCompletion>(m, "_Completion")
       .def("done", &PyCompletion::done)
-      .def("fail", &PyCompletion::fail, py::arg("exc"), py::arg("keep") = py::none());
+      .def("fail", &PyCompletion::fail, py::arg("exc"), py::arg("keep") = py::none())
+      .def("withdrawn", [](const PyCompletion& c) { return c.c->withdrawn(); },
+           "Whether its item's run was cancelled or failed (an answer now does nothing).");
 
   py::class_<PullIterator, std::shared_ptr<PullIterator>>(m, "PullIterator")
       .def("__iter__", [](py::object self) { return self; })

@@ -40,6 +40,14 @@ def exit_on_seven(x):
     return x
 
 
+def hang_on_true(x):
+    """(value, hang): a body that hangs (an hour) where hang is true."""
+    value, hang = x
+    if hang:
+        time.sleep(3600)
+    return value
+
+
 def sleepy(x):
     time.sleep(30)
     return x

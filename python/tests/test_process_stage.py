@@ -186,6 +186,48 @@ def test_ctrl_c_reaches_the_main_thread_while_a_worker_runs_a_slow_body():
 # processes=N stages started N new workers (an interpreter and the function's imports each)
 # every epoch. Under the dataset's pool scope the next epoch's stage of the same function takes
 # the last epoch's workers; a different function gets its own; the scope's close() stops them.
+# A run left early while a worker is busy with a body that hangs: the next run of the same
+# workers must not wait behind it (a new user's trial: the epoch after a break waited for a
+# body of an hour, for ever). A worker still busy with a withdrawn item after 2 s is replaced.
+# In a subprocess, so that a hang fails the test instead of holding the suite.
+def test_a_run_after_one_left_early_does_not_wait_for_a_hung_worker():
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, time, splitflow as sf, procs_fns as fns
+        items = [(i, i == 3) for i in range(10)]    # item 3's body hangs for an hour
+        g = sf.Graph(sf.Runtime(threads=2), "hung")
+        st = g.stage("body", fns.hang_on_true, processes=2)
+        out = g.pull_sink("out")
+        g.source("src", items) >> st >> out
+        it = g.iterate(out)
+        assert next(it) == 0
+        it.close()                                   # the run is left early; item 3 in a body
+        pids = st.pool.pids
+        items[:] = [(i, False) for i in range(10)]   # the next run has no slow item
+        t = time.monotonic()
+        got = list(g.iterate(out))
+        took = time.monotonic() - t
+        assert got == list(range(10)), got
+        s = st.pool.stats()
+        assert s["replaced_stale"] == 1, s
+        gone = [p for p in pids if p not in st.pool.pids]
+        assert len(gone) == 1, (pids, st.pool.pids)
+        try:
+            os.kill(gone[0], 0)
+            raise AssertionError("the hung worker still runs")
+        except ProcessLookupError:
+            pass
+        print("ok", round(took, 1))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
+
+
 def test_a_graph_datasets_process_stage_keeps_its_workers_from_epoch_to_epoch():
     import splitflow.torch as sft
 
