@@ -62,7 +62,7 @@ def main():
         for i in ids:
             try:
                 results[i] = await asyncio.wrap_future(svc.submit(inputs[i], deadline=5.0))
-            except ValueError as e:
+            except sf.StageError as e:   # names the stage and the request; the cause is ours
                 results[i] = e
         return results
 
@@ -79,7 +79,8 @@ def main():
     with torch.no_grad():
         for i, r in results.items():
             if i in bad:
-                assert isinstance(r, ValueError) and "expected 16 features" in str(r), (i, r)
+                assert isinstance(r.__cause__, ValueError), (i, r)
+                assert r.stage == "check" and "expected 16 features" in str(r), (i, r)
             else:
                 assert int(r) == int(model(torch.from_numpy(inputs[i])[None]).argmax(1)), i
     st = svc.stats()

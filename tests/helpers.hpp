@@ -210,4 +210,33 @@ template <class E, class T>
   }
 }
 
+/// Whether the request behind `f` failed with a StageError naming `stage` and request `item`,
+/// whose message is `what` and whose nested exception (the body's own) is an `E`: how a service
+/// fails a request that a stage failed on. Held as fails_with's.
+template <class E, class T>
+::testing::AssertionResult fails_in_stage(std::future<T>& f, std::string_view stage,
+                                          std::uint64_t item, std::string_view what,
+                                          std::vector<std::exception_ptr>& held) {
+  try {
+    f.get();
+    return ::testing::AssertionFailure() << "it was answered";
+  } catch (const splitflow::StageError& e) {
+    held.push_back(std::current_exception());
+    if (e.stage() != stage || e.item() != item || e.message() != what)
+      return ::testing::AssertionFailure() << "it failed with \"" << e.what() << "\", not in stage '"
+                                           << stage << "' on item " << item << " with \"" << what << "\"";
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const E&) {
+      return ::testing::AssertionSuccess();
+    } catch (...) {
+      return ::testing::AssertionFailure() << "its nested exception is not of the body's type";
+    }
+    return ::testing::AssertionFailure() << "it nests no exception";
+  } catch (const std::exception& e) {
+    held.push_back(std::current_exception());
+    return ::testing::AssertionFailure() << "it failed with a non-StageError: " << e.what();
+  }
+}
+
 }  // namespace testing_helpers

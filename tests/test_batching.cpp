@@ -23,6 +23,7 @@
 
 using namespace splitflow;
 using namespace std::chrono_literals;
+using testing_helpers::fails_in_stage;
 using testing_helpers::fails_with;
 
 namespace {
@@ -163,9 +164,10 @@ TEST(DynamicBatch, ABatchErrorReachesItsRequestsAndOneItemCanFailAlone) {
   for (long i = 0; i < 8; ++i) fs.push_back(p.svc.submit(i));  // batches {0..3}, {4..7}
   for (long i = 0; i < 8; ++i) {
     if (i == 1) {
-      EXPECT_THROW(fs[i].get(), std::invalid_argument);
+      // failed alone inside its batch (Batch::fail): named at the unbatch that took it out
+      EXPECT_TRUE(fails_in_stage<std::invalid_argument>(fs[i], "split", 1, "1 is invalid", held));
     } else if (i >= 4) {
-      EXPECT_TRUE(fails_with<std::runtime_error>(fs[i], "batch with 6 failed", held))
+      EXPECT_TRUE(fails_in_stage<std::runtime_error>(fs[i], "model", i, "batch with 6 failed", held))
           << "request " << i;
     } else {
       EXPECT_EQ(fs[i].get(), 10 * i);
@@ -191,7 +193,8 @@ TEST(DynamicBatch, UnderFailEveryRequestOfTheFailingBatchGetsItsError) {
   std::vector<std::exception_ptr> held;  // see ABatchErrorReachesItsRequests... above
   for (long i = 0; i < 4; ++i) fs.push_back(p.svc.submit(i));  // one full batch
   for (long i = 0; i < 4; ++i) {
-    EXPECT_TRUE(fails_with<std::runtime_error>(fs[i], "the model failed on this batch", held))
+    EXPECT_TRUE(fails_in_stage<std::runtime_error>(fs[i], "model", i, "the model failed on this batch",
+                                                   held))
         << "request " << i;
   }
   EXPECT_THROW(run.wait(), StageError);
@@ -237,7 +240,8 @@ TEST(DynamicBatch, ASubstitutedBatchAnswersItsRequestsOrFailsEachOfThem) {
       } else if (carries) {
         EXPECT_EQ(fs[i].get(), -1) << "request " << i;
       } else {
-        EXPECT_TRUE(fails_with<std::runtime_error>(fs[i], "the model failed on this batch", held))
+        EXPECT_TRUE(fails_in_stage<std::runtime_error>(fs[i], "model", i,
+                                                       "the model failed on this batch", held))
             << "request " << i;
       }
     }

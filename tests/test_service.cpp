@@ -24,6 +24,7 @@
 
 using namespace splitflow;
 using namespace std::chrono_literals;
+using testing_helpers::fails_in_stage;
 using testing_helpers::fails_with;
 using testing_helpers::Match;
 using testing_helpers::Tracked;
@@ -68,7 +69,7 @@ RuntimeConfig host(int threads) {
 // Submits requests 0..19 to a service answering 2 * x that throws
 // std::invalid_argument("unlucky request") on 13 under OnError::skip: request 13 alone fails,
 // with its own error, the others are answered, and the run ends well once the service closes.
-void expect_only_13_fails(Service<int, int>& svc, Run& run) {
+void expect_only_13_fails(Service<int, int>& svc, Run& run, std::string_view stage) {
   std::vector<std::future<int>> fs;
   std::vector<std::exception_ptr> held;  // see "Held errors" above
   for (int i = 0; i < 20; ++i) fs.push_back(svc.submit(i));
@@ -77,7 +78,7 @@ void expect_only_13_fails(Service<int, int>& svc, Run& run) {
       EXPECT_EQ(fs[i].get(), 2 * i);
       continue;
     }
-    EXPECT_TRUE(fails_with<std::invalid_argument>(fs[i], "unlucky request", held));
+    EXPECT_TRUE(fails_in_stage<std::invalid_argument>(fs[i], stage, 13, "unlucky request", held));
   }
   svc.close();
   EXPECT_EQ(run.wait(), RunStatus::succeeded);
@@ -336,7 +337,7 @@ TEST(Service, ABadRequestFailsAloneUnderSkip) {
   auto svc = g.service<int, int>("requests");
   svc.source() >> unlucky_13(g) >> svc.sink();
   auto run = g.run();
-  expect_only_13_fails(svc, run);
+  expect_only_13_fails(svc, run, "parse");
 }
 
 // docs/api.md, services: submit with a completion callback (for event loops) calls it exactly
@@ -364,8 +365,13 @@ TEST(Service, CallbacksCompleteEachRequestOnceWithItsAnswerOrError) {
       if (error) {
         try {
           std::rethrow_exception(error);
-        } catch (const std::invalid_argument& e) {
+        } catch (const StageError& e) {  // naming the stage; the body's own error nested
           error13 = e.what();
+          try {
+            std::rethrow_if_nested(e);
+          } catch (const std::invalid_argument& cause) {
+            error13 += std::string(" / ") + cause.what();
+          }
         }
       }
       ++done;
@@ -381,9 +387,78 @@ TEST(Service, CallbacksCompleteEachRequestOnceWithItsAnswerOrError) {
     EXPECT_EQ(calls[i], 1) << i;
     EXPECT_EQ(answers[i], i == 13 ? -1 : 2 * i) << i;
   }
-  EXPECT_EQ(error13, "unlucky request");
+  // Request 13 is item 13: the submit refused before the run took no id (it used one up).
+  EXPECT_EQ(error13, "splitflow: graph 'callbacks': stage 'parse' failed on item 13: unlucky "
+                     "request / unlucky request");
   EXPECT_EQ(not_running_calls.load(), 0);
   EXPECT_EQ(svc.stats().answered, 19u);
+}
+
+// A completion callback runs on a thread of the graph's runtime: a submit from it that finds
+// the service full would wait for room only the runtime's threads make, and with every thread
+// waiting so nothing is answered (a new C++ user's trial chained requests from callbacks and
+// hung). It is refused with OverloadedError instead; a submit that finds room goes in.
+TEST(Service, ASubmitFromACallbackThatFindsNoRoomIsRefusedNotAWait) {
+  Runtime rt(host(1));
+  Graph g(rt, "chain");
+  auto svc = g.service<int, int>("requests", {.max_pending = 2});
+  std::promise<void> admitted;
+  std::shared_future<void> both = admitted.get_future().share();
+  auto work = g.stage("work", [both](int x) {
+    if (x == 0) both.wait();  // request 0 is answered once request 1 is pending
+    return 10 * x;
+  });
+  svc.source() >> work >> svc.sink();
+  auto run = g.run();
+  std::promise<std::string> said;
+  std::future<int> second;
+  svc.submit(0, std::nullopt, [&](int* result, std::exception_ptr) {
+    EXPECT_TRUE(result && *result == 0);
+    second = svc.submit(2);  // room: request 1 and this one pending
+    try {
+      svc.submit(3);  // none: this thread would wait for itself
+      said.set_value("admitted");
+    } catch (const OverloadedError& e) {
+      said.set_value(e.what());
+    }
+  });
+  auto first = svc.submit(1);
+  admitted.set_value();
+  auto got = said.get_future();
+  ASSERT_EQ(got.wait_for(30s), std::future_status::ready) << "the callback waits for room";
+  const std::string text = got.get();
+  EXPECT_NE(text.find("is full (2 requests pending, ServiceOptions::max_pending) and submit() was "
+                      "called from a thread of the graph's runtime (a completion callback"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(first.get(), 10);
+  EXPECT_EQ(second.get(), 20);
+  svc.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const ServiceStats s = svc.stats();
+  EXPECT_EQ(s.answered, 3u);
+  EXPECT_EQ(s.rejected, 1u);
+}
+
+// A Graph::batch carries no request ids: in a service graph only each batch's first request
+// was answered (with the whole batch's result) and the others never (a new C++ user's trial).
+// run() refuses it, naming the batch and what to use.
+TEST(Service, APlainBatchInAServiceGraphIsRefusedAtRun) {
+  Runtime rt(host(2));
+  Graph g(rt, "batched");
+  auto svc = g.service<int, int>("requests");
+  auto sum = g.stage("sum", [](std::vector<int> v) { return std::accumulate(v.begin(), v.end(), 0); });
+  svc.source() >> g.batch<int>("b", 4) >> sum >> svc.sink();
+  try {
+    g.run();
+    ADD_FAILURE() << "run() took it";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch 'b' of graph 'batched', which answers requests "
+                                         "(Graph::service): its batches carry no request ids"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("Graph::dynamic_batch"), std::string::npos) << e.what();
+  }
 }
 
 // "GPU stages take on_error like CPU stages": under skip a throwing GPU-stage body fails only
@@ -400,7 +475,7 @@ TEST(Service, ABadRequestFailsAloneAtAGpuStageUnderSkip) {
                            {.concurrency = 2, .on_error = OnError::skip});
   svc.source() >> model >> svc.sink();
   auto run = g.run();
-  expect_only_13_fails(svc, run);
+  expect_only_13_fails(svc, run, "model");
   EXPECT_EQ(run.stats().find("model")->items_skipped, 1u);
 }
 
@@ -417,7 +492,7 @@ TEST(Service, TheFailingRequestGetsItsOwnCause) {
   auto run = g.run();
   std::vector<std::exception_ptr> held;  // see "Held errors" above
   auto bad = svc.submit(3);
-  EXPECT_TRUE(fails_with<std::invalid_argument>(bad, "request 3 is malformed", held));
+  EXPECT_TRUE(fails_in_stage<std::invalid_argument>(bad, "model", 0, "request 3 is malformed", held));
   EXPECT_THROW(run.wait(), StageError);
 }
 

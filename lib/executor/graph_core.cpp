@@ -486,6 +486,10 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
   }
 }
 
+bool GraphCore::in_task_of(const RuntimeCore* runtime) noexcept {
+  return RuntimeCore::arena_slot(runtime) >= 0;
+}
+
 std::shared_ptr<RunState> GraphCore::start() {
   // A task of this runtime (a stage body running an inner graph, as a Taskflow subflow would)
   // that waited for the run would hold one of the threads the run needs: once every thread

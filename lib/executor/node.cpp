@@ -143,7 +143,7 @@ void NodeBase::maybe_close_locked(WorkList& w) {
 bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool substituted) noexcept {
   if (on_error_ == OnError::fail) {
     // A service's request learns its own cause; the others fail with the run.
-    if (ItemTracker* t = graph_->tracker()) t->item_failed(seq, error);
+    if (ItemTracker* t = graph_->tracker()) t->item_failed(seq, name_, error);
     graph_->fail(*this, seq, std::move(error));
     return false;
   }
@@ -157,7 +157,7 @@ bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool su
   }
   // A substituted item goes on and its request is answered with the substitute; a skipped
   // one's request fails with the error.
-  if (ItemTracker* t = graph_->tracker(); t && !substituted) t->item_failed(seq, error);
+  if (ItemTracker* t = graph_->tracker(); t && !substituted) t->item_failed(seq, name_, error);
   {
     std::lock_guard lk(mu_);
     ++(substituted ? substituted_ : skipped_);

@@ -359,16 +359,16 @@ class Remote:
         elif order in ("out_of_order", False):
             self.ordered = False
         else:
-            raise ValueError(f"splitflow.dask.remote: order must be 'in_order' or "
+            raise GraphError(f"splitflow.dask.remote: order must be 'in_order' or "
                              f"'out_of_order', not {order!r}")
         if split != "auto" and (isinstance(split, bool) or int(split) < 1):
-            raise ValueError(f"splitflow.dask.remote: split must be 'auto' or >= 1, not {split!r}")
+            raise GraphError(f"splitflow.dask.remote: split must be 'auto' or >= 1, not {split!r}")
         if max_splits_in_flight is not None and int(max_splits_in_flight) < 1:
-            raise ValueError("splitflow.dask.remote: max_splits_in_flight must be >= 1")
+            raise GraphError("splitflow.dask.remote: max_splits_in_flight must be >= 1")
         if items is not None:
             _as_indices(items)  # refused here, in the user's call, rather than at the first pass
         if stuck_after is not None and not float(stuck_after) > 0:
-            raise ValueError(f"splitflow.dask.remote: stuck_after must be > 0 seconds, not "
+            raise GraphError(f"splitflow.dask.remote: stuck_after must be > 0 seconds, not "
                              f"{stuck_after!r}")
         self.build = build
         self.client = client

@@ -208,11 +208,11 @@ def _int_arg(who, name, value, minimum=None, none_ok=False):
     if value is None and none_ok:
         return None
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise ValueError(f"{who}: {name} must be an int{' (or None)' if none_ok else ''}, "
+        raise GraphError(f"{who}: {name} must be an int{' (or None)' if none_ok else ''}, "
                          f"not {value!r}")
     v = operator.index(value)
     if minimum is not None and v < minimum:
-        raise ValueError(f"{who}: {name} must be >= {minimum}{' (or None)' if none_ok else ''}, "
+        raise GraphError(f"{who}: {name} must be >= {minimum}{' (or None)' if none_ok else ''}, "
                          f"not {value!r}")
     return v
 
@@ -352,7 +352,7 @@ class _Progress:
         self.base = base
         self.base_done = base.done if base is not None else np.zeros(len(self.order), bool)
         if len(self.base_done) != len(self.order):
-            raise ValueError("GraphDataset: the loaded state's shard has "
+            raise GraphError("GraphDataset: the loaded state's shard has "
                              f"{len(self.base_done)} positions, this one {len(self.order)}")
         remaining = np.flatnonzero(~self.base_done)
         self.workers = max(1, int(workers))
@@ -542,14 +542,14 @@ class GraphDataset(_data.IterableDataset):
         length = _int_arg("GraphDataset", "length", length, 0)
         seed = _int_arg("GraphDataset", "seed", seed, 0)
         if seed >= 2 ** 63:  # (the epoch's generator takes a signed 64-bit seed)
-            raise ValueError(f"GraphDataset: seed must be < 2**63, not {seed!r}")
+            raise GraphError(f"GraphDataset: seed must be < 2**63, not {seed!r}")
         batch_size = _int_arg("GraphDataset", "batch_size", batch_size, 1, none_ok=True)
         rank = _int_arg("GraphDataset", "rank", rank, 0, none_ok=True)
         world_size = _int_arg("GraphDataset", "world_size", world_size, 1, none_ok=True)
         if rank is not None and world_size is not None and rank >= world_size:
-            raise ValueError(f"GraphDataset: rank {rank} is not in [0, {world_size})")
+            raise GraphError(f"GraphDataset: rank {rank} is not in [0, {world_size})")
         if even_shards not in (None, "pad", "drop"):
-            raise ValueError(f"GraphDataset: even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
+            raise GraphError(f"GraphDataset: even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
         self.even_shards = even_shards
         self._build = build
         self.length = int(length)
@@ -604,7 +604,7 @@ class GraphDataset(_data.IterableDataset):
         # One of the two: the other from torch.distributed (taking 0 or 1 for it, as before,
         # read one shard twice on two ranks: world_size=2 alone gave both ranks shard 0).
         if not _distributed_initialised():
-            raise ValueError(
+            raise GraphError(
                 f"GraphDataset: {'rank' if rank is not None else 'world_size'} is given but not "
                 f"{'world_size' if rank is not None else 'rank'}, and torch.distributed is not "
                 "initialised to tell it: give both (or neither, with torch.distributed "
@@ -613,7 +613,7 @@ class GraphDataset(_data.IterableDataset):
         rank = d_rank if rank is None else int(rank)
         world = d_world if world is None else int(world)
         if rank >= world:
-            raise ValueError(f"GraphDataset: rank {rank} is not in [0, {world}) (rank or "
+            raise GraphError(f"GraphDataset: rank {rank} is not in [0, {world}) (rank or "
                              "world_size from torch.distributed)")
         return rank, world
 
@@ -628,7 +628,7 @@ class GraphDataset(_data.IterableDataset):
     def rank_indices(self):
         rank, world = self.shard()
         if not 0 <= rank < world:
-            raise ValueError(f"GraphDataset: rank {rank} is not in [0, {world})")
+            raise GraphError(f"GraphDataset: rank {rank} is not in [0, {world})")
         order = self.epoch_order()
         if self.even_shards == "drop":
             order = order[:self.length // world * world]
@@ -756,15 +756,15 @@ class GraphDataset(_data.IterableDataset):
         exact when the ranks took the same positions)."""
         missing = [k for k in ("length", "shuffle", "seed", "epoch") if k not in state]
         if missing or not ("done" in state or "items_seen" in state):
-            raise ValueError("GraphDataset.load_state_dict: not a state of GraphDataset.state_dict() "
+            raise GraphError("GraphDataset.load_state_dict: not a state of GraphDataset.state_dict() "
                              f"(it lacks {', '.join(missing) or 'done'})")
         if state["length"] != self.length or state["shuffle"] != self.shuffle:
-            raise ValueError("GraphDataset.load_state_dict: the state is of a different dataset "
+            raise GraphError("GraphDataset.load_state_dict: the state is of a different dataset "
                              f"(length {state['length']}, shuffle {state['shuffle']})")
         rank, world = self.shard()
         if state.get("world_size", world) != world or \
                 state.get("even_shards", self.even_shards) != self.even_shards:
-            raise ValueError("GraphDataset.load_state_dict: the state is of another sharding "
+            raise GraphError("GraphDataset.load_state_dict: the state is of another sharding "
                              f"(world_size {state.get('world_size')}, even_shards "
                              f"{state.get('even_shards')!r}; here {world}, {self.even_shards!r})")
         self.seed = int(state["seed"])
@@ -775,7 +775,7 @@ class GraphDataset(_data.IterableDataset):
                 # (Past this shard's end is another rank's longer shard: clipped, as that
                 # rank's state loads here too.)
                 if not 0 <= int(a) <= int(b):
-                    raise ValueError(f"GraphDataset.load_state_dict: done range [{a}, {b}) is "
+                    raise GraphError(f"GraphDataset.load_state_dict: done range [{a}, {b}) is "
                                      "not a range of positions")
                 done[int(a):int(b)] = True
         else:  # a state of earlier versions: the first items_seen samples
@@ -829,7 +829,7 @@ class GraphDataset(_data.IterableDataset):
         remote = None
         if self.remote is not None:
             if info is not None:
-                raise ValueError("GraphDataset(remote=...): the Dask workers are its processes; "
+                raise GraphError("GraphDataset(remote=...): the Dask workers are its processes; "
                                  "use DataLoader(num_workers=0)")
             # The shard's indices, computed on the Dask workers: the source yields their
             # results; run positions map to the dataset indices the remote pass yielded.
@@ -855,7 +855,7 @@ class GraphDataset(_data.IterableDataset):
         if made is None and self.batch_size is not None:
             # Its items would be samples counted as batches: len() a batch count, and what the
             # loop took (state_dict) batch_size times what it was.
-            raise ValueError(
+            raise GraphError(
                 f"GraphDataset(batch_size={self.batch_size}, drop_last={self.drop_last}) but "
                 f"the graph does not batch: build() "
                 f"{'returned None' if returned_none else 'returned a node'} without a g.batch "
@@ -863,7 +863,7 @@ class GraphDataset(_data.IterableDataset):
                 f"or end build() with g.batch(name, {self.batch_size})")
         if made is not None:
             if self.batch_size is not None and made != (self.batch_size, self.drop_last):
-                raise ValueError(
+                raise GraphError(
                     f"GraphDataset(batch_size={self.batch_size}, drop_last={self.drop_last}) but "
                     f"the graph batches by {made[0]} (drop_last={made[1]})")
             self._found_batch = made

@@ -66,7 +66,7 @@ def test_the_model_step_sees_collated_batches_of_at_most_max_batch():
     assert sizes == [(8, 3), (8, 3)]
 
 
-def test_a_bad_request_fails_alone_with_the_users_own_exception():
+def test_a_bad_request_fails_alone_naming_the_stage_with_the_users_exception_as_cause():
     rt = sf.Runtime(threads=2, backend="host")
 
     def prep(x):
@@ -79,8 +79,13 @@ def test_a_bad_request_fails_alone_with_the_users_own_exception():
     futs = [svc.submit(i) for i in range(20)]
     for i, f in enumerate(futs):
         if i == 13:
-            with pytest.raises(ValueError, match="unlucky request"):
+            # the same error as a run's: a StageError naming graph, stage and request, the
+            # user's own exception its __cause__ (it was the bare ValueError)
+            with pytest.raises(sf.StageError, match=r"stage 'prep' failed on item 13: "
+                                                    r"ValueError: unlucky request") as e:
                 f.result(timeout=30)
+            assert (e.value.stage, e.value.item) == ("prep", 13)
+            assert isinstance(e.value.__cause__, ValueError)
         else:
             assert f.result(timeout=30) == 2 * i
     svc.close()
@@ -157,8 +162,10 @@ def test_a_wrong_number_of_results_fails_that_batchs_requests_and_says_why():
     run = g.run()
     futs = [svc.submit(i) for i in range(2)]
     for f in futs:
-        with pytest.raises(sf.Error, match=r"^stage 'model' of graph 'svc': the function "
-                                           r"returned 1 results for a batch of 2 requests"):
+        with pytest.raises(sf.StageError, match=r"^splitflow: graph 'svc': stage 'model' failed "
+                                                r"on item \d: stage 'model' of graph 'svc': the "
+                                                r"function returned 1 results for a batch of 2 "
+                                                r"requests"):
             f.result(timeout=30)
     svc.close()
     assert run.wait() == "succeeded"
@@ -217,9 +224,11 @@ def test_under_fail_every_request_of_a_failing_batch_gets_its_error():
     g, svc = service_graph(rt, model, max_batch=4, max_delay=30.0, on_error="fail")
     run = g.run()
     futures = [svc.submit(i) for i in range(4)]  # exactly one full batch
-    for f in futures:
-        with pytest.raises(ValueError, match="the model failed on this batch"):
+    for i, f in enumerate(futures):
+        with pytest.raises(sf.StageError, match="stage 'model' failed on item") as e:
             f.result(timeout=30)
+        assert e.value.item == i and isinstance(e.value.__cause__, ValueError)
+        assert "the model failed on this batch" in str(e.value.__cause__)
     with pytest.raises(sf.StageError):
         run.wait()
 

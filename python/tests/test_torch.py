@@ -308,7 +308,9 @@ def test_shard_and_size_arguments_are_checked_when_given():
                          (dict(rank=2, world_size=2), "rank 2 is not in [0, 2)")]:
         args = dict(length=10)
         args.update(kwargs)
-        with pytest.raises(ValueError, match=re.escape("GraphDataset: " + text)):
+        # splitflow's GraphError (a ValueError too), as the other classes' argument errors: it
+        # was a builtin ValueError, which `except sf.Error` missed (a new user's trial)
+        with pytest.raises(sf.GraphError, match=re.escape("GraphDataset: " + text)):
             sft.GraphDataset(build_identity, args.pop("length"), **args)
     assert sft.GraphDataset(build_identity, np.int64(4), batch_size=np.int32(2)).length == 4
     ds = sft.GraphDataset(build_identity, 3)

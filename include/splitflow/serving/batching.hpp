@@ -341,7 +341,7 @@ class UnbatchNode final : public OneInputNode<UnbatchNode<T>, Emitter<T>, Batch<
       for (std::size_t i = 0; i < b.items.size() && i < max_batch_; ++i) {
         const std::uint64_t id = i < b.ids.size() ? b.ids[i] : e.seq;
         if (i < b.errors.size() && b.errors[i]) {  // failed in the batch: leaves the graph
-          if (ItemTracker* t = this->graph().tracker()) t->item_failed(id, b.errors[i]);
+          if (ItemTracker* t = this->graph().tracker()) t->item_failed(id, this->name(), b.errors[i]);
           continue;
         }
         out->push_back(Envelope<T>{std::move(b.items[i]), id});

@@ -13,10 +13,11 @@
 //     svc.close();  // no more requests: the run ends once every admitted one is answered
 //     run.wait();
 //
-// Every future completes exactly once: with the result; with the error of a stage that skipped
-// its item (OnError::skip: the other requests go on); with DeadlineError when its deadline
-// passed before a GPU stage took it; or with an Error when the run ends first (cancel, a
-// failing stage, the graph destroyed).
+// Every future completes exactly once: with the result; with a StageError naming the graph,
+// the stage and the request when a stage failed on its item (OnError::skip: the other requests
+// go on; the body's own exception nested: std::rethrow_if_nested); with DeadlineError when its
+// deadline passed before a GPU stage took it; or with an Error when the run ends first (cancel,
+// a failing stage, the graph destroyed). Every one is a splitflow::Error.
 #pragma once
 
 #include <atomic>
@@ -50,8 +51,10 @@ class RequestBook final : public ItemTracker {
  public:
   using Clock = std::chrono::steady_clock;
 
-  RequestBook(std::string graph, std::string name, ServiceOptions opts)
-      : graph_(std::move(graph)), name_(std::move(name)), opts_(opts) {
+  /// `runtime`: the graph's (GraphCore::runtime_core()), to tell its threads.
+  RequestBook(std::string graph, std::string name, ServiceOptions opts,
+              const RuntimeCore* runtime = nullptr)
+      : graph_(std::move(graph)), name_(std::move(name)), opts_(opts), runtime_(runtime) {
     if (opts_.max_pending == 0)
       throw GraphError("splitflow: service '" + name_ + "': max_pending must be at least 1");
   }
@@ -84,6 +87,20 @@ class RequestBook final : public ItemTracker {
         throw OverloadedError("splitflow: service '" + name_ + "' of graph '" + graph_ +
                               "' is overloaded: " + std::to_string(opts_.max_pending) +
                               " requests pending (ServiceOptions::max_pending)");
+      }
+      // A thread of the graph's runtime (a completion callback submitting the next request,
+      // a stage body) would wait for room that only the runtime's threads make: once every
+      // thread waits so, nothing is answered (a new C++ user's trial hung so).
+      if (runtime_ && GraphCore::in_task_of(runtime_)) {
+        ++stats_.rejected;
+        throw OverloadedError(
+            "splitflow: service '" + name_ + "' of graph '" + graph_ + "' is full (" +
+            std::to_string(opts_.max_pending) + " requests pending, ServiceOptions::max_pending) "
+            "and submit() was called from a thread of the graph's runtime (a completion "
+            "callback, a stage body): waiting there for room would hold a thread that answers "
+            "the pending requests, and once every thread waits so nothing is answered; submit "
+            "from a thread of your own (hand the next request to it from the callback), or "
+            "retry later");
       }
       const auto room = [&] { return pending_.size() < opts_.max_pending; };
       // A request with a deadline waits for room until its deadline, then is refused: its
@@ -137,6 +154,9 @@ class RequestBook final : public ItemTracker {
   bool withdraw(std::uint64_t id) noexcept {
     std::lock_guard lk(mu_);
     if (!pending_.erase(id)) return false;
+    // Its id is taken back when no later one was given (a request's id is its item number in
+    // the graph's errors: a refused submit made the next request's off by one).
+    if (id + 1 == next_) --next_;
     --stats_.submitted;
     ++stats_.rejected;
     cv_.notify_one();
@@ -196,8 +216,9 @@ class RequestBook final : public ItemTracker {
   }
 
   // ItemTracker
-  void item_failed(std::uint64_t seq, std::exception_ptr error) noexcept override {
-    fail(seq, std::move(error));
+  void item_failed(std::uint64_t seq, const std::string& stage,
+                   std::exception_ptr error) noexcept override {
+    fail(seq, request_error(seq, stage, std::move(error)));
   }
   void waited(std::uint64_t seq, std::int64_t ns) noexcept override {
     add(seq, &Pending::queue_ns, ns);
@@ -246,6 +267,31 @@ class RequestBook final : public ItemTracker {
     std::int64_t queue_ns = 0, batch_ns = 0, gpu_ns = 0;
   };
 
+  // A request's error is a StageError naming the graph, the stage and the request, with the
+  // body's own exception nested (it was the body's exception itself, which a client catching
+  // splitflow::Error, as the examples do, let through: a new C++ user's trial); splitflow's
+  // own StageError and DeadlineError stay as they are.
+  std::exception_ptr request_error(std::uint64_t seq, const std::string& stage,
+                                   std::exception_ptr error) const noexcept {
+    try {
+      try {
+        std::rethrow_exception(error);
+      } catch (const StageError&) {
+        return error;
+      } catch (const DeadlineError&) {
+        return error;
+      } catch (const std::exception& e) {
+        std::throw_with_nested(StageError(graph_, stage, seq, e.what()));
+      } catch (...) {
+        std::throw_with_nested(StageError(graph_, stage, seq, "unknown exception"));
+      }
+    } catch (const StageError&) {
+      return std::current_exception();
+    } catch (...) {  // no memory for it: the error as it was
+    }
+    return error;
+  }
+
   // Adds ns to item seq's request, or to each request of the batch seq.
   void add(std::uint64_t seq, std::int64_t Pending::*field, std::int64_t ns) noexcept {
     std::lock_guard lk(mu_);
@@ -271,6 +317,7 @@ class RequestBook final : public ItemTracker {
   }
   std::string graph_, name_;
   ServiceOptions opts_;
+  const RuntimeCore* runtime_ = nullptr;  // only compared (in_task_of): may be gone
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::uint64_t, Pending> pending_;
@@ -512,7 +559,9 @@ class Service {
   }
 
   /// Submits a request from any thread; its result arrives through the future. Waits or
-  /// throws OverloadedError when max_pending requests are pending (ServiceOptions). Throws
+  /// throws OverloadedError when max_pending requests are pending (ServiceOptions); from a
+  /// thread of the graph's runtime (a completion callback, a stage body) it never waits: it
+  /// throws OverloadedError, since the room it waited for is made by those threads. Throws
   /// GraphError when the graph is not running (or destroyed) or the service was closed; a
   /// request admitted as the run ends is not refused but failed by the run's end: the future
   /// returned has that error. A HostTensor request fed straight into a GPU stage's pinned ring
@@ -596,7 +645,8 @@ Service<In, Out> Graph::service(std::string name, ServiceOptions options) {
   if (core().tracker())
     throw GraphError("splitflow::Graph '" + this->name() +
                      "': it already has a service (one per graph)");
-  auto book = std::make_shared<detail::RequestBook<Out>>(this->name(), name, options);
+  auto book = std::make_shared<detail::RequestBook<Out>>(this->name(), name, options,
+                                                         core().runtime_core());
   auto& src = add<detail::PushSourceNode<In>>(name);
   auto& sink = add<detail::AnswerSinkNode<Out>>(name + ".answer", book);
   src.set_on_end([b = book.get()](bool stopped) { b->fail_all(stopped); });

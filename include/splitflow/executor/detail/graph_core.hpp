@@ -53,7 +53,10 @@ class ItemTracker {
  public:
   virtual ~ItemTracker() = default;
   /// A stage's body threw on item `seq` and the item was dropped or replaced (OnError).
-  virtual void item_failed(std::uint64_t seq, std::exception_ptr error) noexcept = 0;
+  /// `stage`: the stage that found it (for a request failed inside a dynamic batch, by
+  /// Batch::fail, the unbatch that took it out).
+  virtual void item_failed(std::uint64_t seq, const std::string& stage,
+                           std::exception_ptr error) noexcept = 0;
   /// Whether item `seq`'s deadline has passed (a GPU stage then drops it before its work).
   virtual bool expired(std::uint64_t seq) noexcept = 0;
   /// A GPU stage dropped item `seq` because its deadline passed.
@@ -179,6 +182,10 @@ class GraphCore {
   }
   /// The runtime's device (created on first use) and this graph's GPU accounting.
   std::shared_ptr<DeviceRuntime> device();
+  /// Whether the calling thread runs a task of `runtime` (runtime_core()): a stage body, a
+  /// source, a sink, a service's completion callback. Compares pointers only: `runtime` may be
+  /// gone.
+  static bool in_task_of(const RuntimeCore* runtime) noexcept;
   /// The runtime it runs on (an identity for its arena's threads: ShardedHistogram).
   const RuntimeCore* runtime_core() const noexcept { return runtime_.get(); }
   RuntimeCore* runtime_core() noexcept { return runtime_.get(); }

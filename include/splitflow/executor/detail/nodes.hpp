@@ -257,7 +257,7 @@ class Emitter : public NodeBase {
     // fail here (the others with the run's end).
     if (ItemTracker* t = this->graph().tracker(); t && !out)
       for (std::uint64_t id : ids)
-        if (id != seq) t->item_failed(id, error);
+        if (id != seq) t->item_failed(id, this->name(), error);
     return this->absorb_error(seq, std::move(error), out.has_value());
   }
 
@@ -971,6 +971,15 @@ class BatchNode final : public OneInputNode<BatchNode<T>, Emitter<std::vector<T>
 
   void validate() const override {
     Emitter<Out>::validate();
+    // Its batch is a std::vector without the requests' ids: the answer sink would take it for
+    // its first request's answer and leave the others pending (a new C++ user's trial).
+    if (this->graph().tracker())
+      throw GraphError("splitflow: batch '" + this->name() + "' of graph '" +
+                       this->graph().name() + "', which answers requests (Graph::service): "
+                       "its batches carry no request ids, so only each batch's first request "
+                       "would be answered (with the batch's result) and the others never; "
+                       "batch requests with Graph::dynamic_batch (Batch<T> keeps each "
+                       "request's id) and unbatch before the service's sink");
     if (size_ > this->graph().options().max_in_flight)
       throw GraphError("splitflow: batch '" + this->name() + "': its batch size " +
                        std::to_string(size_) + " exceeds the graph's max_in_flight (" +
