@@ -541,6 +541,46 @@ TEST(Autotune, ABodyThatWaitsGoesToTheBlockingThreadsAndOneThatComputesComesBack
   EXPECT_FALSE(body_placement(in, 0));
 }
 
+// The decisions' texts say what they mean where the allocation passes the budget: a graph has
+// one slot a stage at least (two stages on a share of one core read "2 of 1 cores"), and a
+// rate above the bound says why (a new C++ user's trial read "1.47 of the bound").
+TEST(Autotune, TextsSayWhenASlotAStagePassesTheBudgetAndWhenTheRateBeatsTheBound) {
+  Autotuner t({.settle_windows = 0, .min_items = 1}, {.cores = 1});
+  auto window = [&](std::int64_t at, double rate) {
+    Sample s{.end_ns = at * 1'000'000'000, .window_ns = 1'000'000'000,
+             .delivered = static_cast<std::uint64_t>(rate)};
+    const auto items = static_cast<std::uint64_t>(rate);
+    s.stages.push_back({.name = "a", .items = items, .work_ns = static_cast<std::int64_t>(rate * 1e5),
+                        .cpu_ns = static_cast<std::int64_t>(rate * 1e5), .concurrency = 1});
+    s.stages.push_back({.name = "b", .producers = {0}, .items = items,
+                        .work_ns = static_cast<std::int64_t>(rate * 2e5),
+                        .cpu_ns = static_cast<std::int64_t>(rate * 2e5), .concurrency = 1});
+    return s;
+  };
+  std::string all;
+  for (std::int64_t k = 1; k <= 12; ++k)  // 100 + 200 us on 1 core: a bound of 3333 items/s
+    for (const TuneEvent& e : t.observe(window(k, 4800)).events) all += e.text() + "\n";
+  EXPECT_NE(all.find("2 of 1 cores: one slot a stage at least, more than the budget"),
+            std::string::npos) << all;
+  EXPECT_EQ(all.find("2 of 1 cores;"), std::string::npos) << all;
+  EXPECT_NE(all.find(" of the bound 3333 (cores: 1 / 300 us of CPU per item) (above it: the "
+                     "bound is of the budget's cores"),
+            std::string::npos) << all;
+  // Queues of 1 MiB items whose least capacities pass the memory the budget leaves them: not
+  // "the tuned queues' 2 MiB within the 1 MiB" (the same trial).
+  Autotuner m({.settle_windows = 0, .min_items = 1}, {.cores = 2, .memory_bytes = 1 << 20});
+  std::string said;
+  for (std::int64_t k = 1; k <= 3; ++k) {
+    Sample s = window(k, 1000);
+    for (auto& st : s.stages) st.item_bytes = 1 << 20;
+    for (const TuneEvent& e : m.observe(s).events) said += e.text() + "\n";
+  }
+  EXPECT_NE(said.find("at their least, over the 1 MiB the memory budget leaves them: the graph's "
+                      "admission limit (max_in_flight) bounds its items instead"),
+            std::string::npos) << said;
+  EXPECT_EQ(said.find(" within the 1 MiB"), std::string::npos) << said;
+}
+
 // "a change is kept only if the measured rate improves, otherwise reverted"
 TEST(Autotune, HillClimbKeepsImprovementsAndRevertsTheRest) {
   // Two CPU stages on 4 cores, measured by hand: a at 10 ms, b at 30 ms per item.

@@ -156,9 +156,15 @@ std::string memory_text(std::size_t bytes) {
 }
 
 // "19 of 32 cores"; on a pool, whose threads take invocations in turn, the slots' worth.
+// A graph has a slot a stage at least, which may be more than its budget (two stages on a
+// share of one core): said so, not "2 of 1 cores" (a new C++ user's trial).
 std::string cores_text(const Allocation& a, const Budget& b) {
-  return b.pool ? fmt::format("slots for {:.4g} cores on a pool of {:g}", a.cores, b.cores)
-                : fmt::format("{:.4g} of {:g} cores", a.cores, b.cores);
+  const char* over = a.cores > b.cores + 1e-9 ? ": one slot a stage at least, more than the "
+                                               : "";
+  return b.pool ? fmt::format("slots for {:.4g} cores on a pool of {:g}{}{}", a.cores, b.cores,
+                              over, *over ? "pool" : "")
+                : fmt::format("{:.4g} of {:g} cores{}{}", a.cores, b.cores, over,
+                              *over ? "budget" : "");
 }
 
 }  // namespace
@@ -836,10 +842,17 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
                                   next.stages[m.producers[0]].concurrency,
                                   models_[m.producers[0]].name, n.concurrency)) +
                          (budget_.memory_bytes != kUnlimited && m.item_bytes > 0
-                              ? fmt::format("; items of {}, the tuned queues' {} within the {} the memory budget leaves them",
+                              ? fmt::format("; items of {}, the tuned queues' {}{} the memory budget leaves them{}",
                                             byte_text(static_cast<double>(m.item_bytes)),
                                             byte_text(static_cast<double>(next.bytes)),
-                                            byte_text(static_cast<double>(budget_.memory_bytes)))
+                                            next.bytes <= budget_.memory_bytes
+                                                ? " within the " + byte_text(static_cast<double>(budget_.memory_bytes))
+                                                : " at their least, over the " +
+                                                      byte_text(static_cast<double>(budget_.memory_bytes)),
+                                            next.bytes <= budget_.memory_bytes
+                                                ? ""
+                                                : ": the graph's admission limit (max_in_flight) bounds its "
+                                                  "items instead")
                               : std::string())});
   }
   if ((bound_.limit == Limit::gpu || bound_.limit == Limit::stage) && next.cores + 1 <= budget_.cores)
@@ -1182,8 +1195,13 @@ Decision Autotuner::observe(const Sample& s) {
     phase_ = Phase::converged;
     converged_rate_ = rate;
     emit(d, {s.end_ns, Action::converged, "", "", 0, 0,
-             fmt::format("converged at {:.4g} items/s, {:.2f} of the bound {:.4g} ({}); {}{}",
+             fmt::format("converged at {:.4g} items/s, {:.2f} of the bound {:.4g} ({}){}; {}{}",
                          rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, bound_.rate, bound_.why,
+                         bound_.rate > 0 && rate > 1.05 * bound_.rate
+                             ? " (above it: the bound is of the budget's cores and the costs "
+                               "measured; cores the runtime's other graphs left idle, or costs "
+                               "that fell since, give more)"
+                             : "",
                          cores_text(alloc_, budget_),
                          bound_.limit == Limit::gpu ? fmt::format(", GPU busy {}", percent(busy))
                                                     : std::string())});
