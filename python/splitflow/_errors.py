@@ -28,7 +28,8 @@ class GraphError(Error, ValueError):
 
 
 class OverloadedError(Error):
-    """A service's admission is full and its admission policy is fail-fast."""
+    """A service's admission is full and its admission policy is fail-fast (or the submit came
+    from a thread of the graph's runtime, which may not wait for room its threads make)."""
 
 
 class DeadlineError(Error):

@@ -920,7 +920,8 @@ class _Slot:
     """One worker: its process, pipe and items in flight (seq -> _Entry, oldest first)."""
 
     __slots__ = ("index", "generation", "prefix", "process", "conn", "sock", "outq", "pid",
-                 "outstanding", "tx", "rx", "rbuf", "ready", "eof", "dead", "stale_since")
+                 "outstanding", "tx", "rx", "rbuf", "ready", "eof", "dead", "stale_since",
+                 "killed_stale")
 
     def __init__(self, index, generation, prefix):
         self.index, self.generation = index, generation
@@ -933,6 +934,7 @@ class _Slot:
         self.rbuf = bytearray()  # what the pipe gave past the last whole message
         self.ready = self.eof = self.dead = False
         self.stale_since = None  # time.monotonic() it was first seen busy with a withdrawn item
+        self.killed_stale = False  # the pool killed it for that (_replace_stale)
 
     def close_arenas(self):
         """Unmaps both arenas (one that arrays still use: when the last of them goes)."""
@@ -1215,8 +1217,6 @@ class _State:
                 registered = set(waits)
                 ready = poller.poll(_BACKLOG_POLL_S * 1000 if backlog else
                                     _STALE_POLL_S * 1000 if busy else None)
-                if busy:
-                    self._replace_stale()
                 if backlog:
                     with self.lock:
                         for slot in self.slots:
@@ -1238,6 +1238,8 @@ class _State:
                     self._drain(slot)
                     if sentinel:  # the process ended
                         self._on_death(slot)
+                if busy:  # after the pipes: a withdrawn item's result read first
+                    self._replace_stale()
         except BaseException as e:  # a bug here must not leave completions waiting forever
             if not self.closed:
                 sys.stderr.write(f"splitflow: stage '{self.stage}': the process pool's reader "
@@ -1259,8 +1261,11 @@ class _State:
         kill = []
         with self.lock:
             for slot in self.slots:
-                if slot.dead or slot.process is None or not slot.outstanding:
-                    slot.stale_since = None
+                # (a worker still starting is not busy with the item: its items wait for it)
+                if (slot.dead or slot.process is None or not slot.outstanding or not slot.ready
+                        or slot.killed_stale):
+                    if not slot.killed_stale:
+                        slot.stale_since = None
                     continue
                 held = next(iter(slot.outstanding.values()))  # the oldest: in the worker's hands
                 if not _withdrawn(held.completion):
@@ -1269,7 +1274,7 @@ class _State:
                     slot.stale_since = now
                 elif now - slot.stale_since >= _STALE_S:
                     kill.append(slot.pid)
-                    slot.stale_since = now  # (once: its death replaces it)
+                    slot.killed_stale = True  # (once: its death replaces it)
                     self.replaced_stale += 1
         for pid in kill:
             try:
@@ -1399,7 +1404,9 @@ class _State:
                 self.broken = Error(
                     f"stage '{self.stage}': worker processes die while they start ({cause}, "
                     f"{self.start_failures} times in a row); their output on stderr says why")
-            if entries:
+            if entries and slot.killed_stale and not _withdrawn(entries[0][1].completion):
+                pass  # killed by the pool as the withdrawn item ended: the next one goes on
+            elif entries:
                 seq, entry = entries.pop(0)
                 if slot.ready:
                     msg = (f"stage '{self.stage}': worker process {slot.pid} died with {cause} "

@@ -365,14 +365,15 @@ class Remote:
             raise GraphError(f"splitflow.dask.remote: split must be 'auto' or >= 1, not {split!r}")
         if max_splits_in_flight is not None and int(max_splits_in_flight) < 1:
             raise GraphError("splitflow.dask.remote: max_splits_in_flight must be >= 1")
-        if items is not None:
-            _as_indices(items)  # refused here, in the user's call, rather than at the first pass
+        # Refused here, in the user's call, rather than at the first pass; kept as validated (a
+        # generator given as items is read once).
+        items = None if items is None else _as_indices(items)
         if stuck_after is not None and not float(stuck_after) > 0:
             raise GraphError(f"splitflow.dask.remote: stuck_after must be > 0 seconds, not "
                              f"{stuck_after!r}")
         self.build = build
         self.client = client
-        self.items = None if items is None else items
+        self.items = items
         self.stuck_after = None if stuck_after is None else float(stuck_after)
         self.seed = int(seed)
         self.epoch = int(epoch)
@@ -404,7 +405,10 @@ class Remote:
     def __iter__(self):
         if self.items is None:
             raise Error("splitflow.dask.Remote: no items: give items= (or use it in a GraphDataset)")
-        p = self.iterate(self.items)
+        return self._closing(self.iterate(self.items))
+
+    @staticmethod
+    def _closing(p):
         # A generator, so that the pass is closed (its splits in flight released on the
         # workers, its figures' clock stopped) when the local run that iterates it ends, however
         # it ends: that run drops its source's iterator then (a pass left early aged until it
@@ -683,8 +687,10 @@ class RemotePass:
             processing = {}
         for s in late:
             key = f"{self.key}-{s.no}"
+            # (its key, or a resubmission's: `-r<n>` after it; not split 10's for split 1)
             worker = next((w for w, keys in processing.items()
-                           if any(str(k).startswith(key) for k in keys)), None)
+                           if any(str(k) == key or str(k).startswith(key + "-r") for k in keys)),
+                          None)
             self.stuck[s.no] = self._stuck_record(s, worker, limit)
             where = f"on worker {worker}" if worker else "on no worker yet"
             warnings.warn(
@@ -909,18 +915,20 @@ class RemotePass:
         stage and their errors (dataset index, worker); a diagnosis."""
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = (end - self.t0) if self.t0 is not None else 0.0
-        total_bytes = sum(w["bytes"] for w in self.workers.values())
-        busy = sum(w["busy_s"] for w in self.workers.values())
-        items_in = sum(w["items"] for w in self.workers.values())
+        # Snapshots: stats() may be called from another thread while the pass adds to these.
+        workers = {k: dict(v) for k, v in list(self.workers.items())}
+        total_bytes = sum(w["bytes"] for w in workers.values())
+        busy = sum(w["busy_s"] for w in workers.values())
+        items_in = sum(w["items"] for w in workers.values())
         gaps = []
-        for spans in self.spans.values():
+        for spans in list(self.spans.values()):
             spans = sorted(spans)
             gaps += [max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:])]
-        gap, fetch = _median(gaps), _median(self.fetches)
+        gap, fetch = _median(gaps), _median(list(self.fetches))
         s = {
             "name": self.remote.name, "items": len(self.indices), "items_out": self.items_out,
             "splits": self.splits_done,
-            "split_items": _median(self.split_sizes), "split_items_next": self._split_size(),
+            "split_items": _median(list(self.split_sizes)), "split_items_next": self._split_size(),
             "max_splits_in_flight": self.cap, "splits_in_flight_max": self.max_in_flight_seen,
             "local_bytes_max": self.max_local_bytes,
             "reconnections": self.reconnections, "resubmitted_splits": self.resubmitted,
@@ -930,8 +938,8 @@ class RemotePass:
             "item_s": busy / items_in if items_in else None,
             "gap_s_per_split": gap, "fetch_s_per_split": fetch,
             "overhead_s_per_split": None if gap is None or fetch is None else gap + fetch,
-            "latency_s_per_split": _median(self.latencies),
-            "workers": {k: dict(v) for k, v in self.workers.items()},
+            "latency_s_per_split": _median(list(self.latencies)),
+            "workers": workers,
             "worker_threads": self.worker_threads,
             "skipped": sum(self.stage_skips.values()),
             "skipped_by_stage": dict(self.stage_skips),
@@ -943,7 +951,8 @@ class RemotePass:
 
     def _oldest(self):
         """The split in flight submitted first (the others may wait behind it), as a list."""
-        live = [p for p in list(self.pending) if p.future is not None]
+        # (a split done but not yet taken, behind a slow local graph, is not on the cluster)
+        live = [p for p in list(self.pending) if p.future is not None and not p.future.done()]
         return [min(live, key=lambda p: p.submitted)] if live else []
 
     def _age(self, s, now):
@@ -968,7 +977,8 @@ class RemotePass:
                 d = self.stuck.get(p.no) or self._stuck_record(p, None, limit)
                 out.append(dict(d, on_cluster=True, age_s=self._age(p, now)))
                 on.add(p.no)
-        out += [dict(d, on_cluster=False, age_s=None) for no, d in self.stuck.items() if no not in on]
+        out += [dict(d, on_cluster=False, age_s=None) for no, d in list(self.stuck.items())
+                if no not in on]
         return sorted(out, key=lambda d: d["split"])
 
     @staticmethod
@@ -996,7 +1006,10 @@ class RemotePass:
         # How busy the workers' task slots were: a pipeline of splits that leaves them idle is
         # not made faster by more workers (a trial's workers were 44-62% busy when this said
         # "add workers").
-        slots = max(1, int(s.get("worker_threads") or workers))
+        # Splits that can run at once: the workers' Dask threads, at most the splits let out
+        # (each split's graph uses its worker's runtime threads, all of them).
+        slots = max(1, min(int(s.get("worker_threads") or workers),
+                           int(s.get("max_splits_in_flight") or workers)))
         busy_frac = busy_s / (wall * slots)
         split_s = busy_s / s["splits"]
         cost = s.get("overhead_s_per_split")

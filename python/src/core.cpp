@@ -83,13 +83,20 @@ auto call_python(F&& f) {
       // that one would chain the caller's frames to its traceback, and those frames (holding
       // the graph, which holds the run's error) would never be collected: a cycle through C++
       // (a new user's trial leaked a graph, its workers and 16 descriptors per raise).
+      // Its cause, context, notes and attributes go with it (a SystemExit's code, say).
       PyObject* fresh = PyObject_Call(reinterpret_cast<PyObject*>(Py_TYPE(cause.ptr())),
                                       py::getattr(cause, "args").ptr(), nullptr);
-      if (fresh) {
-        PyException_SetTraceback(fresh, py::getattr(cause, "__traceback__").ptr());
-        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(fresh)), fresh);
-        Py_DECREF(fresh);
+      if (fresh && PyExceptionInstance_Check(fresh)) {
+        py::object f = py::reinterpret_steal<py::object>(fresh);
+        try {
+          for (const char* a : {"__traceback__", "__cause__", "__context__", "__suppress_context__"})
+            py::setattr(f, a, py::getattr(cause, a));
+          if (py::hasattr(cause, "__dict__")) f.attr("__dict__").attr("update")(cause.attr("__dict__"));
+        } catch (const py::error_already_set&) {  // a type that refuses them: as they came
+        }
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(f.ptr())), f.ptr());
       } else {  // its type takes other arguments: the kept one, as before
+        Py_XDECREF(fresh);
         PyErr_Clear();
         PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(cause.ptr())), cause.ptr());
       }
@@ -1337,8 +1344,9 @@ waiting at once.)doc")
   py::class_<PyService, std::shared_ptr<PyService>>(m, "Service", R"doc(
 A graph's request entry and exit (Graph.service). submit() returns a concurrent.futures.Future
 (await it from asyncio with asyncio.wrap_future); every future completes exactly once: with the
-result, with the request's own error (a stage that skipped it), with DeadlineError, or with an
-Error when the run ends first.)doc")
+result, with a StageError naming the graph, the stage and the request when a stage failed on it
+(the body's exception its __cause__), with DeadlineError, or with an Error when the run ends
+first.)doc")
       .def_readonly("source", &PyService::source, "Connect it to the graph's first stage.")
       .def_readonly("sink", &PyService::sink, "Connect the graph's last stage to it.")
       .def("submit", [](PyService& s, py::object value, std::optional<double> deadline) {
@@ -1382,7 +1390,9 @@ Error when the run ends first.)doc")
       "from now (None or math.inf: none) after which, if no GPU stage or dynamic batch has taken it yet, it is dropped "
       "with DeadlineError. Waits for room (admission='wait': until the deadline at most, then "
       "raises DeadlineError) or raises OverloadedError "
-      "(admission='fail_fast') when max_pending requests are pending; GraphError when the graph "
+      "(admission='fail_fast', or a submit from a thread of the graph's runtime, a stage "
+      "body, that would wait for room only the runtime's threads make) when max_pending "
+      "requests are pending; GraphError when the graph "
       "is not running or the service was closed.")
       .def("close", [](PyService& s) { s.svc.close(); },
            "No more requests: the run ends once every admitted one is answered. Called before the "
@@ -1469,6 +1479,13 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         } else {
           n = count_arg(concurrency, "splitflow.Graph.stage('" + name + "')", "concurrency",
                         "an int (0: unlimited) or 'auto'");
+          // (It was taken and ignored: the workers are the stage's concurrency, a new user's
+          // trial gave processes=2, concurrency=4.)
+          if (processes > 0)
+            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency=" +
+                             std::to_string(n) + " is for thread stages; a process stage's "
+                             "concurrency is its processes (processes=" +
+                             std::to_string(processes) + ", two items out per worker)");
         }
         const std::size_t capacity = count_arg(capacity_arg, "splitflow.Graph.stage('" + name + "')", "capacity");
         StageOptions o = stage_options(n, order_of(ordered, order), capacity, on_error);

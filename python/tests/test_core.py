@@ -828,6 +828,10 @@ def test_concurrency_auto_is_tuned_and_explained():
         sf.Graph(rt4, "bad").stage("w", work, concurrency=-1)
     with pytest.raises(sf.GraphError, match=r"concurrency='auto' is for thread stages"):
         sf.Graph(rt4, "bad").stage("w", work, concurrency="auto", processes=2)
+    # a number too: it was taken and ignored (a new user's trial)
+    with pytest.raises(sf.GraphError, match=r"concurrency=4 is for thread stages; a process "
+                                            r"stage's concurrency is its processes \(processes=2"):
+        sf.Graph(rt4, "bad").stage("w", work, concurrency=4, processes=2)
     with pytest.raises(sf.GraphError, match="autotune_window must be positive"):
         sf.Graph(rt4, "bad", autotune_window=0)
     # Past an hour or below a millisecond, not a number: named (1e300 was cast to an integer,

@@ -549,11 +549,14 @@ def test_a_split_that_may_be_stuck_is_said_naming_its_items_and_worker():
                 got.append(int(x["index"]))
                 if len(got) == 4:  # split 1 is on the cluster, its item 6 in its body (3 s)
                     deadline = time.monotonic() + 2.5
-                    while not r.stats()["stuck_splits"] and time.monotonic() < deadline:
+                    while time.monotonic() < deadline and not any(
+                            d["split"] == 1 and d["on_cluster"] for d in r.stats()["stuck_splits"]):
                         time.sleep(0.05)  # its age passes stuck_after (0.5 s)
                     seen.append(r.stats()["diagnosis"])
         assert got == list(range(16))
-        said = [str(w.message) for w in caught if "may be stuck" in str(w.message)]
+        # (split 0 may be said too, on a loaded machine whose worker builds its graph slowly)
+        said = [str(w.message) for w in caught
+                if "may be stuck" in str(w.message) and "split 1 (" in str(w.message)]
         assert len(said) == 1, said  # once a split
         text = said[0]
         assert "split 1 (items 4..7 of the pass, dataset indices 4...)" in text, text
@@ -562,7 +565,7 @@ def test_a_split_that_may_be_stuck_is_said_naming_its_items_and_worker():
         assert seen[0].startswith("split 1 (items 4..7, dataset indices 4...) has been on the "
                                   "cluster for "), seen
         assert "a remote body may be stuck" in seen[0], seen
-        (d,) = r.stats()["stuck_splits"]
+        (d,) = [d for d in r.stats()["stuck_splits"] if d["split"] == 1]
         assert (d["split"], d["items"], d["worker"] in workers, d["on_cluster"]) == (1, [4, 7], True, False)
 
 

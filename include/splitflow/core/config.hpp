@@ -79,7 +79,8 @@ inline constexpr std::chrono::milliseconds kMaxAutotuneWindow = std::chrono::hou
 /// Per-graph policy.
 struct GraphOptions {
   /// Items admitted by the sources and not yet consumed by a sink (like oneTBB's
-  /// max_number_of_live_tokens). A fan-out copy counts as one more item; a batch formed of
+  /// max_number_of_live_tokens). A fan-out copy counts as one more item (while a fan-out
+  /// copies, the item and its copies are alive at once: one object more than counted); a batch formed of
   /// items counts as one from then on (its items are not counted apart: behind a batch of n,
   /// up to about n times as many source items may be alive: docs/autotune.md, "Memory").
   std::size_t max_in_flight = 256;

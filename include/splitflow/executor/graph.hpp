@@ -76,9 +76,11 @@ class Node {
 
   const std::string& name() const noexcept { return node_->name(); }
   /// OnError::substitute: an item whose body throws becomes a copy of `value` (and is counted
-  /// in StageStats::items_substituted, with its error's message).
+  /// in StageStats::items_substituted, with its error's message). It puts the stage under
+  /// OnError::substitute whatever its StageOptions::on_error said. Stages only (not a source,
+  /// not a sink: neither has an item to replace).
   template <class U = Out>
-    requires(!std::is_void_v<U> && !std::is_void_v<In>)
+    requires(!std::is_void_v<Out> && !std::is_void_v<In> && std::is_convertible_v<U, Out>)
   const Node& substitute_on_error(U value) const {
     out_->set_substitute(std::move(value));
     return *this;
@@ -248,8 +250,19 @@ namespace detail {
 
 struct Deduce {};
 
+/// A body with one call operator (not generic, not overloaded), whose parameters tell its input.
 template <class F>
-struct call_signature : call_signature<decltype(&F::operator())> {};
+concept one_call_operator = requires { &F::operator(); };
+template <class F>
+struct call_signature {
+  static_assert(one_call_operator<F>,
+                "splitflow: the body's input type cannot be deduced: it is generic (an auto "
+                "parameter) or overloaded; give it: g.stage<In>(name, body), g.sink<In>(...)");
+  using args = std::tuple<void*>;  // (after the error above: no second one from here)
+};
+template <class F>
+  requires one_call_operator<F>
+struct call_signature<F> : call_signature<decltype(&F::operator())> {};
 template <class R, class... A>
 struct call_signature<R (*)(A...)> {
   using args = std::tuple<A...>;
@@ -431,7 +444,9 @@ class Graph {
   auto stage(std::string name, F body, StageOptions options = {}) {
     using I = typename detail::input_type<In, F>::type;
     static_assert(std::is_invocable_v<F&, I&&> || std::is_invocable_v<F&, I&&, HostAllocator&>,
-                  "splitflow::Graph::stage: the body cannot be called with the input type");
+                  "splitflow::Graph::stage: the body cannot be called with the input type "
+                  "(items arrive as rvalues: take the input by value, as const In& or In&&, "
+                  "not In&)");
     using Out = typename detail::stage_output<F, I>::type;
     static_assert(!std::is_void_v<Out>,
                   "splitflow::Graph::stage: the body returns nothing; use sink() for a body "
@@ -561,7 +576,9 @@ class Graph {
   auto sink(std::string name, F body, StageOptions options = {}) {
     using I = typename detail::input_type<In, F>::type;
     static_assert(std::is_invocable_v<F&, I&&>,
-                  "splitflow::Graph::sink: the body cannot be called with the input type");
+                  "splitflow::Graph::sink: the body cannot be called with the input type "
+                  "(items arrive as rvalues: take the input by value, as const In& or In&&, "
+                  "not In&)");
     if (options.blocking)
       throw GraphError("splitflow::Graph::sink('" + name + "'): StageOptions::blocking is for "
                        "Graph::stage; a sink that waits can be a blocking stage into a sink");

@@ -151,12 +151,14 @@ class RequestBook final : public ItemTracker {
   /// False when the request was completed already (the run ended between its admission and
   /// its push, and fail_all failed it): its future or callback has its error, and nothing
   /// is to be thrown.
-  bool withdraw(std::uint64_t id) noexcept {
+  /// `reuse_id`: the request never reached the graph (its push was refused), so its id is
+  /// taken back when no later one was given (a request's id is its item number in the graph's
+  /// errors: a refused submit made the next request's off by one). Not after a push that
+  /// threw: it may have queued the item.
+  bool withdraw(std::uint64_t id, bool reuse_id = false) noexcept {
     std::lock_guard lk(mu_);
     if (!pending_.erase(id)) return false;
-    // Its id is taken back when no later one was given (a request's id is its item number in
-    // the graph's errors: a refused submit made the next request's off by one).
-    if (id + 1 == next_) --next_;
+    if (reuse_id && id + 1 == next_) --next_;
     --stats_.submitted;
     ++stats_.rejected;
     cv_.notify_one();
@@ -525,6 +527,8 @@ class AnswerSinkNode final : public OneInputNode<AnswerSinkNode<Out>, NodeBase, 
                                      1),
         book_(std::move(book)) {}
 
+  bool answers_requests() const noexcept override { return true; }
+
   ClaimResult process(std::vector<Envelope<Out>>& in, const ClaimInfo&, WorkList& w) {
     for (auto& item : in) book_->answer(item.seq, std::move(item.value));
     this->graph().retire_items(in.size(), w);
@@ -573,7 +577,7 @@ class Service {
   /// for room until its deadline at most, then throws DeadlineError (not admitted).
   std::future<Out> submit(In value, std::optional<Clock::time_point> deadline) {
     auto [id, future] = book_->admit(deadline);
-    if (!push_or_withdraw(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
+    if (!push_or_withdraw(std::move(value), id) && book_->withdraw(id, true)) throw not_accepting();
     return std::move(future);  // (not withdrawn: the run's end failed it, the future says so)
   }
   /// With a completion callback instead of a future (for event loops: asyncio, an RPC
@@ -585,7 +589,7 @@ class Service {
   void submit(In value, std::optional<Clock::time_point> deadline,
               typename detail::RequestBook<Out>::Callback done) {
     const std::uint64_t id = book_->admit(deadline, std::move(done));
-    if (!push_or_withdraw(std::move(value), id) && book_->withdraw(id)) throw not_accepting();
+    if (!push_or_withdraw(std::move(value), id) && book_->withdraw(id, true)) throw not_accepting();
   }
 
   /// No more requests this run: the run ends once every admitted request is answered.

@@ -344,8 +344,11 @@ class NodeBase {
   /// The run's figures are in and no body of it runs: drop what only this run used (a
   /// source's copy of its generator, and what that holds: a file, a remote pass), so that it
   /// is released when the run ends, not when the next one starts. On the completing thread,
-  /// no lock held.
+  /// no lock held, before the run is published: what it destroys must not wait for this run
+  /// (its wait(), its graph's destruction) or start the graph again.
   virtual void end_run() noexcept {}
+  /// Whether it answers a service's requests by their ids (a service's sink).
+  virtual bool answers_requests() const noexcept { return false; }
   /// The graph is going and its run has ended: wait for the threads still reading this node
   /// from outside the run (a pull sink's readers) to leave it.
   virtual void close_readers() noexcept {}

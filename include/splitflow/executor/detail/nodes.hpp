@@ -969,17 +969,32 @@ class BatchNode final : public OneInputNode<BatchNode<T>, Emitter<std::vector<T>
   std::size_t holds_while_filling() const noexcept override { return size_ - 1; }
   double items_per_output() const noexcept override { return static_cast<double>(size_); }
 
+  bool reaches_answers() const {
+    std::vector<const NodeBase*> todo{this};
+    std::unordered_set<const NodeBase*> seen{this};
+    while (!todo.empty()) {
+      const NodeBase* n = todo.back();
+      todo.pop_back();
+      if (n->answers_requests()) return true;
+      for (const Edge& e : n->successors())
+        if (seen.insert(e.node).second) todo.push_back(e.node);
+    }
+    return false;
+  }
+
   void validate() const override {
     Emitter<Out>::validate();
     // Its batch is a std::vector without the requests' ids: the answer sink would take it for
-    // its first request's answer and leave the others pending (a new C++ user's trial).
-    if (this->graph().tracker())
+    // its first request's answer and leave the others pending (a new C++ user's trial). (A
+    // batch on a branch that does not reach the answers, a metrics fan-out, is fine.)
+    if (this->graph().tracker() && reaches_answers())
       throw GraphError("splitflow: batch '" + this->name() + "' of graph '" +
-                       this->graph().name() + "', which answers requests (Graph::service): "
-                       "its batches carry no request ids, so only each batch's first request "
+                       this->graph().name() + "', which answers requests (a service): its "
+                       "batches carry no request ids, so only each batch's first request "
                        "would be answered (with the batch's result) and the others never; "
-                       "batch requests with Graph::dynamic_batch (Batch<T> keeps each "
-                       "request's id) and unbatch before the service's sink");
+                       "batch requests with a dynamic batch (C++ Graph::dynamic_batch, whose "
+                       "Batch<T> keeps each request's id; Python g.dynamic_batch) and unbatch "
+                       "before the service's sink");
     if (size_ > this->graph().options().max_in_flight)
       throw GraphError("splitflow: batch '" + this->name() + "': its batch size " +
                        std::to_string(size_) + " exceeds the graph's max_in_flight (" +
