@@ -66,7 +66,10 @@ void NodeBase::size_default_queue(double items, std::size_t floor, std::size_t r
 }
 
 void NodeBase::validate() const {
-  const std::string who = std::string(what_of(kind_)) + " '" + name_ + "'";
+  // The graph named too, as a StageError names it (a new user's trial: "stage 'x': its output
+  // is not connected to any consumer" left the graph to guess).
+  const std::string who =
+      "graph '" + graph_->name() + "': " + std::string(what_of(kind_)) + " '" + name_ + "'";
   for (int p = 0; p < nports_; ++p) {
     if (npred_[p] != 0) continue;
     // A GPU stage's two entries (device tensors, host tensors through its ring) are one input.
