@@ -581,6 +581,72 @@ TEST(Autotune, TextsSayWhenASlotAStagePassesTheBudgetAndWhenTheRateBeatsTheBound
   EXPECT_EQ(said.find(" within the 1 MiB"), std::string::npos) << said;
 }
 
+// A trial's tuner after a Graph::batch gave a decode's cost per sample and a model's per batch
+// in one list, both "per item", with rates in batches: each stage marked with how many of its
+// items make one delivered. And a run its reader held back said only "0.09 of the bound": the
+// converged text says whether the consumer or the source set the pace.
+TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
+  auto chain = [](std::int64_t at, std::uint64_t delivered, double a_items, double a_s, double b_s,
+                  std::int64_t a_starved, std::int64_t b_blocked) {
+    Sample s{.end_ns = at * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = delivered};
+    const auto na = static_cast<std::uint64_t>(a_items);
+    s.stages.push_back({.name = "decode", .items = na,
+                        .work_ns = static_cast<std::int64_t>(a_items * a_s * 1e9),
+                        .cpu_ns = static_cast<std::int64_t>(a_items * a_s * 1e9),
+                        .starved_ns = a_starved, .concurrency = 1});
+    s.stages.push_back({.name = "model", .producers = {0}, .items = delivered,
+                        .work_ns = static_cast<std::int64_t>(static_cast<double>(delivered) * b_s * 1e9),
+                        .cpu_ns = static_cast<std::int64_t>(static_cast<double>(delivered) * b_s * 1e9),
+                        .blocked_ns = b_blocked, .concurrency = 1});
+    return s;
+  };
+  auto texts = [](Autotuner& t, auto window, int n) {
+    std::string all;
+    for (std::int64_t k = 1; k <= n; ++k)
+      for (const TuneEvent& e : t.observe(window(k)).events) all += e.text() + "\n";
+    return all;
+  };
+  // 10 batches of 64 a second: decode 1 ms a sample, model 20 ms a batch.
+  Autotuner batched({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+  const std::string b = texts(batched, [&](std::int64_t k) { return chain(k, 10, 640, 1e-3, 20e-3, 0, 0); }, 3);
+  EXPECT_NE(b.find("model per item: decode 1 ms cpu x64, model 20 ms cpu (each per item the stage "
+                   "takes; xN: N of them per item delivered"),
+            std::string::npos) << b;
+  EXPECT_NE(b.find("1 ms per item it takes, x64 per item delivered"), std::string::npos) << b;
+  // Without a batch: no marks.
+  Autotuner plain({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+  const std::string p = texts(plain, [&](std::int64_t k) { return chain(k, 100, 100, 1e-3, 2e-3, 0, 0); }, 3);
+  EXPECT_NE(p.find("model per item: decode 1 ms cpu, model 2 ms cpu; bound"), std::string::npos) << p;
+  EXPECT_EQ(p.find(" x1"), std::string::npos) << p;
+  EXPECT_EQ(p.find("per item delivered"), std::string::npos) << p;
+
+  // 100 + 200 us on 4 cores: a bound of 1e4 items/s; the reader takes 1000 a second, and
+  // the model waits 90% of each window for room after it.
+  Autotuner held({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+  const std::string h = texts(held, [&](std::int64_t k) {
+    return chain(k, 1000, 1000, 100e-6, 200e-6, 0, 900'000'000);
+  }, 40);
+  EXPECT_TRUE(held.converged()) << h;
+  EXPECT_NE(h.find("0.10 of the bound 1e+04 (cores: 4 / 300 us of CPU per item); under it because its "
+                   "consumer takes fewer: 'model' waited 90% of the last 1 s for room after it"),
+            std::string::npos) << h;
+  // The same rate with the decode waiting 80% for its source.
+  Autotuner fed({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+  const std::string f = texts(fed, [&](std::int64_t k) {
+    return chain(k, 1000, 1000, 100e-6, 200e-6, 800'000'000, 0);
+  }, 40);
+  EXPECT_TRUE(fed.converged()) << f;
+  EXPECT_NE(f.find("under it because its input comes slower: 'decode' waited 80% of the last 1 s "
+                   "for its source"),
+            std::string::npos) << f;
+  // At the bound, neither.
+  Autotuner full({.settle_windows = 0, .min_items = 1}, {.cores = 1});
+  const std::string u = texts(full, [&](std::int64_t k) {
+    return chain(k, 3333, 3333, 100e-6, 200e-6, 800'000'000, 900'000'000);
+  }, 40);
+  EXPECT_EQ(u.find("under it because"), std::string::npos) << u;
+}
+
 // "a change is kept only if the measured rate improves, otherwise reverted"
 TEST(Autotune, HillClimbKeepsImprovementsAndRevertsTheRest) {
   // Two CPU stages on 4 cores, measured by hand: a at 10 ms, b at 30 ms per item.

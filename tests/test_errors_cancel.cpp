@@ -85,6 +85,71 @@ TEST(Errors, StageExceptionNamesStageAndItemAndNestsTheOriginal) {
   EXPECT_EQ(Tracked::live.load(), 0) << "items leaked after a failure";
 }
 
+// A StopRequest (the Python module's KeyboardInterrupt or SystemExit raised in a body) ends the
+// run whatever the stage's on_error: under skip or substitute it was taken for one bad item,
+// dropped or replaced, and the run went on (a new user's Ctrl-C in a skipping stage was lost).
+// A type derived from it is one too; a plain error is still skipped beside it.
+struct Shutdown : StopRequest {
+  using StopRequest::StopRequest;
+};
+
+class StopRequests : public ::testing::TestWithParam<std::tuple<OnError, bool>> {};
+
+TEST_P(StopRequests, EndTheRunWhateverTheStagesOnError) {
+  const auto [policy, in_sink] = GetParam();
+  Tracked::reset_counts();
+  {
+    Runtime rt({.threads = 2});
+    Graph g(rt, "stopping");
+    std::atomic<long> consumed{0};
+    auto body = [](Tracked t) {
+      if (t.value == 11) throw std::invalid_argument("one bad item");
+      if (t.value == 37) throw Shutdown("shutting down");
+      return t;
+    };
+    auto src = g.source("lines", tracked_source(10000));
+    if (in_sink) {
+      auto sink = g.sink("keep", [&](Tracked t) { body(std::move(t)); ++consumed; },
+                         {.on_error = policy});
+      src >> sink;
+    } else {
+      auto parse = g.stage("parse", body, {.on_error = policy});  // serial: 11 before 37
+      if (policy == OnError::substitute) parse.substitute_on_error(Tracked(-1));
+      auto sink = g.sink("keep", [&](Tracked) { ++consumed; });
+      src >> parse >> sink;
+    }
+    auto run = g.run();
+    try {
+      run.wait();
+      FAIL() << "the run went on past the stop request";
+    } catch (const StageError& e) {
+      EXPECT_EQ(e.stage(), in_sink ? "keep" : "parse");
+      EXPECT_EQ(e.item(), 37u);
+      EXPECT_EQ(e.message(), "shutting down");
+      try {
+        std::rethrow_if_nested(e);
+        FAIL() << "no nested exception";
+      } catch (const Shutdown&) {
+      } catch (...) {
+        FAIL() << "the nested exception is not the body's StopRequest";
+      }
+    }
+    EXPECT_EQ(run.status(), RunStatus::failed);
+    const RunStats stats = run.stats();
+    const StageStats& st = *stats.find(in_sink ? "keep" : "parse");
+    EXPECT_EQ(st.items_skipped + st.items_substituted, 1u) << "only item 11 is the item's error";
+    ASSERT_EQ(st.errors.size(), 1u);
+    EXPECT_EQ(st.errors[0].item, 11u);
+    EXPECT_LT(consumed.load(), 10000) << "the stop request did not stop the run";
+  }
+  EXPECT_EQ(Tracked::live.load(), 0) << "items leaked after a stop request";
+}
+
+INSTANTIATE_TEST_SUITE_P(Errors, StopRequests,
+                         ::testing::Values(std::tuple{OnError::skip, false},
+                                           std::tuple{OnError::substitute, false},
+                                           std::tuple{OnError::skip, true}));
+
 TEST(Errors, GeneratorExceptionNamesTheSource) {
   Runtime rt({.threads = 2});
   Graph g(rt, "gen");

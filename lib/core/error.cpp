@@ -13,4 +13,15 @@ StageError::StageError(std::string graph, std::string stage, std::uint64_t item,
       item_(item),
       message_(std::move(message)) {}
 
+bool is_stop_request(const std::exception_ptr& error) noexcept {
+  if (!error) return false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const StopRequest&) {
+    return true;
+  } catch (...) {
+  }
+  return false;
+}
+
 }  // namespace splitflow

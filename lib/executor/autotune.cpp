@@ -144,6 +144,45 @@ std::string seconds(double s) {
 
 std::string percent(double f) { return fmt::format("{:.0f}%", 100 * f); }
 
+// A stage's cost is per item it takes; the rates are in items the graph delivers. After a
+// Graph::batch the two differ (a decode takes 64 samples per batch delivered): " x64" says so.
+std::string visits_text(const StageModel& m) {
+  return std::abs(m.visits - 1) > 0.05 ? fmt::format(" x{:.3g}", m.visits) : std::string();
+}
+// Why a converged rate is well under the bound, from the window's waits: the graph's consumer
+// (a pull sink's reader: a training loop) or its source gives the pace, not its stages. A
+// trial's reader-bound run said only "0.09 of the bound". Empty when neither shows.
+std::string short_of_bound_text(const Sample& s, const std::vector<StageModel>& models) {
+  const double win = static_cast<double>(s.window_ns);
+  if (win <= 0 || s.stages.size() != models.size()) return {};
+  double blocked = 0, starved = 0;
+  std::size_t at_end = models.size(), at_start = models.size();
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    bool feeds_one = false;
+    for (const StageModel& m : models)
+      feeds_one |= std::find(m.producers.begin(), m.producers.end(), i) != m.producers.end();
+    const double b = static_cast<double>(s.stages[i].blocked_ns) / win;
+    const double w = static_cast<double>(s.stages[i].starved_ns) / win;
+    if (!feeds_one && b > blocked) blocked = b, at_end = i;
+    if (models[i].producers.empty() && w > starved) starved = w, at_start = i;
+  }
+  if (blocked >= 0.3 && blocked >= starved)
+    return fmt::format("; under it because its consumer takes fewer: '{}' waited {} of the last "
+                       "{} for room after it (a pull sink's reader, the loop, sets the pace: make "
+                       "it faster, or the graph's cores can go to other work)",
+                       models[at_end].name, percent(blocked), seconds(win * 1e-9));
+  if (starved >= 0.3)
+    return fmt::format("; under it because its input comes slower: '{}' waited {} of the last {} "
+                       "for its source (the source, a reader or a generator, sets the pace)",
+                       models[at_start].name, percent(starved), seconds(win * 1e-9));
+  return {};
+}
+
+bool any_visits(const std::vector<StageModel>& models) {
+  return std::any_of(models.begin(), models.end(),
+                     [](const StageModel& m) { return !visits_text(m).empty(); });
+}
+
 std::string byte_text(double b) {
   if (b >= double(1 << 30)) return fmt::format("{:.3g} GiB", b / double(1 << 30));
   if (b >= double(1 << 20)) return fmt::format("{:.3g} MiB", b / double(1 << 20));
@@ -813,15 +852,20 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
   std::string costs;
   for (const StageModel& m : models_) {
     if (!costs.empty()) costs += ", ";
-    costs += fmt::format("{} {}", m.name, m.resource == Resource::gpu
-                                              ? seconds(m.gpu_s) + " GPU"
-                                              : seconds(m.wall_s) + " " + to_string(m.resource));
+    costs += fmt::format("{} {}{}", m.name,
+                         m.resource == Resource::gpu ? seconds(m.gpu_s) + " GPU"
+                                                     : seconds(m.wall_s) + " " + to_string(m.resource),
+                         visits_text(m));
   }
   emit(d, {s.end_ns, action, "", "",
            0, 0,
-           fmt::format("{}model per item: {}; bound {:.4g} items/s ({}); {}",
-                       reason.empty() ? "" : reason + "; ", costs, bound_.rate, bound_.why,
-                       cores_text(next, budget_))});
+           fmt::format("{}model per item: {}{}; bound {:.4g} items/s ({}); {}",
+                       reason.empty() ? "" : reason + "; ", costs,
+                       any_visits(models_)
+                           ? " (each per item the stage takes; xN: N of them per item delivered, "
+                             "a batch's samples; rates are in items delivered)"
+                           : "",
+                       bound_.rate, bound_.why, cores_text(next, budget_))});
   for (std::size_t i = 0; i < models_.size(); ++i) {
     const std::size_t k0 = alloc_.stages.empty() ? s.stages[i].concurrency : alloc_.stages[i].concurrency;
     const std::size_t c0 = alloc_.stages.empty() ? s.stages[i].capacity : alloc_.stages[i].capacity;
@@ -829,8 +873,11 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
     const StageSetting& n = next.stages[i];
     if (n.concurrency != k0)
       emit(d, {s.end_ns, action, m.name, "concurrency", k0, n.concurrency,
-               fmt::format("{} per item{}, {:.4g} items/s at {}", seconds(m.resource == Resource::gpu ? m.gpu_s : m.wall_s),
+               fmt::format("{} per item{}{}, {:.4g} items/s at {}", seconds(m.resource == Resource::gpu ? m.gpu_s : m.wall_s),
                            m.resource == Resource::io ? fmt::format(" ({} CPU)", seconds(m.cpu_s)) : "",
+                           visits_text(m).empty()
+                               ? std::string()
+                               : fmt::format(" it takes,{} per item delivered", visits_text(m)),
                            stage_rate(m, n.concurrency), n.concurrency)});
     if (n.capacity != c0)
       emit(d, {s.end_ns, action, m.name, "capacity", c0, n.capacity,
@@ -1201,7 +1248,8 @@ Decision Autotuner::observe(const Sample& s) {
                              ? " (above it: the bound is of the budget's cores and the costs "
                                "measured; cores the runtime's other graphs left idle, or costs "
                                "that fell since, give more)"
-                             : "",
+                         : bound_.rate > 0 && rate < 0.8 * bound_.rate ? short_of_bound_text(s, models_)
+                                                                       : std::string(),
                          cores_text(alloc_, budget_),
                          bound_.limit == Limit::gpu ? fmt::format(", GPU busy {}", percent(busy))
                                                     : std::string())});

@@ -144,7 +144,9 @@ void NodeBase::maybe_close_locked(WorkList& w) {
 }
 
 bool NodeBase::absorb_error(std::uint64_t seq, std::exception_ptr error, bool substituted) noexcept {
-  if (on_error_ == OnError::fail) {
+  // A StopRequest (the Python module's KeyboardInterrupt, SystemExit) ends the run whatever the
+  // policy: a skip would have dropped a Ctrl-C as one bad item and gone on.
+  if (on_error_ == OnError::fail || is_stop_request(error)) {
     // A service's request learns its own cause; the others fail with the run.
     if (ItemTracker* t = graph_->tracker()) t->item_failed(seq, name_, error);
     graph_->fail(*this, seq, std::move(error));

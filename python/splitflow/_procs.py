@@ -726,15 +726,14 @@ def _exception_payload(e, text=None):
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     blob = None
     if text is None:
-        if isinstance(e, Exception):
-            text = f"{type(e).__name__}: {e}"
-            try:
-                blob = pickle.dumps(e, _PROTOCOL)
-                pickle.loads(blob)  # a class whose __init__ takes other arguments fails here
-            except BaseException:
-                blob = None
-        else:  # SystemExit, KeyboardInterrupt, GeneratorExit: an error of the item
-            text = f"{e!r} raised in worker"
+        # A SystemExit or KeyboardInterrupt too: in the parent it stops the run as in a thread
+        # stage, whatever the stage's on_error.
+        text = f"{type(e).__name__}: {e}"
+        try:
+            blob = pickle.dumps(e, _PROTOCOL)
+            pickle.loads(blob)  # a class whose __init__ takes other arguments fails here
+        except BaseException:
+            blob = None
     return pickle.dumps((blob, text, tb), _PROTOCOL)
 
 

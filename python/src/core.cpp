@@ -43,15 +43,36 @@ PyObject* g_stage_error = nullptr;  // splitflow.StageError (python/splitflow/_e
 // for the process.
 PyObject* g_error_types[6] = {};
 
-/// A Python exception raised in a Python stage, carried through the C++ run.
-class PythonStageError : public Error {
+/// A Python exception raised in a Python stage, carried through the C++ run: a
+/// PythonStageError, or a PythonStopRequest for a KeyboardInterrupt or SystemExit (a request to
+/// stop, which no on_error policy absorbs). Caught as this base.
+class PythonException {
  public:
-  PythonStageError(std::string what, PyObj exc) : Error(std::move(what)), exc_(std::move(exc)) {}
+  explicit PythonException(PyObj exc) : exc_(std::move(exc)) {}
+  virtual ~PythonException() = default;
   const PyObj& exception() const noexcept { return exc_; }
 
  private:
   PyObj exc_;
 };
+
+class PythonStageError : public Error, public PythonException {
+ public:
+  PythonStageError(std::string what, PyObj exc) : Error(std::move(what)), PythonException(std::move(exc)) {}
+};
+
+class PythonStopRequest : public StopRequest, public PythonException {
+ public:
+  PythonStopRequest(std::string what, PyObj exc)
+      : StopRequest(std::move(what)), PythonException(std::move(exc)) {}
+};
+
+/// The C++ exception carrying Python's `exc` (raised by a stage's body) through the run.
+std::exception_ptr carry_python(std::string what, PyObj exc) {
+  if (!PyObject_IsInstance(exc.get().ptr(), PyExc_Exception))  // KeyboardInterrupt, SystemExit...
+    return std::make_exception_ptr(PythonStopRequest(std::move(what), std::move(exc)));
+  return std::make_exception_ptr(PythonStageError(std::move(what), std::move(exc)));
+}
 
 /// Runs a Python call (with the GIL held) and turns a Python exception into PythonStageError.
 template <class F>
@@ -63,7 +84,7 @@ auto call_python(F&& f) {
     // The exception keeps its traceback (the user's raising line), which fetching it dropped.
     if (e.trace() && !e.trace().is_none()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
     PyObj exc(py::reinterpret_borrow<py::object>(e.value()));
-    throw PythonStageError(std::move(what), std::move(exc));
+    std::rethrow_exception(carry_python(std::move(what), std::move(exc)));
   }
 }
 
@@ -74,7 +95,7 @@ auto call_python(F&& f) {
                                                                       e.item(), e.message());
   try {
     std::rethrow_if_nested(e);
-  } catch (const PythonStageError& inner) {
+  } catch (const PythonException& inner) {
     py::object cause = inner.exception().get();
     // KeyboardInterrupt, SystemExit: not errors of the item but requests to stop; they reach
     // the caller as themselves (the run was cancelled), not wrapped in a StageError.
@@ -119,14 +140,14 @@ py::object python_error(std::exception_ptr p) {
   };
   try {
     std::rethrow_exception(p);
-  } catch (const PythonStageError& e) {
+  } catch (const PythonException& e) {
     return e.exception().get();
   } catch (const StageError& e) {
     py::object exc = py::reinterpret_borrow<py::object>(g_stage_error)(
         e.what(), e.graph(), e.stage(), e.item(), e.message());
     try {
       std::rethrow_if_nested(e);
-    } catch (const PythonStageError& inner) {
+    } catch (const PythonException& inner) {
       PyException_SetCause(exc.ptr(), inner.exception().get().release().ptr());  // steals
     } catch (...) {
     }
@@ -535,8 +556,7 @@ struct PyCompletion {
       return std::make_exception_ptr(Error(py::str(exc).cast<std::string>()));
     std::string what = std::string(py::str(exc.get_type().attr("__name__"))) + ": " +
                        py::str(exc).cast<std::string>();
-    return std::make_exception_ptr(
-        PythonStageError(std::move(what), PyObj(py::reinterpret_borrow<py::object>(exc))));
+    return carry_python(std::move(what), PyObj(py::reinterpret_borrow<py::object>(exc)));
   }
 };
 

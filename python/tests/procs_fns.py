@@ -27,6 +27,15 @@ def raise_on_five(x):
     return x
 
 
+def skip_three_exit_on_six(x):
+    """A ValueError on item 3 (skipped under on_error="skip"), sys.exit(4) on item 6."""
+    if x == 3:
+        raise ValueError("three is bad")
+    if x == 6:
+        raise SystemExit(4)
+    return x
+
+
 def die_on_seven(x):
     """Kills its own worker with SIGSEGV on item 7 (the first time only: a flag file)."""
     if x == 7:

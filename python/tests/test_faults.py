@@ -50,6 +50,42 @@ def test_keyboard_interrupt_in_a_body_reaches_the_caller_as_itself(rt):
     assert run(rt, range(5), lambda x: x * 2) == [0, 2, 4, 6, 8]
 
 
+# Under on_error="skip" or a substitute an interrupt raised in a body was taken for one bad
+# item: dropped (or replaced) and the loop went on to its end (a new user's trial). It is a
+# request to stop, whatever the policy; a ValueError beside it is still skipped.
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(5)])
+@pytest.mark.parametrize("policy", [{"on_error": "skip"}, {"substitute": -1},
+                                    {"on_error": "skip", "field": "x"},
+                                    {"substitute": -1, "field": "x"}])
+def test_an_interrupt_in_a_skipping_or_substituting_stage_stops_the_loop(rt, exc, policy):
+    def body(x):
+        if x == 3:
+            raise ValueError("three")
+        if x == 40:
+            raise exc
+        return x
+
+    field = policy.get("field")
+    items = [{"x": i} for i in range(200)] if field else range(200)
+    g = sf.Graph(rt, "interrupted")
+    out = g.pull_sink("out")
+    g.source("s", items) >> g.stage("py", body, **policy) >> out
+    got = []
+    with pytest.raises(type(exc)) as info:
+        for x in g.iterate(out):
+            got.append(x)
+    if isinstance(exc, SystemExit):
+        assert info.value.code == 5
+    # In order, a prefix of the items before the interrupted one (3 skipped or replaced).
+    sub = "substitute" in policy
+    before = [(-1 if i == 3 else i) for i in range(40) if sub or i != 3]
+    if field:
+        before = [{"x": v} for v in before]
+    assert got == before[:len(got)], f"the loop went on past the interrupt: {len(got)} items"
+    # The runtime goes on: the next run is whole.
+    assert run(rt, range(5), lambda x: x * 2) == [0, 2, 4, 6, 8]
+
+
 # An interrupt raised in a body reaches the caller as itself; the run keeps the object it got,
 # and raising that one chained the caller's frames (holding the graph) to its traceback: a
 # cycle through C++ that the collector cannot see, so the graph, its threads and its workers

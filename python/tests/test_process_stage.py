@@ -107,6 +107,18 @@ def test_substitute_with_field_replaces_that_field_and_keeps_the_others():
     assert got == [(-1 if i == 5 else i) for i in range(8)]
 
 
+# A SystemExit (or KeyboardInterrupt) raised by a worker's body stops the run and reaches the
+# loop as itself, as in a thread stage, whatever the stage's on_error: it was a StageError with
+# no cause under fail, and skipped as one bad item under skip.
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_system_exit_in_a_workers_body_stops_the_run_as_itself(on_error):
+    with pytest.raises(SystemExit) as info:
+        # (under fail, without the bad 3: its error would end the run first)
+        items = list(range(20)) if on_error == "skip" else list(range(4, 20))
+        run_list(items, fns.skip_three_exit_on_six, on_error=on_error)
+    assert info.value.code == 4
+
+
 @pytest.mark.parametrize("fn,how", [(fns.die_on_seven, "SIGSEGV"), (fns.exit_on_seven, "exit code 3")])
 def test_a_worker_that_dies_fails_only_its_item_and_is_replaced(fn, how):
     rt = sf.Runtime(threads=2)

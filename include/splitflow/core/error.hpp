@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +40,24 @@ class StageError : public Error {
   std::uint64_t item_;
   std::string message_;
 };
+
+/// Thrown by a body to end its run whatever its stage's `on_error` says: a request to stop, not
+/// an error of its item, so a skip or a substitute policy does not absorb it (nor counts it).
+/// The run fails with a StageError naming the stage and the item, this nested. The Python module
+/// throws one for a `KeyboardInterrupt` or `SystemExit` raised in a body, which reaches the
+/// caller as itself.
+///
+///     g.stage<int>("check", [](int x) {
+///       if (shutdown_requested()) throw splitflow::StopRequest("shutting down");
+///       return x;
+///     }, {.on_error = splitflow::OnError::skip});
+class StopRequest : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Whether `error` is a StopRequest (or a type derived from it).
+bool is_stop_request(const std::exception_ptr& error) noexcept;
 
 /// The run was cancelled before a pull sink's stream ended, by something other than that
 /// sink's reader (`Run::cancel()` from another thread, another pull sink's reader closing the

@@ -244,6 +244,10 @@ class Emitter : public NodeBase {
       error = s.cause;
     } catch (...) {
     }
+    if (is_stop_request(error)) {  // not the item's error: the run ends, nothing stands for it
+      out.reset();
+      return this->absorb_error(seq, std::move(error), false);
+    }
     if constexpr (copyable_v<Out>) {
       if (substitute && !out && substitute_) {
         try {
