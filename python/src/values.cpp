@@ -255,6 +255,7 @@ std::string describe(const Value& v) {
       WithGil gil;
       if (!gil) return "a Python object";
       py::object o = std::get<PyObj>(v).get();
+      if (o.is_none()) return "None";
       return "a Python " + std::string(py::str(o.get_type().attr("__name__")));
     }
     case 2: return "the integer " + std::to_string(std::get<std::int64_t>(v));
@@ -662,6 +663,86 @@ bool tensor_like(const Value& v) {
   return false;
 }
 
+// What a value collates as: numbers (a tensor of them), tensors and arrays (stacked), samples
+// (field by field), or anything else (strings, None: kept in a list). With the GIL for a
+// Python object.
+enum class Collates { number, tensor, sample, other };
+
+Collates collates_as(const Value& v) {
+  switch (v.index()) {
+    case 2: return Collates::number;
+    case 6: return Collates::sample;
+    case 1: {
+      PyObject* o = std::get<PyObj>(v).get().ptr();
+      // (NumPy's scalars export a buffer: stacked as 0-d arrays, as before.)
+      if (PyObject_CheckBuffer(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)) return Collates::tensor;
+      if (PyFloat_Check(o) || PyLong_Check(o)) return Collates::number;  // (bool is an int)
+      const py::handle type = reinterpret_cast<PyObject*>(Py_TYPE(o));
+      try {
+        if (py::str(type.attr("__module__")).cast<std::string>() == "torch" &&
+            py::hasattr(type, "dim"))
+          return Collates::tensor;
+      } catch (const py::error_already_set&) {
+      }
+      return Collates::other;
+    }
+    default: return tensor_like(v) ? Collates::tensor : Collates::other;
+  }
+}
+
+/// A batch of mixed kinds (a stage returned None for one item, an int for another) is refused,
+/// naming the odd item, as torch's default_collate refuses it; it became a list where the
+/// other batches were tensors, and the training loop failed far from the cause (a new user's
+/// trial). Returns the tensor of a mix of numbers (ints and floats), or nothing when the
+/// values are of one type (collated by the caller).
+std::optional<HostTensor> check_one_kind(const std::vector<Value>& items, const std::string& who) {
+  bool objects = false;
+  for (const Value& v : items) objects = objects || v.index() == 1;
+  std::optional<WithGil> gil;
+  if (objects) {
+    gil.emplace();
+    if (!*gil) throw_exiting(who.c_str());
+  }
+  const Collates first = collates_as(items[0]);
+  for (std::size_t i = 1; i < items.size(); ++i)
+    if (collates_as(items[i]) != first)
+      throw Error(who + ": item " + std::to_string(i) + " of the batch is " + describe(items[i]) +
+                  " where item 0 is " + describe(items[0]) +
+                  ": a batch collates one kind of value per field, as torch's default_collate "
+                  "does (did a stage return None, or another type, for some items?)");
+  if (first != Collates::number) return std::nullopt;
+  // Numbers of one type collate below; a mix makes what torch.tensor makes of it: float64
+  // with a float among them, else int64 (bools as 0 and 1).
+  bool ints = true, floats = true, bools = true, any_float = false;
+  for (const Value& v : items) {
+    PyObject* o = v.index() == 1 ? std::get<PyObj>(v).get().ptr() : nullptr;
+    ints = ints && !o;
+    floats = floats && o && PyFloat_CheckExact(o);
+    bools = bools && o && PyBool_Check(o);
+    any_float = any_float || (o && PyFloat_Check(o));
+  }
+  if (ints || floats || bools) return std::nullopt;
+  HostTensor out = HostTensor::empty(any_float ? DType::f64 : DType::i64,
+                                     {static_cast<std::int64_t>(items.size())});
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    PyObject* o = items[i].index() == 1 ? std::get<PyObj>(items[i]).get().ptr() : nullptr;
+    if (any_float) {
+      const double x = o ? PyFloat_AsDouble(o) : static_cast<double>(std::get<std::int64_t>(items[i]));
+      if (x == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+      static_cast<double*>(out.raw())[i] = x;
+    } else {
+      const long long x = o ? PyLong_AsLongLong(o) : std::get<std::int64_t>(items[i]);
+      if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        throw Error(who + ": item " + std::to_string(i) + " of the batch, " + describe(items[i]) +
+                    ", does not fit an int64");
+      }
+      static_cast<std::int64_t*>(out.raw())[i] = x;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Value collate(std::vector<Value>&& items, const std::string& who) {
@@ -670,6 +751,8 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
   const std::size_t kind = items[0].index();
   bool same = true;
   for (const Value& v : items) same = same && v.index() == kind;
+  if (!same || kind == 1)
+    if (std::optional<HostTensor> floats = check_one_kind(items, who)) return std::move(*floats);
   if (same && kind == 2) {  // integers (labels, indices): an int64 tensor
     HostTensor out = HostTensor::empty(DType::i64, {static_cast<std::int64_t>(n)});
     auto* d = static_cast<std::int64_t*>(out.raw());

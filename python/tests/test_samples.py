@@ -219,6 +219,38 @@ def test_a_batch_of_different_structures_is_refused_with_the_item_named():
         list(g.iterate(out))
 
 
+# A stage that returned None for one item (or a str among ints) made that batch a list while
+# the others were tensors: the loop failed later, far from the cause (a new user's trial).
+# torch's default_collate refuses such a batch; so does g.batch, naming the odd item. Ints
+# mixed with floats make a float64 tensor, as torch.tensor does.
+def test_a_batch_of_mixed_kinds_is_refused_naming_the_odd_item():
+    rt = sf.Runtime(threads=1, backend="host")
+
+    def batches(items, size=4):
+        g = sf.Graph(rt, "kinds")
+        out = g.pull_sink("out")
+        g.source("s", items) >> g.batch("b", size) >> out
+        return list(g.iterate(out))
+
+    with pytest.raises(sf.StageError, match=r"item 3 of the batch is None where item 0 is the "
+                                             r"integer 4: a batch collates one kind of value"):
+        batches([0, 1, 2, 3, 4, 5, 6, None])
+    with pytest.raises(sf.StageError, match=r"\(field 'y'\): item 2 of the batch is a Python str "
+                                             r"where item 0 is a Python ndarray"):
+        batches([{"y": np.zeros(2) if i != 2 else "oops"} for i in range(4)])
+    with pytest.raises(sf.StageError, match=r"item 1 of the batch is a Python float where item 0 "
+                                             r"is a sample"):
+        batches([(1, 2), 0.5])
+    # Numbers mixed: a float64 tensor with a float among them (default_collate's dtype for
+    # floats), else int64.
+    (mix,) = batches([1, 2.5, True, 4])
+    assert sft.to_torch(mix).dtype == torch.float64 and sft.to_torch(mix).tolist() == [1, 2.5, 1, 4]
+    (ints,) = batches([1, True, 3, False])
+    assert sft.to_torch(ints).tolist() == [1, 1, 3, 0] and sft.to_torch(ints).dtype == torch.int64
+    # Strings and None only: a list, as before.
+    assert batches(["a", None, "c", "d"]) == [["a", None, "c", "d"]]
+
+
 def test_read_file_needs_one_label_per_path():
     with pytest.raises(sf.Error, match="2 labels for 3 paths"):
         sf.ops.read_file(["a", "b", "c"], labels=[0, 1])
