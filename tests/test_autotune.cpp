@@ -593,11 +593,12 @@ TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
     s.stages.push_back({.name = "decode", .items = na,
                         .work_ns = static_cast<std::int64_t>(a_items * a_s * 1e9),
                         .cpu_ns = static_cast<std::int64_t>(a_items * a_s * 1e9),
-                        .starved_ns = a_starved, .concurrency = 1});
+                        .starved_ns = a_starved, .concurrency = 1, .fed_by = "source 'files'"});
     s.stages.push_back({.name = "model", .producers = {0}, .items = delivered,
                         .work_ns = static_cast<std::int64_t>(static_cast<double>(delivered) * b_s * 1e9),
                         .cpu_ns = static_cast<std::int64_t>(static_cast<double>(delivered) * b_s * 1e9),
-                        .blocked_ns = b_blocked, .concurrency = 1});
+                        .blocked_ns = b_blocked, .concurrency = 1,
+                        .feeds = "pull sink 'out' (its reader)"});
     return s;
   };
   auto texts = [](Autotuner& t, auto window, int n) {
@@ -610,7 +611,7 @@ TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
   Autotuner batched({.settle_windows = 0, .min_items = 1}, {.cores = 4});
   const std::string b = texts(batched, [&](std::int64_t k) { return chain(k, 10, 640, 1e-3, 20e-3, 0, 0); }, 3);
   EXPECT_NE(b.find("model per item: decode 1 ms cpu x64, model 20 ms cpu (each per item the stage "
-                   "takes; xN: N of them per item delivered"),
+                   "takes; xN: N of them per item delivered, as a batch's samples"),
             std::string::npos) << b;
   EXPECT_NE(b.find("1 ms per item it takes, x64 per item delivered"), std::string::npos) << b;
   // Without a batch: no marks.
@@ -627,8 +628,9 @@ TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
     return chain(k, 1000, 1000, 100e-6, 200e-6, 0, 900'000'000);
   }, 40);
   EXPECT_TRUE(held.converged()) << h;
-  EXPECT_NE(h.find("0.10 of the bound 1e+04 (cores: 4 / 300 us of CPU per item); under it because its "
-                   "consumer takes fewer: 'model' waited 90% of the last 1 s for room after it"),
+  EXPECT_NE(h.find("0.10 of the bound 1e+04 (cores: 4 / 300 us of CPU per item); under it because "
+                   "pull sink 'out' (its reader) takes fewer: 'model' waited 90% of the last 1 s "
+                   "for room in it (the loop reading it sets the pace"),
             std::string::npos) << h;
   // The same rate with the decode waiting 80% for its source.
   Autotuner fed({.settle_windows = 0, .min_items = 1}, {.cores = 4});
@@ -636,15 +638,23 @@ TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
     return chain(k, 1000, 1000, 100e-6, 200e-6, 800'000'000, 0);
   }, 40);
   EXPECT_TRUE(fed.converged()) << f;
-  EXPECT_NE(f.find("under it because its input comes slower: 'decode' waited 80% of the last 1 s "
-                   "for its source"),
+  EXPECT_NE(f.find("under it because source 'files' gives fewer: 'decode' waited 80% of the last "
+                   "1 s for its input"),
             std::string::npos) << f;
   // At the bound, neither.
   Autotuner full({.settle_windows = 0, .min_items = 1}, {.cores = 1});
   const std::string u = texts(full, [&](std::int64_t k) {
     return chain(k, 3333, 3333, 100e-6, 200e-6, 800'000'000, 900'000'000);
   }, 40);
+  EXPECT_TRUE(full.converged()) << u;
+  EXPECT_NE(u.find("converged at 3333 items/s"), std::string::npos) << u;
   EXPECT_EQ(u.find("under it because"), std::string::npos) << u;
+  // A measured 1.06 (a skip downstream, the queues filling) is no mark: only a batch's,
+  // an unbatch's or a fan-out's half or more.
+  Autotuner near({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+  const std::string n = texts(near, [&](std::int64_t k) { return chain(k, 100, 106, 1e-3, 2e-3, 0, 0); }, 3);
+  EXPECT_EQ(n.find(" x1.06"), std::string::npos) << n;
+  EXPECT_EQ(n.find("per item delivered"), std::string::npos) << n;
 }
 
 // "a change is kept only if the measured rate improves, otherwise reverted"

@@ -580,6 +580,11 @@ TEST(AutotuneRuntime, AnAsyncStagesSampleIsItsCallsCpuAndItsConsumersSlots) {
   EXPECT_EQ(s.stages[0].max_concurrency, 24u) << "the smaller of its consumers' queues";
   EXPECT_EQ(s.stages[1].cpu_ns, -1) << "a synchronous stage's CPU is not measured";
   EXPECT_EQ(s.stages[1].max_concurrency, 2u) << "the cores";
+  // What feeds them and what they feed outside the model, for the texts.
+  EXPECT_EQ(s.stages[0].fed_by, "source 'src'");
+  EXPECT_EQ(s.stages[0].feeds, "'b' (not tuned)");
+  EXPECT_EQ(s.stages[1].fed_by, "");
+  EXPECT_EQ(s.stages[1].feeds, "sink 's'");
   // The model: 'read' is an I/O stage (5 us of CPU in 2 ms).
   autotune::CostEstimator est;
   est.add(s);

@@ -201,6 +201,24 @@ TEST(DynamicBatch, UnderFailEveryRequestOfTheFailingBatchGetsItsError) {
   EXPECT_EQ(p.svc.stats().failed, 4u);
 }
 
+// A StopRequest from the batch's body, under skip: it ends the run, and every request of the
+// batch gets it as its cause (its first change answered only the first so; the others got the
+// run's end, "cancelled or failed before request N was answered").
+TEST(DynamicBatch, AStopRequestEndsTheRunAndEveryRequestOfTheBatchGetsIt) {
+  auto clock = std::make_shared<splitflow::testing::ManualClock>();
+  Pipeline p({.max_batch = 4, .max_delay = 1h, .clock = clock}, [](Batch<long>& b) {
+    if (b.items.front() == 0) throw StopRequest("shutting down");
+  }, OnError::skip);
+  auto run = p.g.run();
+  std::vector<std::future<long>> fs;
+  std::vector<std::exception_ptr> held;
+  for (long i = 0; i < 4; ++i) fs.push_back(p.svc.submit(i));  // one full batch
+  for (long i = 0; i < 4; ++i)
+    EXPECT_TRUE(fails_in_stage<StopRequest>(fs[i], "model", i, "shutting down", held)) << "request " << i;
+  EXPECT_THROW(run.wait(), StageError);
+  EXPECT_EQ(run.stats().find("model")->items_skipped, 0u);
+}
+
 // A batch's substitute answers its requests only when it carries their ids (a body's own
 // replacement, b.with(...)); the stage's fixed substitute does not, so each request of that
 // batch fails with the error at once (before: the first request failed, the other three

@@ -146,35 +146,40 @@ std::string percent(double f) { return fmt::format("{:.0f}%", 100 * f); }
 
 // A stage's cost is per item it takes; the rates are in items the graph delivers. After a
 // Graph::batch the two differ (a decode takes 64 samples per batch delivered): " x64" says so.
+// (Measured: a skip downstream, the queues filling, move it a little from 1; a batch, an
+// unbatch or a fan-out move it by half or more.)
 std::string visits_text(const StageModel& m) {
-  return std::abs(m.visits - 1) > 0.05 ? fmt::format(" x{:.3g}", m.visits) : std::string();
+  return m.visits >= 1.5 || (m.visits > 0 && m.visits <= 0.67) ? fmt::format(" x{:.3g}", m.visits)
+                                                                 : std::string();
 }
-// Why a converged rate is well under the bound, from the window's waits: the graph's consumer
-// (a pull sink's reader: a training loop) or its source gives the pace, not its stages. A
-// trial's reader-bound run said only "0.09 of the bound". Empty when neither shows.
-std::string short_of_bound_text(const Sample& s, const std::vector<StageModel>& models) {
+// Why a converged rate is well under the bound, from the window's waits: what the model leaves
+// out (the graph's consumer, a pull sink's reader: a training loop; its source; a stage the
+// tuner does not set) gives the pace, not the tuned stages. A trial's reader-bound run said only
+// "0.09 of the bound". Empty when no wait shows it.
+std::string short_of_bound_text(const Sample& s) {
   const double win = static_cast<double>(s.window_ns);
-  if (win <= 0 || s.stages.size() != models.size()) return {};
+  if (win <= 0) return {};
   double blocked = 0, starved = 0;
-  std::size_t at_end = models.size(), at_start = models.size();
-  for (std::size_t i = 0; i < models.size(); ++i) {
-    bool feeds_one = false;
-    for (const StageModel& m : models)
-      feeds_one |= std::find(m.producers.begin(), m.producers.end(), i) != m.producers.end();
-    const double b = static_cast<double>(s.stages[i].blocked_ns) / win;
-    const double w = static_cast<double>(s.stages[i].starved_ns) / win;
-    if (!feeds_one && b > blocked) blocked = b, at_end = i;
-    if (models[i].producers.empty() && w > starved) starved = w, at_start = i;
+  const StageSample* at_end = nullptr;
+  const StageSample* at_start = nullptr;
+  for (const StageSample& st : s.stages) {
+    const double b = static_cast<double>(st.blocked_ns) / win;
+    const double w = static_cast<double>(st.starved_ns) / win;
+    if (!st.feeds.empty() && b > blocked) blocked = b, at_end = &st;
+    if (!st.fed_by.empty() && w > starved) starved = w, at_start = &st;
   }
-  if (blocked >= 0.3 && blocked >= starved)
-    return fmt::format("; under it because its consumer takes fewer: '{}' waited {} of the last "
-                       "{} for room after it (a pull sink's reader, the loop, sets the pace: make "
-                       "it faster, or the graph's cores can go to other work)",
-                       models[at_end].name, percent(blocked), seconds(win * 1e-9));
-  if (starved >= 0.3)
-    return fmt::format("; under it because its input comes slower: '{}' waited {} of the last {} "
-                       "for its source (the source, a reader or a generator, sets the pace)",
-                       models[at_start].name, percent(starved), seconds(win * 1e-9));
+  if (at_end && blocked >= 0.3 && blocked >= starved)
+    return fmt::format("; under it because {} takes fewer: '{}' waited {} of the last {} for room "
+                       "in it{}",
+                       at_end->feeds, at_end->name, percent(blocked), seconds(win * 1e-9),
+                       at_end->feeds.find("(its reader)") != std::string::npos
+                           ? " (the loop reading it sets the pace: make it faster, or the graph's "
+                             "cores can go to other work)"
+                           : "");
+  if (at_start && starved >= 0.3)
+    return fmt::format("; under it because {} gives fewer: '{}' waited {} of the last {} for its "
+                       "input",
+                       at_start->fed_by, at_start->name, percent(starved), seconds(win * 1e-9));
   return {};
 }
 
@@ -315,8 +320,8 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
       b.fluid_rate = r;
       fluid_limit = Limit::stage;
       fluid_at = i;
-      why = fmt::format("'{}' at concurrency {} ({}{} per item)", m.name, c, seconds(m.wall_s),
-                        m.visits != 1 ? fmt::format(" x {:.3g} visits", m.visits) : "");
+      why = fmt::format("'{}' at concurrency {} ({} per item{})", m.name, c, seconds(m.wall_s),
+                        visits_text(m));
     }
   }
   for (auto [d, rate] : device_rates(models)) {
@@ -863,7 +868,7 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
                        reason.empty() ? "" : reason + "; ", costs,
                        any_visits(models_)
                            ? " (each per item the stage takes; xN: N of them per item delivered, "
-                             "a batch's samples; rates are in items delivered)"
+                             "as a batch's samples; rates are in items delivered)"
                            : "",
                        bound_.rate, bound_.why, cores_text(next, budget_))});
   for (std::size_t i = 0; i < models_.size(); ++i) {
@@ -874,10 +879,10 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
     if (n.concurrency != k0)
       emit(d, {s.end_ns, action, m.name, "concurrency", k0, n.concurrency,
                fmt::format("{} per item{}{}, {:.4g} items/s at {}", seconds(m.resource == Resource::gpu ? m.gpu_s : m.wall_s),
-                           m.resource == Resource::io ? fmt::format(" ({} CPU)", seconds(m.cpu_s)) : "",
                            visits_text(m).empty()
                                ? std::string()
                                : fmt::format(" it takes,{} per item delivered", visits_text(m)),
+                           m.resource == Resource::io ? fmt::format(" ({} CPU)", seconds(m.cpu_s)) : "",
                            stage_rate(m, n.concurrency), n.concurrency)});
     if (n.capacity != c0)
       emit(d, {s.end_ns, action, m.name, "capacity", c0, n.capacity,
@@ -1248,7 +1253,7 @@ Decision Autotuner::observe(const Sample& s) {
                              ? " (above it: the bound is of the budget's cores and the costs "
                                "measured; cores the runtime's other graphs left idle, or costs "
                                "that fell since, give more)"
-                         : bound_.rate > 0 && rate < 0.8 * bound_.rate ? short_of_bound_text(s, models_)
+                         : bound_.rate > 0 && rate < 0.8 * bound_.rate ? short_of_bound_text(s)
                                                                        : std::string(),
                          cores_text(alloc_, budget_),
                          bound_.limit == Limit::gpu ? fmt::format(", GPU busy {}", percent(busy))

@@ -274,6 +274,28 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
       auto it = index.find(c);
       if (it != index.end()) s.stages[it->second].producers.push_back(index[now.stages[i].name]);
     }
+  // For the texts: what outside the model feeds each modelled stage and what it feeds.
+  const auto outside = [&](std::size_t j) {
+    const StageStats& o = now.stages[j];
+    switch (o.kind) {
+      case StageKind::source: return "source '" + o.name + "'";
+      case StageKind::pull_sink: return "pull sink '" + o.name + "' (its reader)";
+      case StageKind::sink: return "sink '" + o.name + "'";
+      default: return "'" + o.name + "' (not tuned)";
+    }
+  };
+  for (std::size_t m = 0; m < picked.size(); ++m) {
+    const StageStats& st = now.stages[picked[m]];
+    for (std::size_t j = 0; j < now.stages.size(); ++j) {
+      if (index.count(now.stages[j].name)) continue;
+      const auto& cs = now.stages[j].consumers;
+      if (s.stages[m].fed_by.empty() && std::find(cs.begin(), cs.end(), st.name) != cs.end())
+        s.stages[m].fed_by = outside(j);
+      if (s.stages[m].feeds.empty() &&
+          std::find(st.consumers.begin(), st.consumers.end(), now.stages[j].name) != st.consumers.end())
+        s.stages[m].feeds = outside(j);
+    }
+  }
   if (modelled) *modelled = std::move(picked);
   return s;
 }

@@ -734,6 +734,10 @@ def _exception_payload(e, text=None):
             pickle.loads(blob)  # a class whose __init__ takes other arguments fails here
         except BaseException:
             blob = None
+            if not isinstance(e, Exception):  # still a stop: the builtin it derives from
+                base = next(t for t in (KeyboardInterrupt, SystemExit, BaseException)
+                            if isinstance(e, t))
+                blob = pickle.dumps(base(str(e)), _PROTOCOL)
     return pickle.dumps((blob, text, tb), _PROTOCOL)
 
 
@@ -1400,9 +1404,9 @@ class _State:
             if not slot.ready:
                 self.start_failures += 1
             if self.broken is None and not slot.ready and self.start_failures >= _START_FAILURES:
-                self.broken = Error(
+                self.broken = _stops_run(Error(
                     f"stage '{self.stage}': worker processes die while they start ({cause}, "
-                    f"{self.start_failures} times in a row); their output on stderr says why")
+                    f"{self.start_failures} times in a row); their output on stderr says why"))
             if entries and slot.killed_stale and not _withdrawn(entries[0][1].completion):
                 pass  # killed by the pool as the withdrawn item ended: the next one goes on
             elif entries:
@@ -1426,8 +1430,8 @@ class _State:
                     try:
                         self._spawn(new)
                     except BaseException as e:
-                        self.broken = Error(f"stage '{self.stage}': cannot start a worker "
-                                            f"process ({type(e).__name__}: {e})")
+                        self.broken = _stops_run(Error(f"stage '{self.stage}': cannot start a "
+                                                       f"worker process ({type(e).__name__}: {e})"))
                 for seq, entry in entries:
                     if new.process is None:
                         failures.append((entry.completion, self.broken))
@@ -1452,7 +1456,9 @@ class _State:
         self._finish_all([(c, False, e) for c, e in failures])
 
     def _break(self, err):
-        """Fails every item in flight, and every later one, with err."""
+        """Fails every item in flight, and every later one, with err: the run's end, whatever
+        the stage's on_error (_stops_run)."""
+        _stops_run(err)
         with self.lock:
             if self.broken is None:
                 self.broken = err
@@ -1603,6 +1609,8 @@ class PoolScope:
     def __init__(self):
         self._lock = threading.Lock()
         self._idle = {}  # key -> _State of a pool whose graph went
+        self._parked = {}  # key -> the build count when it was parked
+        self._builds = 0
         self._finalizer = weakref.finalize(self, PoolScope._close_states, self._idle, self._lock)
 
     def building(self):
@@ -1612,13 +1620,30 @@ class PoolScope:
             def __enter__(self):
                 self.before = getattr(_building, "scope", None)
                 _building.scope = scope
+                with scope._lock:
+                    scope._builds += 1
+                    self.build = scope._builds
                 return scope
 
             def __exit__(self, *exc):
                 _building.scope = self.before
+                scope._close_untaken(self.build)
                 return False
 
         return _Building()
+
+    def _close_untaken(self, build):
+        """Closes the pools parked before this build that it did not take: a stage whose
+        function changed (a functools.partial of the epoch) left one pool a epoch behind, all
+        alive until the dataset went (a new user's trial: 23 workers after 11 epochs)."""
+        with self._lock:
+            stale = [k for k, b in self._parked.items() if b < build and k in self._idle]
+            states = [self._idle.pop(k) for k in stale]
+            for k in stale:
+                del self._parked[k]
+        for state in states:
+            if state.owner == os.getpid():
+                _finalize(state)
 
     @staticmethod
     def key(blob, processes, stage, field, depth, substitute):
@@ -1631,6 +1656,7 @@ class PoolScope:
     def take(self, key):
         with self._lock:
             state = self._idle.pop(key, None)
+            self._parked.pop(key, None)
         if state is None:
             return None
         # A pool that broke, closed, or belongs to the parent of a forked process is not taken.
@@ -1647,6 +1673,7 @@ class PoolScope:
         with self._lock:
             if self._finalizer.alive and key not in self._idle:
                 self._idle[key] = state
+                self._parked[key] = self._builds
                 return True
         return False
 
@@ -1667,6 +1694,14 @@ class PoolScope:
         for state in states:
             if state.owner == os.getpid():
                 _finalize(state)
+
+
+def _stops_run(err):
+    """Marks err (a pool that cannot work: its workers die as they start) as the run's end, not
+    an item's error: under on_error="skip" each item was skipped and the epoch "succeeded"
+    with no sample (a new user's trial, a module its workers could not import)."""
+    err.stops_run = True
+    return err
 
 
 def _park_or_close(state, scope_ref, key):

@@ -256,6 +256,18 @@ def _error_payload(e, indices):
             "traceback": tb}
 
 
+def _stop_payload(e):
+    import pickle
+
+    try:
+        blob = pickle.dumps(e, 5)
+        pickle.loads(blob)
+    except Exception:  # its own class takes other arguments: the builtin it derives from
+        base = next(t for t in (KeyboardInterrupt, SystemExit, BaseException) if isinstance(e, t))
+        blob = pickle.dumps(base(str(e)), 5)
+    return {"stop": blob, "cause_text": f"{type(e).__name__}: {e}"}
+
+
 def run_split(build, split, indices, seed, epoch, opts):
     """The Dask task: runs one split through the worker's graph. Returns its results (in the
     split's order) and what the worker measured. A remote stage's error is returned, not raised
@@ -275,6 +287,14 @@ def run_split(build, split, indices, seed, epoch, opts):
             nbytes += n
     except StageError as e:
         error = _error_payload(e, feed.indices)
+    except Exception:
+        raise
+    except BaseException as e:
+        # A KeyboardInterrupt or SystemExit raised in a remote body stops the pass, whatever
+        # the stage's on_error, and reaches the loop as itself, as in a local stage. Raised
+        # here it would leave the Dask task as such, and Dask closes the worker for it (then
+        # retries the split on the next one, and the next).
+        error = _stop_payload(e)
     finally:
         it.close()
     stages, skipped = [], []
@@ -825,6 +845,16 @@ class RemotePass:
         r = self.remote
         if out["error"] is not None:
             self.close()
+            if "stop" in out["error"]:  # an interrupt in a remote body: as itself
+                import pickle
+
+                stop = pickle.loads(out["error"]["stop"])
+                try:
+                    stop.add_note(f"Raised in a remote body on Dask worker {out['worker']} "
+                                  f"(pid {out['pid']}), split {split.no}")
+                except Exception:
+                    pass
+                raise stop
             self.error = self._stage_error(out, split)
             raise self.error
         results = out["results"]

@@ -552,8 +552,13 @@ struct PyCompletion {
       return std::make_exception_ptr(Error("failed with " + std::string(py::repr(exc))));
     // splitflow.Error (a worker died, the pool closed): its message, as the item's error.
     // Anything else is the function's own exception, the StageError's __cause__.
-    if (PyObject_IsInstance(exc.ptr(), g_error_types[0]) == 1)
+    if (PyObject_IsInstance(exc.ptr(), g_error_types[0]) == 1) {
+      // A pool that cannot work (its workers die as they start) ends the run whatever the
+      // stage's on_error (_procs._stops_run): no item would ever succeed.
+      if (py::hasattr(exc, "stops_run") && py::bool_(exc.attr("stops_run")))
+        return std::make_exception_ptr(StopRequest(py::str(exc).cast<std::string>()));
       return std::make_exception_ptr(Error(py::str(exc).cast<std::string>()));
+    }
     std::string what = std::string(py::str(exc.get_type().attr("__name__"))) + ": " +
                        py::str(exc).cast<std::string>();
     return carry_python(std::move(what), PyObj(py::reinterpret_borrow<py::object>(exc)));

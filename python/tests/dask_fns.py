@@ -55,6 +55,18 @@ def build_skipping(g, indices, *, seed, epoch):
     return indices >> g.stage("check", _check, on_error="skip") >> s
 
 
+def _exit_on_21(i):
+    if i == 21:
+        raise SystemExit(7)
+    return _check(i)
+
+
+def build_exiting(g, indices, *, seed, epoch):
+    """13 is skipped; 21 raises SystemExit(7): the pass stops, whatever on_error says."""
+    s = g.stage("sample", lambda i: sample(i, seed, epoch))
+    return indices >> g.stage("check", _exit_on_21, on_error="skip") >> s
+
+
 def local_samples(indices, seed, epoch):
     """What a local run computes for these indices."""
     return [sample(int(i), seed, epoch) for i in indices]

@@ -6,6 +6,15 @@ import time
 
 import numpy as np
 
+# A worker that cannot import this module (a dependency missing there): set by a test, seen by
+# the workers it spawns (they import this module to unpickle their function), not the parent.
+if os.environ.get("SF_TEST_WORKERS_CANNOT_IMPORT"):
+    raise ImportError("procs_fns: cannot be imported in this worker (the test's setting)")
+
+
+def add(x, k):
+    return x + k
+
 
 def square(x):
     return x * x
@@ -33,6 +42,19 @@ def skip_three_exit_on_six(x):
         raise ValueError("three is bad")
     if x == 6:
         raise SystemExit(4)
+    return x
+
+
+class OddStop(KeyboardInterrupt):
+    """An interrupt whose class takes two arguments: it does not survive pickling."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+def odd_stop_on_six(x):
+    if x == 6:
+        raise OddStop(1, 2)
     return x
 
 

@@ -200,6 +200,24 @@ def test_skip_works_remotely_and_is_counted():
     assert r.last_pass.yielded == kept
 
 
+# A SystemExit (or KeyboardInterrupt) raised in a remote body under on_error="skip" left the
+# Dask task as itself (the local run now raises it whatever the policy), and Dask closes a
+# worker for that: the split went from worker to worker. It reaches the loop as itself, as a
+# local stage's does, and the workers live on.
+def test_an_interrupt_in_a_remote_body_reaches_the_loop_as_itself():
+    with cluster(2) as (_, client):
+        workers = set(client.scheduler_info()["workers"])
+        r = sfd.remote(fns.build_exiting, client, items=list(range(40)), split=8)
+        with pytest.raises(SystemExit) as info:
+            run_local_graph(r)
+        assert info.value.code == 7
+        assert any("Dask worker" in n for n in getattr(info.value, "__notes__", [])), info.value
+        assert set(client.scheduler_info()["workers"]) == workers, "a worker was closed"
+        # The cluster goes on: a pass without the interrupt is whole.
+        got = run_local_graph(sfd.remote(fns.build_skipping, client, items=list(range(20)), split=8))
+        assert [int(s["index"]) for s in got] == [i for i in range(20) if i not in fns.SKIP]
+
+
 def test_scheduler_unreachable_fails_within_the_timeout():
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))

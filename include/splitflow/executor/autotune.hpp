@@ -80,6 +80,10 @@ struct StageSample {
   /// A ceiling the stage itself has (a GPU stage: the device's streams; a store's request
   /// limit). CPU stages are also held to the core budget.
   std::size_t max_concurrency = kUnlimited;
+  /// What feeds it and what it feeds outside the model, for the texts ("source 'files'", "pull
+  /// sink 'out' (its reader)", "'b' (not tuned)"); empty where a modelled stage or nothing is.
+  std::string fed_by{};
+  std::string feeds{};
 };
 
 /// One window of one graph.

@@ -244,19 +244,16 @@ class Emitter : public NodeBase {
       error = s.cause;
     } catch (...) {
     }
-    if (is_stop_request(error)) {  // not the item's error: the run ends, nothing stands for it
-      out.reset();
-      return this->absorb_error(seq, std::move(error), false);
-    }
+    const bool stop = is_stop_request(error);  // not the item's error: the run ends
     if constexpr (copyable_v<Out>) {
-      if (substitute && !out && substitute_) {
+      if (substitute && !stop && !out && substitute_) {
         try {
           out.emplace(*substitute_);
         } catch (...) {  // the copy itself failed: the item is dropped
         }
       }
     }
-    if (out && !ids.empty() && !carries_ids(*out, ids)) out.reset();
+    if (stop || (out && !ids.empty() && !carries_ids(*out, ids))) out.reset();
     // Under fail, absorb_error fails seq's request and the run; the rest of a batch's requests
     // fail here (the others with the run's end).
     if (ItemTracker* t = this->graph().tracker(); t && !out)
