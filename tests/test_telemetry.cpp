@@ -444,6 +444,86 @@ TEST(Diagnosis, AChainIsHeldBackByItsLastStageNotBlockedItself) {
   EXPECT_EQ(d3.suggestions, std::vector<std::string>{"raise the concurrency of stage 'z' from 1 to 2"});
 }
 
+// A new user's trial (2026-12-06): with an unlimited decode holding both of the runtime's
+// threads, the reader before it "starved" 91% with 22.7 items queued on average (it waited for
+// a thread), and the report named the reader the bottleneck. The cores are the limit; the
+// stage doing most of the work is named.
+TEST(Diagnosis, AStageWaitingForAThreadWithItsQueueFullIsNotTheBottleneck) {
+  RunStats st;
+  st.graph = "diag";
+  st.status = RunStatus::succeeded;
+  st.wall_ns = 1'000'000'000;
+  st.threads = 2;
+  auto stage = [](std::string name, StageKind kind, std::size_t limit, std::int64_t work,
+                  std::int64_t starved, std::int64_t blocked, double queue,
+                  std::vector<std::string> consumers) {
+    StageStats s;
+    s.name = std::move(name);
+    s.kind = kind;
+    s.concurrency_limit = limit;
+    s.items_in = s.items_out = 2400;
+    s.busy_ns = std::min<std::int64_t>(work, 1'000'000'000);
+    s.work_ns = work;
+    s.starved_ns = starved;
+    s.blocked_ns = blocked;
+    s.mean_queue = queue;
+    s.consumers = std::move(consumers);
+    return s;
+  };
+  st.stages = {stage("idx", StageKind::source, 1, 5'000'000, 0, 860'000'000, 0, {"read"}),
+               stage("read", StageKind::stage, 1, 86'000'000, 914'000'000, 0, 22.7, {"decode"}),
+               stage("decode", StageKind::stage, Concurrency::unlimited, 1'952'000'000, 24'000'000, 0, 0.4, {"out"}),
+               stage("out", StageKind::sink, 1, 10'000'000, 0, 0, 0, {})};
+  Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "decode") << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "stage 'read' waited 91% of the run with 22.7 items queued on "
+                                   "average: for a thread, not for input; the runtime's 2 threads "
+                                   "ran bodies 2.0 of them on average, 'decode' 2.0"))
+      << join(d.findings);
+  EXPECT_EQ(d.suggestions, std::vector<std::string>{
+                               "the cores are the limit: stage 'decode' does most of the work (2.0 "
+                               "of the 2 threads): a cheaper body, its work on the GPU, or more "
+                               "cores (RuntimeConfig::threads)"});
+  // An automatic stage's number is the tuner's: the advice says so, not "raise it from 1 to
+  // 2" (a trial's run shorter than the tuner's first window was told to set a number).
+  st.stages = {stage("src", StageKind::source, 1, 1'000'000, 0, 900'000'000, 0, {"decode"}),
+               stage("decode", StageKind::stage, 1, 990'000'000, 0, 0, 3.0, {"out"}),
+               stage("out", StageKind::sink, 1, 1'000'000, 0, 0, 0, {})};
+  st.threads = 4;
+  st.stages[1].concurrency_automatic = true;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "decode") << join(d.findings);
+  EXPECT_EQ(d.suggestions, std::vector<std::string>{
+                               "stage 'decode' runs on automatic concurrency (1 now): the tuner "
+                               "raises it while that raises the rate; it decided nothing in this "
+                               "run (shorter than GraphOptions::autotune_window, or too few "
+                               "items): a longer run gives it time"});
+  st.autotune = {"decode 1 -> 2: ..."};
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.suggestions.size(), 1u);
+  EXPECT_NE(d.suggestions[0].find("(1 now): the tuner raises it while that raises the rate; its "
+                                  "decisions are listed under autotune"),
+            std::string::npos) << d.suggestions[0];
+  st.stages[1].concurrency_automatic = false;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.suggestions, std::vector<std::string>{"raise the concurrency of stage 'decode' from 1 to 2"});
+  st.stages = {stage("idx", StageKind::source, 1, 5'000'000, 0, 860'000'000, 0, {"read"}),
+               stage("read", StageKind::stage, 1, 86'000'000, 914'000'000, 0, 22.7, {"decode"}),
+               stage("decode", StageKind::stage, Concurrency::unlimited, 1'952'000'000, 24'000'000, 0, 0.4, {"out"}),
+               stage("out", StageKind::sink, 1, 10'000'000, 0, 0, 0, {})};
+  st.threads = 2;
+  st.autotune.clear();
+  // The same reader waiting for input (an empty queue): it is the bottleneck, as before.
+  st.stages[1].mean_queue = 0.2;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "read") << join(d.findings);
+  // Queued but with threads to spare (the bodies ran 1.1 of 2): not the cores either.
+  st.stages[1].mean_queue = 22.7;
+  st.stages[2].work_ns = 1'000'000'000;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "read") << join(d.findings);
+}
+
 // A new-user trial (2026-12-05): the diagnosis told a user to raise a CPU stage's concurrency
 // past the runtime's threads (4 -> 8 on a runtime of 4: bodies that hold arena threads cannot
 // run more at once than there are), and diagnosed a run that failed on its third item as if

@@ -713,6 +713,11 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
     const Raw& a = history_[history_.size() - 2].stages[i];
     const Raw& b = history_.back().stages[i];
     if (ref.items < 4 || a.items < 4 || b.items < 4) continue;
+    // A stage that worked under 5% of the window changes no decision by its cost: a reader
+    // behind a slow loop "drifted" 54 -> 100 us as its bursts came cold, ten retunes in a
+    // trial's run, none of them useful.
+    const double window = static_cast<double>(std::max<std::int64_t>(s.window_ns, 1));
+    if ((gpu ? b.gpu : b.work) < 0.05 * window && (gpu ? a.gpu : a.work) < 0.05 * window) continue;
     const double r0 = cost(ref, gpu);
     if (!(r0 > 0)) continue;
     const double ra = cost(a, gpu) / r0 - 1, rb = cost(b, gpu) / r0 - 1;
@@ -1004,6 +1009,10 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
     for (std::size_t i = 0; i < n; ++i) {
       const StageModel& m = models_[i];
       if (!tunable(m) || alloc_.stages[i].concurrency >= ceiling_of(m)) continue;
+      // A stage blocked a third of the window has output waiting for room: another invocation
+      // adds nothing (a trial's reader, busy 1% and blocked 75% behind a slow loop, was raised
+      // because the decode after it waited for input).
+      if (frac(s.stages[i].blocked_ns) >= 0.3) continue;
       order.push_back(i);
     }
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {

@@ -434,6 +434,7 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
   s.name = name_;
   s.kind = kind_;
   s.concurrency_limit = concurrency_;
+  s.concurrency_automatic = auto_;
   s.capacity = kind_ == StageKind::source ? 0 : capacity_;
   s.items_in = items_in_;
   s.items_out = items_out_;

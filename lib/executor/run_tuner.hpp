@@ -78,6 +78,7 @@ class RunTuner {
   GraphCore& graph_;
   std::vector<NodeBase*> nodes_;
   std::vector<bool> tuned_;
+  std::vector<double> shape_visits_;  // per node: items through it per item delivered; 0: measured
   std::vector<std::size_t> max_capacity_;  // per node: its queue's ceiling if tuned, else 0
   std::chrono::milliseconds window_;
   double cores_;

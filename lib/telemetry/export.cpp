@@ -49,6 +49,7 @@ Json stage_json(const StageStats& s) {
   j["name"] = s.name;
   j["kind"] = to_string(s.kind);
   j["concurrency_limit"] = concurrency(s.concurrency_limit);
+  j["concurrency_automatic"] = s.concurrency_automatic;
   j["capacity"] = std::uint64_t{s.capacity};
   j["items_in"] = std::uint64_t{s.items_in};
   j["items_out"] = std::uint64_t{s.items_out};

@@ -25,6 +25,17 @@ bool limited(const StageStats& s) { return s.concurrency_limit != Concurrency::u
 // past them the suggestion says what else it takes.
 std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size_t to,
                               const std::string& why = {}) {
+  // An automatic stage's number is the tuner's: advising one of the user's own reads as "turn
+  // auto off" (a new user's trial, on a run shorter than the tuner's first window).
+  if (s.concurrency_automatic)
+    return fmt::format(
+        "stage '{}' runs on automatic concurrency ({} now){}: the tuner raises it while that "
+        "raises the rate{}",
+        s.name, s.concurrency_limit, why,
+        st.autotune.empty()
+            ? "; it decided nothing in this run (shorter than GraphOptions::autotune_window, or "
+              "too few items): a longer run gives it time"
+            : "; its decisions are listed under autotune");
   // A source has no concurrency to raise (a new user's trial: "raise the concurrency of stage
   // 'remote' from 1 to 2", which no source takes): its items come one at a time.
   if (s.kind == StageKind::source)
@@ -285,8 +296,32 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
   if (d.bottleneck.empty() && (holder || first_by)) {
     const StageStats& b = holder ? *holder : *first_by;
     d.bottleneck = b.name;
-    if (b.kind == StageKind::stage && limited(b) && saturation(b, wall) > 0.8)
+    // It "starved" with items queued: it waited for a thread, not for input. With the
+    // runtime's threads busy in other stages' bodies, the cores are the limit, and the stage
+    // doing most of the work is the one to make cheaper (a trial's report named a reader busy
+    // 9%, queue 22.7 on average, while an unlimited decode held both threads).
+    const StageStats* hog = nullptr;
+    double used = 0;
+    for (const auto& s : st.stages) {
+      if ((s.kind != StageKind::stage && s.kind != StageKind::sink) || s.call_ns >= 0) continue;
+      used += frac(s.work_ns, wall);
+      if (&s != &b && (!hog || s.work_ns > hog->work_ns)) hog = &s;
+    }
+    if (hog && st.threads > 0 && b.mean_queue >= 1.0 && frac(b.starved_ns, wall) > 0.5 &&
+        used >= 0.9 * static_cast<double>(st.threads)) {
+      d.bottleneck = hog->name;
+      d.findings.push_back(fmt::format(
+          "stage '{}' waited {} of the run with {:.1f} items queued on average: for a thread, not "
+          "for input; the runtime's {} threads ran bodies {:.1f} of them on average, '{}' {:.1f}",
+          b.name, pct(frac(b.starved_ns, wall)), b.mean_queue, st.threads, used, hog->name,
+          frac(hog->work_ns, wall)));
+      d.suggestions.push_back(fmt::format(
+          "the cores are the limit: stage '{}' does most of the work ({:.1f} of the {} threads): "
+          "a cheaper body, its work on the GPU, or more cores (RuntimeConfig::threads)",
+          hog->name, frac(hog->work_ns, wall), st.threads));
+    } else if (b.kind == StageKind::stage && limited(b) && saturation(b, wall) > 0.8) {
       d.suggestions.push_back(raise_concurrency(st, b, 2 * b.concurrency_limit));
+    }
   }
 
   // 3. A CPU-only graph: its most saturated stage.

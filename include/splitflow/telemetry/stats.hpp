@@ -139,6 +139,9 @@ struct StageStats {
   std::string name;
   StageKind kind = StageKind::stage;
   std::size_t concurrency_limit = 1;
+  /// Concurrency::automatic: the tuner sets concurrency_limit (the diagnosis then says so
+  /// rather than advise a number).
+  bool concurrency_automatic = false;
   std::size_t capacity = 0;          ///< input queue capacity (0 for sources)
   std::uint64_t items_in = 0;        ///< items that arrived in its input queue(s)
   std::uint64_t items_out = 0;       ///< items emitted (sources, stages) or consumed (sinks)
