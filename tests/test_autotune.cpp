@@ -889,6 +889,56 @@ TEST(Autotune, ReactsToAStageWhoseCostDoublesMidway) {
             w[28].allocation.stages[2].concurrency);
 }
 
+// A trial's reader behind a slow loop worked 1% of each window; its bursts came cold and its
+// cost per item "drifted" 54 -> 100 us: ten retunes in one run, none of them useful. A stage
+// that worked under 5% of the window does not drift; one that worked 30% does.
+TEST(Autotune, AStageThatBarelyWorksDoesNotDrift) {
+  for (const double busy : {0.01, 0.3}) {
+    Autotuner t({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+    std::string said;
+    for (std::int64_t k = 1; k <= 12; ++k) {
+      const double cost = (k > 6 ? 2 : 1) * busy / 1000;  // 1000 items a second; doubled at 7
+      Sample s{.end_ns = k * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = 1000};
+      s.stages.push_back({.name = "read", .items = 1000,
+                          .work_ns = static_cast<std::int64_t>(1000 * cost * 1e9),
+                          .cpu_ns = static_cast<std::int64_t>(1000 * cost * 1e9), .concurrency = 1});
+      s.stages.push_back({.name = "decode", .producers = {0}, .items = 1000, .work_ns = 500'000'000,
+                          .cpu_ns = 500'000'000, .concurrency = 1});
+      for (const TuneEvent& e : t.observe(s).events) said += e.text() + "\n";
+    }
+    if (busy < 0.05)
+      EXPECT_EQ(said.find("'read' cost"), std::string::npos) << said;
+    else
+      EXPECT_NE(said.find("'read' cost 300 us -> 600 us per item"), std::string::npos) << said;
+  }
+}
+
+// The same trial's reader, blocked 75% of the window behind a slow loop, was raised because
+// the decode after it waited for input ("read 1 -> 2: 'decode' waited 78% ... read busy 1%"):
+// a stage whose output waits for room gains nothing from another invocation.
+TEST(Autotune, AStageBlockedForRoomIsNotRaised) {
+  for (const std::int64_t blocked : {750'000'000, 0}) {
+    Autotuner t({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+    std::string said;
+    int probes = 0;
+    for (std::int64_t k = 1; k <= 12; ++k) {
+      Sample s{.end_ns = k * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = 100};
+      s.stages.push_back({.name = "read", .items = 100, .work_ns = 10'000'000,
+                          .cpu_ns = 10'000'000, .blocked_ns = blocked, .concurrency = 1});
+      s.stages.push_back({.name = "decode", .producers = {0}, .items = 100, .work_ns = 20'000'000,
+                          .cpu_ns = 20'000'000, .starved_ns = 780'000'000, .concurrency = 1});
+      for (const TuneEvent& e : t.observe(s).events) {
+        said += e.text() + "\n";
+        probes += e.action == Action::probe && e.stage == "read" && e.knob == "concurrency";
+      }
+    }
+    if (blocked > 0)
+      EXPECT_EQ(probes, 0) << said;
+    else
+      EXPECT_GT(probes, 0) << said;
+  }
+}
+
 // "two stages at 0.17 s and 0.21 s per item on 126 cores reaches the optimal split"
 TEST(Autotune, OnlineSplitOf126CoresIs56And70) {
   SimPipeline p{.name = "split", .stages = {{.name = "decode", .cpu_s = 0.17},

@@ -483,7 +483,8 @@ TEST(Diagnosis, AStageWaitingForAThreadWithItsQueueFullIsNotTheBottleneck) {
   EXPECT_EQ(d.suggestions, std::vector<std::string>{
                                "the cores are the limit: stage 'decode' does most of the work (2.0 "
                                "of the 2 threads): a cheaper body, its work on the GPU, or more "
-                               "cores (RuntimeConfig::threads)"});
+                               "cores (RuntimeConfig::threads); Python bodies waiting for the GIL "
+                               "read as work too: the GIL is then the limit (processes=)"});
   // An automatic stage's number is the tuner's: the advice says so, not "raise it from 1 to
   // 2" (a trial's run shorter than the tuner's first window was told to set a number).
   st.stages = {stage("src", StageKind::source, 1, 1'000'000, 0, 900'000'000, 0, {"decode"}),
@@ -513,6 +514,11 @@ TEST(Diagnosis, AStageWaitingForAThreadWithItsQueueFullIsNotTheBottleneck) {
                stage("out", StageKind::sink, 1, 10'000'000, 0, 0, 0, {})};
   st.threads = 2;
   st.autotune.clear();
+  // A stage that did more work than the one named would be: not "the stage doing most of it".
+  st.stages[1].work_ns = 1'960'000'000;
+  d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "read") << join(d.findings);
+  st.stages[1].work_ns = 86'000'000;
   // The same reader waiting for input (an empty queue): it is the bottleneck, as before.
   st.stages[1].mean_queue = 0.2;
   d = diagnose(st, std::nullopt);

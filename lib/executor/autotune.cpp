@@ -166,7 +166,8 @@ std::string short_of_bound_text(const Sample& s) {
     const double b = static_cast<double>(st.blocked_ns) / win;
     const double w = static_cast<double>(st.starved_ns) / win;
     if (!st.feeds.empty() && b > blocked) blocked = b, at_end = &st;
-    if (!st.fed_by.empty() && w > starved) starved = w, at_start = &st;
+    // (A wait with items queued is for a thread, not for input: not the source's.)
+    if (!st.fed_by.empty() && st.mean_queue < 1.0 && w > starved) starved = w, at_start = &st;
   }
   if (at_end && blocked >= 0.3 && blocked >= starved)
     return fmt::format("; under it because {} takes fewer: '{}' waited {} of the last {} for room "

@@ -14,9 +14,9 @@ namespace splitflow::detail {
 
 namespace {
 
-// Items through n per item delivered, where the graph's shape says it: a chain to one sink (1;
-// before a Graph::batch of 64, 64). 0 (measured instead) past a fan-out, a merge, a zip, or a
-// dynamic batch or unbatch (their batches vary). Measured in a run's first windows it read
+// Items through n per item delivered, where the graph's shape says it: a chain to the graph's
+// one sink (1; before a Graph::batch of 64, 64; a skip after n is not counted). 0 (measured
+// instead) past a fan-out, a merge, a zip, or a dynamic batch or unbatch (their batches vary). Measured in a run's first windows it read
 // x2.27 for a plain chain's stage whose queues were filling.
 double shape_visits(const NodeBase& n) {
   double v = 1;
@@ -26,7 +26,8 @@ double shape_visits(const NodeBase& n) {
     if (succ.empty()) return v;
     if (succ.size() != 1) return 0;
     const NodeBase* next = succ[0].node;
-    if (next->kind() == StageKind::zip || next->predecessors(succ[0].port) != 1 ||
+    // (A GPU stage's two ports are one input: a producer on each is a merge.)
+    if (next->kind() == StageKind::zip || next->predecessors(0) + next->predecessors(1) != 1 ||
         next->forms_batches_of() != 0 || next->splits_batches_of() != 0)
       return 0;
     v *= next->items_per_output();
@@ -54,8 +55,12 @@ RunTuner::RunTuner(GraphCore& graph, std::vector<NodeBase*> nodes, std::chrono::
   for (NodeBase* n : nodes_) {
     tuned_.push_back(n->auto_concurrency());
     max_capacity_.push_back(n->auto_capacity() ? n->max_capacity() : 0);
-    shape_visits_.push_back(shape_visits(*n));
   }
+  // Items delivered count every sink's: with one sink, a fan-out before a stage re-merges on
+  // its way (the walk sees the merge); with two, a stage feeding one of them visits a share.
+  std::size_t sinks = 0;
+  for (NodeBase* n : nodes_) sinks += n->kind() == StageKind::sink || n->kind() == StageKind::pull_sink;
+  for (NodeBase* n : nodes_) shape_visits_.push_back(sinks == 1 ? shape_visits(*n) : 0.0);
 }
 
 void RunTuner::start() {

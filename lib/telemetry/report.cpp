@@ -250,6 +250,10 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
         d.suggestions.push_back(fmt::format(
             "the device is saturated ({} busy): a faster kernel for '{}' or another device",
             pct(dev_busy), g.name));
+      } else if (g.concurrency_automatic) {
+        d.suggestions.push_back(fmt::format(
+            "GPU stage '{}' runs on automatic concurrency ({} now): the tuner raises it while the "
+            "device has room and the rate rises", g.name, g.concurrency_limit));
       } else {
         d.suggestions.push_back(fmt::format(
             "raise the concurrency of GPU stage '{}' from {} to {}: the device has room", g.name,
@@ -307,7 +311,12 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
       used += frac(s.work_ns, wall);
       if (&s != &b && (!hog || s.work_ns > hog->work_ns)) hog = &s;
     }
-    if (hog && st.threads > 0 && b.mean_queue >= 1.0 && frac(b.starved_ns, wall) > 0.5 &&
+    // (Only a stage whose bodies take an arena thread: a pull sink or a zip "starves" for
+    // other reasons; and the stage named did more work than the waiting one.)
+    const bool takes_threads =
+        (b.kind == StageKind::stage || b.kind == StageKind::sink) && b.call_ns < 0;
+    if (hog && takes_threads && hog->work_ns > b.work_ns && st.threads > 0 &&
+        b.mean_queue >= 1.0 && frac(b.starved_ns, wall) > 0.5 &&
         used >= 0.9 * static_cast<double>(st.threads)) {
       d.bottleneck = hog->name;
       d.findings.push_back(fmt::format(
@@ -317,7 +326,8 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
           frac(hog->work_ns, wall)));
       d.suggestions.push_back(fmt::format(
           "the cores are the limit: stage '{}' does most of the work ({:.1f} of the {} threads): "
-          "a cheaper body, its work on the GPU, or more cores (RuntimeConfig::threads)",
+          "a cheaper body, its work on the GPU, or more cores (RuntimeConfig::threads); Python "
+          "bodies waiting for the GIL read as work too: the GIL is then the limit (processes=)",
           hog->name, frac(hog->work_ns, wall), st.threads));
     } else if (b.kind == StageKind::stage && limited(b) && saturation(b, wall) > 0.8) {
       d.suggestions.push_back(raise_concurrency(st, b, 2 * b.concurrency_limit));

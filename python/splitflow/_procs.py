@@ -735,9 +735,7 @@ def _exception_payload(e, text=None):
         except BaseException:
             blob = None
             if not isinstance(e, Exception):  # still a stop: the builtin it derives from
-                base = next(t for t in (KeyboardInterrupt, SystemExit, BaseException)
-                            if isinstance(e, t))
-                blob = pickle.dumps(base(str(e)), _PROTOCOL)
+                blob = pickle.dumps(_builtin_stop(e), _PROTOCOL)
     return pickle.dumps((blob, text, tb), _PROTOCOL)
 
 
@@ -1151,8 +1149,8 @@ class _State:
                     slot = self._pick()
                 except Exception as e:
                     Error, _ = _errors()
-                    err = Error(f"stage '{self.stage}': cannot start a worker process "
-                                f"({type(e).__name__}: {e})")
+                    err = _stops_run(Error(f"stage '{self.stage}': cannot start a worker "
+                                           f"process ({type(e).__name__}: {e})"))
             if err is None:
                 seq = next(self.seq)
                 slot.outstanding[seq] = entry
@@ -1694,6 +1692,18 @@ class PoolScope:
         for state in states:
             if state.owner == os.getpid():
                 _finalize(state)
+
+
+def _builtin_stop(e):
+    """The builtin an interrupt whose class cannot be rebuilt derives from, with its text (a
+    SystemExit's code, where it pickles)."""
+    if isinstance(e, SystemExit):
+        try:
+            pickle.loads(pickle.dumps(e.code, _PROTOCOL))
+            return SystemExit(e.code)
+        except Exception:
+            return SystemExit(str(e.code))
+    return (KeyboardInterrupt if isinstance(e, KeyboardInterrupt) else BaseException)(str(e))
 
 
 def _stops_run(err):

@@ -259,13 +259,16 @@ def _error_payload(e, indices):
 def _stop_payload(e):
     import pickle
 
+    from ._procs import _builtin_stop
+
+    builtin = _builtin_stop(e)
     try:
         blob = pickle.dumps(e, 5)
         pickle.loads(blob)
     except Exception:  # its own class takes other arguments: the builtin it derives from
-        base = next(t for t in (KeyboardInterrupt, SystemExit, BaseException) if isinstance(e, t))
-        blob = pickle.dumps(base(str(e)), 5)
-    return {"stop": blob, "cause_text": f"{type(e).__name__}: {e}"}
+        blob = None
+    return {"stop": blob or pickle.dumps(builtin, 5), "builtin": pickle.dumps(builtin, 5),
+            "cause_text": f"{type(e).__name__}: {e}"}
 
 
 def run_split(build, split, indices, seed, epoch, opts):
@@ -848,7 +851,10 @@ class RemotePass:
             if "stop" in out["error"]:  # an interrupt in a remote body: as itself
                 import pickle
 
-                stop = pickle.loads(out["error"]["stop"])
+                try:
+                    stop = pickle.loads(out["error"]["stop"])
+                except Exception:  # its class is the workers' only: the builtin it derives from
+                    stop = pickle.loads(out["error"]["builtin"])
                 try:
                     stop.add_note(f"Raised in a remote body on Dask worker {out['worker']} "
                                   f"(pid {out['pid']}), split {split.no}")

@@ -703,23 +703,44 @@ std::optional<HostTensor> check_one_kind(const std::vector<Value>& items, const 
     gil.emplace();
     if (!*gil) throw_exiting(who.c_str());
   }
-  const Collates first = collates_as(items[0]);
+  // A NumPy scalar among Python numbers is a number, as torch.tensor takes it (alone among
+  // NumPy scalars it stacks as a 0-d array, as before).
+  auto numpy_scalar = [](const Value& v) {
+    if (v.index() != 1) return false;
+    const py::handle type = reinterpret_cast<PyObject*>(Py_TYPE(std::get<PyObj>(v).get().ptr()));
+    try {
+      return py::str(type.attr("__module__")).cast<std::string>() == "numpy" &&
+             py::str(type.attr("__name__")).cast<std::string>() != "ndarray";
+    } catch (const py::error_already_set&) {
+      return false;
+    }
+  };
+  Collates first = collates_as(items[0]);
+  bool numbers = false, scalars = false;
+  for (const Value& v : items) {
+    const Collates k = collates_as(v);
+    numbers = numbers || k == Collates::number;
+    scalars = scalars || (k == Collates::tensor && numpy_scalar(v));
+  }
+  const bool as_numbers = numbers && scalars;
+  if (as_numbers) first = Collates::number;
   for (std::size_t i = 1; i < items.size(); ++i)
-    if (collates_as(items[i]) != first)
+    if (const Collates k = collates_as(items[i]);
+        k != first && !(as_numbers && k == Collates::tensor && numpy_scalar(items[i])))
       throw Error(who + ": item " + std::to_string(i) + " of the batch is " + describe(items[i]) +
                   " where item 0 is " + describe(items[0]) +
                   ": a batch collates one kind of value per field, as torch's default_collate "
                   "does (did a stage return None, or another type, for some items?)");
   if (first != Collates::number) return std::nullopt;
   // Numbers of one type collate below; a mix makes what torch.tensor makes of it: float64
-  // with a float among them, else int64 (bools as 0 and 1).
+  // with a float among them (anything without __index__), else int64 (bools as 0 and 1).
   bool ints = true, floats = true, bools = true, any_float = false;
   for (const Value& v : items) {
     PyObject* o = v.index() == 1 ? std::get<PyObj>(v).get().ptr() : nullptr;
     ints = ints && !o;
     floats = floats && o && PyFloat_CheckExact(o);
     bools = bools && o && PyBool_Check(o);
-    any_float = any_float || (o && PyFloat_Check(o));
+    any_float = any_float || (o && !PyIndex_Check(o));
   }
   if (ints || floats || bools) return std::nullopt;
   HostTensor out = HostTensor::empty(any_float ? DType::f64 : DType::i64,
@@ -728,7 +749,11 @@ std::optional<HostTensor> check_one_kind(const std::vector<Value>& items, const 
     PyObject* o = items[i].index() == 1 ? std::get<PyObj>(items[i]).get().ptr() : nullptr;
     if (any_float) {
       const double x = o ? PyFloat_AsDouble(o) : static_cast<double>(std::get<std::int64_t>(items[i]));
-      if (x == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+      if (x == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        throw Error(who + ": item " + std::to_string(i) + " of the batch, " + describe(items[i]) +
+                    ", does not fit a float64");
+      }
       static_cast<double*>(out.raw())[i] = x;
     } else {
       const long long x = o ? PyLong_AsLongLong(o) : std::get<std::int64_t>(items[i]);

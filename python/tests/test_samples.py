@@ -249,6 +249,18 @@ def test_a_batch_of_mixed_kinds_is_refused_naming_the_odd_item():
     assert sft.to_torch(ints).tolist() == [1, 1, 3, 0] and sft.to_torch(ints).dtype == torch.int64
     # Strings and None only: a list, as before.
     assert batches(["a", None, "c", "d"]) == [["a", None, "c", "d"]]
+    # NumPy scalars among Python numbers are numbers, as torch.tensor takes them; alone they
+    # stack as 0-d arrays, as before.
+    (labels,) = batches([3, np.int64(5), 7, np.int32(1)])
+    assert sft.to_torch(labels).tolist() == [3, 5, 7, 1] and sft.to_torch(labels).dtype == torch.int64
+    (weights,) = batches([0.5, np.float32(1.5), 2, 3])
+    assert sft.to_torch(weights).tolist() == [0.5, 1.5, 2.0, 3.0]
+    (alone,) = batches([np.float32(i) for i in range(4)])
+    assert np.asarray(alone).dtype == np.float32 and np.asarray(alone).tolist() == [0, 1, 2, 3]
+    # A number no float64 holds: named, not a Python error escaping the runtime's thread.
+    with pytest.raises(sf.StageError, match=r"item 1 of the batch, a Python int, does not fit a "
+                                             r"float64"):
+        batches([0.5, 10 ** 400, 1, 2])
 
 
 def test_read_file_needs_one_label_per_path():
