@@ -16,8 +16,9 @@ namespace {
 
 // Items through n per item delivered, where the graph's shape says it: a chain to the graph's
 // one sink (1; before a Graph::batch of 64, 64; a skip after n is not counted). 0 (measured
-// instead) past a fan-out, a merge, a zip, or a dynamic batch or unbatch (their batches vary). Measured in a run's first windows it read
-// x2.27 for a plain chain's stage whose queues were filling.
+// instead) past a fan-out, a merge, a zip, or a dynamic batch or unbatch (their batches vary).
+// Measured, a run's first windows read x2.27 for a plain chain's stage whose queues were
+// filling.
 double shape_visits(const NodeBase& n) {
   double v = 1;
   const NodeBase* at = &n;

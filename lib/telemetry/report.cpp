@@ -19,6 +19,10 @@ std::string pct(double f) { return fmt::format("{:.0f}%", 100.0 * f); }
 std::string mib(double b) { return fmt::format("{:.1f} MiB", b / (1 << 20)); }
 std::string ms(std::int64_t ns) { return fmt::format("{:.1f} ms", static_cast<double>(ns) / 1e6); }
 bool limited(const StageStats& s) { return s.concurrency_limit != Concurrency::unlimited; }
+// Whether its bodies hold an arena thread while they run (an async or blocking stage's do not).
+bool holds_threads(const StageStats& s) {
+  return (s.kind == StageKind::stage || s.kind == StageKind::sink) && s.call_ns < 0;
+}
 
 // "raise the concurrency of stage 'x' from a to b", `why` after it; within the runtime's
 // threads for a stage whose bodies hold them (an async or blocking stage's items out do not):
@@ -43,9 +47,7 @@ std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size
                        "it, which can run concurrently (a source of indices or paths, and a stage "
                        "that loads each)",
                        s.name, why);
-  const bool holds_threads =
-      (s.kind == StageKind::stage || s.kind == StageKind::sink) && s.call_ns < 0;
-  if (holds_threads && st.threads > 0 && to > st.threads) {
+  if (holds_threads(s) && st.threads > 0 && to > st.threads) {
     if (s.concurrency_limit >= st.threads)
       return fmt::format(
           "stage '{}' already runs on all {} of the runtime's threads{}: it takes more cores "
@@ -307,15 +309,13 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
     const StageStats* hog = nullptr;
     double used = 0;
     for (const auto& s : st.stages) {
-      if ((s.kind != StageKind::stage && s.kind != StageKind::sink) || s.call_ns >= 0) continue;
+      if (!holds_threads(s)) continue;
       used += frac(s.work_ns, wall);
       if (&s != &b && (!hog || s.work_ns > hog->work_ns)) hog = &s;
     }
     // (Only a stage whose bodies take an arena thread: a pull sink or a zip "starves" for
     // other reasons; and the stage named did more work than the waiting one.)
-    const bool takes_threads =
-        (b.kind == StageKind::stage || b.kind == StageKind::sink) && b.call_ns < 0;
-    if (hog && takes_threads && hog->work_ns > b.work_ns && st.threads > 0 &&
+    if (hog && holds_threads(b) && hog->work_ns > b.work_ns && st.threads > 0 &&
         b.mean_queue >= 1.0 && frac(b.starved_ns, wall) > 0.5 &&
         used >= 0.9 * static_cast<double>(st.threads)) {
       d.bottleneck = hog->name;

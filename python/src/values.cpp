@@ -715,18 +715,23 @@ std::optional<HostTensor> check_one_kind(const std::vector<Value>& items, const 
       return false;
     }
   };
-  Collates first = collates_as(items[0]);
+  // Each item's kind, once (a NumPy scalar's as a number where Python numbers are among them).
+  std::vector<Collates> kinds;
+  kinds.reserve(items.size());
+  std::vector<bool> scalar(items.size(), false);
   bool numbers = false, scalars = false;
-  for (const Value& v : items) {
-    const Collates k = collates_as(v);
-    numbers = numbers || k == Collates::number;
-    scalars = scalars || (k == Collates::tensor && numpy_scalar(v));
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    kinds.push_back(collates_as(items[i]));
+    scalar[i] = kinds[i] == Collates::tensor && numpy_scalar(items[i]);
+    numbers = numbers || kinds[i] == Collates::number;
+    scalars = scalars || scalar[i];
   }
-  const bool as_numbers = numbers && scalars;
-  if (as_numbers) first = Collates::number;
+  if (numbers && scalars)
+    for (std::size_t i = 0; i < items.size(); ++i)
+      if (scalar[i]) kinds[i] = Collates::number;
+  const Collates first = kinds[0];
   for (std::size_t i = 1; i < items.size(); ++i)
-    if (const Collates k = collates_as(items[i]);
-        k != first && !(as_numbers && k == Collates::tensor && numpy_scalar(items[i])))
+    if (kinds[i] != first)
       throw Error(who + ": item " + std::to_string(i) + " of the batch is " + describe(items[i]) +
                   " where item 0 is " + describe(items[0]) +
                   ": a batch collates one kind of value per field, as torch's default_collate "
