@@ -201,7 +201,11 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
     const StageKind k = st.kind;
     held = sat_add(held, st.ring_capacity);  // (pinned rings: fixed for the run)
     if (k == StageKind::source) continue;
-    if (k == StageKind::pull_sink || !tuned[i]) {
+    // A GPU stage whose concurrency its user set is modelled at that number (the tuner works
+    // around it): its bursts hold no cores, but the rate it allows is the graph's bound when it
+    // is the limit, and the cores the others need to keep it fed are what the graph asks for.
+    const bool modelled_fixed = !tuned[i] && k == StageKind::gpu_stage;
+    if (k == StageKind::pull_sink || (!tuned[i] && !modelled_fixed)) {
       // What the stages the tuner does not model can hold: their queue, and an item in each
       // body they can run at once (an unlimited one: at most the cores').
       const std::size_t bodies =
@@ -211,12 +215,10 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
       held = sat_add(held, sat_mul(sat_add(st.capacity, bodies), st.item_bytes));
     }
     if (k == StageKind::pull_sink) continue;
-    if (!tuned[i]) {
-      // A stage whose concurrency its user set is not modelled: the cores it used in the
+    if (!tuned[i] && !modelled_fixed) {
+      // A CPU stage whose concurrency its user set is not modelled: the cores it used in the
       // window are taken off the budget of the automatic ones (the tuner works around it).
-      // (A GPU stage's work time is its bursts', on the device: no cores.)
-      if (k != StageKind::gpu_stage)
-        fixed += static_cast<double>(now.stages[i].work_ns - before.stages[i].work_ns) / window;
+      fixed += static_cast<double>(now.stages[i].work_ns - before.stages[i].work_ns) / window;
       continue;
     }
     index[now.stages[i].name] = picked.size();
@@ -253,13 +255,19 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
     const std::size_t limit =
         b.concurrency_limit == Concurrency::unlimited ? whole_cores : b.concurrency_limit;
     x.concurrency = std::max<std::size_t>(limit, 1);
+    if (!tuned[i]) x.fixed_concurrency = x.concurrency;  // (a user's GPU stage: above)
     if (x.gpu) {
       // A GPU stage's work time is its bursts' (lease to completion: device time and the waits
       // for it), not CPU; the host's enqueue inside it is not measured apart, and counted as
       // none, so that the device's time is not charged to the cores.
       x.cpu_ns = 0;
       // Bursts in flight, each holding a stream while it runs: at most the device's streams.
-      if (now.gpu.device_streams > 0) x.max_concurrency = now.gpu.device_streams;
+      if (now.gpu.device_streams > 0) {
+        x.max_concurrency = now.gpu.device_streams;
+        // (A user's unlimited GPU stage has as many bursts at once as the device has streams.)
+        if (!tuned[i] && b.concurrency_limit == Concurrency::unlimited)
+          x.fixed_concurrency = x.concurrency = now.gpu.device_streams;
+      }
       x.gpu_busy_ns = gpu_work > 0 ? static_cast<std::int64_t>(static_cast<double>(gpu_busy) *
                                                                static_cast<double>(x.work_ns) /
                                                                static_cast<double>(gpu_work))
