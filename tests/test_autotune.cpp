@@ -655,6 +655,18 @@ TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
   const std::string n = texts(near, [&](std::int64_t k) { return chain(k, 100, 106, 1e-3, 2e-3, 0, 0); }, 3);
   EXPECT_EQ(n.find(" x1.06"), std::string::npos) << n;
   EXPECT_EQ(n.find("per item delivered"), std::string::npos) << n;
+  // After a batch (batch -> decode -> model -> unbatch -> sink: 1/8 of a visit per item
+  // delivered), a queue's capacity counts batches, and its decisions say so.
+  Autotuner after({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+  const std::string a = texts(after, [&](std::int64_t k) {
+    Sample s = chain(k, 800, 100, 1e-3, 2e-3, 0, 0);
+    s.stages[0].visits = s.stages[1].visits = 0.125;
+    return s;
+  }, 3);
+  EXPECT_NE(a.find("model capacity 1 -> "), std::string::npos) << a;
+  EXPECT_NE(a.find("; a slot holds one of its items, each x0.125 per item delivered (a batch's)"),
+            std::string::npos) << a;
+  EXPECT_EQ(b.find("a slot holds"), std::string::npos) << b;  // before a batch: items
 }
 
 // "a change is kept only if the measured rate improves, otherwise reverted"

@@ -911,6 +911,12 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
                                                 ? ""
                                                 : ": the graph's admission limit (max_in_flight) bounds its "
                                                   "items instead")
+                              : std::string()) +
+                         // (After a batch its queue holds batches: say what a slot is.)
+                         (m.visits > 0 && m.visits <= 0.67
+                              ? fmt::format("; a slot holds one of its items, each{} per item delivered "
+                                            "(a batch's)",
+                                            visits_text(m))
                               : std::string())});
   }
   if ((bound_.limit == Limit::gpu || bound_.limit == Limit::stage) && next.cores + 1 <= budget_.cores)
