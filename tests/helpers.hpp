@@ -116,6 +116,37 @@ std::string refusal(G& g) {
   return "no error";
 }
 
+/// A stage's figures for the white-box tests of the diagnosis and the tuner, which hand-build
+/// a run's RunStats: the fields a test names; busy time is the work's, up to the window.
+struct StageFigures {
+  std::size_t limit = 1;         ///< concurrency_limit
+  std::uint64_t items = 0;       ///< items_in and items_out
+  std::int64_t work = 0;         ///< work_ns
+  std::int64_t starved = 0, blocked = 0;
+  double queue = 0;              ///< mean_queue
+  std::size_t capacity = 0;
+  std::int64_t call = -1;        ///< call_ns (an async stage's calls)
+  std::int64_t window = 1'000'000'000;  ///< busy_ns is at most this
+};
+
+inline splitflow::StageStats stage_stats(std::string name, splitflow::StageKind kind,
+                                         std::vector<std::string> consumers, StageFigures f = {}) {
+  splitflow::StageStats s;
+  s.name = std::move(name);
+  s.kind = kind;
+  s.consumers = std::move(consumers);
+  s.concurrency_limit = f.limit;
+  s.items_in = s.items_out = f.items;
+  s.work_ns = f.work;
+  s.busy_ns = std::min(f.work, f.window);
+  s.starved_ns = f.starved;
+  s.blocked_ns = f.blocked;
+  s.mean_queue = f.queue;
+  s.capacity = f.capacity;
+  s.call_ns = f.call;
+  return s;
+}
+
 /// A generator of Tracked(0), Tracked(1), ..., Tracked(n-1) (n < 0: endless).
 inline auto tracked_source(long n) {
   return [i = 0L, n]() mutable -> std::optional<Tracked> {

@@ -275,13 +275,7 @@ TEST(AutotuneRuntime, AStageBeforeABatchVisitsAsManyTimesAsTheBatchHolds) {
 // that the bound knows the rate it allows.
 TEST(AutotuneRuntime, AGpuStagesSampleIsItsShareOfTheDeviceTimeAndNoCpu) {
   auto stage = [](std::string name, StageKind kind, std::vector<std::string> consumers) {
-    StageStats s;
-    s.name = std::move(name);
-    s.kind = kind;
-    s.consumers = std::move(consumers);
-    s.concurrency_limit = 1;
-    s.capacity = 8;
-    return s;
+    return testing_helpers::stage_stats(std::move(name), kind, std::move(consumers), {.capacity = 8});
   };
   RunStats before;
   before.wall_ns = 1'000'000'000;
@@ -639,16 +633,8 @@ TEST(AutotuneRuntime, AnAsyncStagesSampleIsItsCallsCpuAndItsConsumersSlots) {
   now.wall_ns = 1'000'000'000;
   auto stage = [](const char* name, StageKind kind, std::int64_t work, std::int64_t call,
                   std::size_t capacity, std::vector<std::string> consumers) {
-    StageStats s;
-    s.name = name;
-    s.kind = kind;
-    s.work_ns = work;
-    s.call_ns = call;
-    s.capacity = capacity;
-    s.items_out = 100;
-    s.concurrency_limit = 3;
-    s.consumers = std::move(consumers);
-    return s;
+    return testing_helpers::stage_stats(name, kind, std::move(consumers),
+                                        {.limit = 3, .items = 100, .work = work, .capacity = capacity, .call = call});
   };
   before.stages = {stage("src", StageKind::source, 0, -1, 0, {"read"}),
                    stage("read", StageKind::stage, 0, 0, 32, {"a", "b"}),

@@ -403,16 +403,8 @@ TEST(Diagnosis, AChainIsHeldBackByItsLastStageNotBlockedItself) {
   st.wall_ns = 1'000'000'000;
   auto stage = [](std::string name, StageKind kind, std::size_t limit, std::int64_t work,
                   std::int64_t blocked, std::vector<std::string> consumers) {
-    StageStats s;
-    s.name = std::move(name);
-    s.kind = kind;
-    s.concurrency_limit = limit;
-    s.items_in = s.items_out = 200;
-    s.busy_ns = std::min<std::int64_t>(work, 1'000'000'000);
-    s.work_ns = work;
-    s.blocked_ns = blocked;
-    s.consumers = std::move(consumers);
-    return s;
+    return testing_helpers::stage_stats(std::move(name), kind, std::move(consumers),
+                                        {.limit = limit, .items = 200, .work = work, .blocked = blocked});
   };
   st.stages = {stage("src", StageKind::source, 1, 10'000'000, 790'000'000, {"cheap"}),
                stage("cheap", StageKind::stage, 2, 20'000'000, 900'000'000, {"slow"}),
@@ -457,18 +449,9 @@ TEST(Diagnosis, AStageWaitingForAThreadWithItsQueueFullIsNotTheBottleneck) {
   auto stage = [](std::string name, StageKind kind, std::size_t limit, std::int64_t work,
                   std::int64_t starved, std::int64_t blocked, double queue,
                   std::vector<std::string> consumers) {
-    StageStats s;
-    s.name = std::move(name);
-    s.kind = kind;
-    s.concurrency_limit = limit;
-    s.items_in = s.items_out = 2400;
-    s.busy_ns = std::min<std::int64_t>(work, 1'000'000'000);
-    s.work_ns = work;
-    s.starved_ns = starved;
-    s.blocked_ns = blocked;
-    s.mean_queue = queue;
-    s.consumers = std::move(consumers);
-    return s;
+    return testing_helpers::stage_stats(std::move(name), kind, std::move(consumers),
+                                        {.limit = limit, .items = 2400, .work = work, .starved = starved,
+                                         .blocked = blocked, .queue = queue});
   };
   st.stages = {stage("idx", StageKind::source, 1, 5'000'000, 0, 860'000'000, 0, {"read"}),
                stage("read", StageKind::stage, 1, 86'000'000, 914'000'000, 0, 22.7, {"decode"}),
@@ -541,14 +524,8 @@ TEST(Diagnosis, ASuggestedConcurrencyStaysWithinTheRuntimesThreads) {
   st.wall_ns = 1'000'000'000;
   st.threads = 4;
   auto stage = [](std::string name, StageKind kind, std::size_t limit, std::int64_t work) {
-    StageStats s;
-    s.name = std::move(name);
-    s.kind = kind;
-    s.concurrency_limit = limit;
-    s.items_in = s.items_out = 100;
-    s.busy_ns = std::min<std::int64_t>(work, 1'000'000'000);
-    s.work_ns = work;
-    return s;
+    return testing_helpers::stage_stats(std::move(name), kind, {},
+                                        {.limit = limit, .items = 100, .work = work});
   };
   st.stages = {stage("src", StageKind::source, 1, 1'000'000),
                stage("decode", StageKind::stage, 4, 3'960'000'000),
