@@ -17,7 +17,8 @@ view the same memory (zero-copy). ``splitflow.torch`` wraps a graph as a DataLoa
 import atexit as _atexit
 
 from ._errors import (  # noqa: F401
-    CancelledError, DeadlineError, Error, GraphError, OverloadedError, StageError)
+    CancelledError, DeadlineError, Error, GraphError, OverloadedError, RemoteException,
+    StageError)
 from ._core import (  # noqa: F401
     Graph,
     Node,
@@ -86,7 +87,7 @@ _atexit.register(_shutdown)
 
 __all__ = [
     "CancelledError", "DeadlineError", "Error", "Graph", "GraphError", "Node", "OverloadedError", "PullIterator",
-    "Run", "Runtime", "StageError",
+    "RemoteException", "Run", "Runtime", "StageError",
     "image_files", "image_folder", "list_arbiters", "read_arbiter", "remove_arbiter",
     "Tensor", "built_with_cuda", "cuda_runtime_calls", "ops",
 ]

@@ -10,13 +10,18 @@
                           something other than its own reader (Run.cancel() from another
                           thread, another sink's reader, the interpreter's exit)
 
+Not a splitflow error: RemoteException, a process stage's own exception that could not be
+rebuilt in the parent (its class's __init__ takes other arguments, or it holds what cannot be
+pickled): the StageError's __cause__, with the exception's type and text, and the worker's
+traceback in its notes.
+
 A StageError survives pickling (DataLoader workers): its attributes travel with it, and one
 rebuilt from its message alone (as torch's worker error wrapper does) reads them back from it.
 """
 import re
 
 __all__ = ["Error", "GraphError", "StageError", "OverloadedError", "DeadlineError",
-           "CancelledError"]
+           "CancelledError", "RemoteException"]
 
 
 class Error(RuntimeError):
@@ -62,3 +67,16 @@ class StageError(Error):
 
     def __reduce__(self):
         return (StageError, (str(self), self.graph, self.stage, self.item, self.message))
+
+
+class RemoteException(Exception):
+    """A process stage's own exception that could not be rebuilt in this process: ``remote_type``
+    is its class's name, ``str()`` its type and text ("NoArgExc: 1-2"); the worker's traceback is
+    in its notes. It is the StageError's ``__cause__``, as the exception itself would be."""
+
+    def __init__(self, text="", remote_type=""):
+        super().__init__(text)
+        self.remote_type = remote_type
+
+    def __reduce__(self):
+        return (RemoteException, (str(self), self.remote_type))

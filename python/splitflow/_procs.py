@@ -722,10 +722,13 @@ def _release(arena, slot):
 
 
 def _exception_payload(e, text=None):
-    """(the exception pickled or None, its text for an Error, the traceback)."""
+    """(the exception pickled or None, its text, the traceback, whether it is the function's
+    own: without a text, the parent rebuilds it as the StageError's cause, or a RemoteException
+    in its place; with one, it is a splitflow.Error of that text)."""
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     blob = None
-    if text is None:
+    own = text is None
+    if own:
         # A SystemExit or KeyboardInterrupt too: in the parent it stops the run as in a thread
         # stage, whatever the stage's on_error.
         text = f"{type(e).__name__}: {e}"
@@ -736,7 +739,7 @@ def _exception_payload(e, text=None):
             blob = None
             if not isinstance(e, Exception):  # still a stop: the builtin it derives from
                 blob = pickle.dumps(_builtin_stop(e), _PROTOCOL)
-    return pickle.dumps((blob, text, tb), _PROTOCOL)
+    return pickle.dumps((blob, text, tb, type(e).__name__ if own else None), _PROTOCOL)
 
 
 # ---- the worker ---------------------------------------------------------------------------------
@@ -1345,7 +1348,7 @@ class _State:
                 self.start_failures = 0
             return
         if kind == _INIT_ERROR:
-            blob_, text, tb = pickle.loads(body) if body is not None else (None, "?", "")
+            blob_, text, tb, _ = pickle.loads(body) if body is not None else (None, "?", "", None)
             err = GraphError(
                 f"splitflow.Graph.stage('{self.stage}', processes={self.processes}): worker "
                 f"process {slot.pid} cannot load the function {self.fn_name} ({text}); define it "
@@ -1370,9 +1373,10 @@ class _State:
     def _exception(self, slot, body):
         Error, _ = _errors()
         try:
-            blob, text, tb = pickle.loads(body)
+            blob, text, tb, own = pickle.loads(body)
         except Exception as e:
-            blob, text, tb = None, f"the error could not be unpickled ({type(e).__name__}: {e})", ""
+            blob, text, tb, own = (None, f"the error could not be unpickled ({type(e).__name__}: {e})",
+                                   "", None)
         exc = None
         if blob is not None:
             try:
@@ -1382,7 +1386,18 @@ class _State:
             if not isinstance(exc, BaseException):
                 exc = None
         if exc is None:
-            exc = Error(text)
+            if own:  # the function's own, which cannot be rebuilt here: its type and text
+                from ._errors import RemoteException
+                exc = RemoteException(text, own)
+            else:
+                exc = Error(text)
+        if own:
+            # The function's own (a splitflow.Error it raised too): the StageError's __cause__,
+            # not an error of the pool's (PyCompletion::error_of).
+            try:
+                exc._splitflow_own = True
+            except Exception:
+                pass
         _add_note(exc, f"Traceback in worker process {slot.pid} of stage '{self.stage}':\n{tb}")
         return exc
 

@@ -533,12 +533,51 @@ StageOptions stage_options(std::size_t concurrency, Order order, std::size_t cap
 
 // ---- the Python stage and source bodies ----------------------------------------------------------
 
+/// A dynamic batch's results, from what a stage's function returned for its requests collated:
+/// one per request (a list, a tuple, or anything with len() and indexing: a tensor's rows), in a
+/// batch of the same requests. With the GIL held.
+Value batch_results(const BatchPtr& b, const py::object& out, const std::string& who) {
+  const std::size_t n = b->batch.size();
+  const auto one_each = [&] {
+    return "; return one per request (a list, or a tensor whose first dimension is the batch's)";
+  };
+  // (A torch tensor is no sequence to PySequence_Check: what has a len() is taken.)
+  if (out.is_none() || PyDict_Check(out.ptr()) || !py::hasattr(out, "__len__"))
+    throw Error(who + ": the function returned " +
+                (out.is_none() ? std::string("None")
+                               : "a " + py::str(out.get_type().attr("__name__")).cast<std::string>()) +
+                " for a batch of " +
+                std::to_string(n) + " requests" + one_each());
+  const py::ssize_t got = py::len(out);
+  if (got != static_cast<py::ssize_t>(n))
+    throw Error(who + ": the function returned " + std::to_string(got) + " results for a batch of " +
+                std::to_string(n) + " requests" + one_each());
+  auto r = std::make_shared<BatchBox>();
+  r->batch.ids = b->batch.ids;
+  r->batch.errors = b->batch.errors;
+  r->batch.items.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) r->batch.items.push_back(from_python(out[py::int_(i)]));
+  return r;
+}
+
 /// Calls a Python callable on each item, with the GIL held only around the call.
 /// The answer to one item of a process stage (splitflow/_procs.py calls it from its reader
-/// thread): done(value) or fail(exception), once.
+/// thread): done(value) or fail(exception), once. For a dynamic batch (`batch`), the value is
+/// the function's results for its requests collated, one per request, as in a thread stage.
 struct PyCompletion {
   std::shared_ptr<Completion<Value>> c;
-  bool done(py::handle value) { return c->done(from_python(value)); }
+  BatchPtr batch = {};
+  std::string who = {};
+  bool done(py::handle value) {
+    if (!batch) return c->done(from_python(value));
+    Value r;
+    try {
+      r = batch_results(batch, py::reinterpret_borrow<py::object>(value), who);
+    } catch (...) {
+      return c->fail(std::current_exception());
+    }
+    return c->done(std::move(r));
+  }
   /// `keep` (not None): the item to emit in the failed one's place under substitute= (a
   /// field= stage's sample with that field substituted).
   bool fail(py::handle exc, py::handle keep) {
@@ -551,16 +590,20 @@ struct PyCompletion {
     if (!PyExceptionInstance_Check(exc.ptr()))
       return std::make_exception_ptr(Error("failed with " + std::string(py::repr(exc))));
     // splitflow.Error (a worker died, the pool closed): its message, as the item's error.
-    // Anything else is the function's own exception, the StageError's __cause__.
-    if (PyObject_IsInstance(exc.ptr(), g_error_types[0]) == 1) {
+    // Anything else, and a splitflow.Error the function raised itself (marked _splitflow_own
+    // by _procs), is the function's own exception, the StageError's __cause__.
+    if (PyObject_IsInstance(exc.ptr(), g_error_types[0]) == 1 && !py::hasattr(exc, "_splitflow_own")) {
       // A pool that cannot work (its workers die as they start) ends the run whatever the
       // stage's on_error (_procs._stops_run): no item would ever succeed.
       if (py::hasattr(exc, "stops_run") && py::bool_(exc.attr("stops_run")))
         return std::make_exception_ptr(StopRequest(py::str(exc).cast<std::string>()));
       return std::make_exception_ptr(Error(py::str(exc).cast<std::string>()));
     }
-    std::string what = std::string(py::str(exc.get_type().attr("__name__"))) + ": " +
-                       py::str(exc).cast<std::string>();
+    // (A RemoteException's text is its type's and its own: "NoArgExc: 1-2".)
+    std::string what = py::hasattr(exc, "remote_type")
+                           ? py::str(exc).cast<std::string>()
+                           : std::string(py::str(exc.get_type().attr("__name__"))) + ": " +
+                                 py::str(exc).cast<std::string>();
     return carry_python(std::move(what), PyObj(py::reinterpret_borrow<py::object>(exc)));
   }
 };
@@ -597,21 +640,7 @@ struct PythonBody {
   // A dynamic batch: the function takes its items collated and returns one result per item
   // (a list, a tuple, or anything with len() and indexing: a tensor's rows).
   Value on_batch(BatchPtr b) const {
-    const std::size_t n = b->batch.size();
-    return call_python([&]() -> Value {
-      py::object out = fn->obj.get()(to_python(Value(b)));
-      const py::ssize_t got = py::len(out);
-      if (got != static_cast<py::ssize_t>(n))
-        throw Error(who + ": the function returned " + std::to_string(got) + " results for a batch of " +
-                    std::to_string(n) + " requests; return one per request (a list, or a tensor "
-                    "whose first dimension is the batch's)");
-      auto r = std::make_shared<BatchBox>();
-      r->batch.ids = b->batch.ids;
-      r->batch.errors = b->batch.errors;
-      r->batch.items.reserve(n);
-      for (std::size_t i = 0; i < n; ++i) r->batch.items.push_back(from_python(out[py::int_(i)]));
-      return r;
-    });
+    return call_python([&]() -> Value { return batch_results(b, fn->obj.get()(to_python(Value(b))), who); });
   }
 };
 
@@ -1047,6 +1076,34 @@ auto on_field(Body body, const py::object& field, const char* method, const std:
   Sample::Name f = Sample::Name::of(field, "splitflow.Graph." + std::string(method) + "('" + name + "')");
   return [body = std::move(body), f = std::move(f), who = "stage '" + name + "'",
           substitute = std::move(substitute), indexed](Value v, auto&... ctx) -> Value {
+    if (auto* b = std::get_if<BatchPtr>(&v)) {
+      // A dynamic batch (a service's requests): the body on the field of each request, as one
+      // batch of the same ids (a Python function gets those fields collated and returns one
+      // result per request; a C++ op runs on each), each result put back in its request's
+      // sample. (The body fails the batch as a whole as it would without field=.)
+      if (b->use_count() > 1) *b = std::make_shared<BatchBox>(**b);  // copy-on-write
+      Batch<Value>& batch = (*b)->batch;
+      auto fields = std::make_shared<BatchBox>();
+      fields->batch.ids = batch.ids;
+      fields->batch.errors = batch.errors;
+      std::vector<Sample*> samples;
+      for (std::size_t i = 0; i < batch.items.size(); ++i) {
+        auto* p = std::get_if<SamplePtr>(&batch.items[i]);
+        if (!p)
+          throw Error(who + ": field=" + f.repr + " but request " + std::to_string(i) + " of its dynamic batch is " +
+                      describe(batch.items[i]) + ", not a tuple or dict");
+        samples.push_back(&writable(*p));
+        fields->batch.items.push_back(samples.back()->at(f, who));
+      }
+      Value out = body(Value{std::move(fields)}, ctx...);
+      auto* r = std::get_if<BatchPtr>(&out);
+      if (!r || (*r)->batch.items.size() != samples.size())
+        throw Error(who + ": field=" + f.repr + ": the body did not return one result per request of its dynamic batch");
+      for (std::size_t i = 0; i < samples.size(); ++i)
+        samples[i]->at(f, who) = std::move((*r)->batch.items[i]);
+      batch.errors = std::move((*r)->batch.errors);
+      return v;
+    }
     auto* p = std::get_if<SamplePtr>(&v);
     if (!p) throw Error(who + ": field=" + f.repr + " but the item is " + describe(v) + ", not a tuple or dict");
     Sample& sample = writable(*p);
@@ -1537,10 +1594,20 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
               body, processes, name, field, py::arg("depth") = kDepth,
               py::arg("substitute") = substitute);
           o.concurrency = static_cast<std::size_t>(processes) * kDepth;
-          auto submit = [pool = g->hold(pool)](Value v, Completion<Value> c) {
+          auto submit = [pool = g->hold(pool), by_field = !field.is_none(),
+                         who = "stage '" + name + "' of graph '" + g->graph.name() + "'"](Value v, Completion<Value> c) {
             WithGil gil;
             if (!gil) throw_exiting("a process stage");
             PyCompletion pc{std::make_shared<Completion<Value>>(std::move(c))};
+            // (A dynamic batch: its requests collated go to the worker, its results come back
+            // one per request, the batch's ids kept here.)
+            if (auto* b = std::get_if<BatchPtr>(&v)) {
+              if (by_field)
+                throw Error(who + ": field= on a process stage is not for a dynamic batch's requests; "
+                            "give its function the requests whole (no field=), or make it a thread "
+                            "stage, where field= takes that field of each request");
+              pc.batch = *b, pc.who = who;
+            }
             call_python([&] { pool->obj.get().attr("submit")(to_python(std::move(v)), pc); });
           };
           auto a = g->graph.async_stage<Value, Value>(name, std::move(submit), o);
@@ -1553,6 +1620,9 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         if (py::isinstance<CpuOp>(body)) {
           fn = per_item(body.cast<CpuOp>().fn);
         } else {
+          if (py::isinstance<GpuOp>(body))
+            throw GraphError("splitflow.Graph.stage('" + name + "'): ops." + body.cast<GpuOp>().name +
+                             " is a GPU op; give it to g.gpu_stage('" + name + "', ...)");
           if (!PyCallable_Check(body.ptr())) throw GraphError("splitflow.Graph.stage('" + name + "'): the body must be callable or a splitflow.ops.CpuOp");
           fn = PythonBody{g->hold(std::move(body)), g->bodies,
                           "stage '" + name + "' of graph '" + g->graph.name() + "'"};

@@ -36,6 +36,32 @@ def raise_on_five(x):
     return x
 
 
+class TwoArgError(Exception):
+    """An exception pickle cannot rebuild: its __init__ takes two arguments, its args one."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}-{b}")
+
+
+def two_arg_error_on_five(x):
+    if x == 5:
+        raise TwoArgError(1, 2)
+    return x
+
+
+def splitflow_error_on_five(x):
+    if x == 5:
+        import splitflow
+        raise splitflow.Error("the function's own splitflow.Error")
+    return x
+
+
+def times_ten(batch):
+    """A service's model step: the requests collated, one result each."""
+    import numpy as np
+    return np.asarray(batch) * 10
+
+
 def skip_three_exit_on_six(x):
     """A ValueError on item 3 (skipped under on_error="skip"), sys.exit(4) on item 6."""
     if x == 3:

@@ -85,6 +85,48 @@ def test_an_exception_names_stage_and_item_and_keeps_the_workers_traceback():
     assert "raise_on_five" in notes and "worker process" in notes
 
 
+def test_an_exception_that_cannot_be_rebuilt_or_a_splitflow_error_of_the_function_is_still_the_cause():
+    # A class whose __init__ takes other arguments than its args cannot be unpickled: it came
+    # back as a splitflow.Error, which the stage took for the pool's own error, so __cause__ was
+    # None and the worker's traceback was lost (a new user's trial); a splitflow.Error the
+    # function raised itself, the same. A thread stage has both as __cause__.
+    with pytest.raises(sf.StageError) as info:
+        run_list(list(range(20)), fns.two_arg_error_on_five)
+    e = info.value
+    assert (e.graph, e.stage, e.item) == ("procs", "py", 5)
+    assert isinstance(e.__cause__, sf.RemoteException) and not isinstance(e.__cause__, sf.Error)
+    assert e.__cause__.remote_type == "TwoArgError" and str(e.__cause__) == "TwoArgError: 1-2"
+    assert "failed on item 5" in str(e) and "TwoArgError: 1-2" in str(e)
+    notes = "\n".join(getattr(e.__cause__, "__notes__", []))
+    assert "two_arg_error_on_five" in notes and "worker process" in notes
+    with pytest.raises(sf.StageError) as info:
+        run_list(list(range(20)), fns.splitflow_error_on_five)
+    e = info.value
+    assert type(e.__cause__) is sf.Error and str(e.__cause__) == "the function's own splitflow.Error"
+    assert "splitflow_error_on_five" in "\n".join(getattr(e.__cause__, "__notes__", []))
+    # Skipping works on both as on any exception of the function.
+    got, g, st = run_list(list(range(8)), fns.two_arg_error_on_five, on_error="skip")
+    assert got == [x for x in range(8) if x != 5]
+
+
+def test_a_process_stage_in_a_service_answers_each_request_of_a_dynamic_batch():
+    # Between a dynamic batch and its unbatch, a process stage gets the requests collated and
+    # returns one result per request, as a thread stage does; it returned a plain array, which
+    # failed the run at the unbatch ("expected a dynamic batch") with every request (a trial).
+    rt = sf.Runtime(threads=2)
+    for processes in (0, 2):
+        g = sf.Graph(rt, "svc")
+        svc = g.service("req")
+        svc.source >> g.dynamic_batch("b", max_batch=4, max_delay=0.002) \
+            >> g.stage("m", fns.times_ten, processes=processes) >> g.unbatch("u", 4) >> svc.sink
+        run = g.run()
+        futures = [svc.submit(i) for i in range(40)]
+        assert [int(f.result(timeout=60)) for f in futures] == [10 * i for i in range(40)]
+        svc.close()
+        assert run.wait() == "succeeded"
+        assert svc.stats()["answered"] == 40
+
+
 def test_skip_drops_only_the_failing_item():
     got, g, st = run_list(list(range(20)), fns.raise_on_five, on_error="skip")
     assert got == [x for x in range(20) if x != 5]

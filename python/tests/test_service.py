@@ -171,6 +171,72 @@ def test_a_wrong_number_of_results_fails_that_batchs_requests_and_says_why():
     assert run.wait() == "succeeded"
 
 
+def test_a_batch_function_returning_none_or_a_dict_is_told_what_it_returned():
+    # "returned 1 results" for a dict of one key, and a TypeError of len() for None (a trial).
+    rt = sf.Runtime(threads=2, backend="host")
+    for body, what in ((lambda b: None, "None"), (lambda b: {"y": np.asarray(b)}, "a dict")):
+        g, svc = service_graph(rt, body, max_batch=2, max_delay=30.0)
+        run = g.run()
+        futs = [svc.submit(i) for i in range(2)]
+        for f in futs:
+            with pytest.raises(sf.StageError, match=f"the function returned {what} for a batch of 2 "
+                                                    r"requests; return one per request"):
+                f.result(timeout=30)
+        svc.close()
+        assert run.wait() == "succeeded"
+
+
+def test_a_dynamic_batch_wired_to_the_sink_without_an_unbatch_is_refused_at_run():
+    # Request 0 was answered with the whole batch, the others left pending until close(), and
+    # the run said "succeeded" (a trial).
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "svc")
+    svc = g.service("req")
+    svc.source >> g.dynamic_batch("gather", max_batch=4, max_delay=0.01) >> svc.sink
+    with pytest.raises(sf.GraphError, match="dynamic batch 'gather' of graph 'svc' reaches its "
+                                            "service's sink without an unbatch.*g.unbatch"):
+        g.run()
+
+
+def test_a_field_stage_on_a_dynamic_batch_works_on_that_field_of_each_request():
+    # field= after a dynamic batch: the function gets that field of the requests collated and
+    # returns one result per request, each put back in its request; the other fields go on. It
+    # failed every request ("the item is a dynamic batch of 4 requests, not a tuple or dict").
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "svc")
+    svc = g.service("req")
+    seen = []
+
+    def model(xs):
+        a = np.asarray(xs)
+        seen.append(a.shape)
+        return a * 10
+
+    svc.source >> g.dynamic_batch("gather", max_batch=4, max_delay=30.0) \
+        >> g.stage("m", model, field="x") >> g.unbatch("u", 4) >> svc.sink
+    run = g.run()
+    futs = [svc.submit({"x": i, "y": -i}) for i in range(8)]
+    got = [f.result(timeout=30) for f in futs]
+    assert [(int(d["x"]), d["y"]) for d in got] == [(10 * i, -i) for i in range(8)]
+    assert seen == [(4,), (4,)]
+    # A request that is not a dict or tuple is named; the batch fails (under "fail", the run).
+    bad = svc.submit(7)
+    futs = [svc.submit({"x": i, "y": 0}) for i in range(3)]
+    for f in [bad] + futs:
+        with pytest.raises(sf.StageError, match=r"field='x' but request 0 of its dynamic batch is "
+                                                r"the integer 7, not a tuple or dict"):
+            f.result(timeout=30)
+    with pytest.raises(sf.StageError):
+        run.wait()
+
+
+def test_a_gpu_op_given_to_a_cpu_stage_is_told_to_go_to_a_gpu_stage():
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "g")
+    with pytest.raises(sf.GraphError, match=r"ops.busy_kernel is a GPU op; give it to g.gpu_stage\('busy'"):
+        g.stage("busy", sf.ops.busy_kernel(300))
+
+
 def test_an_expired_request_gets_deadline_error_unprocessed():
     rt = sf.Runtime(threads=2, backend="host")
     seen = []
