@@ -436,6 +436,47 @@ TEST(Service, ASubmitFromACallbackThatFindsNoRoomIsRefusedNotAWait) {
   EXPECT_EQ(s.rejected, 1u);
 }
 
+// A refused submit says why: before any run, "call run() first"; with the service closed and
+// its run still answering, that it was closed; after a run a cancel ended, that the run ended
+// (a submitter a cancel released from its wait for room was told "call run() first": a new C++
+// user's trial).
+TEST(Service, ARefusedSubmitSaysWhetherTheRunEndedOrTheServiceWasClosed) {
+  Runtime rt(host(2));
+  Graph g(rt, "why");
+  auto svc = g.service<int, int>("requests");
+  Gate gate;
+  svc.source() >> g.stage("held", [&](int x) { gate.pass(); return x; }) >> svc.sink();
+  auto refusal_of = [&](int x) -> std::string {
+    try {
+      svc.submit(x);
+    } catch (const GraphError& e) {
+      return e.what();
+    }
+    return "taken";
+  };
+  EXPECT_NE(refusal_of(0).find("is not accepting requests: its graph is not running (call run() first)"),
+            std::string::npos);
+  auto run = g.run();
+  auto first = svc.submit(1);
+  gate.wait_for_waiters(1);
+  svc.close();
+  const std::string closed = refusal_of(2);
+  EXPECT_NE(closed.find("is not accepting requests: the service was closed"), std::string::npos) << closed;
+  EXPECT_EQ(closed.find("run() first"), std::string::npos) << closed;
+  gate.open();
+  EXPECT_EQ(first.get(), 1);
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  // A run a cancel ended.
+  auto again = g.run();
+  again.cancel();
+  again.wait();
+  const std::string ended = refusal_of(3);
+  EXPECT_NE(ended.find("is not accepting requests: its graph's run ended (it finished, was "
+                       "cancelled or failed)"),
+            std::string::npos) << ended;
+  EXPECT_EQ(ended.find("run() first"), std::string::npos) << ended;
+}
+
 // A Graph::batch carries no request ids: in a service graph only each batch's first request
 // was answered (with the whole batch's result) and the others never (a new C++ user's trial).
 // run() refuses it, naming the batch and what to use.
@@ -468,6 +509,41 @@ TEST(Service, APlainBatchInAServiceGraphIsRefusedAtRun) {
   svc2.close();
   EXPECT_EQ(run.wait(), RunStatus::succeeded);
   EXPECT_EQ(batches, 1);
+}
+
+// The same for a dynamic batch that reaches the service's sink whole (no unbatch on its way):
+// its first request was answered with the whole batch and the others were left waiting until
+// close() (a new Python user's trial, where a batch is a value like any other). run() refuses
+// it; with an unbatch on its way, or on a branch that does not reach the answers, it runs.
+TEST(Service, ADynamicBatchThatReachesTheSinkWithoutAnUnbatchIsRefusedAtRun) {
+  Runtime rt(host(2));
+  Graph g(rt, "whole");
+  auto svc = g.service<int, Batch<int>>("requests");
+  svc.source() >> g.dynamic_batch<int>("gather", {.max_batch = 4}) >> svc.sink();
+  try {
+    g.run();
+    ADD_FAILURE() << "run() took it";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("dynamic batch 'gather' of graph 'whole' reaches its "
+                                         "service's sink without an unbatch"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("Graph::unbatch"), std::string::npos) << e.what();
+  }
+  // A fan-out: the requests answered one by one, a dynamic batch of them counted aside.
+  Graph h(rt, "aside");
+  auto svc2 = h.service<int, int>("requests");
+  auto twice = h.stage("twice", [](int x) { return 2 * x; });
+  std::size_t counted = 0;
+  svc2.source() >> twice;
+  twice >> svc2.sink();
+  twice >> h.dynamic_batch<int>("gather", {.max_batch = 4, .max_delay = 1ms}) >>
+      h.sink("count", [&](Batch<int> b) { counted += b.items.size(); });
+  auto run = h.run();
+  EXPECT_EQ(svc2.submit(21).get(), 42);
+  svc2.close();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(counted, 1u);
 }
 
 // "GPU stages take on_error like CPU stages": under skip a throwing GPU-stage body fails only

@@ -390,3 +390,17 @@ TEST(CurrentItem, IsTheItemsNumberInItsStagesBodyAndNothingOutside) {
   EXPECT_EQ(in_source.load(), 0);
   EXPECT_EQ(in_sink.load(), 0);
 }
+
+// OnError::substitute without a value is refused by run(), naming the graph as well as the
+// stage (its message named the stage alone: a new C++ user's trial).
+TEST(Stage, ASubstitutePolicyWithoutAValueIsRefusedNamingGraphAndStage) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "sub2");
+  auto st = g.stage("f", [](long x) { return x; }, {.on_error = OnError::substitute});
+  g.source("n", counter(20)) >> st >> g.sink("s", [](long) {});
+  const std::string why = testing_helpers::refusal(g);
+  EXPECT_NE(why.find("splitflow::Graph 'sub2': stage 'f': on_error is OnError::substitute but it has no "
+                     "substitute value; give one with substitute_on_error(value)"),
+            std::string::npos)
+      << why;
+}

@@ -725,9 +725,29 @@ TEST(Zip, InputsThatCannotBeToldApartAreRefused) {
     connect(batch, z.first());
     connect(other, z.second());
     z >> sink;
-    EXPECT_NE(refusal(g).find("zip 'z': 'batch' batches or unbatches items on its first input only"),
+    EXPECT_NE(refusal(g).find("zip 'z': 'batch' batches or unbatches items on its first input "
+                              "(not upstream of both)"),
               std::string::npos)
         << refusal(g);
+  }
+  {
+    // A batch of the same size on each input is refused too, and the message does not say
+    // "on its first input only" of it (a new C++ user's trial).
+    Graph g(rt, "two-sided-batch");
+    auto src = g.source("n", counter(100));
+    auto b1 = g.batch<long>("b1", 10);
+    auto b2 = g.batch<long>("b2", 10);
+    auto z = g.zip<std::vector<long>, std::vector<long>>("z");
+    auto sink = g.sink("s", [](std::pair<std::vector<long>, std::vector<long>>) {});
+    fan_out(src, b1, b2);
+    connect(b1, z.first());
+    connect(b2, z.second());
+    z >> sink;
+    const std::string why = refusal(g);
+    EXPECT_NE(why.find("'b1' batches or unbatches items on its first input (not upstream of both)"),
+              std::string::npos) << why;
+    EXPECT_NE(why.find("even with one of the same size on the other input"), std::string::npos) << why;
+    EXPECT_EQ(why.find(" only"), std::string::npos) << why;
   }
 }
 

@@ -428,8 +428,9 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
         if (c->holds_while_filling() || c->forms_batches_of() || c->splits_batches_of())
           throw GraphError(who + ": '" + c->name() + "' batches or unbatches items on its " +
                            (p == 0 ? "first" : "second") +
-                           " input only, so the two inputs number their items differently; "
-                           "batch before the fan-out or after the zip");
+                           " input (not upstream of both), so the two inputs number their items "
+                           "differently (a batch numbers its batches itself, even with one of the "
+                           "same size on the other input); batch before the fan-out or after the zip");
       }
       // The nodes of this branch alone tell the zip of the items they drop. Past another zip,
       // that one passes on the drops of the nodes upstream of one of its inputs (it drops

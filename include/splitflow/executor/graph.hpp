@@ -212,7 +212,8 @@ class PullSink : public Node<T, void> {
 /// same source item, or the i-th item of each of two sources), whatever order they arrive in.
 /// When a branch drops an item (a stage skipped it, its deadline passed) the zip drops its
 /// partner, counted in its items_skipped. run() refuses inputs whose items cannot be told apart
-/// (an input merging two sources, or reached along two paths, or batched on one side only).
+/// (an input merging two sources, or reached along two paths, or a batch on an input that is
+/// not upstream of both).
 template <class A, class B>
 class Zip {
  public:

@@ -135,6 +135,15 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
 
   void validate() const override {
     Emitter<Out>::validate();
+    // A batch that reaches the service's sink whole answers its first request with the whole
+    // batch and leaves the others waiting until close() (a new Python user's trial: a
+    // dynamic batch wired to the sink, no unbatch).
+    if (this->graph().tracker() && this->reaches_answers(false))
+      throw GraphError("splitflow: dynamic batch '" + this->name() + "' of graph '" +
+                       this->graph().name() + "' reaches its service's sink without an unbatch, "
+                       "so its first request would be answered with the whole batch and the "
+                       "others never; put an unbatch (C++ Graph::unbatch, Python g.unbatch) "
+                       "between the stage that computes the batch's results and the sink");
     if (opts_.max_batch > this->graph().options().max_in_flight)
       throw GraphError("splitflow: dynamic batch '" + this->name() + "': max_batch " +
                        std::to_string(opts_.max_batch) + " exceeds the graph's max_in_flight (" +

@@ -414,6 +414,18 @@ class PushSourceNode final : public Emitter<In> {
     }
   }
 
+  /// Why push() takes no request now, for the submitter's error. (A submitter that waited for
+  /// room until a cancel ended the run was told "call run() first": a new C++ user's trial.)
+  std::string refusal() {
+    std::lock_guard lk(this->mu_);
+    if (!ran_) return "its graph is not running (call run() first) or the service was closed";
+    if (phase_ == Phase::running && !accepting_ && !this->graph().stopping())
+      return "the service was closed (its run ends once every request taken is answered; run() "
+             "the graph again to serve again)";
+    return "its graph's run ended (it finished, was cancelled or failed) or is ending; run() the "
+           "graph again to serve again";
+  }
+
   void reset(Ticks start, bool telemetry, std::size_t parallelism) override {
     Emitter<In>::reset(start, telemetry, parallelism);
     std::lock_guard lk(this->mu_);
@@ -631,12 +643,15 @@ class Service {
     return *link_->node;
   }
   GraphError not_accepting() const {
-    const bool gone = link_->going.load();
+    std::string why;
+    if (!link_->going.load()) {
+      std::shared_lock lk(link_->mu);
+      if (link_->node) why = link_->node->refusal();
+    }
+    if (why.empty())
+      why = "its graph was destroyed (a Service may outlive its Graph, but takes no request after it)";
     return GraphError("splitflow: service '" + link_->name + "' of graph '" + link_->graph +
-                      (gone ? "' is not accepting requests: its graph was destroyed (a Service "
-                              "may outlive its Graph, but takes no request after it)"
-                            : "' is not accepting requests: its graph is not running (call "
-                              "run() first) or the service was closed"));
+                      "' is not accepting requests: " + why);
   }
 
   std::shared_ptr<detail::SourceLink<In>> link_;

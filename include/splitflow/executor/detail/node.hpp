@@ -87,6 +87,13 @@ struct Envelope {
                 "splitflow: an item type over 256 KiB would travel by value on the worker threads' "
                 "stacks (a few copies at once); hold its data through std::unique_ptr<T>, a "
                 "std::vector, or a HostTensor");
+  // (A struct with a const or reference member is neither: gcc's error came from inside the
+  // nodes, a new C++ user's trial.)
+  static_assert(std::is_move_constructible_v<T> && std::is_move_assignable_v<T>,
+                "splitflow: an item type must be move-constructible and move-assignable (queues, "
+                "rings and optionals move items in and out): drop the const of a const member "
+                "(or hold a reference member as a pointer), or carry the item as a "
+                "std::shared_ptr<const T>");
   T value;
   std::uint64_t seq;
 };
@@ -349,6 +356,21 @@ class NodeBase {
   virtual void end_run() noexcept {}
   /// Whether it answers a service's requests by their ids (a service's sink).
   virtual bool answers_requests() const noexcept { return false; }
+  /// Whether its outputs reach a node that answers requests; `past_unbatch` false: only on a
+  /// way that does not pass an unbatch (which splits a dynamic batch back into its requests).
+  bool reaches_answers(bool past_unbatch = true) const {
+    std::vector<const NodeBase*> todo{this};
+    std::unordered_set<const NodeBase*> seen{this};
+    while (!todo.empty()) {
+      const NodeBase* n = todo.back();
+      todo.pop_back();
+      if (n->answers_requests()) return true;
+      if (!past_unbatch && n != this && n->splits_batches_of() != 0) continue;
+      for (const Edge& e : n->successors())
+        if (seen.insert(e.node).second) todo.push_back(e.node);
+    }
+    return false;
+  }
   /// The graph is going and its run has ended: wait for the threads still reading this node
   /// from outside the run (a pull sink's readers) to leave it.
   virtual void close_readers() noexcept {}

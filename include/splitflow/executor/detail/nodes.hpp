@@ -220,7 +220,7 @@ class Emitter : public NodeBase {
   void validate() const override {
     NodeBase::validate();
     if (this->on_error_ == OnError::substitute && !substitute_)
-      throw GraphError("splitflow: stage '" + this->name() +
+      throw GraphError("splitflow::Graph '" + this->graph().name() + "': stage '" + this->name() +
                        "': on_error is OnError::substitute but it has no substitute value; "
                        "give one with substitute_on_error(value)");
   }
@@ -970,25 +970,12 @@ class BatchNode final : public OneInputNode<BatchNode<T>, Emitter<std::vector<T>
   std::size_t holds_while_filling() const noexcept override { return size_ - 1; }
   double items_per_output() const noexcept override { return static_cast<double>(size_); }
 
-  bool reaches_answers() const {
-    std::vector<const NodeBase*> todo{this};
-    std::unordered_set<const NodeBase*> seen{this};
-    while (!todo.empty()) {
-      const NodeBase* n = todo.back();
-      todo.pop_back();
-      if (n->answers_requests()) return true;
-      for (const Edge& e : n->successors())
-        if (seen.insert(e.node).second) todo.push_back(e.node);
-    }
-    return false;
-  }
-
   void validate() const override {
     Emitter<Out>::validate();
     // Its batch is a std::vector without the requests' ids: the answer sink would take it for
     // its first request's answer and leave the others pending (a new C++ user's trial). (A
     // batch on a branch that does not reach the answers, a metrics fan-out, is fine.)
-    if (this->graph().tracker() && reaches_answers())
+    if (this->graph().tracker() && this->reaches_answers())
       throw GraphError("splitflow: batch '" + this->name() + "' of graph '" +
                        this->graph().name() + "', which answers requests (a service): its "
                        "batches carry no request ids, so only each batch's first request "
