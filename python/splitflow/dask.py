@@ -253,6 +253,7 @@ def _error_payload(e, indices):
     return {"graph": e.graph, "stage": e.stage, "item": item, "position": pos,
             "message": e.message if e.message is not None else str(e), "cause": blob,
             "cause_text": f"{type(cause).__name__}: {cause}" if cause is not None else None,
+            "cause_type": type(cause).__name__ if cause is not None else None,
             "traceback": tb}
 
 
@@ -915,7 +916,10 @@ class RemotePass:
             except Exception:
                 cause = None
         if cause is None and e["cause_text"]:
-            cause = Error(e["cause_text"])
+            # Its class cannot be rebuilt here (the workers' only, or an __init__ of other
+            # arguments): its type and text, as a process stage's.
+            from ._errors import RemoteException
+            cause = RemoteException(e["cause_text"], e.get("cause_type") or "")
         if cause is not None and e["traceback"]:
             try:
                 cause.add_note(f"Traceback on Dask worker {out['worker']} (pid {out['pid']}):\n"

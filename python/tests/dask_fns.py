@@ -50,6 +50,23 @@ def build_failing(g, indices, *, seed, epoch):
     return indices >> g.stage("check", _check) >> s
 
 
+class TwoArgError(Exception):
+    """An exception pickle cannot rebuild: its __init__ takes two arguments, its args one."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}-{b}")
+
+
+def _two_arg_on_13(i):
+    if i == 13:
+        raise TwoArgError(1, 2)
+    return i
+
+
+def build_failing_oddly(g, indices, *, seed, epoch):
+    return indices >> g.stage("check", _two_arg_on_13)
+
+
 def build_skipping(g, indices, *, seed, epoch):
     s = g.stage("sample", lambda i: sample(i, seed, epoch))
     return indices >> g.stage("check", _check, on_error="skip") >> s

@@ -156,6 +156,22 @@ def test_a_remote_exception_names_the_stage_the_item_and_the_worker():
         assert info.value.worker in workers
 
 
+def test_a_remote_exception_that_cannot_be_rebuilt_is_a_remote_exception_cause():
+    # Its class's __init__ takes other arguments: it came back as a splitflow.Error (the
+    # library's own type) with its text; now a RemoteException with its type, as from a process
+    # stage, and the worker's traceback.
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_failing_oddly, client, items=list(range(20)), split=8)
+        with pytest.raises(sf.StageError) as info:
+            run_local_graph(r)
+        e = info.value.__cause__
+        assert (e.stage, e.item) == ("check", 13)
+        c = e.__cause__
+        assert isinstance(c, sf.RemoteException) and not isinstance(c, sf.Error)
+        assert c.remote_type == "TwoArgError" and str(c) == "TwoArgError: 1-2"
+        assert "_two_arg_on_13" in "\n".join(c.__notes__)
+
+
 # A new user's trial (2026-12-05): a remote build that batched gave GraphDataset batches it
 # counted as samples (len() 50 for 13 batches, batch_size= refused as "the graph does not
 # batch", 9 samples repeated on resume), and its batches ended at every split's edge. Batching
