@@ -664,7 +664,7 @@ TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
     return s;
   }, 3);
   EXPECT_NE(a.find("model capacity 1 -> "), std::string::npos) << a;
-  EXPECT_NE(a.find("; a slot holds one of its items, each x0.125 per item delivered (a batch's)"),
+  EXPECT_NE(a.find("; a slot holds one of its items, each x0.125 per item delivered"),
             std::string::npos) << a;
   EXPECT_EQ(b.find("a slot holds"), std::string::npos) << b;  // before a batch: items
 }
@@ -875,6 +875,42 @@ TEST(Autotune, ReleasesCoresWhenTheGpuIsTheLimit) {
   bool released = false;
   for (const TuneEvent& e : out.r.events[0]) released |= e.action == Action::release;
   EXPECT_TRUE(released);
+}
+
+// A GPU stage whose concurrency its user set: k bursts at once, each as long as its lease to
+// its completion, so one burst at a time whose host work doubles its time allows half the
+// device's rate, and the bound names the stage (the device's time alone made it the device's
+// rate, whatever k); a GPU stage with nothing measured yet holds no core.
+TEST(Autotune, AUsersGpuStageIsModelledByItsBurstsTime) {
+  Sample s{.end_ns = 1'000'000'000, .window_ns = 1'000'000'000, .delivered = 250};
+  s.stages.push_back({.name = "prep", .items = 250, .work_ns = 25'000'000, .cpu_ns = 25'000'000,
+                      .concurrency = 1});
+  // 250 bursts of 4 ms each, 2 ms of it device time: 1 at a time allows 250 items/s, the
+  // device 500.
+  s.stages.push_back({.name = "model", .gpu = true, .producers = {0}, .items = 250,
+                      .work_ns = 1'000'000'000, .cpu_ns = 0, .gpu_busy_ns = 500'000'000,
+                      .concurrency = 1, .fixed_concurrency = 1, .max_concurrency = 4});
+  CostEstimator est;
+  est.add(s);
+  const std::vector<StageModel> m = est.models();
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_NEAR(m[1].wall_s, 4e-3, 1e-9);
+  EXPECT_NEAR(m[1].gpu_s, 2e-3, 1e-9);
+  const Bound b = rate_bound(m, {.cores = 4});
+  EXPECT_NEAR(b.rate, 250, 1e-6);
+  EXPECT_EQ(b.limit, Limit::stage);
+  EXPECT_NE(b.why.find("'model' at concurrency 1"), std::string::npos) << b.why;
+  // Automatic, the same stage is modelled by its device time: the device bounds it at 500.
+  s.stages[1].fixed_concurrency.reset();
+  CostEstimator est2;
+  est2.add(s);
+  const Bound a = rate_bound(est2.models(), {.cores = 4});
+  EXPECT_NEAR(a.rate, 500, 1e-6);
+  EXPECT_EQ(a.limit, Limit::gpu);
+  StageModel unmeasured{.name = "g", .resource = Resource::gpu};
+  EXPECT_EQ(unmeasured.cores_per_slot(), 0.0);
+  StageModel cpu{.name = "c"};
+  EXPECT_EQ(cpu.cores_per_slot(), 1.0);
 }
 
 // "re-tune when a stage's cost drifts (a slow disk, a new epoch with bigger images)"

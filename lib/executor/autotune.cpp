@@ -315,7 +315,9 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
   for (std::size_t i = 0; i < models.size(); ++i) {
     const StageModel& m = models[i];
     const std::size_t c = ceiling_of(m);
-    if (c == kUnlimited || m.resource == Resource::gpu) continue;
+    // (An automatic GPU stage's ceiling is the device's streams, which its device time bounds;
+    // a user's number of bursts, each its lease to its completion, can bound less.)
+    if (c == kUnlimited || (m.resource == Resource::gpu && !m.fixed_concurrency)) continue;
     const double r = stage_rate(m, c);
     if (r < b.fluid_rate) {
       b.fluid_rate = r;
@@ -785,6 +787,10 @@ std::vector<StageModel> CostEstimator::models() const {
       m.cpu_s = cpu;
       m.gpu_s = sum.gpu / items * 1e-9;
       m.wall_s = m.cpu_s + m.gpu_s;
+      // A user's concurrency: k bursts at once, each as long as its lease to its completion
+      // (a burst that serialises host work allows less than the device's rate; one waiting
+      // for a busy device, the device's rate again).
+      if (m.fixed_concurrency) m.wall_s = std::max(m.wall_s, work);
     } else {
       m.resource = cpu < 0.5 * work ? Resource::io : Resource::cpu;
       m.cpu_s = cpu;
@@ -912,10 +918,9 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
                                                 : ": the graph's admission limit (max_in_flight) bounds its "
                                                   "items instead")
                               : std::string()) +
-                         // (After a batch its queue holds batches: say what a slot is.)
+                         // (Its items are not the graph's: a batch of them, a branch's share.)
                          (m.visits > 0 && m.visits <= 0.67
-                              ? fmt::format("; a slot holds one of its items, each{} per item delivered "
-                                            "(a batch's)",
+                              ? fmt::format("; a slot holds one of its items, each{} per item delivered",
                                             visits_text(m))
                               : std::string())});
   }

@@ -45,8 +45,9 @@ class RunTuner {
   std::vector<std::string> events() const;
 
   /// The policy's view of one window, from two snapshots of the run: the stages with automatic
-  /// concurrency (`tuned[i]`, by stats index; their indices go to `modelled`), and the cores
-  /// the other stages with bodies used meanwhile (`fixed_cores`: off the tuned ones' budget).
+  /// concurrency (`tuned[i]`, by stats index) and the GPU stages whose concurrency the user set
+  /// (at that number: StageSample::fixed_concurrency), their indices to `modelled`; and the
+  /// cores the other stages with bodies used meanwhile (`fixed_cores`: off the tuned ones' budget).
   /// `tuned_capacity` (by stats index, if given): the ceiling of each input queue the tuner
   /// sizes (NodeBase::auto_capacity), 0 for the queues it keeps (their capacity is fixed).
   /// Each modelled stage's item_bytes is the mean its input's sampled items held in the window

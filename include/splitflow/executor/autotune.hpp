@@ -108,7 +108,10 @@ struct StageModel {
   std::optional<std::size_t> fixed_concurrency{}, fixed_capacity{};
   std::vector<std::size_t> producers{};
   /// Cores one invocation in flight holds on average (1 for a CPU stage).
-  double cores_per_slot() const noexcept { return wall_s > 0 ? cpu_s / wall_s : 1.0; }
+  double cores_per_slot() const noexcept {
+    // (Nothing measured yet: a CPU stage's slot is a core; a GPU stage's bursts hold none.)
+    return wall_s > 0 ? cpu_s / wall_s : resource == Resource::gpu ? 0.0 : 1.0;
+  }
 };
 
 /// One stage's settings.
