@@ -78,5 +78,5 @@ class RemoteException(Exception):
         super().__init__(text)
         self.remote_type = remote_type
 
-    def __reduce__(self):
-        return (RemoteException, (str(self), self.remote_type))
+    def __reduce__(self):  # (its notes, the worker's traceback, travel in its __dict__)
+        return (RemoteException, (str(self), self.remote_type), self.__dict__)

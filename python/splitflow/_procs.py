@@ -1099,7 +1099,10 @@ class _State:
                 Error, _ = _errors()
                 err = Error(f"stage '{self.stage}': the item cannot be sent to a worker process "
                             f"({type(e).__name__}: {e})")
-                err.__cause__ = e
+                # Without its traceback: its frames (this one's, holding err) made a cycle that
+                # kept the pool and its workers alive after the graph went, until the cyclic GC
+                # ran (a new user's trial).
+                err.__cause__ = e.with_traceback(None)
                 return err
             return e
         self._post(slot, body)

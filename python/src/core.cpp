@@ -42,6 +42,7 @@ PyObject* g_stage_error = nullptr;  // splitflow.StageError (python/splitflow/_e
 // splitflow.Error, GraphError, StageError, OverloadedError, DeadlineError, CancelledError: kept
 // for the process.
 PyObject* g_error_types[6] = {};
+PyObject* g_remote_exception = nullptr;  // splitflow._errors.RemoteException (not an Error)
 
 /// A Python exception raised in a Python stage, carried through the C++ run: a
 /// PythonStageError, or a PythonStopRequest for a KeyboardInterrupt or SystemExit (a request to
@@ -570,13 +571,10 @@ struct PyCompletion {
   std::string who = {};
   bool done(py::handle value) {
     if (!batch) return c->done(from_python(value));
-    Value r;
-    try {
-      r = batch_results(batch, py::reinterpret_borrow<py::object>(value), who);
-    } catch (...) {
-      return c->fail(std::current_exception());
-    }
-    return c->done(std::move(r));
+    // (What cannot be split per request raises here, back into the pool's reader: a Python
+    // error in len() or indexing as itself, a wrong count as a splitflow.Error; the pool then
+    // fails the item with it, its cause as in a thread stage, and counts it failed.)
+    return c->done(batch_results(batch, py::reinterpret_borrow<py::object>(value), who));
   }
   /// `keep` (not None): the item to emit in the failed one's place under substitute= (a
   /// field= stage's sample with that field substituted).
@@ -597,10 +595,16 @@ struct PyCompletion {
       // stage's on_error (_procs._stops_run): no item would ever succeed.
       if (py::hasattr(exc, "stops_run") && py::bool_(exc.attr("stops_run")))
         return std::make_exception_ptr(StopRequest(py::str(exc).cast<std::string>()));
+      // (Its cause, what the pool could not do with the item, is the StageError's: an item
+      // that cannot be pickled.)
+      const py::object cause = exc.attr("__cause__");
+      if (!cause.is_none() && PyExceptionInstance_Check(cause.ptr()) &&
+          PyObject_IsInstance(cause.ptr(), g_error_types[0]) != 1)
+        return carry_python(py::str(exc).cast<std::string>(), PyObj(cause));
       return std::make_exception_ptr(Error(py::str(exc).cast<std::string>()));
     }
     // (A RemoteException's text is its type's and its own: "NoArgExc: 1-2".)
-    std::string what = py::hasattr(exc, "remote_type")
+    std::string what = g_remote_exception && PyObject_IsInstance(exc.ptr(), g_remote_exception) == 1
                            ? py::str(exc).cast<std::string>()
                            : std::string(py::str(exc.get_type().attr("__name__"))) + ": " +
                                  py::str(exc).cast<std::string>();
@@ -789,6 +793,7 @@ struct PullIterator {
   std::shared_ptr<PyNode> node;
   Run run;
   bool finished = false;
+  std::optional<std::uint64_t> item;  // the number in its run of the item last returned
 
   py::object next() {
     if (finished) throw py::stop_iteration();
@@ -797,7 +802,9 @@ struct PullIterator {
       std::optional<Value> v;
       try {
         NoGil nogil;
-        v = node->pull->next_for(50ms, timed_out);
+        std::uint64_t seq = 0;
+        v = node->pull->next_for(50ms, timed_out, &seq);
+        if (v) item = seq;
       } catch (const StageError& e) {
         finished = true;
         raise_stage_error(e);
@@ -1248,6 +1255,7 @@ void bind_graph(py::module_& m) {
     m.attr(names[i]) = py::handle(error_types[i]);
   }
   g_stage_error = error_types[2];
+  g_remote_exception = py::object(errors.attr("RemoteException")).release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -1363,6 +1371,10 @@ waiting at once.)doc")
   py::class_<PullIterator, std::shared_ptr<PullIterator>>(m, "PullIterator")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PullIterator::next)
+      .def_property_readonly("item", [](const PullIterator& it) { return it.item; },
+                             "The number in its run of the item last returned: its source item's "
+                             "position, as errors name it (items a stage skipped leave gaps); None "
+                             "before the first.")
       .def_property_readonly("run", [](const PullIterator& it) {
         auto r = std::make_shared<PyRun>();
         r->run = it.run;
@@ -1539,6 +1551,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                        std::string on_error, py::object substitute, py::object order,
                        py::object field, py::object processes_arg, py::object blocking_arg) {
         const std::string who = "splitflow.Graph.stage('" + name + "')";
+        // (The substitute won, silently: a new user's trial.)
+        if (on_error == "skip" && !substitute.is_none())
+          throw GraphError(who + ": on_error='skip' drops a failed item, substitute= replaces it: "
+                           "give one of them");
         const bool ordered = flag_arg(ordered_arg, who, "ordered");
         const bool blocking = flag_arg(blocking_arg, who, "blocking");
         const std::size_t processes =

@@ -62,6 +62,12 @@ def times_ten(batch):
     return np.asarray(batch) * 10
 
 
+def a_set_of_results(batch):
+    """A service's model step that returns a set: not indexable, one result per request."""
+    import numpy as np
+    return set(np.asarray(batch).tolist())
+
+
 def skip_three_exit_on_six(x):
     """A ValueError on item 3 (skipped under on_error="skip"), sys.exit(4) on item 6."""
     if x == 3:

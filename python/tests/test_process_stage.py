@@ -125,6 +125,58 @@ def test_a_process_stage_in_a_service_answers_each_request_of_a_dynamic_batch():
         svc.close()
         assert run.wait() == "succeeded"
         assert svc.stats()["answered"] == 40
+    # Results that cannot be split per request (a set: no indexing) fail the batch's requests
+    # with the TypeError as the cause, as in a thread stage (the cause was None, and the text
+    # the parent's reader-thread stack: a review).
+    for processes in (0, 1):
+        g = sf.Graph(rt, "svc")
+        svc = g.service("req")
+        svc.source >> g.dynamic_batch("b", max_batch=2, max_delay=30.0) \
+            >> g.stage("m", fns.a_set_of_results, processes=processes, on_error="skip") \
+            >> g.unbatch("u", 2) >> svc.sink
+        run = g.run()
+        futures = [svc.submit(i) for i in range(2)]
+        for f in futures:
+            with pytest.raises(sf.StageError, match="stage 'm' failed") as info:
+                f.result(timeout=60)
+            assert isinstance(info.value.__cause__, TypeError), (processes, repr(info.value.__cause__))
+            assert "_procs.py" not in str(info.value)
+        svc.close()
+        assert run.wait() == "succeeded"
+
+
+def test_an_item_that_cannot_be_pickled_fails_with_its_cause_and_frees_its_pool_at_once():
+    # The error's cause held the traceback of the frame that made it, and that frame the pool's
+    # state: the pool and its workers lived on after the graph went, until the cyclic GC ran;
+    # and the StageError's __cause__ was None (a new user's trial). Without the GC, the pool's
+    # state goes with the graph.
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        rt = sf.Runtime(threads=2)
+        g = sf.Graph(rt, "procs")
+        out = g.pull_sink("out")
+        st = g.stage("py", fns.square, processes=1)
+        g.source("src", [1, threading.Lock(), 3]) >> st >> out
+        with pytest.raises(sf.StageError, match="the item cannot be sent to a worker process") as info:
+            list(g.iterate(out))
+        assert isinstance(info.value.__cause__, TypeError) and "pickle" in str(info.value.__cause__)
+        state = weakref.ref(st.pool._s)
+        del info, st, out, g
+        assert state() is None
+    finally:
+        gc.enable()
+
+
+def test_skip_and_a_substitute_together_are_refused():
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "procs")
+    with pytest.raises(sf.GraphError, match=r"on_error='skip' drops a failed item, substitute= "
+                                            r"replaces it: give one of them"):
+        g.stage("py", fns.square, on_error="skip", substitute=-1)
 
 
 def test_skip_drops_only_the_failing_item():

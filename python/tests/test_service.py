@@ -196,6 +196,14 @@ def test_a_dynamic_batch_wired_to_the_sink_without_an_unbatch_is_refused_at_run(
     with pytest.raises(sf.GraphError, match="dynamic batch 'gather' of graph 'svc' reaches its "
                                             "service's sink without an unbatch.*g.unbatch"):
         g.run()
+    # A batch of batches split once (a review's case: requests got batches, half nothing).
+    g = sf.Graph(rt, "nested")
+    svc = g.service("req")
+    svc.source >> g.dynamic_batch("b1", max_batch=2) >> g.dynamic_batch("b2", max_batch=2) \
+        >> g.unbatch("u2", 2) >> svc.sink
+    with pytest.raises(sf.GraphError, match="dynamic batch 'b1' of graph 'nested' reaches its "
+                                            "service's sink without an unbatch"):
+        g.run()
 
 
 def test_a_field_stage_on_a_dynamic_batch_works_on_that_field_of_each_request():

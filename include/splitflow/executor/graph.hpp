@@ -138,8 +138,11 @@ class PullSink : public Node<T, void> {
   /// CancelledError.
   void close() const { close(sink_, *readers_); }
   /// Like next(), but returns nullopt with `timed_out` set after `timeout` without an item.
-  std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) const {
-    return take(sink_, *readers_, &timeout, &timed_out);
+  /// `item` (if given): the number in its run of the item returned (its source item's
+  /// position, as errors name it; items a stage skipped leave gaps).
+  std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out,
+                            std::uint64_t* item = nullptr) const {
+    return take(sink_, *readers_, &timeout, &timed_out, item);
   }
 
   /// Leaving a loop over the sink early (the iterator is destroyed before the end of the
@@ -194,12 +197,13 @@ class PullSink : public Node<T, void> {
  private:
   // Through the readers' gate: the sink is touched only while its graph lives.
   static std::optional<T> take(detail::PullSinkNode<T>* sink, Readers& r,
-                               const std::chrono::nanoseconds* timeout, bool* timed_out) {
+                               const std::chrono::nanoseconds* timeout, bool* timed_out,
+                               std::uint64_t* item = nullptr) {
     detail::GateScope in(r.gate);
     if (!in)
       throw CancelledError("splitflow: " + r.what + " was read after its graph was destroyed; "
                            "keep the Graph alive while its sinks are read");
-    return timeout ? sink->next_for(*timeout, *timed_out) : sink->next();
+    return timeout ? sink->next_for(*timeout, *timed_out, item) : sink->next();
   }
   static void close(detail::PullSinkNode<T>* sink, Readers& r) noexcept {
     if (detail::GateScope in(r.gate); in) sink->close();

@@ -138,7 +138,7 @@ class DynamicBatchNode final : public Emitter<Batch<T>> {
     // A batch that reaches the service's sink whole answers its first request with the whole
     // batch and leaves the others waiting until close() (a new Python user's trial: a
     // dynamic batch wired to the sink, no unbatch).
-    if (this->graph().tracker() && this->reaches_answers(false))
+    if (this->graph().tracker() && this->reaches_answers_batched())
       throw GraphError("splitflow: dynamic batch '" + this->name() + "' of graph '" +
                        this->graph().name() + "' reaches its service's sink without an unbatch, "
                        "so its first request would be answered with the whole batch and the "

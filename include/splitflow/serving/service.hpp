@@ -419,6 +419,8 @@ class PushSourceNode final : public Emitter<In> {
   std::string refusal() {
     std::lock_guard lk(this->mu_);
     if (!ran_) return "its graph is not running (call run() first) or the service was closed";
+    if (phase_ == Phase::starting)
+      return "its graph's run is starting (submit once run() has returned)";
     if (phase_ == Phase::running && !accepting_ && !this->graph().stopping())
       return "the service was closed (its run ends once every request taken is answered; run() "
              "the graph again to serve again)";

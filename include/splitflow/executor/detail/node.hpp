@@ -28,6 +28,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <set>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -89,7 +90,8 @@ struct Envelope {
                 "std::vector, or a HostTensor");
   // (A struct with a const or reference member is neither: gcc's error came from inside the
   // nodes, a new C++ user's trial.)
-  static_assert(std::is_move_constructible_v<T> && std::is_move_assignable_v<T>,
+  // (A move-only one is moved into place, never assigned, between stages.)
+  static_assert(!copyable_v<T> || std::is_move_assignable_v<T>,
                 "splitflow: an item type must be move-constructible and move-assignable (queues, "
                 "rings and optionals move items in and out): drop the const of a const member "
                 "(or hold a reference member as a pointer), or carry the item as a "
@@ -356,18 +358,35 @@ class NodeBase {
   virtual void end_run() noexcept {}
   /// Whether it answers a service's requests by their ids (a service's sink).
   virtual bool answers_requests() const noexcept { return false; }
-  /// Whether its outputs reach a node that answers requests; `past_unbatch` false: only on a
-  /// way that does not pass an unbatch (which splits a dynamic batch back into its requests).
-  bool reaches_answers(bool past_unbatch = true) const {
+  /// Whether its outputs reach a node that answers requests.
+  bool reaches_answers() const {
     std::vector<const NodeBase*> todo{this};
     std::unordered_set<const NodeBase*> seen{this};
     while (!todo.empty()) {
       const NodeBase* n = todo.back();
       todo.pop_back();
       if (n->answers_requests()) return true;
-      if (!past_unbatch && n != this && n->splits_batches_of() != 0) continue;
       for (const Edge& e : n->successors())
         if (seen.insert(e.node).second) todo.push_back(e.node);
+    }
+    return false;
+  }
+  /// Whether a dynamic batch this node makes reaches a node that answers requests still a
+  /// batch: on a way where the unbatches do not split every dynamic batch formed since (one
+  /// each, innermost first: a batch of batches needs two).
+  bool reaches_answers_batched() const {
+    using At = std::pair<const NodeBase*, std::size_t>;  // a node, the batches unsplit there
+    std::vector<At> todo{{this, 1}};
+    std::set<At> seen{{this, 1}};
+    while (!todo.empty()) {
+      const auto [n, depth] = todo.back();
+      todo.pop_back();
+      if (n->answers_requests()) return true;
+      for (const Edge& e : n->successors()) {
+        const std::size_t d =
+            depth + (e.node->forms_batches_of() != 0) - (e.node->splits_batches_of() != 0);
+        if (d > 0 && seen.insert({e.node, d}).second) todo.push_back({e.node, d});  // (0: all split)
+      }
     }
     return false;
   }

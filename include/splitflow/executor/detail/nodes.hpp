@@ -1062,12 +1062,14 @@ class PullSinkNode final : public NodeBase {
   /// Rethrows the run's StageError when it failed.
   std::optional<T> next() {
     bool timed_out = false;
-    return take(std::nullopt, timed_out);
+    return take(std::nullopt, timed_out, nullptr);
   }
   /// Like next(), but gives up after `timeout` (then nullopt with `timed_out` set), so that a
-  /// caller can check for interrupts (Python's Ctrl-C) while it waits.
-  std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out) {
-    return take(timeout, timed_out);
+  /// caller can check for interrupts (Python's Ctrl-C) while it waits. `item` (if given): the
+  /// number of the item returned in its run (its source item's, as errors name it).
+  std::optional<T> next_for(std::chrono::nanoseconds timeout, bool& timed_out,
+                            std::uint64_t* item = nullptr) {
+    return take(timeout, timed_out, item);
   }
 
   void run_claim(WorkList&, std::size_t) override {}  // never granted: concurrency is 0
@@ -1100,7 +1102,8 @@ class PullSinkNode final : public NodeBase {
   }
 
  private:
-  std::optional<T> take(std::optional<std::chrono::nanoseconds> timeout, bool& timed_out) {
+  std::optional<T> take(std::optional<std::chrono::nanoseconds> timeout, bool& timed_out,
+                        std::uint64_t* item) {
     std::optional<T> v;
     WorkList w;
     timed_out = false;
@@ -1124,9 +1127,10 @@ class PullSinkNode final : public NodeBase {
         if (!cancelled.empty()) throw CancelledError(std::move(cancelled));
         return std::nullopt;
       }
-      v.emplace(std::move(queue_.front().first));
+      v.emplace(std::move(queue_.front().value));
+      if (item) *item = queue_.front().seq;
       const auto waited =
-          static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().second, 0));
+          static_cast<std::uint64_t>(std::max<Ticks>(now_ticks() - queue_.front().at, 0));
       if (finalized_) {  // after the run's final figures: the run's stats add these
         std::lock_guard late(late_->mu);
         ++late_->items;
@@ -1157,7 +1161,7 @@ class PullSinkNode final : public NodeBase {
         }
         if (bytes) sink_->sampled_bytes_locked(bytes);
         const Ticks now = sink_->telemetry() ? now_ticks() : 0;
-        for (auto& e : items) sink_->queue_.emplace_back(std::move(e.value), now);
+        for (auto& e : items) sink_->queue_.push_back(Queued{std::move(e.value), now, e.seq});
         sink_->arrived_locked(0, n, w, now);  // grants no claim (concurrency 0): next() pops
         sink_->cv_.notify_one();
       }
@@ -1170,7 +1174,12 @@ class PullSinkNode final : public NodeBase {
 
   Port in_;
   std::shared_ptr<Readers> readers_;
-  std::deque<std::pair<T, Ticks>> queue_;  // item, arrival
+  struct Queued {
+    T value;
+    Ticks at;           // its arrival
+    std::uint64_t seq;  // its number in the run
+  };
+  std::deque<Queued> queue_;
   std::condition_variable_any cv_;
   bool eos_ = true;
   bool ran_ = false;  // a run started: before, a read is the caller's mistake
