@@ -274,3 +274,36 @@ TEST(PullSink, AReadBeforeTheFirstRunIsRefusedNamingTheSink) {
   EXPECT_EQ(run.wait(), RunStatus::succeeded);
   EXPECT_EQ(out.next(), std::nullopt);  // the end of the run's stream
 }
+
+// next_for(timeout, timed_out, &item) gives each item's number in its run: its source item's
+// position, as errors name it, with gaps where a stage skipped (what a Dask remote pass needs
+// to say which dataset indices it yielded: the run's error list keeps 64 a stage).
+TEST(PullSink, NextForGivesEachItemsNumberInItsRun) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "numbers");
+  auto skip = g.stage("skip", [](long x) {
+    if (x % 3 == 0) throw std::runtime_error("skipped");
+    return x * 10;
+  }, {.concurrency = 2, .on_error = OnError::skip});
+  auto out = g.pull_sink<long>("out");
+  g.source("n", counter(200)) >> skip >> out;
+  auto run = g.run();
+  std::vector<std::uint64_t> items;
+  std::vector<long> values;
+  for (;;) {
+    bool timed_out = false;
+    std::uint64_t item = ~0ull;
+    std::optional<long> v = out.next_for(std::chrono::seconds(30), timed_out, &item);
+    ASSERT_FALSE(timed_out);
+    if (!v) break;
+    items.push_back(item);
+    values.push_back(*v);
+  }
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  ASSERT_EQ(items.size(), 133u);  // 200 less the 67 multiples of 3
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    EXPECT_NE(items[i] % 3, 0u);
+    EXPECT_EQ(values[i], static_cast<long>(items[i]) * 10);
+    if (i > 0) EXPECT_GT(items[i], items[i - 1]);
+  }
+}

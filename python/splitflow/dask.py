@@ -282,12 +282,13 @@ def run_split(build, split, indices, seed, epoch, opts):
     threads = _in_process_threads(opts["threads"] or _worker_threads(), opts.get("client_pid"))
     g, feed, out = _graph_for(build, seed, epoch, dict(opts, threads=threads))
     feed.indices = [int(i) for i in indices]
-    results, nbytes, error = [], 0, None
+    results, positions, nbytes, error = [], [], 0, None
     it = g.iterate(out)
     try:
         for x in it:
             x, n = _to_wire(x)
             results.append(x)
+            positions.append(it.item)  # its place in the split (skips leave gaps)
             nbytes += n
     except StageError as e:
         error = _error_payload(e, feed.indices)
@@ -318,7 +319,7 @@ def run_split(build, split, indices, seed, epoch, opts):
                        "errors": errs})
         if s.get("skipped"):
             skipped += [e["item"] for e in errs]
-    return {"split": split, "results": results, "bytes": nbytes, "error": error,
+    return {"split": split, "results": results, "positions": positions, "bytes": nbytes, "error": error,
             "worker": _worker_address(), "pid": os.getpid(),
             "busy_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
             "start": start, "end": time.time(),
@@ -897,9 +898,12 @@ class RemotePass:
             per = busy / n_in
             r._per_item_s = per if r._per_item_s is None else 0.5 * r._per_item_s + 0.5 * per
         self.buffer.extend(results)
-        skipped = set(out["skipped"])
-        if len(results) == n_in - len(skipped):
-            self.buffer_indices.extend(int(i) for i in split.indices if int(i) not in skipped)
+        # Each result's dataset index, from its place in the split (exact whatever the skips:
+        # the run's error list, which keeps 64 a stage, lost them past that, and a repeated
+        # index skipped twice; a new user's trial).
+        positions = out.get("positions") or []
+        if len(positions) == len(results) and all(isinstance(p, int) and 0 <= p < n_in for p in positions):
+            self.buffer_indices.extend(int(split.indices[p]) for p in positions)
         else:  # the remote graph is not one item per index (it unbatches, say)
             self.buffer_indices.extend([None] * len(results))
         self.buffer_bytes = int(out["bytes"])

@@ -859,6 +859,30 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
   if (same && kind == 1) {  // Python floats: a float64 tensor; bools: a bool one; other objects: a list
     WithGil gil;
     if (!gil) throw_exiting(who.c_str());
+    // Lists ([image, label], as many Datasets return): transposed and collated position by
+    // position, a list of the columns, as default_collate does (they went on as a list of the
+    // lists: a new user's trial).
+    bool lists = true;
+    for (const Value& v : items) lists = lists && PyList_Check(std::get<PyObj>(v).get().ptr());
+    if (lists) {
+      const Py_ssize_t len = PyList_GET_SIZE(std::get<PyObj>(items[0]).get().ptr());
+      for (std::size_t i = 1; i < n; ++i)
+        if (const Py_ssize_t m = PyList_GET_SIZE(std::get<PyObj>(items[i]).get().ptr()); m != len)
+          throw Error(who + ": item " + std::to_string(i) + " of the batch is a list of " + std::to_string(m) +
+                      " where item 0 is a list of " + std::to_string(len) +
+                      ": a batch of lists collates position by position, as torch's default_collate "
+                      "does, and needs lists of one length");
+      auto out = std::make_shared<Sample>();
+      out->kind = Sample::Kind::list;
+      for (Py_ssize_t f = 0; f < len; ++f) {
+        std::vector<Value> column;
+        column.reserve(n);
+        for (const Value& v : items)
+          column.push_back(from_python(py::handle(PyList_GET_ITEM(std::get<PyObj>(v).get().ptr(), f))));
+        out->fields.push_back(collate(std::move(column), who + " (position " + std::to_string(f) + ")"));
+      }
+      return out;
+    }
     bool floats = true, bools = true;
     for (const Value& v : items) {
       floats = floats && PyFloat_CheckExact(std::get<PyObj>(v).get().ptr());

@@ -67,6 +67,16 @@ def build_failing_oddly(g, indices, *, seed, epoch):
     return indices >> g.stage("check", _two_arg_on_13)
 
 
+def _skip_tenth(i):
+    if i % 10 == 0:
+        raise ValueError(f"filtered {i}")
+    return i
+
+
+def build_skip_tenth(g, indices, *, seed, epoch):
+    return indices >> g.stage("filter", _skip_tenth, on_error="skip")
+
+
 def build_skipping(g, indices, *, seed, epoch):
     s = g.stage("sample", lambda i: sample(i, seed, epoch))
     return indices >> g.stage("check", _check, on_error="skip") >> s

@@ -216,6 +216,22 @@ def test_skip_works_remotely_and_is_counted():
     assert r.last_pass.yielded == kept
 
 
+def test_the_yielded_indices_are_exact_past_64_skips_a_split_and_for_a_repeated_index():
+    # The indices came from the run's error list, which keeps 64 a stage: a split of 1,000 with
+    # 100 skips yielded None for all of its items (and GraphDataset's resume repeated samples),
+    # and an index given twice and skipped twice did the same (a new user's trial). They come
+    # from each result's place in its split now.
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_skip_tenth, client, items=list(range(2000)), split=1000)
+        got = run_local_graph(r)
+        assert got == [i for i in range(2000) if i % 10]
+        assert r.last_pass.yielded == got
+        assert r.stats()["skipped"] == 200
+        r = sfd.remote(fns.build_skip_tenth, client, items=[0, 40, 1, 40, 2, 3], split=6)
+        assert run_local_graph(r) == [1, 2, 3]
+        assert r.last_pass.yielded == [1, 2, 3]
+
+
 # A SystemExit (or KeyboardInterrupt) raised in a remote body under on_error="skip" left the
 # Dask task as itself (the local run now raises it whatever the policy), and Dask closes a
 # worker for that: the split went from worker to worker. It reaches the loop as itself, as a

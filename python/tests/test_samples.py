@@ -166,6 +166,31 @@ def test_tuples_collate_field_by_field_like_default_collate():
     assert first[2] == list(ref[2])
 
 
+def test_lists_collate_position_by_position_like_default_collate():
+    # [image, label] lists (as many Datasets return) went on as a list of the lists; torch's
+    # default_collate transposes them: a list of a stacked tensor and a label tensor (a new
+    # user's trial). Nested lists likewise; lists of two lengths are refused, as torch does.
+    rt = sf.Runtime(threads=2, backend="host")
+
+    def batches(samples, size):
+        g = sf.Graph(rt, "lists")
+        out = g.pull_sink("out")
+        g.source("s", samples) >> g.stage("id", lambda x: x) >> g.batch("b", size) >> out
+        return list(g.iterate(out))
+
+    samples = [[np.full((2, 2), i, np.float32), i] for i in range(4)]
+    (got,) = batches(samples, 4)
+    ref = torch.utils.data.default_collate(samples)
+    assert isinstance(got, list) and len(got) == 2
+    assert torch.equal(sft.to_torch(got[0]), ref[0]) and tuple(np.asarray(got[0]).shape) == (4, 2, 2)
+    assert torch.equal(sft.to_torch(got[1]), ref[1])
+    (nested,) = batches([[1, 2], [3, 4]], 2)
+    assert [np.asarray(c).tolist() for c in nested] == [[1, 3], [2, 4]]
+    with pytest.raises(sf.StageError, match=r"item 1 of the batch is a list of 1 where item 0 is a "
+                                            r"list of 2: a batch of lists collates position by position"):
+        batches([[1, 2], [3]], 2)
+
+
 def test_bools_and_bytes_collate_like_default_collate():
     # A new user's trial: bools collated to a list (torch: a bool tensor), bytes of different
     # lengths failed the batch as u8 tensors of different shapes (torch: a list of bytes).
