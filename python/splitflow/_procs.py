@@ -1584,6 +1584,17 @@ def _finalize(state):
         threading.Thread(target=state.close, name="splitflow-procs-close", daemon=True).start()
 
 
+def _on_dask_worker():
+    """Whether this process runs a Dask worker (its tasks build remote graphs)."""
+    if "distributed" not in sys.modules:
+        return False
+    try:
+        sys.modules["distributed"].get_worker()
+        return True
+    except Exception:
+        return False
+
+
 def _add_note(exc, note):
     try:
         exc.add_note(note)  # Python 3.11
@@ -1764,6 +1775,13 @@ class ProcessPool:
         # A daemonic process (a DataLoader worker, a multiprocessing.Pool worker) may not start
         # children: said here, when the graph is built, not as the first item's failure.
         if multiprocessing.current_process().daemon:
+            if _on_dask_worker():  # (it was told of DataLoader workers: a new user's trial)
+                raise GraphError(
+                    f"{where}: this process is a Dask worker ({multiprocessing.current_process().name}), "
+                    f"which is daemonic, and a daemonic process may not start the worker "
+                    f"processes a process stage runs in; in a remote build use a thread stage "
+                    f"(processes=0): the Dask workers are the processes (more of them, or "
+                    f"nthreads per worker, for more parallel work)")
             raise GraphError(
                 f"{where}: this process ({multiprocessing.current_process().name}) is daemonic, "
                 f"as DataLoader workers are, and a daemonic process may not start the worker "

@@ -77,6 +77,10 @@ def build_skip_tenth(g, indices, *, seed, epoch):
     return indices >> g.stage("filter", _skip_tenth, on_error="skip")
 
 
+def build_with_processes(g, indices, *, seed, epoch):
+    return indices >> g.stage("sq", _check, processes=2)
+
+
 def build_skipping(g, indices, *, seed, epoch):
     s = g.stage("sample", lambda i: sample(i, seed, epoch))
     return indices >> g.stage("check", _check, on_error="skip") >> s

@@ -232,6 +232,18 @@ def test_the_yielded_indices_are_exact_past_64_skips_a_split_and_for_a_repeated_
         assert r.last_pass.yielded == [1, 2, 3]
 
 
+def test_a_process_stage_in_a_remote_build_is_refused_with_dask_advice():
+    # A Dask worker (a nanny's daemonic process) may not start worker processes; the refusal
+    # spoke of DataLoader workers and GraphDataset(num_workers=0) (a new user's trial).
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_with_processes, client, items=list(range(8)), split=8)
+        with pytest.raises(sf.Error) as info:
+            run_local_graph(r)
+        text = str(info.value) + str(info.value.__cause__)
+        assert "is a Dask worker" in text and "use a thread stage (processes=0)" in text, text
+        assert "DataLoader" not in text, text
+
+
 # A SystemExit (or KeyboardInterrupt) raised in a remote body under on_error="skip" left the
 # Dask task as itself (the local run now raises it whatever the policy), and Dask closes a
 # worker for that: the split went from worker to worker. It reaches the loop as itself, as a
