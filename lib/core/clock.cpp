@@ -106,9 +106,15 @@ thread_local std::int64_t t_contended_ns = 0;
 
 void add_contended_ns(std::int64_t ns) noexcept { t_contended_ns += ns > 0 ? ns : 0; }
 
-ThreadCpu thread_cpu() noexcept {
-  // The CPU clock, and the wait from /proc/thread-self/schedstat ("<ns on a CPU> <ns runnable,
-  // waiting for one> <timeslices>"), read through a descriptor the thread keeps open.
+namespace {
+thread_local std::int64_t t_serial_ns = 0;
+
+// The thread's time runnable, waiting for a CPU, from /proc/thread-self/schedstat ("<ns on a
+// CPU> <ns runnable, waiting for one> <timeslices>"), read through a descriptor the thread
+// keeps open; -1 where it cannot be read. (The first field lags for a thread that is running:
+// its current slice is added at the next tick or switch; the CPU clock is exact. The wait is
+// final once it runs.)
+std::int64_t runnable_wait_ns() noexcept {
   struct Stat {
     int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
     ~Stat() {
@@ -116,24 +122,32 @@ ThreadCpu thread_cpu() noexcept {
     }
   };
   thread_local Stat stat;  // (closed when the thread ends)
-  const int fd = stat.fd;
-  if (fd >= 0) {
-    char buf[96];
-    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-    if (n > 0) {
-      buf[n] = '\0';
-      // (The first field lags for a thread that is running: its current slice is added at
-      // the next tick or switch; the CPU clock is exact. The wait is final once it runs.)
-      char* end = nullptr;
-      (void)std::strtoll(buf, &end, 10);
-      const long long waited = end ? std::strtoll(end, nullptr, 10) : 0;
-      const std::int64_t cpu = thread_cpu_ns();
-      return {cpu, cpu + static_cast<std::int64_t>(waited > 0 ? waited : 0), voluntary_switches(),
-              t_contended_ns};
-    }
-  }
+  if (stat.fd < 0) return -1;
+  char buf[96];
+  const ssize_t n = ::pread(stat.fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  char* end = nullptr;
+  (void)std::strtoll(buf, &end, 10);
+  const long long waited = end ? std::strtoll(end, nullptr, 10) : 0;
+  return waited > 0 ? static_cast<std::int64_t>(waited) : 0;
+}
+}  // namespace
+
+void add_serial_ns(std::int64_t ns) noexcept { t_serial_ns += ns > 0 ? ns : 0; }
+
+SerialFigures serial_figures() noexcept { return {t_serial_ns, t_contended_ns}; }
+
+std::int64_t thread_demand_ns() noexcept {
+  const std::int64_t waited = runnable_wait_ns();
+  return thread_cpu_ns() + (waited > 0 ? waited : 0);
+}
+
+ThreadCpu thread_cpu() noexcept {
+  // The CPU clock and the time runnable (schedstat): its demand.
+  const std::int64_t waited = runnable_wait_ns();
   const std::int64_t cpu = thread_cpu_ns();
-  return {cpu, cpu, voluntary_switches(), t_contended_ns};
+  return {cpu, cpu + (waited > 0 ? waited : 0), voluntary_switches(), t_contended_ns};
 }
 
 }  // namespace splitflow::detail

@@ -43,6 +43,24 @@ double cpu_per_item(const std::vector<StageModel>& models) noexcept {
   return cpu;
 }
 
+// Seconds per item delivered that the stages' bodies hold the lock they share (a Python
+// body's GIL: StageModel::serial_s): one body at a time, so its inverse bounds the rate.
+double serial_per_item(const std::vector<StageModel>& models) noexcept {
+  double s = 0;
+  for (const StageModel& m : models) s += m.visits * m.serial_s;
+  return s;
+}
+
+// The stage that holds the shared lock longest per item delivered (models.size(): none).
+std::size_t serial_holder(const std::vector<StageModel>& models) noexcept {
+  std::size_t at = models.size();
+  for (std::size_t i = 0; i < models.size(); ++i)
+    if (models[i].serial_s > 0 &&
+        (at == models.size() || models[i].visits * models[i].serial_s > models[at].visits * models[at].serial_s))
+      at = i;
+  return at;
+}
+
 // Slots the producers of stage i reserve in its queue: one per invocation in flight.
 std::size_t reserve_of(const std::vector<StageModel>& models, const std::vector<std::size_t>& k,
                        std::size_t i) {
@@ -102,6 +120,11 @@ Limit check(const std::vector<StageModel>& models, const Budget& budget, double 
         if (models[i].resource == Resource::gpu && models[i].device == d) at = i;
       return Limit::gpu;
     }
+  // One body at a time holds the lock the stages' bodies share (a Python body's GIL).
+  if (const double serial = serial_per_item(models); serial > 0 && r * serial > 1 + kEps) {
+    at = serial_holder(models);
+    return Limit::stage;
+  }
   double cores = 0;
   for (std::size_t i = 0; i < models.size(); ++i) {
     const StageModel& m = models[i];
@@ -143,6 +166,18 @@ std::string seconds(double s) {
 }
 
 std::string percent(double f) { return fmt::format("{:.0f}%", 100 * f); }
+
+// "the GIL its Python bodies share: held 2.06 ms per item ('parse' 1.5 ms, 'augment' 0.56 ms)"
+std::string serial_text(const std::vector<StageModel>& models) {
+  std::string who;
+  int holders = 0;
+  for (const StageModel& m : models)
+    if (m.serial_s > 0) {
+      who += fmt::format("{}'{}' {}", holders++ ? ", " : "", m.name, seconds(m.visits * m.serial_s));
+    }
+  return fmt::format("the GIL its Python bodies share: held {} per item ({}), one body at a time",
+                     seconds(serial_per_item(models)), who);
+}
 
 // A stage's cost is per item it takes; the rates are in items the graph delivers. After a
 // Graph::batch the two differ (a decode takes 64 samples per batch delivered): " x64" says so.
@@ -272,6 +307,7 @@ double stage_rate(const StageModel& m, std::size_t k) noexcept {
   const double per_slot = m.visits * m.wall_s;
   double r = per_slot > 0 ? static_cast<double>(k) / per_slot : kInf;
   if (m.resource == Resource::gpu && m.gpu_s > 0) r = std::min(r, 1.0 / (m.visits * m.gpu_s));
+  if (m.serial_s > 0) r = std::min(r, 1.0 / (m.visits * m.serial_s));
   return r;
 }
 
@@ -312,6 +348,14 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
   std::string why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu));
   Limit fluid_limit = Limit::cores;
   std::size_t fluid_at = 0;
+  // (Before the stages' ceilings: a stage's rate is capped by the lock too, and the lock is
+  // what binds when the two are equal.)
+  if (const double serial = serial_per_item(models); serial > 0 && 1.0 / serial < b.fluid_rate) {
+    b.fluid_rate = 1.0 / serial;
+    fluid_limit = Limit::stage;
+    fluid_at = serial_holder(models);
+    why = serial_text(models);
+  }
   for (std::size_t i = 0; i < models.size(); ++i) {
     const StageModel& m = models[i];
     const std::size_t c = ceiling_of(m);
@@ -378,7 +422,9 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
                                 budget.memory_bytes, least_bytes(models))
                   : fmt::format("memory left to the tuned queues: {} bytes", budget.memory_bytes);
     else if (b.limit == Limit::stage)
-      b.why = fmt::format("'{}' at concurrency {}", models[b.stage].name, ceiling_of(models[b.stage]));
+      b.why = serial_per_item(models) > 0 && lo * serial_per_item(models) >= 1 - 1e-6
+                  ? serial_text(models)
+                  : fmt::format("'{}' at concurrency {}", models[b.stage].name, ceiling_of(models[b.stage]));
     else
       b.why = why;
   }
@@ -425,6 +471,11 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
     // losses of queueing that the model does not see).
     const double device = device_rates(models).at(models[b.stage].device);
     target = std::min(target, device * std::min(1.0, options.gpu_busy_target + 0.01));
+  } else if (const double serial = serial_per_item(models);
+             b.limit == Limit::stage && serial > 0 && b.rate * serial >= 1 - 1e-6) {
+    // The GIL binds: the fewest threads that keep it as busy as a GPU is kept (a thread more
+    // for the 3% a body spends outside it would only wait for it).
+    target = std::min(target, std::min(1.0, options.gpu_busy_target + 0.01) / serial);
   }
   Allocation a;
   a.stages.resize(models.size());
@@ -693,10 +744,26 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
   shape_ = s.stages;
   Window w;
   w.delivered = static_cast<double>(s.delivered);
-  for (const StageSample& st : s.stages)
-    w.stages.push_back({static_cast<double>(st.items), static_cast<double>(st.work_ns),
-                        st.cpu_ns < 0 ? -1.0 : static_cast<double>(st.cpu_ns),
-                        static_cast<double>(st.gpu_busy_ns)});
+  // One body at a time holds the shared lock (a Python body's GIL): the stages' holds add up to
+  // the window at most. More (bodies that released it to compute, as numpy and torch do, count
+  // that time too) is scaled down to the window: then it was held throughout, at most.
+  double held = 0;
+  for (const StageSample& st : s.stages) held += static_cast<double>(std::max<std::int64_t>(st.serial_ns, 0));
+  const double window = static_cast<double>(std::max<std::int64_t>(s.window_ns, 1));
+  const double scale = held > window ? window / held : 1.0;
+  for (const StageSample& st : s.stages) {
+    // (A body's wait to take the lock is contention, not its cost: a second thread of a stage
+    // that holds it throughout doubles its time per item. The waits a body measures are those
+    // to take it; those in its midst, when the interpreter hands the lock to another thread,
+    // are not: its time per item comes from windows at concurrency 1 where there are some.)
+    Raw r{static_cast<double>(st.items),
+          static_cast<double>(std::max<std::int64_t>(st.work_ns - std::max<std::int64_t>(st.serial_wait_ns, 0), 0)),
+          st.cpu_ns < 0 ? -1.0 : static_cast<double>(st.cpu_ns), static_cast<double>(st.gpu_busy_ns),
+          static_cast<double>(std::max<std::int64_t>(st.serial_ns, 0)) * scale};
+    if (st.concurrency <= 1) r.solo_work = r.work, r.solo_items = r.items;
+    r.saturated = scale < 1 ? 1 : 0;
+    w.stages.push_back(r);
+  }
   history_.push_back(std::move(w));
   if (history_.size() > kHistory) history_.erase(history_.begin());
 
@@ -704,7 +771,10 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
   // `drift`, in the same direction.
   std::vector<std::size_t> drifted;
   if (history_.size() < 3) return drifted;
-  auto cost = [&](const Raw& r, bool gpu) { return (gpu ? r.gpu : r.work) / r.items; };
+  // (A stage holding the shared lock: its holds per item, which contention does not lengthen.)
+  auto cost = [&](const Raw& r, bool gpu, bool serial) {
+    return (gpu ? r.gpu : serial ? r.serial : r.work) / r.items;
+  };
   for (std::size_t i = 0; i < s.stages.size(); ++i) {
     const bool gpu = s.stages[i].gpu;
     Raw ref;
@@ -712,18 +782,25 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
       ref.items += history_[w2].stages[i].items;
       ref.work += history_[w2].stages[i].work;
       ref.gpu += history_[w2].stages[i].gpu;
+      ref.serial += history_[w2].stages[i].serial;
+      ref.saturated += history_[w2].stages[i].saturated;
     }
     const Raw& a = history_[history_.size() - 2].stages[i];
     const Raw& b = history_.back().stages[i];
     if (ref.items < 4 || a.items < 4 || b.items < 4) continue;
+    const bool serial = !gpu && ref.serial > 0 && a.serial > 0 && b.serial > 0;
+    // (Holds scaled down to a window are the window over its items: they move with the rate,
+    // not with the cost. A stage's cost that moves while the lock is saturated shows as a fall
+    // of the rate, which climbs again.)
+    if (serial && (ref.saturated > 0 || a.saturated > 0 || b.saturated > 0)) continue;
     // A stage that worked under 5% of the window changes no decision by its cost: a reader
     // behind a slow loop "drifted" 54 -> 100 us as its bursts came cold, ten retunes in a
     // trial's run, none of them useful.
     const double window = static_cast<double>(std::max<std::int64_t>(s.window_ns, 1));
     if ((gpu ? b.gpu : b.work) < 0.05 * window && (gpu ? a.gpu : a.work) < 0.05 * window) continue;
-    const double r0 = cost(ref, gpu);
+    const double r0 = cost(ref, gpu, serial);
     if (!(r0 > 0)) continue;
-    const double ra = cost(a, gpu) / r0 - 1, rb = cost(b, gpu) / r0 - 1;
+    const double ra = cost(a, gpu, serial) / r0 - 1, rb = cost(b, gpu, serial) / r0 - 1;
     if (std::abs(ra) > drift_ && std::abs(rb) > drift_ && (ra > 0) == (rb > 0))
       drifted.push_back(i);
   }
@@ -767,6 +844,9 @@ std::vector<StageModel> CostEstimator::models() const {
       sum.items += r.items;
       sum.work += r.work;
       sum.gpu += r.gpu;
+      sum.serial += r.serial;
+      sum.solo_work += r.solo_work;
+      sum.solo_items += r.solo_items;
       if (r.cpu < 0) cpu_known = false;
       else sum.cpu += r.cpu;
     }
@@ -780,7 +860,9 @@ std::vector<StageModel> CostEstimator::models() const {
     m.producers = st.producers;
     m.visits = st.visits > 0 ? st.visits : delivered > 0 && sum.items > 0 ? sum.items / delivered : 1.0;
     const double items = std::max(sum.items, 1.0);
-    const double work = sum.work / items * 1e-9;
+    // (A stage holding the shared lock: its time per item at concurrency 1 where measured.)
+    const double work = sum.serial > 0 && sum.solo_items >= 4 ? sum.solo_work / sum.solo_items * 1e-9
+                                                              : sum.work / items * 1e-9;
     const double cpu = cpu_known ? std::min(sum.cpu / items * 1e-9, work) : work;
     if (st.gpu) {
       m.resource = Resource::gpu;
@@ -795,6 +877,7 @@ std::vector<StageModel> CostEstimator::models() const {
       m.resource = cpu < 0.5 * work ? Resource::io : Resource::cpu;
       m.cpu_s = cpu;
       m.wall_s = work;
+      m.serial_s = std::min(sum.serial / items * 1e-9, work);
     }
     out.push_back(std::move(m));
   }
@@ -869,9 +952,10 @@ void Autotuner::retune(const Sample& s, Action action, std::string reason, Decis
   std::string costs;
   for (const StageModel& m : models_) {
     if (!costs.empty()) costs += ", ";
-    costs += fmt::format("{} {}{}", m.name,
+    costs += fmt::format("{} {}{}{}", m.name,
                          m.resource == Resource::gpu ? seconds(m.gpu_s) + " GPU"
                                                      : seconds(m.wall_s) + " " + to_string(m.resource),
+                         m.serial_s > 0 ? " (" + seconds(m.serial_s) + " holding the GIL)" : "",
                          visits_text(m));
   }
   emit(d, {s.end_ns, action, "", "",
@@ -1051,7 +1135,15 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
                             percent(util(b)), stage_rate(m, k), k);
       Move mv;
       mv.key = "raise:" + m.name;
-      mv.changes.push_back({s.end_ns, Action::probe, m.name, "concurrency", k, k + step, why});
+      // (Past the GIL's bound on the model: the time a body holds it is its CPU demand with it
+      // taken, which counts what it computes with the GIL released too; the trial measures.)
+      const bool past_serial = m.serial_s > 0 && stage_rate(m, k + step) <= stage_rate(m, k) * (1 + kEps);
+      mv.changes.push_back(
+          {s.end_ns, Action::probe, m.name, "concurrency", k, k + step,
+           past_serial ? why + fmt::format("; the GIL bounds it on the model ({} held per item): "
+                                           "trying whether its bodies release it",
+                                           seconds(m.serial_s))
+                       : why});
       // Its consumers' queues grow by the slots the new invocations reserve.
       for (std::size_t c2 = 0; c2 < n; ++c2) {
         const auto& pr = models_[c2].producers;
@@ -1159,9 +1251,11 @@ Decision Autotuner::observe(const Sample& s) {
     for (std::size_t i : drifted) {
       if (!why.empty()) why += "; ";
       const bool gpu = after[i].resource == Resource::gpu;
-      why += fmt::format("'{}' cost {} -> {} per item", after[i].name,
-                         seconds(gpu ? before[i].gpu_s : before[i].wall_s),
-                         seconds(gpu ? after[i].gpu_s : after[i].wall_s));
+      const bool serial = !gpu && before[i].serial_s > 0 && after[i].serial_s > 0;  // (its drift's measure)
+      why += fmt::format("'{}' cost {} -> {} per item{}", after[i].name,
+                         seconds(gpu ? before[i].gpu_s : serial ? before[i].serial_s : before[i].wall_s),
+                         seconds(gpu ? after[i].gpu_s : serial ? after[i].serial_s : after[i].wall_s),
+                         serial ? " holding the GIL" : "");
     }
     retune(s, Action::retune, why, d);
     return d;
@@ -1271,9 +1365,13 @@ Decision Autotuner::observe(const Sample& s) {
              fmt::format("converged at {:.4g} items/s, {:.2f} of the bound {:.4g} ({}){}; {}{}",
                          rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, bound_.rate, bound_.why,
                          bound_.rate > 0 && rate > 1.05 * bound_.rate
-                             ? " (above it: the bound is of the budget's cores and the costs "
-                               "measured; cores the runtime's other graphs left idle, or costs "
-                               "that fell since, give more)"
+                             ? (bound_.limit == Limit::stage && serial_per_item(models_) * bound_.rate >= 1 - 1e-6
+                                    ? " (above it: its bodies release the GIL for some of the time "
+                                      "the model counts as held (numpy and torch do, to compute); "
+                                      "the next model, from this allocation's windows, bounds it higher)"
+                                    : " (above it: the bound is of the budget's cores and the costs "
+                                      "measured; cores the runtime's other graphs left idle, or costs "
+                                      "that fell since, give more)")
                          : bound_.rate > 0 && rate < 0.8 * bound_.rate ? short_of_bound_text(s)
                                                                        : std::string(),
                          cores_text(alloc_, budget_),

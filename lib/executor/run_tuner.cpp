@@ -241,6 +241,8 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
     x.gpu = b.kind == StageKind::gpu_stage;
     x.items = b.items_out - a.items_out;
     x.work_ns = b.work_ns - a.work_ns;
+    x.serial_ns = b.serial_ns - a.serial_ns;
+    x.serial_wait_ns = b.serial_wait_ns - a.serial_wait_ns;
     x.busy_ns = b.busy_ns - a.busy_ns;
     x.starved_ns = b.starved_ns - a.starved_ns;
     x.blocked_ns = b.blocked_ns - a.blocked_ns;

@@ -561,7 +561,6 @@ Value batch_results(const BatchPtr& b, const py::object& out, const std::string&
   return r;
 }
 
-/// Calls a Python callable on each item, with the GIL held only around the call.
 /// The answer to one item of a process stage (splitflow/_procs.py calls it from its reader
 /// thread): done(value) or fail(exception), once. For a dynamic batch (`batch`), the value is
 /// the function's results for its requests collated, one per request, as in a thread stage.
@@ -612,9 +611,30 @@ struct PyCompletion {
   }
 };
 
+/// One stage's measure of how long its bodies hold the GIL: a body about every millisecond is
+/// measured (reading a thread's CPU demand costs microseconds: every body's would cost a
+/// trivial body a tenth of its rate), for the bodies since the last one measured.
+struct GilSampler {
+  static constexpr std::int64_t kPeriodNs = 1'000'000;
+  std::atomic<std::int64_t> next_ns{0};
+  std::atomic<std::uint64_t> bodies{0};
+  /// The bodies the one starting at `now` is measured for (0: not measured).
+  std::uint64_t due(std::int64_t now) noexcept {
+    bodies.fetch_add(1, std::memory_order_relaxed);
+    std::int64_t next = next_ns.load(std::memory_order_relaxed);
+    if (now < next || !next_ns.compare_exchange_strong(next, now + kPeriodNs, std::memory_order_relaxed))
+      return 0;
+    return bodies.exchange(0, std::memory_order_relaxed);
+  }
+};
+
 /// Takes the GIL for a stage's body, its wait for it told to the tuner as contention
 /// (detail::add_contended_ns): a Python body that computes waits for the GIL while others
-/// compute, and is not to be moved past the cores for that wait.
+/// compute, and is not to be moved past the cores for that wait. Its CPU demand while it holds
+/// the GIL (a sampled body's, for the bodies since the last one: GilSampler) is told as the
+/// time it held the lock all Python bodies share (detail::add_serial_ns): the tuner's bound on
+/// Python stages, whatever their threads (a body that releases the GIL to compute, as numpy
+/// and torch do, counts that time too: the tuner's trials of more threads correct it).
 struct BodyGil {
   static std::int64_t now_ns() noexcept {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -623,18 +643,31 @@ struct BodyGil {
   }
   const std::int64_t t0 = PyGILState_Check() != 0 ? 0 : now_ns();
   WithGil gil;
-  BodyGil() {
+  std::int64_t demand0 = 0;  // at taking the GIL (0: not measured)
+  std::uint64_t weight = 0;  // the bodies it is measured for
+  explicit BodyGil(GilSampler* sampler) {
     if (!gil) throw_exiting("a Python stage");
-    if (t0 != 0) detail::add_contended_ns(now_ns() - t0);
+    if (t0 != 0) {
+      detail::add_contended_ns(now_ns() - t0);
+      if (sampler && (weight = sampler->due(t0)) > 0)
+        demand0 = std::max<std::int64_t>(detail::thread_demand_ns(), 1);
+    }
   }
+  ~BodyGil() {
+    if (demand0 != 0)
+      detail::add_serial_ns((detail::thread_demand_ns() - demand0) * static_cast<std::int64_t>(weight));
+  }
+  BodyGil(const BodyGil&) = delete;
+  BodyGil& operator=(const BodyGil&) = delete;
 };
 
 struct PythonBody {
   HeldRef fn;  // the graph's (PyGraph::hold)
   std::shared_ptr<BodyThreads> threads = {};  // the graph's (Ctrl-C interrupts its bodies)
   std::string who = {};  // "stage 'model' of graph 'svc'", for errors
+  std::shared_ptr<GilSampler> gil_sampler = std::make_shared<GilSampler>();  // the stage's
   Value operator()(Value v) const {
-    BodyGil gil;
+    BodyGil gil(gil_sampler.get());
     BodyScope scope(threads.get());
     if (auto* b = std::get_if<BatchPtr>(&v)) return on_batch(std::move(*b));
     return call_python([&] { return from_python(fn->obj.get()(to_python(std::move(v)))); });

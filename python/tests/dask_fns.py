@@ -4,6 +4,8 @@ import time
 
 import numpy as np
 
+from procs_fns import TwoArgError  # (pickle cannot rebuild it: its __init__ takes two arguments)
+
 FAIL_ON = 13
 SKIP = (13, 27)
 
@@ -48,13 +50,6 @@ def _check(i):
 def build_failing(g, indices, *, seed, epoch):
     s = g.stage("sample", lambda i: sample(i, seed, epoch))
     return indices >> g.stage("check", _check) >> s
-
-
-class TwoArgError(Exception):
-    """An exception pickle cannot rebuild: its __init__ takes two arguments, its args one."""
-
-    def __init__(self, a, b):
-        super().__init__(f"{a}-{b}")
 
 
 def _two_arg_on_13(i):

@@ -67,6 +67,11 @@ struct StageSample {
   std::int64_t work_ns = 0;
   std::int64_t cpu_ns = -1;      ///< summed body CPU time; -1: unknown (work_ns is taken as CPU)
   std::int64_t gpu_busy_ns = 0;  ///< GPU stages: time the device executed its kernels and copies
+  /// Stages whose bodies take the lock all bodies of the process share (a Python body's GIL):
+  /// the CPU demand they held it with, and their waits to take it (in work_ns; contention,
+  /// not cost: left out of the cost per item). 0 for the others.
+  std::int64_t serial_ns = 0;
+  std::int64_t serial_wait_ns = 0;
   std::int64_t busy_ns = 0;      ///< time with at least one body executing
   std::int64_t starved_ns = 0;   ///< time without input (or without a thread): its input wait
   std::int64_t blocked_ns = 0;   ///< time with input but a full consumer queue
@@ -102,6 +107,10 @@ struct StageModel {
   double cpu_s = 0;    ///< CPU seconds per item
   double wall_s = 0;   ///< body seconds per item (>= cpu_s; a GPU stage: enqueue + device)
   double gpu_s = 0;    ///< device seconds per item (GPU stages)
+  /// Seconds per item it holds the lock all stages' bodies share (a Python body's GIL;
+  /// <= wall_s): one body at a time holds it, so the summed visits x serial_s of the stages
+  /// bound the rate, whatever their concurrency. 0: takes no such lock.
+  double serial_s = 0;
   int device = 0;
   std::size_t item_bytes = 0;
   std::size_t max_concurrency = kUnlimited;
@@ -155,7 +164,8 @@ struct Bound {
 
 /// Charged cores of `k` invocations of `m` in flight.
 double cores_of(const StageModel& m, std::size_t k) noexcept;
-/// Items per second stage `m` sustains with concurrency `k` (its device not shared).
+/// Items per second stage `m` sustains with concurrency `k` (its device, and the lock its bodies
+/// share with other stages' (StageModel::serial_s), not shared).
 double stage_rate(const StageModel& m, std::size_t k) noexcept;
 /// Concurrency stage `m` needs to sustain `rate` items delivered per second (at least 1).
 std::size_t slots_for(const StageModel& m, double rate) noexcept;
@@ -176,7 +186,8 @@ struct PolicyOptions {
   /// A stage's cost per item that moves by more than this fraction (two windows running)
   /// re-tunes the graph from its new model.
   double drift = 0.2;
-  /// GPU-limited graphs keep each limiting device at least this busy with the fewest cores.
+  /// GPU-limited graphs keep each limiting device at least this busy with the fewest cores
+  /// (and graphs the GIL bounds, StageModel::serial_s, the GIL).
   double gpu_busy_target = 0.95;
   /// Windows skipped after a change before the rate is judged (queues refill).
   int settle_windows = 1;
@@ -382,6 +393,13 @@ class CostEstimator {
  private:
   struct Raw {
     double items = 0, work = 0, cpu = 0, gpu = 0;  // cpu < 0: unknown
+    double serial = 0;  // the shared lock's holds (at most the window, all stages together)
+    // Windows it ran with concurrency 1 in: its work and items there (a stage holding the
+    // shared lock: its bodies' time per item without their waits for each other's holds).
+    double solo_work = 0, solo_items = 0;
+    // Windows whose holds added up to more than the window (scaled down to it): the lock was
+    // busy throughout at most, a bound rather than a measure of a stage's holds.
+    double saturated = 0;
   };
   struct Window {
     double delivered = 0;

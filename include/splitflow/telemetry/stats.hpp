@@ -170,6 +170,12 @@ struct StageStats {
   /// their wall time less their CPU time and their time runnable waiting for a CPU. -1 for the
   /// others. The tuner lets such a stage past the cores only while it waits more than it computes.
   std::int64_t wait_ns = -1;
+  /// Stages whose bodies take the lock every body of the process shares (a Python body's
+  /// GIL): the CPU demand their bodies held it with, and their waits to take it (in work_ns:
+  /// contention, not cost), summed. 0 for the others. The tuner's bound on such stages: their
+  /// holds add up to at most the wall time, whatever their threads.
+  std::int64_t serial_ns = 0;
+  std::int64_t serial_wait_ns = 0;
   std::size_t max_concurrency = 0;   ///< most bodies seen executing at once
   std::size_t max_queue = 0;         ///< most items seen queued at its input
   double mean_queue = 0;             ///< items queued at its input, averaged over wall time

@@ -58,6 +58,21 @@ inline std::int64_t waited_ns(const ThreadCpu& at0, const ThreadCpu& at1, std::i
 /// leaves it out, so the tuner does not move a Python stage that computes past the cores
 /// (autotune::body_placement). Added by whoever takes such a lock (the Python module).
 void add_contended_ns(std::int64_t ns) noexcept;
+/// The calling thread held a lock that every body of the process shares (an interpreter's
+/// GIL, taken by a Python stage's body) for `ns` of CPU demand: its time on a CPU and runnable
+/// with the lock taken (a wait for I/O with the lock released, a sleep, is not counted). The
+/// stages' summed holds bound a graph's rate, however many threads run them (autotune's
+/// StageModel::serial_s). Added by whoever takes such a lock (the Python module).
+void add_serial_ns(std::int64_t ns) noexcept;
+/// What the calling thread has held the shared lock (add_serial_ns) and waited for it
+/// (add_contended_ns) so far: read around a claim, the figures of its bodies.
+struct SerialFigures {
+  std::int64_t held_ns = 0;
+  std::int64_t waited_ns = 0;
+};
+SerialFigures serial_figures() noexcept;
+/// The calling thread's CPU demand so far (ThreadCpu::demand_ns, without the other readings).
+std::int64_t thread_demand_ns() noexcept;
 /// The calling thread's CPU time and its CPU demand in ns: its time on a CPU plus its time
 /// runnable but waiting for one (/proc/thread-self/schedstat; demand = CPU time where that
 /// cannot be read). Measured around a body, the demand tells a body that waits (sleeps, reads)

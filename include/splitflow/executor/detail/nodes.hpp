@@ -548,6 +548,13 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
     // An automatic stage's bodies are sampled: the next graph of its name may run them on the
     // blocking threads (one taking a HostAllocator cannot go there).
     sample_.reset(!kAllocates && this->auto_concurrency());
+    serial_ns_.store(0, std::memory_order_relaxed);
+    serial_wait_ns_.store(0, std::memory_order_relaxed);
+  }
+
+  void add_stats_locked(StageStats& s) const override {
+    s.serial_ns = serial_ns_.load(std::memory_order_relaxed);
+    s.serial_wait_ns = serial_wait_ns_.load(std::memory_order_relaxed);
   }
 
   void retune_at_end(const StageStats&, std::int64_t, std::vector<autotune::TuneEvent>& out) override {
@@ -564,6 +571,7 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
     const Ticks sample_t0 = sample_.due();
     const bool sampled = sample_t0 != 0;
     const ThreadCpu sample_at0 = sampled ? thread_cpu() : ThreadCpu{};
+    const SerialFigures serial0 = serial_figures();  // (a Python body's GIL: thread-locals)
     const std::uint64_t ticket = claim.ticket;
     Scratch<Envelope<Out>> out;
     // The pinned ring its outputs go into: where a body allocating with a HostAllocator
@@ -626,6 +634,11 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
     if (sampled) {
       sample_.add(ticks_to_ns(body_end - sample_t0), sample_at0, thread_cpu());
     }
+    if (const SerialFigures serial1 = serial_figures();
+        serial1.held_ns != serial0.held_ns || serial1.waited_ns != serial0.waited_ns) {
+      serial_ns_.fetch_add(serial1.held_ns - serial0.held_ns, std::memory_order_relaxed);
+      serial_wait_ns_.fetch_add(serial1.waited_ns - serial0.waited_ns, std::memory_order_relaxed);
+    }
     emitted += this->emit(next, ticket + n - next, *out, w, body_end);  // then empty slots
     return {emitted, body_end};
   }
@@ -633,6 +646,8 @@ class StageNode final : public OneInputNode<StageNode<In, Out, F>, Emitter<Out>,
  private:
   F f_;
   BodySample sample_;
+  // Its bodies' holds of the lock all bodies share, and waits for it (StageStats::serial_ns).
+  std::atomic<std::int64_t> serial_ns_{0}, serial_wait_ns_{0};
 };
 
 /// A callback sink: `void(In)`.
