@@ -1044,15 +1044,22 @@ TEST(Autotune, AStageThatBarelyWorksDoesNotDrift) {
 // The same trial's reader, blocked 75% of the window behind a slow loop, was raised because
 // the decode after it waited for input ("read 1 -> 2: 'decode' waited 78% ... read busy 1%"):
 // a stage whose output waits for room gains nothing from another invocation.
+// Nor is one whose own input ran dry: a trial's 'read' on auto, busy 0% as its source ran out at
+// an epoch's end, was raised ("read 1 -> 2: 'crop' waited 100% of the last 250 ms for input;
+// read busy 0%") in every epoch, and the next epoch's warm start began from it.
 TEST(Autotune, AStageBlockedForRoomIsNotRaised) {
-  for (const std::int64_t blocked : {750'000'000, 0}) {
+  struct Case {
+    std::int64_t blocked, dry;
+  };
+  for (const auto [blocked, dry] : {Case{750'000'000, 0}, Case{0, 0}, Case{0, 950'000'000}}) {
     Autotuner t({.settle_windows = 0, .min_items = 1}, {.cores = 4});
     std::string said;
     int probes = 0;
     for (std::int64_t k = 1; k <= 12; ++k) {
       Sample s{.end_ns = k * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = 100};
       s.stages.push_back({.name = "read", .items = 100, .work_ns = 10'000'000,
-                          .cpu_ns = 10'000'000, .blocked_ns = blocked, .concurrency = 1});
+                          .cpu_ns = 10'000'000, .starved_ns = dry, .blocked_ns = blocked,
+                          .concurrency = 1});
       s.stages.push_back({.name = "decode", .producers = {0}, .items = 100, .work_ns = 20'000'000,
                           .cpu_ns = 20'000'000, .starved_ns = 780'000'000, .concurrency = 1});
       for (const TuneEvent& e : t.observe(s).events) {
@@ -1060,7 +1067,7 @@ TEST(Autotune, AStageBlockedForRoomIsNotRaised) {
         probes += e.action == Action::probe && e.stage == "read" && e.knob == "concurrency";
       }
     }
-    if (blocked > 0)
+    if (blocked > 0 || dry > 0)
       EXPECT_EQ(probes, 0) << said;
     else
       EXPECT_GT(probes, 0) << said;

@@ -691,6 +691,36 @@ TEST(Diagnosis, ASlowSourceIsToldToMoveItsWorkNotToRaiseItsConcurrency) {
   EXPECT_TRUE(contains(c.suggestions, "source 'gen' yields one item at a time")) << join(c.suggestions);
 }
 
+// A Python body that holds the GIL gains nothing from another thread: a new user's trial was
+// told "raise the concurrency of stage 'spin' from 1 to 2" for a pure-Python loop (462 items/s
+// at 1, 479 at 4). Its bodies' holds (StageStats::serial_ns) say so; the advice is processes.
+TEST(Diagnosis, AStageHoldingTheGilIsToldToRunInProcessesNotToRaiseItsConcurrency) {
+  RunStats st;
+  st.graph = "py";
+  st.wall_ns = 1'000'000'000;
+  auto stage = [](std::string name, StageKind kind, std::int64_t work, std::int64_t blocked,
+                  std::vector<std::string> consumers) {
+    return testing_helpers::stage_stats(std::move(name), kind, std::move(consumers),
+                                        {.limit = 1, .items = 400, .work = work, .blocked = blocked});
+  };
+  st.stages = {stage("src", StageKind::source, 10'000'000, 900'000'000, {"spin"}),
+               stage("spin", StageKind::stage, 990'000'000, 0, {"out"}),
+               stage("out", StageKind::pull_sink, 0, 0, {})};
+  st.stages[1].serial_ns = 930'000'000;  // of 990 ms, 20 of them waits to take it
+  st.stages[1].serial_wait_ns = 20'000'000;
+  const Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "spin") << join(d.findings);
+  EXPECT_EQ(d.suggestions, std::vector<std::string>{
+                               "the bodies of stage 'spin' held the GIL 96% of their time: more "
+                               "threads of it would wait for the GIL; run it in processes (Python: "
+                               "processes=N) or move its work into a C++ op (splitflow.ops)"})
+      << join(d.suggestions);
+  // A body that releases it most of its time (numpy, a read): more threads, as before.
+  st.stages[1].serial_ns = 300'000'000;
+  EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
+            std::vector<std::string>{"raise the concurrency of stage 'spin' from 1 to 2"});
+}
+
 // Stage names are quoted once: "stage 'decode'", never "'decode''s".
 TEST(Diagnosis, NamesAreQuotedOnce) {
   RunStats st = planted_gpu_run();

@@ -1109,6 +1109,10 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
       // adds nothing (a trial's reader, busy 1% and blocked 75% behind a slow loop, was raised
       // because the decode after it waited for input).
       if (frac(s.stages[i].blocked_ns) >= 0.3) continue;
+      // Nor does one to a stage that waited a third of it for input itself: its input ran
+      // dry (a trial's reader, busy 0% as its source ran out at an epoch's end, was raised
+      // because the crop after it waited, each epoch, and the next began from it).
+      if (frac(s.stages[i].starved_ns) >= 0.3) continue;
       order.push_back(i);
     }
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
