@@ -147,7 +147,8 @@ TEST(Batch, BatchesThatCouldStallEachOtherAreRefusedWithTheFix) {
                    "they fill"),
             std::string::npos)
       << m;
-  EXPECT_NE(m.find("raise GraphOptions::max_in_flight to at least 15"), std::string::npos) << m;
+  EXPECT_NE(m.find("raise GraphOptions::max_in_flight (Python: max_in_flight= of splitflow.Graph or "
+                   "GraphDataset) to at least 15"), std::string::npos) << m;
 
   Graph h(rt, "two-batches-fit", {.max_in_flight = 15});
   auto src2 = h.source("n", counter(100));

@@ -24,6 +24,7 @@
 #include <splitflow/ops/image.hpp>
 #include <splitflow/splitflow.hpp>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -631,6 +632,50 @@ TEST(ImageDecode, DecodeAndTheFusedCropWordTheSameDamagedBytesAlike) {
           << plain;
       EXPECT_EQ(plain.find("''"), std::string::npos) << plain;
     }
+  }
+}
+
+// A new user's trial: a PNG named .jpg (which PIL, and so torchvision, decodes) failed as "not a
+// readable JPEG (Not a JPEG file: starts with 0x89 0x50)", and a corrupt file failed the run
+// without saying that on_error lets it go on. Both ops name what the bytes are and the fix.
+TEST(ImageDecode, BytesThatAreNoJpegAreNamedAndTheFixSaid) {
+  const image::DecodeRandomResizedCrop fused({.size = 32});
+  struct Case {
+    std::vector<std::uint8_t> bytes;
+    const char* kind;  // nullptr: unknown bytes
+  };
+  auto bytes_of = [](std::string_view s) { return std::vector<std::uint8_t>(s.begin(), s.end()); };
+  std::vector<Case> cases = {
+      {bytes_of(std::string_view("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x10", 20)), "a PNG"},
+      {bytes_of("GIF89a\x10\0\x10\0"), "a GIF"},
+      {bytes_of(std::string_view("RIFF\x24\0\0\0WEBPVP8 ", 16)), "a WebP"},
+      {std::vector<std::uint8_t>(64, 0x68), nullptr}};
+  for (const Case& c : cases) {
+    std::string plain, crop;
+    try {
+      image::decode_jpeg(c.bytes.data(), c.bytes.size(), image::Color::rgb, "photos/x.jpg");
+    } catch (const Error& e) {
+      plain = e.what();
+    }
+    try {
+      HostTensor t = HostTensor::empty(DType::u8, {static_cast<std::int64_t>(c.bytes.size())});
+      std::copy(c.bytes.begin(), c.bytes.end(), t.data<std::uint8_t>());
+      fused(image::Encoded{0, "photos/x.jpg", t});
+    } catch (const Error& e) {
+      crop = e.what();
+    }
+    EXPECT_EQ(plain, crop);
+    EXPECT_EQ(plain.rfind("splitflow::image::decode_jpeg: 'photos/x.jpg': not a readable JPEG (", 0), 0u)
+        << plain;
+    const std::string named = c.kind ? "the bytes are " + std::string(c.kind) +
+                                           " image, which decode_jpeg does not read (decode it in "
+                                           "a stage of your own, PIL's, or convert it to JPEG)"
+                                     : "the bytes are";
+    EXPECT_EQ(plain.find(named) != std::string::npos, c.kind != nullptr) << plain;
+    EXPECT_NE(plain.find("; on_error skip or substitute on its stage (Python: on_error='skip', "
+                         "substitute=) drops or replaces such a file and the run goes on"),
+              std::string::npos)
+        << plain;
   }
 }
 

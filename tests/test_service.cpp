@@ -219,7 +219,8 @@ TEST(Service, WaitAdmissionGivesUpAtTheRequestsDeadline) {
   } catch (const DeadlineError& e) {
     EXPECT_NE(std::string(e.what()).find("'requests' of graph 'wait-deadline': the request's "
                                          "deadline passed while it waited for admission (1 "
-                                         "requests pending, ServiceOptions::max_pending)"),
+                                         "requests pending, ServiceOptions::max_pending; Python: "
+                                         "g.service(max_pending=))"),
               std::string::npos) << e.what();
   }
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 50ms) << "it waited for room until then";
@@ -424,7 +425,8 @@ TEST(Service, ASubmitFromACallbackThatFindsNoRoomIsRefusedNotAWait) {
   auto got = said.get_future();
   ASSERT_EQ(got.wait_for(60s), std::future_status::ready) << "the callback waits for room";
   const std::string text = got.get();
-  EXPECT_NE(text.find("is full (1 requests pending, ServiceOptions::max_pending) and submit() was "
+  EXPECT_NE(text.find("is full (1 requests pending, ServiceOptions::max_pending; Python: g.service(max_pending=)) "
+                       "and submit() was "
                       "called from a thread of the graph's runtime (a completion callback"),
             std::string::npos)
       << text;

@@ -268,7 +268,8 @@ TEST(Zip, TwoSourcesNeedRoomForAnItemOfEach) {
   z >> g.sink("s", [&](std::pair<long, long>) { ++pairs; });
   EXPECT_EQ(refusal(g), "splitflow::Graph 'zip-room': a zip pairs the items of the sources 'a', "
                         "'b', whose items wait at the zips for each other's (up to 1 at once), but "
-                        "max_in_flight (1) leaves room for 1; raise GraphOptions::max_in_flight to "
+                        "max_in_flight (1) leaves room for 1; raise GraphOptions::max_in_flight (Python: "
+                        "max_in_flight= of splitflow.Graph or GraphDataset) to "
                         "at least 2");
   Graph ok(rt, "zip-room2", {.max_in_flight = 2});
   auto z2 = ok.zip<long, long>("z");
@@ -644,7 +645,8 @@ TEST(Zip, TheItemsWaitingAtSeveralZipsLeaveRoomForTheSourceBehind) {
   const std::string refused = chain(4);
   EXPECT_NE(refused.find("2 zips pair the items of the sources 'b', 'c', 'a', whose items wait at "
                           "the zips for each other's (up to 4 at once), but max_in_flight (4) leaves "
-                          "room for 4; raise GraphOptions::max_in_flight to at least 5"), std::string::npos) << refused;
+                          "room for 4; raise GraphOptions::max_in_flight (Python: max_in_flight= of "
+                          "splitflow.Graph or GraphDataset) to at least 5"), std::string::npos) << refused;
   for (std::size_t limit : {5u, 8u, 256u}) EXPECT_EQ(chain(limit), "") << limit;
 }
 

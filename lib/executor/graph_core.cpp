@@ -301,7 +301,8 @@ void GraphCore::check_batching(const std::vector<NodeBase*>& order) {
                      std::to_string(held) + " items between them while they fill, and every "
                      "item counts against max_in_flight (" + std::to_string(opts_.max_in_flight) +
                      "), so the run could stall with each batch short; raise "
-                     "GraphOptions::max_in_flight to at least " + std::to_string(held + 1));
+                     "GraphOptions::max_in_flight (Python: max_in_flight= of splitflow.Graph or "
+                     "GraphDataset) to at least " + std::to_string(held + 1));
   // A batch formed by a dynamic batch must fit every unbatch it reaches.
   for (NodeBase* d : order) {
     const std::size_t limit = d->forms_batches_of();
@@ -481,7 +482,8 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
                        " at once), but max_in_flight (" + std::to_string(opts_.max_in_flight) + ")" +
                        (held ? " less what its batches hold (" + std::to_string(held) + ")" : std::string()) +
                        " leaves room for " + std::to_string(room) +
-                       "; raise GraphOptions::max_in_flight to at least " + std::to_string(held + waiting + 1));
+                       "; raise GraphOptions::max_in_flight (Python: max_in_flight= of splitflow.Graph or "
+                       "GraphDataset) to at least " + std::to_string(held + waiting + 1));
     }
     pace_lead_ = std::max<std::size_t>(1, room / (2 * waiting));
   }
@@ -510,7 +512,9 @@ std::shared_ptr<RunState> GraphCore::start() {
     std::lock_guard lk(mu_);
     if (active_)
       throw GraphError("splitflow::Graph '" + name_ +
-                       "': it is already running; wait for its run or cancel it first");
+                       "': it is already running: read that run's pull sinks (PullSink::next; "
+                       "Python: for x in sink) and wait for it (Run::wait), or cancel it, before "
+                       "another run (Python's g.iterate(sink) starts one of its own)");
     validate();
     for (auto& n : nodes_) n->prepare();  // may throw: nothing is registered yet
     run = std::make_shared<RunState>(this);

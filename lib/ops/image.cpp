@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <vector>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +88,31 @@ int out_width(const AugmentSpec& s) noexcept { return s.width > 0 ? s.width : s.
 std::string about(const char* fn, const std::string& what) {
   return what.empty() ? fmt::format("splitflow::image::{}", fn)
                       : fmt::format("splitflow::image::{}: '{}'", fn, what);
+}
+
+// Bytes that are no JPEG: what they are where their signature says (a PNG named .jpg, which PIL
+// decodes), and the fix (a new user's trial: the run failed on a corrupt file, and the message
+// did not say that on_error lets it go on).
+std::string not_a_jpeg(const std::string& what, const std::string& why, const std::uint8_t* data,
+                       std::size_t size) {
+  const auto starts = [&](std::string_view sig) {
+    return size >= sig.size() && std::memcmp(data, sig.data(), sig.size()) == 0;
+  };
+  const char* kind = starts("\x89PNG\r\n\x1a\n")                            ? "a PNG"
+                     : starts("GIF87a") || starts("GIF89a")                    ? "a GIF"
+                     : starts("BM")                                            ? "a BMP"
+                     : size >= 12 && starts("RIFF") && std::memcmp(data + 8, "WEBP", 4) == 0 ? "a WebP"
+                     : starts("II*") || starts("MM\x00*")                     ? "a TIFF"
+                                                                               : nullptr;
+  return fmt::format("{}: not a readable JPEG ({}){}; on_error skip or substitute on its stage "
+                     "(Python: on_error='skip', substitute=) drops or replaces such a file and "
+                     "the run goes on",
+                     about("decode_jpeg", what), why,
+                     kind ? fmt::format(": the bytes are {} image, which decode_jpeg does not "
+                                        "read (decode it in a stage of your own, PIL's, or "
+                                        "convert it to JPEG)",
+                                        kind)
+                          : std::string());
 }
 
 }  // namespace
@@ -256,7 +282,7 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
       return decode_jpeg_region(data, size, {}, color, what);
     // (libjpeg's words where it refused the header too: decode_random_resized_crop, which reads
     // it with libjpeg, says the same of the same bytes.)
-    decode_failed(fmt::format("{}: not a readable JPEG ({})", about("decode_jpeg", what), why));
+    decode_failed(not_a_jpeg(what, why, data, size));
   }
   // A CMYK or YCCK file: TurboJPEG decodes it to CMYK only; the libjpeg decoder converts it as
   // PIL does (cmyk_to_rgb).
@@ -484,8 +510,7 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
                               Box* decoded = nullptr) {
   JpegDecoder d;
   if (size == 0 || !read_header(d, data, size, color == Color::gray))
-    throw Error(fmt::format("{}: not a readable JPEG ({})", about("decode_jpeg", what),
-                            size == 0 ? "empty" : d.errors.message));
+    throw Error(not_a_jpeg(what, size == 0 ? "empty" : d.errors.message, data, size));
   const int H = static_cast<int>(d.cinfo.image_height), W = static_cast<int>(d.cinfo.image_width);
   check_pixels(W, H, what);
   check_coefficient_buffer(d, what);

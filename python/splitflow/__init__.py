@@ -38,11 +38,17 @@ from ._core import _shutdown
 
 
 
+# Image files torchvision's ImageFolder loads that splitflow's decoders do not read.
+_OTHER_IMAGES = [".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"]
+
+
 def image_folder(root):
     """A labelled image tree laid out as torchvision's ``ImageFolder`` reads it: one folder per
     class under ``root`` (class = folder name, classes sorted, labels 0..C-1), the JPEG files
     anywhere below each, in ImageFolder's order (folder by folder, each folder's files sorted
-    before its subfolders'; a class folder without a JPEG is refused, as ImageFolder does). Returns ``(paths, labels, classes)``: feed ``paths`` and
+    before its subfolders'; a class folder without a JPEG is refused, as ImageFolder does; other
+    image files ImageFolder loads, .png and the rest, are left out with a RuntimeWarning naming
+    them). Returns ``(paths, labels, classes)``: feed ``paths`` and
     ``labels`` to ``splitflow.ops.read_file(paths, labels=labels)``, whose samples are
     ``{"image": ..., "label": ..., "index": ...}``::
 
@@ -62,13 +68,25 @@ def image_folder(root):
     if not entries:
         raise Error(f"splitflow.image_folder: '{root}' has no class folders (expected "
                     f"{root}/<class>/<image>.jpg, as torchvision's ImageFolder reads it)")
-    paths, labels, empty = [], [], []
+    paths, labels, empty, others = [], [], [], []
     for label, name in enumerate(entries):
         files = image_files(os.path.join(root, name))
+        others.extend(image_files(os.path.join(root, name), extensions=_OTHER_IMAGES))
         if not files:
             empty.append(name)
         paths.extend(files)
         labels.extend([label] * len(files))
+    if others:
+        # (ImageFolder loads them: a migrated dataset would shrink without a word.)
+        import warnings
+
+        kinds = sorted({os.path.splitext(p)[1].lower() for p in others})
+        warnings.warn(f"splitflow.image_folder: {len(others)} image file{'s' if len(others) > 1 else ''} "
+                      f"under '{root}' {'are' if len(others) > 1 else 'is'} not JPEG ({', '.join(kinds)}: "
+                      f"{others[0]!r}{', ...' if len(others) > 1 else ''}) and left out, where "
+                      f"torchvision's ImageFolder loads them: splitflow's decoders read JPEG only; "
+                      f"convert them to JPEG, or decode them in a stage of your own (PIL's)",
+                      RuntimeWarning, stacklevel=2)
     if not paths:
         raise Error(f"splitflow.image_folder: no .jpg/.jpeg files under the class folders of '{root}'")
     if empty:

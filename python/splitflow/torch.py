@@ -362,6 +362,10 @@ class _Progress:
         self.taken = self.base_done.copy()  # base + the positions the index field named
         self.by_index = None   # None: no item yet; True: every item named its indices
         self.samples = 0       # samples counted (num_workers=0)
+        # num_workers=0, samples without an index, no g.batch: each one's place in the run (the
+        # pull sink's item number: its source item's), so that skips and an out-of-order stage
+        # leave the state exact; None once an item came without one.
+        self.run_places = []
         self.batches = 0       # batches the loop took (track())
         self.complete = False  # the iteration ended: every position settled
         # A remote pass (remote=): the dataset index of each item its source yielded, in order
@@ -418,9 +422,10 @@ class _Progress:
                 warnings.warn(
                     f"GraphDataset: an item's {self.index_field!r} field is "
                     f"{'missing' if v is None else 'not an unseen dataset index of this shard'}"
-                    ": state_dict() counts samples instead (exact only when the graph keeps "
-                    "the order and skips nothing); index_field=None says the samples carry "
-                    "no index", stacklevel=4)
+                    ": state_dict() takes each sample's place in the run instead (exact with "
+                    "num_workers=0 and no g.batch; otherwise it counts samples, exact only when "
+                    "the graph keeps the order and skips nothing); index_field=None says the "
+                    "samples carry no index", stacklevel=4)
             self.by_index = False
             return False
         self.by_index = True
@@ -448,14 +453,19 @@ class _Progress:
             out.append(q.popleft())
         return np.asarray(out, dtype=np.int64)
 
-    def took_item(self, item, batch_size):
-        """num_workers=0: the dataset yielded `item`."""
+    def took_item(self, item, batch_size, place=None):
+        """num_workers=0: the dataset yielded `item`, `place` in its run (None: unknown)."""
         n = self._note_indices(item)
         if n is False:
             n = 1
             if batch_size is not None:
                 n = _leading(item)
                 n = batch_size if n is None else n
+            if self.run_places is not None:
+                if batch_size is None and place is not None and 0 <= place < len(self.lists[0]):
+                    self.run_places.append(place)
+                else:
+                    self.run_places = None
         self.samples += n
 
     def took_batch(self, batch):
@@ -480,6 +490,12 @@ class _Progress:
                 return self.taken.copy(), 1, 0, True
             done = self.base_done.copy()
             remote = self._remote_positions(self.samples)
+            if remote is None and self.run_places is not None \
+                    and len(self.run_places) == self.samples:
+                # (Counting took the first n places: a skipped one among them was marked done
+                # and the n-th sample came again after the resume, a new user's trial's 87 of
+                # 84.)
+                remote = self.lists[0][np.asarray(self.run_places, dtype=np.int64)]
             done[remote if remote is not None else self.lists[0][:self.samples]] = True
             return done, 1, 0, False
         if batches is None:
@@ -508,7 +524,10 @@ class GraphDataset(_data.IterableDataset):
     torch.distributed when it is initialised, else 0 of 1). threads, backend, streams,
     host_memory_budget: the runtime's (one per process, built on first use, after any fork;
     host_memory_budget bounds the bytes the samples in flight and the output queue hold, for a
-    graph with automatic stages: docs/autotune.md). capacity: the output queue's. Samples' splitflow tensors become torch tensors (zero-copy) unless to_torch=False.
+    graph with automatic stages: docs/autotune.md). capacity: the output queue's. max_in_flight,
+    trace, autotune_window, autotune_queues, priority: each epoch's graph's (splitflow.Graph's;
+    trace=True: ``last_run.trace_json()`` holds the epoch's events). Samples' splitflow tensors
+    become torch tensors (zero-copy) unless to_torch=False.
     even_shards: None (default: rank r reads items r, r + world, ...: shards differ by one when
     world does not divide length), "pad" (every rank reads ceil(length / world), the first
     items of the epoch's order read twice, as DistributedSampler pads) or "drop" (every rank
@@ -537,7 +556,8 @@ class GraphDataset(_data.IterableDataset):
     def __init__(self, build, length, *, shuffle=False, seed=0, rank=None, world_size=None,
                  threads=0, backend="auto", streams=8, capacity=0, max_in_flight=256,
                  to_torch=True, name="dataset", even_shards=None, batch_size=None,
-                 drop_last=False, index_field="index", remote=None, host_memory_budget=0):
+                 drop_last=False, index_field="index", remote=None, host_memory_budget=0,
+                 trace=False, autotune_window=0.25, autotune_queues=True, priority=0):
         super().__init__()
         length = _int_arg("GraphDataset", "length", length, 0)
         seed = _int_arg("GraphDataset", "seed", seed, 0)
@@ -560,7 +580,9 @@ class GraphDataset(_data.IterableDataset):
         self._world_size = world_size
         self._runtime_args = dict(threads=threads, backend=backend, streams=streams,
                                   host_memory_budget=host_memory_budget)
-        self._graph_args = dict(max_in_flight=max_in_flight)
+        self._graph_args = dict(max_in_flight=max_in_flight, trace=trace,
+                                autotune_window=autotune_window, autotune_queues=autotune_queues,
+                                priority=priority)
         self._capacity = capacity
         self._to_torch = to_torch
         self.name = name
@@ -886,7 +908,7 @@ class GraphDataset(_data.IterableDataset):
         try:
             for item in it:
                 if progress is not None:
-                    progress.took_item(item, batch_size)
+                    progress.took_item(item, batch_size, it.item)
                 yield to_torch(item) if self._to_torch else item
         except StageError as e:
             cause = e.__cause__

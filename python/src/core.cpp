@@ -1913,15 +1913,20 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
     return d;
   }, "The cache of freed large host blocks (HostTensor::empty): bytes kept now, the limit, and "
      "the allocations of 128 KiB and more it served (hits) or did not (misses).");
-  m.def("image_files", [](const std::string& where) {
+  m.def("image_files", [](const std::string& where, std::optional<std::vector<std::string>> extensions) {
     namespace fs = std::filesystem;
-    if (fs::is_directory(where)) return image::FileList::directory(where).paths();
+    if (fs::is_directory(where))
+      return extensions ? image::FileList::directory(where, *extensions).paths()
+                        : image::FileList::directory(where).paths();
+    if (extensions)
+      throw GraphError("splitflow.image_files('" + where + "'): extensions= is for a directory");
     if (fs::is_regular_file(where)) return image::FileList::list_file(where).paths();
     return image::FileList::glob(where).paths();
-  }, py::arg("where"),
+  }, py::arg("where"), py::arg("extensions") = py::none(),
   "JPEG files: every .jpg/.jpeg under a directory (in torchvision ImageFolder's order: folder "
-  "by folder, each folder's files sorted before its subfolders'), the paths of a list file (one per "
-  "line, relative to it), or a glob pattern's matches (sorted).");
+  "by folder, each folder's files sorted before its subfolders'; extensions=[...]: those, "
+  "case-insensitive), the paths of a list file (one per line, relative to it), or a glob "
+  "pattern's matches (sorted).");
 
   bind_ops(m);
 }

@@ -835,7 +835,9 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
   if (same && kind == 6) {  // samples: field by field
     const Sample& first = *std::get<SamplePtr>(items[0]);
     auto out = std::make_shared<Sample>();
-    out->kind = first.kind;
+    // (A batch of tuples is a list of the columns, as default_collate makes it: a new user's
+    // trial found tuples where torch gives a list.)
+    out->kind = first.kind == Sample::Kind::tuple ? Sample::Kind::list : first.kind;
     out->keys = first.keys;
     for (std::size_t i = 1; i < n; ++i) {
       const Sample& s = *std::get<SamplePtr>(items[i]);

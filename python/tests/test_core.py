@@ -237,6 +237,20 @@ def test_source_error_is_raised_by_run_wait(rt):
     assert run.status == "failed"
 
 
+# g.iterate() starts a run of its own: after g.run() it is refused, and the refusal says how
+# that run's items are read (a new user's trial: "wait for its run or cancel it first", neither
+# of which reads them).
+def test_iterate_while_a_run_is_on_says_how_to_read_its_items(rt):
+    g, out = chain(rt, "running", range(100), lambda x: x)
+    run = g.run()
+    with pytest.raises(sf.GraphError, match=r"graph 'running'|Graph 'running'") as info:
+        g.iterate(out)
+    assert "already running: read that run's pull sinks" in str(info.value)
+    assert "for x in sink" in str(info.value)
+    assert list(out) == list(range(100))
+    assert run.wait(timeout=60) == "succeeded"
+
+
 # "Breaking out of a loop early cancels cleanly."
 def test_early_break_cancels_the_run_and_the_runtime_goes_on(rt):
     g, out = chain(rt, "early", range(1_000_000), lambda x: x)

@@ -1,5 +1,6 @@
 """splitflow.torch: a graph as a DataLoader dataset (sharding, epochs, resume, training).
 Each test names the requirement of the issue "Python binding" it checks."""
+import json
 import os
 import re
 import subprocess
@@ -58,6 +59,25 @@ def test_num_workers_0_reads_every_item_in_order_as_torch_tensors():
         assert bool((t == i % 256).all())
     st = ds.last_run.stats()
     assert st["items_delivered"] == N
+
+
+# Each epoch's graph takes splitflow.Graph's options: a new user's trial found trace=True
+# refused ("unexpected keyword argument 'trace'", and autotune_window, priority,
+# autotune_queues too) while the empty trace's note said "(Python: trace=True) records a run's
+# events".
+def test_the_graphs_options_reach_each_epochs_graph():
+    ds = sft.GraphDataset(build_tensors, 20, threads=2, backend="host", trace=True,
+                          autotune_window=0.05, autotune_queues=False, priority=1)
+    assert len(list(torch.utils.data.DataLoader(ds, batch_size=None))) == 20
+    trace = json.loads(ds.last_run.trace_json())
+    assert any(e.get("name") == "fill" for e in trace["traceEvents"]), trace
+    quiet = sft.GraphDataset(build_tensors, 20, threads=2, backend="host")
+    assert len(list(torch.utils.data.DataLoader(quiet, batch_size=None))) == 20
+    assert not [e for e in json.loads(quiet.last_run.trace_json())["traceEvents"]
+                if e.get("name") == "fill"]
+    with pytest.raises(sf.GraphError, match="autotune_window must be positive"):
+        next(iter(sft.GraphDataset(build_tensors, 20, threads=2, backend="host",
+                                   autotune_window=0)))
 
 
 # "sharding: the union over workers/ranks equals the dataset with no duplicates, for

@@ -86,7 +86,8 @@ class RequestBook final : public ItemTracker {
         ++stats_.rejected;
         throw OverloadedError("splitflow: service '" + name_ + "' of graph '" + graph_ +
                               "' is overloaded: " + std::to_string(opts_.max_pending) +
-                              " requests pending (ServiceOptions::max_pending)");
+                              " requests pending (ServiceOptions::max_pending; Python: "
+                              "g.service(max_pending=))");
       }
       // A thread of the graph's runtime (a completion callback submitting the next request,
       // a stage body) would wait for room that only the runtime's threads make: once every
@@ -95,8 +96,8 @@ class RequestBook final : public ItemTracker {
         ++stats_.rejected;
         throw OverloadedError(
             "splitflow: service '" + name_ + "' of graph '" + graph_ + "' is full (" +
-            std::to_string(opts_.max_pending) + " requests pending, ServiceOptions::max_pending) "
-            "and submit() was called from a thread of the graph's runtime (a completion "
+            std::to_string(opts_.max_pending) + " requests pending, ServiceOptions::max_pending; Python: "
+            "g.service(max_pending=)) and submit() was called from a thread of the graph's runtime (a completion "
             "callback, a stage body): waiting there for room would hold a thread that answers "
             "the pending requests, and once every thread waits so nothing is answered; submit "
             "from a thread of your own (hand the next request to it from the callback), or "
@@ -111,7 +112,8 @@ class RequestBook final : public ItemTracker {
           throw DeadlineError("splitflow: service '" + name_ + "' of graph '" + graph_ +
                               "': the request's deadline passed while it waited for admission (" +
                               std::to_string(opts_.max_pending) +
-                              " requests pending, ServiceOptions::max_pending); it was not admitted");
+                              " requests pending, ServiceOptions::max_pending; Python: "
+                              "g.service(max_pending=)); it was not admitted");
         }
       } else {
         cv_.wait(lk, room);
