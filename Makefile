@@ -146,6 +146,8 @@ bench: release
 	  > $(BUILD)/bench/image_pipeline_grid.json
 	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_images_grid.py \
 	  --data $(BUILD)/bench-data/images --images 2000 --json $(BUILD)/bench/bench_images_grid.json
+	PYTHONPATH=$(BUILD)/release/python /usr/bin/python3 benchmarks/bench_python_auto.py \
+	  --json $(BUILD)/bench/bench_python_auto.json
 	/usr/bin/python3 benchmarks/summary.py $(BUILD)/bench
 
 clean:

@@ -62,6 +62,7 @@ def main():
     tune = load(os.path.join(d, "bench_autotune.json"))
     grid = load(os.path.join(d, "image_pipeline_grid.json"))
     pygrid = load(os.path.join(d, "bench_images_grid.json"))
+    pyauto = load(os.path.join(d, "bench_python_auto.json")) or {}
 
     sf = times(hop, "BM_ChainHop/splitflow")
     rows = [
@@ -199,6 +200,13 @@ def main():
          grid and grid.get("auto_of_grid_best"), ">= 0.97", lambda v: v >= 0.97),
         ("17", "JPEG pipeline (Python), concurrency auto / grid's best",
          pygrid and pygrid.get("auto_of_grid_best"), ">= 0.97", lambda v: v >= 0.97),
+        ("17", "Python body holding the GIL, auto / best of (1, 2)",
+         pyauto.get("gil", {}).get("rate_over_best_grid"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "Python body holding the GIL: auto's threads - (fewest + 1)",
+         (lambda g: None if not g else g["auto_threads"] - (g["fewest_threads"] + 1))(pyauto.get("gil")),
+         "<= 0", lambda v: v <= 0),
+        ("17", "Python numpy body (GIL released), auto / best of (1, 2)",
+         pyauto.get("numpy", {}).get("rate_over_best_grid"), ">= 0.95", lambda v: v >= 0.95),
     ]
     print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
     missed = 0

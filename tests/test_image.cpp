@@ -649,6 +649,9 @@ TEST(ImageDecode, BytesThatAreNoJpegAreNamedAndTheFixSaid) {
       {bytes_of(std::string_view("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x10", 20)), "a PNG"},
       {bytes_of("GIF89a\x10\0\x10\0"), "a GIF"},
       {bytes_of(std::string_view("RIFF\x24\0\0\0WEBPVP8 ", 16)), "a WebP"},
+      {bytes_of(std::string_view("MM\0*\0\0\0\x08\0\0", 10)), "a TIFF"},
+      {bytes_of(std::string_view("II*\0\x08\0\0\0\0\0", 10)), "a TIFF"},
+      {bytes_of("MMMMMMMMMM"), nullptr},  // (not a TIFF: its signature is 4 bytes)
       {std::vector<std::uint8_t>(64, 0x68), nullptr}};
   for (const Case& c : cases) {
     std::string plain, crop;

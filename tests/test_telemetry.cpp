@@ -710,12 +710,34 @@ TEST(Diagnosis, AStageHoldingTheGilIsToldToRunInProcessesNotToRaiseItsConcurrenc
   st.stages[1].serial_wait_ns = 20'000'000;
   const Diagnosis d = diagnose(st, std::nullopt);
   EXPECT_EQ(d.bottleneck, "spin") << join(d.findings);
-  EXPECT_EQ(d.suggestions, std::vector<std::string>{
-                               "the bodies of stage 'spin' held the GIL 96% of their time: more "
-                               "threads of it would wait for the GIL; run it in processes (Python: "
-                               "processes=N) or move its work into a C++ op (splitflow.ops)"})
+  // One thread: its holds count what numpy or torch compute with the GIL released too, so
+  // either may be: both fixes said.
+  EXPECT_EQ(d.suggestions,
+            std::vector<std::string>{
+                "the bodies of stage 'spin' held the GIL, or computed with it released, 96% of "
+                "their time: Python code that holds it gains nothing from more threads (run it in "
+                "processes, Python: processes=N, or move its work into a C++ op, splitflow.ops); "
+                "numpy or torch code, which releases it, does: raise the concurrency of stage "
+                "'spin' from 1 to 2"})
       << join(d.suggestions);
-  // A body that releases it most of its time (numpy, a read): more threads, as before.
+  // Two threads that waited for each other's holds: the GIL, said so.
+  st.stages[1].concurrency_limit = 2;
+  st.stages[1].work_ns = 1'900'000'000;
+  st.stages[1].serial_wait_ns = 900'000'000;
+  EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
+            std::vector<std::string>{
+                "the bodies of stage 'spin' held the GIL 93% of their time and waited for it "
+                "900.0 ms more: its threads wait for each other's; run it in processes (Python: "
+                "processes=N) or move its work into a C++ op (splitflow.ops)"});
+  // Holds past the run's length: its bodies held it at once, so they release it (numpy):
+  // more threads, as for any stage.
+  st.stages[1].serial_ns = 1'500'000'000;
+  st.stages[1].serial_wait_ns = 0;
+  EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
+            std::vector<std::string>{"raise the concurrency of stage 'spin' from 2 to 4"});
+  // A body that holds it a small part of its time (a read): more threads, as before.
+  st.stages[1].concurrency_limit = 1;
+  st.stages[1].work_ns = 990'000'000;
   st.stages[1].serial_ns = 300'000'000;
   EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
             std::vector<std::string>{"raise the concurrency of stage 'spin' from 1 to 2"});

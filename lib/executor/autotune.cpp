@@ -18,6 +18,8 @@ namespace splitflow::autotune {
 namespace {
 
 constexpr double kEps = 1e-9;
+// The gain a trial past the GIL's bound on the model must show to be kept.
+constexpr double kPastSerialGain = 0.15;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool tunable(const StageModel& m) noexcept { return !m.fixed_concurrency.has_value(); }
@@ -762,6 +764,7 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
           static_cast<double>(std::max<std::int64_t>(st.serial_ns, 0)) * scale};
     if (st.concurrency <= 1) r.solo_work = r.work, r.solo_items = r.items;
     r.saturated = scale < 1 ? 1 : 0;
+    r.released = static_cast<double>(st.serial_ns) > 1.1 * window ? 1 : 0;
     w.stages.push_back(r);
   }
   history_.push_back(std::move(w));
@@ -783,16 +786,19 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
       ref.work += history_[w2].stages[i].work;
       ref.gpu += history_[w2].stages[i].gpu;
       ref.serial += history_[w2].stages[i].serial;
-      ref.saturated += history_[w2].stages[i].saturated;
+      ref.released += history_[w2].stages[i].released;
     }
     const Raw& a = history_[history_.size() - 2].stages[i];
     const Raw& b = history_.back().stages[i];
     if (ref.items < 4 || a.items < 4 || b.items < 4) continue;
-    const bool serial = !gpu && ref.serial > 0 && a.serial > 0 && b.serial > 0;
+    // (A stage that holds the lock most of its time drifts by its holds; one that waits with
+    // it released, a read, by its time per item; one whose bodies release it, the same.)
+    const bool serial = !gpu && ref.serial > 0 && a.serial > 0 && b.serial > 0 &&
+                        ref.serial >= 0.5 * ref.work && ref.released + a.released + b.released == 0;
     // (Holds scaled down to a window are the window over its items: they move with the rate,
     // not with the cost. A stage's cost that moves while the lock is saturated shows as a fall
     // of the rate, which climbs again.)
-    if (serial && (ref.saturated > 0 || a.saturated > 0 || b.saturated > 0)) continue;
+    if (serial && (a.saturated > 0 || b.saturated > 0)) continue;
     // A stage that worked under 5% of the window changes no decision by its cost: a reader
     // behind a slow loop "drifted" 54 -> 100 us as its bursts came cold, ten retunes in a
     // trial's run, none of them useful.
@@ -845,6 +851,7 @@ std::vector<StageModel> CostEstimator::models() const {
       sum.work += r.work;
       sum.gpu += r.gpu;
       sum.serial += r.serial;
+      sum.released += r.released;
       sum.solo_work += r.solo_work;
       sum.solo_items += r.solo_items;
       if (r.cpu < 0) cpu_known = false;
@@ -860,9 +867,14 @@ std::vector<StageModel> CostEstimator::models() const {
     m.producers = st.producers;
     m.visits = st.visits > 0 ? st.visits : delivered > 0 && sum.items > 0 ? sum.items / delivered : 1.0;
     const double items = std::max(sum.items, 1.0);
-    // (A stage holding the shared lock: its time per item at concurrency 1 where measured.)
-    const double work = sum.serial > 0 && sum.solo_items >= 4 ? sum.solo_work / sum.solo_items * 1e-9
-                                                              : sum.work / items * 1e-9;
+    // A stage whose bodies held the lock at once releases it (numpy, torch): the lock bounds
+    // it not (its holds counted what it computed without it). One that holds it most of its
+    // time: its time per item at concurrency 1 where measured (without the waits for the
+    // others' holds in the midst of its bodies).
+    const bool held = sum.serial > 0 && sum.released == 0;
+    const double work = held && sum.serial >= 0.5 * sum.work && sum.solo_items >= 4
+                            ? sum.solo_work / sum.solo_items * 1e-9
+                            : sum.work / items * 1e-9;
     const double cpu = cpu_known ? std::min(sum.cpu / items * 1e-9, work) : work;
     if (st.gpu) {
       m.resource = Resource::gpu;
@@ -877,7 +889,7 @@ std::vector<StageModel> CostEstimator::models() const {
       m.resource = cpu < 0.5 * work ? Resource::io : Resource::cpu;
       m.cpu_s = cpu;
       m.wall_s = work;
-      m.serial_s = std::min(sum.serial / items * 1e-9, work);
+      m.serial_s = held ? std::min(sum.serial / items * 1e-9, work) : 0.0;
     }
     out.push_back(std::move(m));
   }
@@ -1141,12 +1153,19 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
       mv.key = "raise:" + m.name;
       // (Past the GIL's bound on the model: the time a body holds it is its CPU demand with it
       // taken, which counts what it computes with the GIL released too; the trial measures.)
-      const bool past_serial = m.serial_s > 0 && stage_rate(m, k + step) <= stage_rate(m, k) * (1 + kEps);
+      // (At the GIL's bound with the raise, gaining less than a clear gain by the model.)
+      const bool past_serial = m.serial_s > 0 &&
+                               1.0 / (m.visits * m.serial_s) <= stage_rate(m, k + step) * (1 + kEps) &&
+                               stage_rate(m, k + step) < stage_rate(m, k) * (1 + kPastSerialGain);
+      // (The model expects nothing of it: kept for a clear gain only, not one window's noise: a
+      // pure-Python body's second thread measured +11% in one 250 ms window and was kept.)
+      if (past_serial) mv.min_gain = kPastSerialGain;
       mv.changes.push_back(
           {s.end_ns, Action::probe, m.name, "concurrency", k, k + step,
            past_serial ? why + fmt::format("; the GIL bounds it on the model ({} held per item): "
-                                           "trying whether its bodies release it",
-                                           seconds(m.serial_s))
+                                           "trying whether its bodies release it (kept for a "
+                                           "gain of {:.0f}% or more)",
+                                           seconds(m.serial_s), 100 * kPastSerialGain)
                        : why});
       // Its consumers' queues grow by the slots the new invocations reserve.
       for (std::size_t c2 = 0; c2 < n; ++c2) {
@@ -1301,7 +1320,7 @@ Decision Autotuner::observe(const Sample& s) {
     if (mv.release)
       ok = gain >= -noise() && (bound_.limit != Limit::gpu || busy >= opt_.gpu_busy_target);
     else
-      ok = gain > noise() ||
+      ok = gain > std::max(noise(), mv.min_gain) ||
            (bound_.limit == Limit::gpu && base_busy_ < opt_.gpu_busy_target &&
             busy >= opt_.gpu_busy_target && gain > 0);
     const std::string figures =
@@ -1372,7 +1391,9 @@ Decision Autotuner::observe(const Sample& s) {
                              ? (bound_.limit == Limit::stage && serial_per_item(models_) * bound_.rate >= 1 - 1e-6
                                     ? " (above it: its bodies release the GIL for some of the time "
                                       "the model counts as held (numpy and torch do, to compute); "
-                                      "the next model, from this allocation's windows, bounds it higher)"
+                                      "a window in which a stage's bodies held it more than the "
+                                      "window's length takes the GIL's bound off that stage at the "
+                                      "next model)"
                                     : " (above it: the bound is of the budget's cores and the costs "
                                       "measured; cores the runtime's other graphs left idle, or costs "
                                       "that fell since, give more)")

@@ -102,7 +102,7 @@ std::string not_a_jpeg(const std::string& what, const std::string& why, const st
                      : starts("GIF87a") || starts("GIF89a")                    ? "a GIF"
                      : starts("BM")                                            ? "a BMP"
                      : size >= 12 && starts("RIFF") && std::memcmp(data + 8, "WEBP", 4) == 0 ? "a WebP"
-                     : starts("II*") || starts("MM\x00*")                     ? "a TIFF"
+                     : starts(std::string_view("II*\0", 4)) || starts(std::string_view("MM\0*", 4)) ? "a TIFF"
                                                                                : nullptr;
   return fmt::format("{}: not a readable JPEG ({}){}; on_error skip or substitute on its stage "
                      "(Python: on_error='skip', substitute=) drops or replaces such a file and "

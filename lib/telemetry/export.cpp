@@ -59,10 +59,8 @@ Json stage_json(const StageStats& s) {
   j["blocked_ns"] = std::int64_t{s.blocked_ns};
   j["work_ns"] = std::int64_t{s.work_ns};
   if (s.call_ns >= 0) j["call_ns"] = std::int64_t{s.call_ns};  // async stages only
-  if (s.serial_ns > 0 || s.serial_wait_ns > 0) {  // bodies that take the GIL only
-    j["serial_ns"] = std::int64_t{s.serial_ns};
-    j["serial_wait_ns"] = std::int64_t{s.serial_wait_ns};
-  }
+  j["serial_ns"] = std::int64_t{s.serial_ns};  // (0 but for bodies that take the GIL)
+  j["serial_wait_ns"] = std::int64_t{s.serial_wait_ns};
   if (s.wait_ns >= 0) j["wait_ns"] = std::int64_t{s.wait_ns};  // blocking stages only
   j["mean_concurrency"] = fixed(s.mean_concurrency(), 3);
   j["max_concurrency"] = std::uint64_t{s.max_concurrency};

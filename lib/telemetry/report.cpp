@@ -47,15 +47,28 @@ std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size
                        "it, which can run concurrently (a source of indices or paths, and a stage "
                        "that loads each)",
                        s.name, why);
-  // A Python body that held the GIL most of its time: another thread of it would wait for the
-  // GIL (a new user's trial: "raise ... from 1 to 2" for a pure-Python loop, 462 items/s at 1,
-  // 479 at 4).
-  if (const std::int64_t own = s.work_ns - s.serial_wait_ns; s.serial_ns > 0 && own > 0 && 2 * s.serial_ns >= own)
+  // A Python body that held the GIL most of its time: another thread of it waits for the GIL
+  // (a new user's trial: "raise ... from 1 to 2" for a pure-Python loop, 462 items/s at 1, 479
+  // at 4). Its holds count what it computed with the GIL released too (numpy, torch): holds
+  // past the run's length say that its bodies released it; threads that waited for it a tenth
+  // of their time, that they held it; one thread, either.
+  if (const std::int64_t own = s.work_ns - s.serial_wait_ns;
+      s.serial_ns > 0 && own > 0 && 2 * s.serial_ns >= own &&
+      static_cast<double>(s.serial_ns) <= 1.05 * static_cast<double>(st.wall_ns)) {
+    const std::string held = pct(std::min(1.0, static_cast<double>(s.serial_ns) / static_cast<double>(own)));
+    if (s.concurrency_limit != 1 && 10 * s.serial_wait_ns >= s.work_ns)
+      return fmt::format(
+          "the bodies of stage '{}' held the GIL {} of their time and waited for it {} more{}: "
+          "its threads wait for each other's; run it in processes (Python: processes=N) or move "
+          "its work into a C++ op (splitflow.ops)",
+          s.name, held, ms(s.serial_wait_ns), why);
     return fmt::format(
-        "the bodies of stage '{}' held the GIL {} of their time{}: more threads of it would wait "
-        "for the GIL; run it in processes (Python: processes=N) or move its work into a C++ op "
-        "(splitflow.ops)",
-        s.name, pct(std::min(1.0, static_cast<double>(s.serial_ns) / static_cast<double>(own))), why);
+        "the bodies of stage '{}' held the GIL, or computed with it released, {} of their time{}: "
+        "Python code that holds it gains nothing from more threads (run it in processes, Python: "
+        "processes=N, or move its work into a C++ op, splitflow.ops); numpy or torch code, which "
+        "releases it, does: raise the concurrency of stage '{}' from {} to {}",
+        s.name, held, why, s.name, s.concurrency_limit, to);
+  }
   if (holds_threads(s) && st.threads > 0 && to > st.threads) {
     if (s.concurrency_limit >= st.threads)
       return fmt::format(

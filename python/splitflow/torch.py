@@ -268,14 +268,16 @@ def _field(item, key):
 
 
 def _leading(x):
-    """How many samples an item made by g.batch holds: its tensors' leading dimension (a dict
-    or a tuple: its first field's), a list's length."""
+    """How many samples an item made by g.batch holds: its tensors' leading dimension (a dict,
+    or a list of columns, as a batch of tuples or lists is: its first field's), a list of
+    samples' length."""
     if isinstance(x, (_core.Tensor, torch.Tensor, np.ndarray)):
         return int(x.shape[0]) if len(x.shape) else None
     if isinstance(x, dict):
         x = list(x.values())
-    elif isinstance(x, list):
-        return len(x)
+    elif isinstance(x, list) and not (x and isinstance(
+            x[0], (_core.Tensor, torch.Tensor, np.ndarray, dict, list))):
+        return len(x)  # (a batch's field of objects that do not stack: one per sample)
     if isinstance(x, (tuple, list)):
         for v in x:
             n = _leading(v)
@@ -364,8 +366,9 @@ class _Progress:
         self.samples = 0       # samples counted (num_workers=0)
         # num_workers=0, samples without an index, no g.batch: each one's place in the run (the
         # pull sink's item number: its source item's), so that skips and an out-of-order stage
-        # leave the state exact; None once an item came without one.
-        self.run_places = []
+        # leave the state exact; None once an item came without one (or a place came twice).
+        self.run_places = np.zeros(len(self.lists[0]), bool)
+        self.placed = 0
         self.batches = 0       # batches the loop took (track())
         self.complete = False  # the iteration ended: every position settled
         # A remote pass (remote=): the dataset index of each item its source yielded, in order
@@ -462,8 +465,11 @@ class _Progress:
                 n = _leading(item)
                 n = batch_size if n is None else n
             if self.run_places is not None:
-                if batch_size is None and place is not None and 0 <= place < len(self.lists[0]):
-                    self.run_places.append(place)
+                # (A place given twice, one index's two samples, makes it no place per sample.)
+                if batch_size is None and place is not None and 0 <= place < len(self.lists[0]) \
+                        and not self.run_places[place]:
+                    self.run_places[place] = True
+                    self.placed += 1
                 else:
                     self.run_places = None
         self.samples += n
@@ -490,12 +496,11 @@ class _Progress:
                 return self.taken.copy(), 1, 0, True
             done = self.base_done.copy()
             remote = self._remote_positions(self.samples)
-            if remote is None and self.run_places is not None \
-                    and len(self.run_places) == self.samples:
+            if remote is None and self.run_places is not None and self.placed == self.samples:
                 # (Counting took the first n places: a skipped one among them was marked done
                 # and the n-th sample came again after the resume, a new user's trial's 87 of
                 # 84.)
-                remote = self.lists[0][np.asarray(self.run_places, dtype=np.int64)]
+                remote = self.lists[0][self.run_places]
             done[remote if remote is not None else self.lists[0][:self.samples]] = True
             return done, 1, 0, False
         if batches is None:

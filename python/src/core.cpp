@@ -617,13 +617,19 @@ struct PyCompletion {
 struct GilSampler {
   static constexpr std::int64_t kPeriodNs = 1'000'000;
   std::atomic<std::int64_t> next_ns{0};
+  std::atomic<std::int64_t> last_ns{0};  // when the last measured body started (0: none yet)
   std::atomic<std::uint64_t> bodies{0};
-  /// The bodies the one starting at `now` is measured for (0: not measured).
-  std::uint64_t due(std::int64_t now) noexcept {
+  /// The bodies the one starting at `now` is measured for (0: not measured), and the time
+  /// since the last measured one started (-1: none): the stage cannot have held the GIL
+  /// longer than that before this body (a measured body preempted a while with the GIL taken,
+  /// charged for several, would charge that while several times).
+  std::uint64_t due(std::int64_t now, std::int64_t& since) noexcept {
     bodies.fetch_add(1, std::memory_order_relaxed);
     std::int64_t next = next_ns.load(std::memory_order_relaxed);
     if (now < next || !next_ns.compare_exchange_strong(next, now + kPeriodNs, std::memory_order_relaxed))
       return 0;
+    const std::int64_t last = last_ns.exchange(now, std::memory_order_relaxed);
+    since = last > 0 && now >= last ? now - last : -1;
     return bodies.exchange(0, std::memory_order_relaxed);
   }
 };
@@ -645,17 +651,22 @@ struct BodyGil {
   WithGil gil;
   std::int64_t demand0 = 0;  // at taking the GIL (0: not measured)
   std::uint64_t weight = 0;  // the bodies it is measured for
+  std::int64_t since = -1;   // since the stage's last measured body started (-1: unknown)
   explicit BodyGil(GilSampler* sampler) {
     if (!gil) throw_exiting("a Python stage");
     if (t0 != 0) {
       detail::add_contended_ns(now_ns() - t0);
-      if (sampler && (weight = sampler->due(t0)) > 0)
+      if (sampler && (weight = sampler->due(t0, since)) > 0)
         demand0 = std::max<std::int64_t>(detail::thread_demand_ns(), 1);
     }
   }
   ~BodyGil() {
-    if (demand0 != 0)
-      detail::add_serial_ns((detail::thread_demand_ns() - demand0) * static_cast<std::int64_t>(weight));
+    if (demand0 == 0) return;
+    const std::int64_t held = detail::thread_demand_ns() - demand0;
+    std::int64_t charge = held * static_cast<std::int64_t>(weight);
+    // (The bodies before it: at most the time since the last measured one started.)
+    if (since >= 0 && weight > 1) charge = std::min(charge, held + since);
+    detail::add_serial_ns(charge);
   }
   BodyGil(const BodyGil&) = delete;
   BodyGil& operator=(const BodyGil&) = delete;
@@ -1915,6 +1926,13 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
      "the allocations of 128 KiB and more it served (hits) or did not (misses).");
   m.def("image_files", [](const std::string& where, std::optional<std::vector<std::string>> extensions) {
     namespace fs = std::filesystem;
+    if (extensions)
+      for (const std::string& e : *extensions)
+        if (e.size() < 2 || e[0] != '.')
+          throw GraphError("splitflow.image_files('" + where + "'): extensions= takes endings "
+                           "with their dot ('.png'), not '" + e + "'");
+    if (extensions && extensions->empty())
+      throw GraphError("splitflow.image_files('" + where + "'): extensions= is empty");
     if (fs::is_directory(where))
       return extensions ? image::FileList::directory(where, *extensions).paths()
                         : image::FileList::directory(where).paths();

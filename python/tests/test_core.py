@@ -828,10 +828,11 @@ def test_a_python_body_on_auto_is_bounded_by_the_gil_it_holds():
     for e in model_moves:
         assert int(e.split(" -> ")[1].split(":")[0]) <= 2, events
     stage = next(s for s in stats["stages"] if s["name"] == "work")
-    assert 0 < stage["serial_ns"] <= stage["work_ns"], stage
+    # (Sampled: a body about every millisecond, charged for the bodies since the last one.)
+    assert 0 < stage["serial_ns"] <= 1.5 * stage["work_ns"], stage
     assert stage["serial_wait_ns"] >= 0
-    # (Only bodies that take the GIL have the figures.)
-    assert "serial_ns" not in next(s for s in stats["stages"] if s["name"] == "i")
+    # (Only bodies that take the GIL have them.)
+    assert next(s for s in stats["stages"] if s["name"] == "i")["serial_ns"] == 0
 
 
 def test_concurrency_auto_is_tuned_and_explained():

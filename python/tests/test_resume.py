@@ -65,6 +65,12 @@ def build_skipping_tuples(g, indices):
     return indices >> g.stage("pair", pair, concurrency=3, on_error="skip", ordered=False)
 
 
+def build_tuple_batches(g, indices):
+    # (image, label) tuples batched: a list of the columns, as default_collate makes it.
+    return indices >> g.stage("pair", lambda i: (np.full(2, i, np.float32), f"label{i}")) \
+        >> g.batch("batch", 8)
+
+
 def build_filled_batches(g, indices):
     # C++ ops only, no index field: uint8 [3] tensors filled with the index, batched by 8.
     return indices >> g.stage("fill", sf.ops.fill([3]), concurrency=0) >> g.batch("batch", 8)
@@ -134,6 +140,24 @@ def test_graph_batches_resume_after_3_batches_of_8(length, shuffle, build, by_in
 
 # Skipped samples and a stage out of order: with the samples' index the resume is exact (the
 # skipped ones are read, and skipped, again), also when saved again from a resumed epoch.
+# A batch of tuples is a list of its columns: state_dict counts its samples by the first
+# column's length (a reviewer: by the list's, 2 per batch, and a resume read 18 of 24 again).
+def test_batches_of_tuples_count_their_samples():
+    ds = sft.GraphDataset(build_tuple_batches, 61, threads=2, backend="host", to_torch=False)
+    first = []
+    for k, batch in enumerate(ds):
+        assert isinstance(batch, list) and len(batch) == 2
+        first += [int(v) for v in np.asarray(batch[0])[:, 0]]
+        if k == 2:
+            break
+    state = ds.state_dict()
+    assert state["samples_seen"] == 24
+    again = sft.GraphDataset(build_tuple_batches, 61, threads=2, backend="host", to_torch=False)
+    again.load_state_dict(state)
+    rest = [int(v) for batch in again for v in np.asarray(batch[0])[:, 0]]
+    check_exact(first, rest, set(range(61)))
+
+
 # A new user's trial: (image, label) tuples, no index field, a corrupt file skipped, a break
 # and a resume: 87 samples for 84 files (the state counted samples, so the skipped one's place
 # was marked done and a sample taken came again). With num_workers=0 and no g.batch the state

@@ -400,6 +400,9 @@ class CostEstimator {
     // Windows whose holds added up to more than the window (scaled down to it): the lock was
     // busy throughout at most, a bound rather than a measure of a stage's holds.
     double saturated = 0;
+    // Windows in which this stage's own holds passed the window by a tenth: its bodies held
+    // "it" at once, so they release it (numpy, torch): no bound of the lock's on it.
+    double released = 0;
   };
   struct Window {
     double delivered = 0;
@@ -440,6 +443,7 @@ class Autotuner {
   struct Move {
     std::string key;       // tabu key
     bool release = false;  // judged by "held", not "improved"
+    double min_gain = 0;   // the gain it needs at least (beyond the noise)
     std::vector<TuneEvent> changes;
   };
   void retune(const Sample& s, Action action, std::string reason, Decision& d);

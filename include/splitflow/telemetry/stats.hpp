@@ -171,7 +171,8 @@ struct StageStats {
   /// others. The tuner lets such a stage past the cores only while it waits more than it computes.
   std::int64_t wait_ns = -1;
   /// Stages whose bodies take the lock every body of the process shares (a Python body's
-  /// GIL): the CPU demand their bodies held it with, and their waits to take it (in work_ns:
+  /// GIL): the CPU demand their bodies held it with (sampled: a body about every millisecond,
+  /// charged for the bodies since the last one), and their waits to take it (in work_ns:
   /// contention, not cost), summed. 0 for the others. The tuner's bound on such stages: their
   /// holds add up to at most the wall time, whatever their threads.
   std::int64_t serial_ns = 0;

@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""Python stages on concurrency="auto" against a grid of hand-set concurrencies, in the same run
+(issue 17: "GIL share of Python bodies on auto"; docs/autotune.md, "Python functions on auto").
+
+    PYTHONPATH=build/release/python /usr/bin/python3 benchmarks/bench_python_auto.py \
+        [--rounds 3] [--epochs 2] [--json out.json]
+
+Two graphs of one Python stage each, on a runtime of 2 threads, read by a loop:
+- "gil": a pure-Python loop (about 1 ms an item) that holds the GIL throughout: a second thread
+  only waits for it; the fewest threads that reach the rate are 1.
+- "numpy": a numpy sort (about 5 ms an item) that releases the GIL while it sorts: two threads
+  run two items at once.
+Each round runs concurrency 1, 2 and "auto" (the order reversed every other round), --epochs
+epochs each (a graph of one name: the tuner's warm start carries over), each configuration's
+figure its best epoch. Per graph it prints the median over the rounds of auto's rate over the
+best of (1, 2), and auto's threads at its last epoch's end; goals: >= 0.95, and for "gil" at
+most one thread more than the fewest that reach 0.95 of the best.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+import splitflow as sf
+
+ARRAY = np.random.default_rng(0).random(60_000)
+
+
+def pure_python(i):
+    s = 0
+    for k in range(15_000):  # ~1 ms of the interpreter, the GIL held throughout
+        s += k
+    return i
+
+
+def numpy_sort(i):
+    np.sort(ARRAY, kind="stable")  # ~5 ms; numpy releases the GIL while it sorts
+    return i
+
+
+BODIES = {"gil": (pure_python, 1500), "numpy": (numpy_sort, 400)}
+
+
+def epoch(rt, which, concurrency):
+    body, n = BODIES[which]
+    g = sf.Graph(rt, f"{which}-{concurrency}")  # one name per configuration: its own warm start
+    out = g.pull_sink("out")
+    g.indices("i", list(range(n))) >> g.stage("work", body, concurrency=concurrency) >> out
+    run = g.run()
+    start = time.perf_counter()
+    count = sum(1 for _ in out)
+    rate = count / (time.perf_counter() - start)
+    assert run.wait(timeout=600) == "succeeded" and count == n
+    st = run.stats()
+    work = next(s for s in st["stages"] if s["name"] == "work")
+    return rate, work["concurrency_limit"], st["autotune"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rt = sf.Runtime(threads=2, backend="host")
+    result = {}
+    for which in BODIES:
+        ratios, threads, best_k, fewest = [], [], [], []
+        for r in range(args.rounds):
+            configs = [1, 2, "auto"] if r % 2 == 0 else ["auto", 2, 1]
+            rates, last = {}, None
+            for c in configs:
+                best = 0.0
+                for _ in range(args.epochs):
+                    rate, k, events = epoch(rt, which, c)
+                    best = max(best, rate)
+                    if c == "auto":
+                        last = (k, events)
+                rates[c] = best
+            grid_best = max(rates[1], rates[2])
+            ratios.append(rates["auto"] / grid_best)
+            threads.append(last[0])
+            best_k.append(1 if rates[1] >= rates[2] else 2)
+            fewest.append(1 if rates[1] >= 0.95 * grid_best else 2)
+            print(f"{which} round {r}: 1: {rates[1]:.0f}/s, 2: {rates[2]:.0f}/s, auto: "
+                  f"{rates['auto']:.0f}/s ({ratios[-1]:.3f} of the grid's best), auto's threads "
+                  f"at the end {last[0]}", flush=True)
+            if r == args.rounds - 1:
+                for e in last[1]:
+                    print(f"    {e}")
+        result[which] = {"rate_over_best_grid": statistics.median(ratios),
+                         "auto_threads": statistics.median(threads),
+                         "fewest_threads": min(fewest), "ratios": ratios}
+        print(f"{which}: auto / best of the grid, median of {args.rounds} rounds: "
+              f"{result[which]['rate_over_best_grid']:.3f} (goal >= 0.95); auto's threads "
+              f"{result[which]['auto_threads']:g}, the fewest reaching 0.95 of the best "
+              f"{result[which]['fewest_threads']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
