@@ -484,7 +484,18 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
   std::vector<std::size_t> k;
   std::size_t at = 0;
   check(models, budget, target, k, at);
-  for (std::size_t i = 0; i < models.size(); ++i) a.stages[i].concurrency = k[i];
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    // A stage at the GIL's bound: not a thread that gains it less than a clear gain on the
+    // model (its time outside its holds is mostly the interpreter's handing the GIL over, to
+    // the graph's reader too: a pure-Python body of 295 us, 267 of them holding it, ran 6%
+    // slower on 2 threads than on 1; the climb's trial of one more measures it).
+    const StageModel& m = models[i];
+    while (!m.fixed_concurrency && m.serial_s > 0 && k[i] > 1 &&
+           1.0 / (m.visits * m.serial_s) <= stage_rate(m, k[i]) * (1 + kEps) &&
+           stage_rate(m, k[i] - 1) * (1 + kPastSerialGain) > stage_rate(m, k[i]))
+      --k[i];
+    a.stages[i].concurrency = k[i];
+  }
   if (b.limit == Limit::cores || b.limit == Limit::memory) {
     // Spend the cores left after rounding, slowest stage first: they cost nothing here and
     // absorb the variance of the costs.
