@@ -553,10 +553,7 @@ Value batch_results(const BatchPtr& b, const py::object& out, const std::string&
   if (got != static_cast<py::ssize_t>(n))
     throw Error(who + ": the function returned " + std::to_string(got) + " results for a batch of " +
                 std::to_string(n) + " requests" + one_each());
-  auto r = std::make_shared<BatchBox>();
-  r->batch.ids = b->batch.ids;
-  r->batch.errors = b->batch.errors;
-  r->batch.items.reserve(n);
+  BatchPtr r = same_requests(b->batch);
   for (std::size_t i = 0; i < n; ++i) r->batch.items.push_back(from_python(out[py::int_(i)]));
   return r;
 }
@@ -698,8 +695,7 @@ std::function<Value(Value)> per_item(std::function<Value(Value)> op) {
   return [op = std::move(op)](Value v) -> Value {
     auto* b = std::get_if<BatchPtr>(&v);
     if (!b) return op(std::move(v));
-    if (b->use_count() > 1) *b = std::make_shared<BatchBox>(**b);  // copy-on-write
-    Batch<Value>& batch = (*b)->batch;
+    Batch<Value>& batch = writable(*b);
     detail::CurrentItem current;  // each request's own number (random crops draw from it)
     for (std::size_t i = 0; i < batch.items.size(); ++i) {
       if (i < batch.errors.size() && batch.errors[i]) continue;
@@ -1132,11 +1128,8 @@ auto on_field(Body body, const py::object& field, const char* method, const std:
       // batch of the same ids (a Python function gets those fields collated and returns one
       // result per request; a C++ op runs on each), each result put back in its request's
       // sample. (The body fails the batch as a whole as it would without field=.)
-      if (b->use_count() > 1) *b = std::make_shared<BatchBox>(**b);  // copy-on-write
-      Batch<Value>& batch = (*b)->batch;
-      auto fields = std::make_shared<BatchBox>();
-      fields->batch.ids = batch.ids;
-      fields->batch.errors = batch.errors;
+      Batch<Value>& batch = writable(*b);
+      BatchPtr fields = same_requests(batch);
       std::vector<Sample*> samples;
       for (std::size_t i = 0; i < batch.items.size(); ++i) {
         auto* p = std::get_if<SamplePtr>(&batch.items[i]);

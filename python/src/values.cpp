@@ -630,6 +630,19 @@ Sample& writable(SamplePtr& p) {
   return *p;
 }
 
+Batch<Value>& writable(BatchPtr& p) {
+  if (p.use_count() > 1) p = std::make_shared<BatchBox>(*p);
+  return p->batch;
+}
+
+BatchPtr same_requests(const Batch<Value>& of) {
+  auto r = std::make_shared<BatchBox>();
+  r->batch.ids = of.ids;
+  r->batch.errors = of.errors;
+  r->batch.items.reserve(of.items.size());
+  return r;
+}
+
 namespace {
 
 /// Stacks equal-shaped tensors (any dtype, contiguous) into one with a leading batch dimension.

@@ -239,6 +239,11 @@ std::size_t host_bytes(const BatchBox& b);
 
 /// `p`, or a copy of it when another item shares it (copy-on-write).
 Sample& writable(SamplePtr& p);
+Batch<Value>& writable(BatchPtr& p);
+
+/// A dynamic batch for the same requests as `of` (its ids and per-request errors), with room
+/// for their items: what a stage returns for a batch it was given.
+BatchPtr same_requests(const Batch<Value>& of);
 
 /// Collates a batch's items as torch's default_collate does: tensors (and image items) of one
 /// shape stack into one tensor (N, ...), integers into an int64 tensor (N,), Python floats into
