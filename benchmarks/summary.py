@@ -207,6 +207,10 @@ def main():
          "<= 0", lambda v: v <= 0),
         ("17", "Python numpy body (GIL released), auto / best of (1, 2)",
          pyauto.get("numpy", {}).get("rate_over_best_grid"), ">= 0.95", lambda v: v >= 0.95),
+        ("17", "GIL shared with a user-set stage: rate / model bound",
+         pyauto.get("shared", {}).get("rate_over_model_bound"), "(stated)", None),
+        ("17", "  ... / one over the tuned stage's GIL holds",
+         pyauto.get("shared", {}).get("rate_over_whole_gil_bound"), "(stated)", None),
     ]
     print(f"\n{'issue':5s} {'figure':52s} {'value':>8s} {'goal':>15s}  met")
     missed = 0

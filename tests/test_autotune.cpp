@@ -1037,6 +1037,60 @@ TEST(Autotune, TheGilPythonBodiesShareBoundsTheirStages) {
       << d.events[0].text();
 }
 
+TEST(Autotune, TheGilHeldOutsideTheModelIsNotItsStagesToHave) {
+  // Python bodies the model does not have (other graphs', the graph's own stages whose
+  // concurrency their user set, its sources) hold the GIL too: the modelled stages get what
+  // they leave. 'a' holds it 2 ms an item: alone 500 items/s; with half of it held elsewhere 250.
+  std::vector<StageModel> m = {{.name = "a", .cpu_s = 2e-3, .wall_s = 2e-3, .serial_s = 2e-3, .serial_share = 0.5}};
+  const Budget pool{.cores = 8, .pool = true};
+  const Bound b = rate_bound(m, pool);
+  EXPECT_NEAR(b.rate, 250, 1e-6);
+  EXPECT_EQ(b.limit, Limit::stage);
+  EXPECT_EQ(b.why, "the GIL its Python bodies share: held 2 ms per item ('a' 2 ms), one body at a "
+                   "time, 50% of it left by the Python bodies outside the model");
+  EXPECT_NEAR(stage_rate(m[0], 4), 250, 1e-6);
+  EXPECT_EQ(allocate(m, pool).stages[0].concurrency, 1u);
+  m[0].serial_share = 1;
+  EXPECT_NEAR(rate_bound(m, pool).rate, 500, 1e-6);
+  EXPECT_EQ(rate_bound(m, pool).why, "the GIL its Python bodies share: held 2 ms per item ('a' 2 ms), "
+                                     "one body at a time");
+
+  // The estimates: the windows' holds outside the stages over the windows' length. Read at a
+  // window's ends, a body's hold can fall in the next window for its stage: the sum counts.
+  auto window = [](std::int64_t end, std::uint64_t items, std::int64_t serial, std::int64_t others) {
+    Sample s{.end_ns = end, .window_ns = 1'000'000'000, .delivered = items, .serial_others_ns = others};
+    s.stages.push_back({.name = "a", .items = items, .work_ns = static_cast<std::int64_t>(items) * 2'000'000,
+                        .serial_ns = serial, .concurrency = 1});
+    s.stages.push_back({.name = "c", .producers = {0}, .items = items,
+                        .work_ns = static_cast<std::int64_t>(items) * 1'000'000, .concurrency = 1});
+    return s;
+  };
+  CostEstimator est;
+  est.add(window(1'000'000'000, 300, 600'000'000, 300'000'000));
+  est.add(window(2'000'000'000, 300, 600'000'000, -100'000'000));
+  est.add(window(3'000'000'000, 300, 600'000'000, 400'000'000));
+  std::vector<StageModel> e = est.models();
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_NEAR(e[0].serial_s, 2e-3, 1e-12);
+  EXPECT_NEAR(e[0].serial_share, 0.8, 1e-12);  // 1 - (0.3 - 0.1 + 0.4 s) / 3 s
+  EXPECT_NEAR(e[1].serial_share, 0.8, 1e-12);  // (the same in every model)
+  EXPECT_NEAR(rate_bound(e, pool).rate, 400, 1e-6);
+  // The stages' holds add up to what the others left of a window at most: more is scaled down.
+  CostEstimator est2;
+  est2.add(window(1'000'000'000, 400, 800'000'000, 400'000'000));
+  e = est2.models();
+  EXPECT_NEAR(e[0].serial_s, 0.6 / 400, 1e-12);
+  EXPECT_NEAR(e[0].serial_share, 0.6, 1e-12);
+  EXPECT_NEAR(rate_bound(e, pool).rate, 400, 1e-6);  // what the window measured, at most
+  // The others' holds are their CPU demand with the GIL taken (bodies that release it to
+  // compute count that too): the stages keep a twentieth of it at least.
+  CostEstimator est3;
+  est3.add(window(1'000'000'000, 10, 20'000'000, 3'000'000'000));
+  e = est3.models();
+  EXPECT_NEAR(e[0].serial_share, 0.05, 1e-12);
+  EXPECT_NEAR(rate_bound(e, pool).rate, 0.05 / 2e-3, 1e-6);
+}
+
 // "re-tune when a stage's cost drifts (a slow disk, a new epoch with bigger images)"
 TEST(Autotune, ReactsToAStageWhoseCostDoublesMidway) {
   SimPipeline p = with_start(cpu_chain(), 1, 1);

@@ -134,9 +134,19 @@ std::int64_t runnable_wait_ns() noexcept {
 }
 }  // namespace
 
-void add_serial_ns(std::int64_t ns) noexcept { t_serial_ns += ns > 0 ? ns : 0; }
+namespace {
+std::atomic<std::int64_t> g_serial_ns{0};  // (added to about once a millisecond per Python stage)
+}  // namespace
+
+void add_serial_ns(std::int64_t ns) noexcept {
+  if (ns <= 0) return;
+  t_serial_ns += ns;
+  g_serial_ns.fetch_add(ns, std::memory_order_relaxed);
+}
 
 SerialFigures serial_figures() noexcept { return {t_serial_ns, t_contended_ns}; }
+
+std::int64_t process_serial_ns() noexcept { return g_serial_ns.load(std::memory_order_relaxed); }
 
 std::int64_t thread_demand_ns() noexcept {
   const std::int64_t waited = runnable_wait_ns();

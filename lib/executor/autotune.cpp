@@ -20,6 +20,9 @@ namespace {
 constexpr double kEps = 1e-9;
 // The gain a trial past the GIL's bound on the model must show to be kept.
 constexpr double kPastSerialGain = 0.15;
+// The least share of the shared lock's time the modelled stages are given (the others' holds
+// are measured as their CPU demand with it taken, which counts what they computed without it).
+constexpr double kMinSerialShare = 0.05;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool tunable(const StageModel& m) noexcept { return !m.fixed_concurrency.has_value(); }
@@ -51,6 +54,23 @@ double serial_per_item(const std::vector<StageModel>& models) noexcept {
   double s = 0;
   for (const StageModel& m : models) s += m.visits * m.serial_s;
   return s;
+}
+
+// The share of the shared lock's time left to the modelled stages (StageModel::serial_share:
+// the same in each model; bodies outside them hold the rest).
+double serial_share(const std::vector<StageModel>& models) noexcept {
+  return models.empty() ? 1.0 : std::clamp(models.front().serial_share, kMinSerialShare, 1.0);
+}
+
+// The rate the shared lock allows the modelled stages (kInf: none of them takes it).
+double serial_rate(const std::vector<StageModel>& models) noexcept {
+  const double serial = serial_per_item(models);
+  return serial > 0 ? serial_share(models) / serial : kInf;
+}
+
+// Whether the shared lock binds at `rate`: its holds per item fill the time left to them.
+bool gil_binds(const std::vector<StageModel>& models, double rate) noexcept {
+  return rate >= serial_rate(models) * (1 - 1e-6);
 }
 
 // The stage that holds the shared lock longest per item delivered (models.size(): none).
@@ -123,7 +143,7 @@ Limit check(const std::vector<StageModel>& models, const Budget& budget, double 
       return Limit::gpu;
     }
   // One body at a time holds the lock the stages' bodies share (a Python body's GIL).
-  if (const double serial = serial_per_item(models); serial > 0 && r * serial > 1 + kEps) {
+  if (r > serial_rate(models) * (1 + kEps)) {
     at = serial_holder(models);
     return Limit::stage;
   }
@@ -177,8 +197,12 @@ std::string serial_text(const std::vector<StageModel>& models) {
     if (m.serial_s > 0) {
       who += fmt::format("{}'{}' {}", holders++ ? ", " : "", m.name, seconds(m.visits * m.serial_s));
     }
-  return fmt::format("the GIL its Python bodies share: held {} per item ({}), one body at a time",
-                     seconds(serial_per_item(models)), who);
+  const double share = serial_share(models);
+  return fmt::format("the GIL its Python bodies share: held {} per item ({}), one body at a time{}",
+                     seconds(serial_per_item(models)), who,
+                     share < 1 ? fmt::format(", {} of it left by the Python bodies outside the model",
+                                             percent(share))
+                               : std::string());
 }
 
 // A stage's cost is per item it takes; the rates are in items the graph delivers. After a
@@ -309,8 +333,18 @@ double stage_rate(const StageModel& m, std::size_t k) noexcept {
   const double per_slot = m.visits * m.wall_s;
   double r = per_slot > 0 ? static_cast<double>(k) / per_slot : kInf;
   if (m.resource == Resource::gpu && m.gpu_s > 0) r = std::min(r, 1.0 / (m.visits * m.gpu_s));
-  if (m.serial_s > 0) r = std::min(r, 1.0 / (m.visits * m.serial_s));
+  if (m.serial_s > 0) r = std::min(r, std::clamp(m.serial_share, kMinSerialShare, 1.0) / (m.visits * m.serial_s));
   return r;
+}
+
+// Whether raising stage m from `from` to `to` bodies passes the GIL's bound on the model (its
+// own holds cap it) and gains less than a clear gain there: the time a body holds it is its
+// CPU demand with it taken, which counts what it computes with the GIL released too, so only
+// a measured gain of kPastSerialGain or more shows that it releases it.
+bool past_gil_bound(const StageModel& m, std::size_t from, std::size_t to) noexcept {
+  return m.serial_s > 0 &&
+         std::clamp(m.serial_share, kMinSerialShare, 1.0) / (m.visits * m.serial_s) <= stage_rate(m, to) * (1 + kEps) &&
+         stage_rate(m, to) < stage_rate(m, from) * (1 + kPastSerialGain);
 }
 
 std::size_t slots_for(const StageModel& m, double rate) noexcept {
@@ -352,8 +386,8 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
   std::size_t fluid_at = 0;
   // (Before the stages' ceilings: a stage's rate is capped by the lock too, and the lock is
   // what binds when the two are equal.)
-  if (const double serial = serial_per_item(models); serial > 0 && 1.0 / serial < b.fluid_rate) {
-    b.fluid_rate = 1.0 / serial;
+  if (const double serial = serial_rate(models); serial < b.fluid_rate) {
+    b.fluid_rate = serial;
     fluid_limit = Limit::stage;
     fluid_at = serial_holder(models);
     why = serial_text(models);
@@ -424,7 +458,7 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
                                 budget.memory_bytes, least_bytes(models))
                   : fmt::format("memory left to the tuned queues: {} bytes", budget.memory_bytes);
     else if (b.limit == Limit::stage)
-      b.why = serial_per_item(models) > 0 && lo * serial_per_item(models) >= 1 - 1e-6
+      b.why = gil_binds(models, lo)
                   ? serial_text(models)
                   : fmt::format("'{}' at concurrency {}", models[b.stage].name, ceiling_of(models[b.stage]));
     else
@@ -473,11 +507,10 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
     // losses of queueing that the model does not see).
     const double device = device_rates(models).at(models[b.stage].device);
     target = std::min(target, device * std::min(1.0, options.gpu_busy_target + 0.01));
-  } else if (const double serial = serial_per_item(models);
-             b.limit == Limit::stage && serial > 0 && b.rate * serial >= 1 - 1e-6) {
+  } else if (b.limit == Limit::stage && gil_binds(models, b.rate)) {
     // The GIL binds: the fewest threads that keep it as busy as a GPU is kept (a thread more
     // for the 3% a body spends outside it would only wait for it).
-    target = std::min(target, std::min(1.0, options.gpu_busy_target + 0.01) / serial);
+    target = std::min(target, std::min(1.0, options.gpu_busy_target + 0.01) * serial_rate(models));
   }
   Allocation a;
   a.stages.resize(models.size());
@@ -490,10 +523,7 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
     // the graph's reader too: a pure-Python body of 295 us, 267 of them holding it, ran 6%
     // slower on 2 threads than on 1; the climb's trial of one more measures it).
     const StageModel& m = models[i];
-    while (!m.fixed_concurrency && m.serial_s > 0 && k[i] > 1 &&
-           1.0 / (m.visits * m.serial_s) <= stage_rate(m, k[i]) * (1 + kEps) &&
-           stage_rate(m, k[i] - 1) * (1 + kPastSerialGain) > stage_rate(m, k[i]))
-      --k[i];
+    while (!m.fixed_concurrency && k[i] > 1 && past_gil_bound(m, k[i] - 1, k[i])) --k[i];
     a.stages[i].concurrency = k[i];
   }
   if (b.limit == Limit::cores || b.limit == Limit::memory) {
@@ -757,13 +787,20 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
   shape_ = s.stages;
   Window w;
   w.delivered = static_cast<double>(s.delivered);
+  const double window = static_cast<double>(std::max<std::int64_t>(s.window_ns, 1));
+  w.length = window;
+  // (The others' holds: at most the window less the least share left to the stages. Read at
+  // the window's ends, theirs and the stages' may each count a body the other counts in the
+  // next window: a negative figure stands, the sum over the windows is what counts.)
+  w.serial_others = std::min(static_cast<double>(s.serial_others_ns), (1 - kMinSerialShare) * window);
   // One body at a time holds the shared lock (a Python body's GIL): the stages' holds add up to
-  // the window at most. More (bodies that released it to compute, as numpy and torch do, count
-  // that time too) is scaled down to the window: then it was held throughout, at most.
+  // what the others left of the window at most. More (bodies that released it to compute, as
+  // numpy and torch do, count that time too) is scaled down to it: then it was held
+  // throughout, at most.
   double held = 0;
   for (const StageSample& st : s.stages) held += static_cast<double>(std::max<std::int64_t>(st.serial_ns, 0));
-  const double window = static_cast<double>(std::max<std::int64_t>(s.window_ns, 1));
-  const double scale = held > window ? window / held : 1.0;
+  const double left = window - std::max(w.serial_others, 0.0);
+  const double scale = held > left ? left / held : 1.0;
   for (const StageSample& st : s.stages) {
     // (A body's wait to take the lock is contention, not its cost: a second thread of a stage
     // that holds it throughout doubles its time per item. The waits a body measures are those
@@ -850,8 +887,14 @@ std::uint64_t CostEstimator::min_items() const noexcept {
 
 std::vector<StageModel> CostEstimator::models() const {
   std::vector<StageModel> out;
-  double delivered = 0;
-  for (const Window& w : history_) delivered += w.delivered;
+  double delivered = 0, length = 0, others = 0;
+  for (const Window& w : history_) {
+    delivered += w.delivered;
+    length += w.length;
+    others += w.serial_others;
+  }
+  // The lock's time the bodies outside the model left to the stages in it.
+  const double share = length > 0 ? std::clamp(1 - others / length, kMinSerialShare, 1.0) : 1.0;
   for (std::size_t i = 0; i < shape_.size(); ++i) {
     const StageSample& st = shape_[i];
     Raw sum;
@@ -876,6 +919,7 @@ std::vector<StageModel> CostEstimator::models() const {
     m.fixed_concurrency = st.fixed_concurrency;
     m.fixed_capacity = st.fixed_capacity;
     m.producers = st.producers;
+    m.serial_share = share;
     m.visits = st.visits > 0 ? st.visits : delivered > 0 && sum.items > 0 ? sum.items / delivered : 1.0;
     const double items = std::max(sum.items, 1.0);
     // A stage whose bodies held the lock at once releases it (numpy, torch): the lock bounds
@@ -1162,12 +1206,8 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
                             percent(util(b)), stage_rate(m, k), k);
       Move mv;
       mv.key = "raise:" + m.name;
-      // (Past the GIL's bound on the model: the time a body holds it is its CPU demand with it
-      // taken, which counts what it computes with the GIL released too; the trial measures.)
-      // (At the GIL's bound with the raise, gaining less than a clear gain by the model.)
-      const bool past_serial = m.serial_s > 0 &&
-                               1.0 / (m.visits * m.serial_s) <= stage_rate(m, k + step) * (1 + kEps) &&
-                               stage_rate(m, k + step) < stage_rate(m, k) * (1 + kPastSerialGain);
+      // (Past the GIL's bound on the model: the trial measures whether its bodies release it.)
+      const bool past_serial = past_gil_bound(m, k, k + step);
       // (The model expects nothing of it: kept for a clear gain only, not one window's noise: a
       // pure-Python body's second thread measured +11% in one 250 ms window and was kept.)
       if (past_serial) mv.min_gain = kPastSerialGain;
@@ -1399,7 +1439,7 @@ Decision Autotuner::observe(const Sample& s) {
              fmt::format("converged at {:.4g} items/s, {:.2f} of the bound {:.4g} ({}){}; {}{}",
                          rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, bound_.rate, bound_.why,
                          bound_.rate > 0 && rate > 1.05 * bound_.rate
-                             ? (bound_.limit == Limit::stage && serial_per_item(models_) * bound_.rate >= 1 - 1e-6
+                             ? (bound_.limit == Limit::stage && gil_binds(models_, bound_.rate)
                                     ? " (above it: its bodies release the GIL for some of the time "
                                       "the model counts as held (numpy and torch do, to compute); "
                                       "a window in which a stage's bodies held it more than the "

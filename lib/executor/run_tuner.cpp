@@ -7,6 +7,7 @@
 
 #include "runtime_core.hpp"
 #include "saturating.hpp"
+#include "splitflow/core/detail/clock.hpp"
 #include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/executor/detail/node.hpp"
 
@@ -343,10 +344,12 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
 
 void RunTuner::loop() {
   RunStats before = graph_.snapshot();
+  std::int64_t serial_before = detail::process_serial_ns();
   std::unique_lock lk(mu_);
   while (!cv_.wait_for(lk, window_, [&] { return stop_; })) {
     lk.unlock();
     RunStats now = graph_.snapshot();
+    const std::int64_t serial_now = detail::process_serial_ns();
     std::vector<std::size_t> modelled;
     double fixed = 0;
     std::size_t fixed_bytes = 0;
@@ -355,6 +358,11 @@ void RunTuner::loop() {
                   graph_.runtime_core()->config().blocking_threads);
     for (std::size_t m = 0; m < modelled.size() && m < s.stages.size(); ++m)
       if (shape_visits_[modelled[m]] > 0) s.stages[m].visits = shape_visits_[modelled[m]];
+    // The GIL the process's other Python bodies held in the window (other graphs', the stages
+    // of this one that are not tuned, its sources' and sinks'): not the modelled stages' to have.
+    s.serial_others_ns = serial_now - serial_before;
+    for (const autotune::StageSample& x : s.stages) s.serial_others_ns -= x.serial_ns;
+    serial_before = serial_now;
     // The graph's share of the runtime's threads (and memory budget) among the tuned runs now
     // (all of them while it is alone), within its own budget; a share is not a pool (the others
     // run on the rest).

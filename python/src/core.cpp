@@ -649,8 +649,8 @@ struct BodyGil {
   std::int64_t demand0 = 0;  // at taking the GIL (0: not measured)
   std::uint64_t weight = 0;  // the bodies it is measured for
   std::int64_t since = -1;   // since the stage's last measured body started (-1: unknown)
-  explicit BodyGil(GilSampler* sampler) {
-    if (!gil) throw_exiting("a Python stage");
+  explicit BodyGil(GilSampler* sampler, const char* what = "a Python stage") {
+    if (!gil) throw_exiting(what);
     if (t0 != 0) {
       detail::add_contended_ns(now_ns() - t0);
       if (sampler && (weight = sampler->due(t0, since)) > 0)
@@ -711,12 +711,14 @@ std::function<Value(Value)> per_item(std::function<Value(Value)> op) {
 }
 
 /// Iterates a Python iterable; each run calls iter() afresh (the generator is copied per run).
+/// Its GIL holds are measured as a stage's are (BodyGil), for the tuner: the time they leave
+/// the graph's Python stages (autotune's Sample::serial_others_ns).
 struct PythonSource {
   HeldRef iterable;  // the graph's (PyGraph::hold)
   PyObj iterator;
+  std::shared_ptr<GilSampler> gil_sampler = std::make_shared<GilSampler>();
   std::optional<Value> operator()() {
-    WithGil gil;
-    if (!gil) throw_exiting("a Python source");
+    BodyGil gil(gil_sampler.get(), "a Python source");
     return call_python([&]() -> std::optional<Value> {
       if (!iterator) iterator = PyObj(py::iter(iterable->obj.get()));
       PyObject* next = PyIter_Next(iterator.get().ptr());

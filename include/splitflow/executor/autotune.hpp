@@ -96,6 +96,11 @@ struct Sample {
   std::int64_t end_ns = 0;      ///< when the window ended (clock of the caller's choice)
   std::int64_t window_ns = 0;   ///< its length
   std::uint64_t delivered = 0;  ///< items consumed by the graph's sinks in the window
+  /// The shared lock's holds (StageSample::serial_ns) in the window by bodies outside these
+  /// stages: other graphs' Python stages, the graph's own that are not tuned. What is left of
+  /// the window is the lock's time these stages can have. (May be negative in a window whose
+  /// ends split a body's hold from its stage's: the estimator sums the windows.)
+  std::int64_t serial_others_ns = 0;
   std::vector<StageSample> stages{};
 };
 
@@ -111,6 +116,9 @@ struct StageModel {
   /// <= wall_s): one body at a time holds it, so the summed visits x serial_s of the stages
   /// bound the rate, whatever their concurrency. 0: takes no such lock.
   double serial_s = 0;
+  /// The share of the lock's time left to the modelled stages (bodies outside them hold the
+  /// rest: Sample::serial_others_ns); the lock bounds them at serial_share over their holds.
+  double serial_share = 1;
   int device = 0;
   std::size_t item_bytes = 0;
   std::size_t max_concurrency = kUnlimited;
@@ -406,6 +414,7 @@ class CostEstimator {
   };
   struct Window {
     double delivered = 0;
+    double length = 0, serial_others = 0;  // ns
     std::vector<Raw> stages;
   };
   double drift_;

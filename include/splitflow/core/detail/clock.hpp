@@ -71,6 +71,10 @@ struct SerialFigures {
   std::int64_t waited_ns = 0;
 };
 SerialFigures serial_figures() noexcept;
+/// What all threads of the process have held the shared lock so far (add_serial_ns's sum):
+/// read around a tuner's window, less its graph's stages' holds, the lock's time the graph's
+/// model does not have (other graphs' Python bodies, its own stages it does not tune).
+std::int64_t process_serial_ns() noexcept;
 /// The calling thread's CPU demand so far (ThreadCpu::demand_ns, without the other readings).
 std::int64_t thread_demand_ns() noexcept;
 /// The calling thread's CPU time and its CPU demand in ns: its time on a CPU plus its time
