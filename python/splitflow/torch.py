@@ -104,6 +104,22 @@ def to_torch(x, _where="the item"):
     return x
 
 
+def _copy(x):
+    """A copy of an item's tensors and arrays (inside tuples, lists and dicts), for an item
+    yielded twice: a loop that changes a batch in place must not change its repeat."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, tuple):
+        return tuple(_copy(v) for v in x)
+    if isinstance(x, list):
+        return [_copy(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _copy(v) for k, v in x.items()}
+    return x
+
+
 def _warn_skipped(run, worker):
     """In a DataLoader worker, items its stages skipped (on_error='skip') or substituted are
     said as a warning at the end of its shard: the run's stats, which name them, stay in the
@@ -537,7 +553,10 @@ class GraphDataset(_data.IterableDataset):
     world does not divide length), "pad" (every rank reads ceil(length / world), the first
     items of the epoch's order read twice, as DistributedSampler pads) or "drop" (every rank
     reads floor(length / world), the epoch's last items left out): with DDP, every rank must
-    take the same number of steps or the last collective hangs.
+    take the same number of steps or the last collective hangs. Items a stage skipped
+    (on_error="skip") would make a rank's count short: with even_shards, the shard's last
+    sample (or batch, when the graph batches) is repeated, a copy, to make it up, with a
+    warning naming the rank and the count (each DataLoader worker makes up its own share).
 
     batch_size, drop_last: when build ends with ``g.batch(name, batch_size, drop_last)``, its
     items are batches: say so here, and ``len()`` is the number of batches (without it, the
@@ -910,11 +929,16 @@ class GraphDataset(_data.IterableDataset):
                     f"node it added ({e})") from e
             raise
         self.last_run = DatasetRun(it.run, run_indices, remote)  # the latest epoch's
+        yielded, last = 0, None  # (even_shards: what a short shard repeats)
         try:
             for item in it:
                 if progress is not None:
                     progress.took_item(item, batch_size, it.item)
-                yield to_torch(item) if self._to_torch else item
+                item = to_torch(item) if self._to_torch else item
+                yielded += 1
+                if self.even_shards is not None:
+                    last = item
+                yield item
         except StageError as e:
             cause = e.__cause__
             if remote is not None and isinstance(cause, StageError) and \
@@ -930,5 +954,32 @@ class GraphDataset(_data.IterableDataset):
                 remote.close()
         if info is not None:
             _warn_skipped(self.last_run, info.id)
+        if self.even_shards is not None:
+            yield from self._make_up(len(positions), batch, yielded, last, info)
         if progress is not None:
             progress.complete = True  # the epoch's shard is settled
+
+    def _make_up(self, n, batch, yielded, last, info):
+        """even_shards: a share of n samples whose items a stage skipped yields fewer than the
+        other ranks' (a DDP rank with a step more waits in its last collective for ever, a new
+        user's trial: 5, 5 and 6 batches on three ranks whose len() was 6): its last item is
+        repeated (a copy) up to the count."""
+        want = n if batch is None else (n // batch[0] if batch[1] else -(-n // batch[0]))
+        short = want - yielded
+        if short <= 0:
+            return
+        rank, world = self.shard()
+        where = f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
+        what = "batches" if batch is not None else "samples"
+        if last is None:
+            raise GraphError(
+                f"GraphDataset(even_shards={self.even_shards!r}): {where} yielded none of its "
+                f"{want} {what}: every item was skipped (on_error='skip'), so there is nothing "
+                f"to repeat for it to take as many steps as the other ranks")
+        warnings.warn(
+            f"GraphDataset(even_shards={self.even_shards!r}): {where} yielded {yielded} of its "
+            f"{want} {what} (items skipped: on_error='skip'); its last is repeated {short} "
+            f"time{'s' if short > 1 else ''} so that every rank takes the same number of steps",
+            stacklevel=3)
+        for _ in range(short):
+            yield _copy(last)

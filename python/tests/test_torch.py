@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -366,6 +367,87 @@ def test_even_shards_give_every_rank_the_same_length():
                 assert len(set(union)) == 100
     with pytest.raises(ValueError, match="even_shards must be None, 'pad' or 'drop'"):
         sft.GraphDataset(build_identity, 10, even_shards="yes")
+
+
+# even_shards with items skipped (on_error="skip"): a rank that lost items took fewer steps
+# than the others (a new user's trial: len() 6 on three ranks, 5, 5 and 6 batches; under DDP
+# the rank with the step more waits in its last collective for ever). The shard's last sample
+# (batch) is repeated, a copy, up to the count, with a warning naming the rank.
+def build_skipping_3_and_4(g, indices):
+    def check(i):
+        if int(i) in (3, 4):
+            raise ValueError(f"bad sample {int(i)}")
+        return np.full(2, int(i), np.int64)
+    return indices >> g.stage("check", check, on_error="skip")
+
+
+def build_skipping_3_and_4_batched(g, indices):
+    return build_skipping_3_and_4(g, indices) >> g.batch("b", 4)
+
+
+def test_even_shards_make_up_skipped_items_so_every_rank_takes_the_same_steps():
+    for mode, build, batch, want in (("pad", build_skipping_3_and_4, None, 14),
+                                     ("drop", build_skipping_3_and_4, None, 13),
+                                     ("pad", build_skipping_3_and_4_batched, 4, 4),
+                                     ("drop", build_skipping_3_and_4_batched, 4, 4)):
+        steps, seen = [], []
+        for rank in range(3):
+            ds = sft.GraphDataset(build, 40, shuffle=True, seed=1, rank=rank, world_size=3,
+                                  threads=2, backend="host", even_shards=mode, batch_size=batch)
+            ds.set_epoch(5)
+            assert len(ds) == want
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                items = list(torch.utils.data.DataLoader(ds, batch_size=None))
+            steps.append(len(items))
+            rows = [r for x in items for r in (x if batch else x[None])]
+            order = ds.rank_indices()
+            lost = [i for i in order if i in (3, 4)]
+            made_up = [str(w.message) for w in said if "is repeated" in str(w.message)]
+            if lost and (batch is None or len(order) - len(lost) <= (want - 1) * batch):
+                assert len(made_up) == 1, (mode, rank, made_up)
+                assert made_up[0].startswith(f"GraphDataset(even_shards={mode!r}): rank {rank} of 3 "
+                                             f"yielded {want - 1 if batch else want - len(lost)} of its "
+                                             f"{want} {'batches' if batch else 'samples'}"), made_up[0]
+                # The repeat is a copy of the shard's last item: changed in place, the first stays.
+                items[-1].add_(1000)
+                assert items[-2].min() < 1000
+                assert torch.equal(items[-1] - 1000, items[-2])
+            else:
+                assert not made_up, made_up
+            seen += [int(r[0]) for r in rows]
+        assert steps == [want] * 3, (mode, batch, steps)
+        assert 3 not in seen and 4 not in seen
+    # With DataLoader workers each makes up its own share (the warning is the worker's).
+    script = textwrap.dedent("""
+        import torch.utils.data
+        import splitflow.torch as sft
+        from test_torch import build_skipping_3_and_4
+        for rank in range(3):
+            ds = sft.GraphDataset(build_skipping_3_and_4, 40, shuffle=True, seed=1, rank=rank,
+                                  world_size=3, threads=2, backend="host", even_shards="pad")
+            ds.set_epoch(5)
+            got = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                                   multiprocessing_context="fork"))
+            print("rank", rank, len(got), flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert p.returncode == 0, p.stderr
+    assert [line for line in p.stdout.splitlines() if line.startswith("rank")] == \
+        ["rank 0 14", "rank 1 14", "rank 2 14"], p.stdout
+    assert p.stderr.count("is repeated 1 time so that every rank") == 2, p.stderr
+    # Every item skipped: nothing to repeat, said.
+    def build_all_bad(g, indices):
+        def bad(i):
+            raise ValueError("bad")
+        return indices >> g.stage("check", bad, on_error="skip")
+    ds = sft.GraphDataset(build_all_bad, 6, rank=1, world_size=2, threads=2, backend="host",
+                          even_shards="pad")
+    with pytest.raises(sf.GraphError, match=re.escape(
+            "GraphDataset(even_shards='pad'): rank 1 of 2 yielded none of its 3 samples: every "
+            "item was skipped")):
+        list(ds)
 
 
 # persistent_workers keep the workers' copies: set_epoch cannot reach them, and they say so.
