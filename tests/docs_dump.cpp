@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
       if (i == 24) return std::nullopt;
       return i++;
     });
+    src.fed_by("a counter (Node::fed_by: the JSON's \"fed_by\")");
     auto check = g.stage("check", [](long i) {
       const auto until = std::chrono::steady_clock::now() + 1ms;  // work, for the tuner to see
       while (std::chrono::steady_clock::now() < until) {

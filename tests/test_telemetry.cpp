@@ -689,6 +689,41 @@ TEST(Diagnosis, ASlowSourceIsToldToMoveItsWorkNotToRaiseItsConcurrency) {
   const Diagnosis c = diagnose(cpu, std::nullopt);
   EXPECT_EQ(c.bottleneck, "gen") << join(c.findings);
   EXPECT_TRUE(contains(c.suggestions, "source 'gen' yields one item at a time")) << join(c.suggestions);
+  // A source another system feeds (Node::fed_by: splitflow.dask's remote pass, whose workers
+  // make its items): that system is the limit; moving the source's work into a stage is no
+  // advice for it (a new user's trial was told so of a GraphDataset(remote=...)).
+  st.stages[0].fed_by = "the remote pass 'remote' on Dask workers";
+  const Diagnosis f = diagnose(st, std::nullopt);
+  EXPECT_EQ(f.bottleneck, "remote") << join(f.findings);
+  EXPECT_TRUE(contains(f.suggestions, "source 'remote' is fed by the remote pass 'remote' on Dask "
+                                      "workers"))
+      << join(f.suggestions);
+  EXPECT_TRUE(contains(f.suggestions, ": its producer is the limit, not the graph")) << join(f.suggestions);
+  EXPECT_FALSE(contains(f.suggestions, "move its work into a stage")) << join(f.suggestions);
+}
+
+// Node::fed_by reaches the source's figures (StageStats::fed_by) and the JSON summary.
+TEST(Diagnosis, ASourcesProducerReachesItsFiguresAndTheJson) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "fed");
+  std::vector<int> got;
+  auto src = g.source("remote", std::vector<int>{1, 2, 3});
+  src.fed_by("a queue that a service fills");
+  auto sink = g.sink("s", [&](int x) { got.push_back(x); });
+  src >> sink;
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  EXPECT_EQ(got, (std::vector<int>{1, 2, 3}));
+  const RunStats st = run.stats();
+  EXPECT_EQ(st.find("remote")->fed_by, "a queue that a service fills");
+  EXPECT_EQ(st.find("s")->fed_by, "");
+  const nlohmann::json j = nlohmann::json::parse(to_json(st));
+  bool found = false;
+  for (const auto& x : j["stages"]) {
+    if (x["name"] == "remote") found = x.value("fed_by", "") == "a queue that a service fills";
+    if (x["name"] == "s") EXPECT_FALSE(x.contains("fed_by")) << x;
+  }
+  EXPECT_TRUE(found) << j;
 }
 
 // A Python body that holds the GIL gains nothing from another thread: a new user's trial was

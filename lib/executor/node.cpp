@@ -433,6 +433,7 @@ StageStats NodeBase::snapshot_locked(Ticks now) const {
   StageStats s;
   s.name = name_;
   s.kind = kind_;
+  s.fed_by = fed_by_;
   s.concurrency_limit = concurrency_;
   s.concurrency_automatic = auto_;
   s.capacity = kind_ == StageKind::source ? 0 : capacity_;

@@ -72,6 +72,7 @@ Json stage_json(const StageStats& s) {
   }
   j["latency_ns"] = latency_json(s.latency);
   j["consumers"] = s.consumers;
+  if (!s.fed_by.empty()) j["fed_by"] = s.fed_by;  // sources fed by another system only
   if (s.ring_capacity > 0) {
     Json& r = j["ring"];
     r["capacity"] = std::uint64_t{s.ring_capacity};

@@ -42,6 +42,11 @@ std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size
             : "; its decisions are listed under autotune");
   // A source has no concurrency to raise (a new user's trial: "raise the concurrency of stage
   // 'remote' from 1 to 2", which no source takes): its items come one at a time.
+  // One whose items another system produces: that system is where the rate is (a new user's
+  // trial: "move its work into a stage after it" for splitflow.dask's remote pass).
+  if (s.kind == StageKind::source && !s.fed_by.empty())
+    return fmt::format("source '{}' is fed by {}{}: its producer is the limit, not the graph",
+                       s.name, s.fed_by, why);
   if (s.kind == StageKind::source)
     return fmt::format("source '{}' yields one item at a time{}: move its work into a stage after "
                        "it, which can run concurrently (a source of indices or paths, and a stage "

@@ -427,6 +427,12 @@ class Remote:
         """``g.source(name, self)``: this remote segment as the source of the local graph ``g``."""
         return g.source(name or self.name, self)
 
+    @property
+    def splitflow_fed_by(self):
+        """What produces a local source of it (Graph.source reads it: the local diagnosis
+        points at the remote pass instead of at the source)."""
+        return _fed_by(self.name)
+
     def __iter__(self):
         if self.items is None:
             raise Error("splitflow.dask.Remote: no items: give items= (or use it in a GraphDataset)")
@@ -457,6 +463,11 @@ class Remote:
 
     def report(self):
         return self.last_pass.report() if self.last_pass is not None else ""
+
+
+def _fed_by(name):
+    return (f"the remote pass '{name}' on Dask workers (its figures and diagnosis: the remote "
+            f"stats, report())")
 
 
 class _Split:
@@ -525,6 +536,9 @@ class RemotePass:
         self.t0 = None
         self.t_end = None
         self.wait_s = 0.0
+        self.behind_s = 0.0      # of wait_s: for the first split while a later one was done
+        self.behind_by = {}      # split no -> wait_behind_s for it (while it is awaited)
+        self.holder = None       # (wait behind it, busy_s, split no, first item, last item, worker)
         self.items_out = 0
         self.splits_done = 0
         self.max_in_flight_seen = 0
@@ -670,18 +684,31 @@ class RemotePass:
                 if first.future.done():
                     self.pending.popleft()
                     return first
-                waiting = [first.future]
+                # (Results in order: a later split done waits behind this one. Until one is,
+                # the later ones are waited on too, so that the wait behind is counted from
+                # the first of them done.)
+                later = [p.future for p in itertools.islice(self.pending, 1, None)
+                         if p.future is not None]
+                behind = any(f.done() for f in later)
+                waiting = [first.future] + ([] if behind else later)
             else:
                 for s in self.pending:
                     if s.future.done():
                         self.pending.remove(s)
                         return s
                 waiting = [s.future for s in self.pending]
+                behind = False
+            t_wait = time.perf_counter()
             try:
                 dwait(waiting, timeout=poll, return_when="FIRST_COMPLETED")
                 continue
             except Exception:  # a timeout
                 pass
+            finally:
+                if behind:
+                    waited = time.perf_counter() - t_wait
+                    self.behind_s += waited
+                    self.behind_by[first.no] = self.behind_by.get(first.no, 0.0) + waited
             if self._check_scheduler(quiet_since):
                 quiet_since = time.monotonic()  # resubmitted after a reconnection
             self._check_stuck()
@@ -890,6 +917,10 @@ class RemotePass:
                         e["position"] += int(split.start)
                     self.skip_errors.append(e)
         self.latencies.append(now - split.submitted)
+        behind = self.behind_by.pop(split.no, 0.0)
+        if behind > 0 and (self.holder is None or behind > self.holder[0]):
+            self.holder = (behind, busy, split.no, int(split.start), int(split.start + n_in - 1),
+                           out["worker"])
         self.last_split_done = now
         self.spans[out["pid"]].append((float(out["start"]), float(out["end"])))
         self.splits_done += 1
@@ -949,7 +980,9 @@ class RemotePass:
     # -- figures --------------------------------------------------------------------------------
     def stats(self):
         """The pass's figures: items, splits, wait_s (the local graph waiting for remote
-        results), per worker items, splits, busy_s, cpu_s, bytes, skipped; bytes/s; Dask's
+        results; wait_behind_s of it for a split while a later one was done, results in order,
+        and waited_behind_split, the split waited for so the longest: split, items, busy_s,
+        worker, wait_s), per worker items, splits, busy_s, cpu_s, bytes, skipped; bytes/s; Dask's
         cost per split: gap_s_per_split (median idle time of a worker between two of its
         splits, on its own clock: Dask's per-task cost there while splits are queued),
         fetch_s_per_split (median time the client took to fetch a finished split's results)
@@ -976,7 +1009,10 @@ class RemotePass:
             "max_splits_in_flight": self.cap, "splits_in_flight_max": self.max_in_flight_seen,
             "local_bytes_max": self.max_local_bytes,
             "reconnections": self.reconnections, "resubmitted_splits": self.resubmitted,
-            "wall_s": wall, "wait_s": self.wait_s,
+            "wall_s": wall, "wait_s": self.wait_s, "wait_behind_s": self.behind_s,
+            "waited_behind_split": None if self.holder is None else {
+                "split": self.holder[2], "items": [self.holder[3], self.holder[4]],
+                "busy_s": self.holder[1], "worker": self.holder[5], "wait_s": self.holder[0]},
             "bytes": total_bytes, "bytes_per_s": total_bytes / wall if wall > 0 else 0.0,
             "worker_busy_s": busy,
             "item_s": busy / items_in if items_in else None,
@@ -1057,6 +1093,20 @@ class RemotePass:
         busy_frac = busy_s / (wall * slots)
         split_s = busy_s / s["splits"]
         cost = s.get("overhead_s_per_split")
+        behind = s.get("wait_behind_s") or 0.0
+        slow = s.get("waited_behind_split")
+        if busy_frac < 0.75 and behind >= 0.25 * wait and slow is not None:
+            # In order, a slow split holds back the done ones after it (a trial: one body of
+            # 4 s, the other worker idle behind it, and this said "the results' transport ...
+            # or the scheduler may be the limit").
+            return (f"the local graph waited {100 * frac:.0f}% of the run for remote results, "
+                    f"{behind:.2f} s of it for an earlier split while later ones were done: "
+                    f"results come in order, and split {slow['split']} (items "
+                    f"{slow['items'][0]}..{slow['items'][1]}, on {slow['worker']}) took "
+                    f"{slow['busy_s']:.2f} s of work against {1e3 * split_s:.0f} ms a split on "
+                    f"average ({slow['wait_s']:.2f} s waited behind it); order='out_of_order' "
+                    f"lets the results past a slow split, and smaller splits (split=) shorten "
+                    f"the wait behind one")
         if busy_frac < 0.75:
             text = (f"the local graph waited {100 * frac:.0f}% of the run for remote results, but "
                     f"the workers' {slots} task slots were busy only {100 * busy_frac:.0f}% of it: "
@@ -1081,6 +1131,11 @@ class RemotePass:
             more = max(0, need - workers)
             text += f": about {need} workers would feed it ({more} more than the {workers} used)"
         return text
+
+    @property
+    def splitflow_fed_by(self):
+        """What produces a local source of this pass (Graph.source reads it)."""
+        return _fed_by(self.remote.name)
 
     def report(self):
         s = self.stats()

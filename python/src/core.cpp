@@ -1570,10 +1570,17 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
            py::arg("autotune_queues") = true, py::arg("priority") = 0)
       .def_property_readonly("name", [](const PyGraph& g) { return g.graph.name(); })
       .def("source", [](std::shared_ptr<PyGraph> g, std::string name, py::object iterable) {
+        // (An iterable another system fills says so: splitflow.dask's remote pass.)
+        std::string fed_by;
+        if (py::object f = py::getattr(iterable, "splitflow_fed_by", py::none()); py::isinstance<py::str>(f))
+          fed_by = f.cast<std::string>();
         auto s = g->graph.source(name, PythonSource{g->hold(std::move(iterable)), {}});
+        if (!fed_by.empty()) s.fed_by(std::move(fed_by));
         return std::make_shared<PyNode>(PyNode{g, name, nullptr, &s.out_port(), std::nullopt});
       }, py::arg("name"), py::arg("iterable"),
-      "A source from a Python iterable (iter() is called afresh for each run).")
+      "A source from a Python iterable (iter() is called afresh for each run). An iterable "
+      "with a str attribute ``splitflow_fed_by`` names the system that produces its items "
+      "(the diagnosis points there when the source is the bottleneck: Node::fed_by).")
       .def("indices", [](std::shared_ptr<PyGraph> g, std::string name, py::object values) {
         // A C++ source: the graph keeps the list; no GIL per item.
         auto kept = std::make_shared<std::vector<std::int64_t>>(

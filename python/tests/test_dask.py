@@ -631,6 +631,32 @@ def test_a_split_that_may_be_stuck_is_said_naming_its_items_and_worker():
         assert (d["split"], d["items"], d["worker"] in workers, d["on_cluster"]) == (1, [4, 7], True, False)
 
 
+# On two workers in order, the splits after a slow one finish while the pass waits for it: the
+# figures count that wait (wait_behind_s) and name the slowest split, and the diagnosis says so
+# (a trial's said "the results' transport (bytes_per_s) or the scheduler may be the limit").
+def test_a_wait_behind_a_slow_split_is_measured_and_said():
+    with cluster(2) as (_, client):
+        r = sfd.remote(fns.build_stuck, client, items=list(range(24)), split=4,
+                       max_splits_in_flight=4, stuck_after=60)
+        assert [int(x["index"]) for x in r] == list(range(24))
+        s = r.stats()
+        held = s["waited_behind_split"]
+        assert held["split"] == 1 and held["items"] == [4, 7], s
+        assert held["busy_s"] >= fns.STUCK_S and 0 < held["wait_s"] <= s["wait_behind_s"], s
+        assert s["wait_behind_s"] > 0.25 * s["wait_s"], s
+        assert "for an earlier split while later ones were done: results come in order, and " \
+               "split 1 (items 4..7, on tcp://" in s["diagnosis"], s["diagnosis"]
+        # A local graph fed by it: its source says so (the diagnosis then points at the remote
+        # pass: Diagnosis.ASlowSourceIsToldToMoveItsWorkNotToRaiseItsConcurrency).
+        g = sf.Graph(sf.Runtime(threads=2, backend="host"), "fed")
+        out = g.pull_sink("out")
+        r.source(g) >> out
+        run = g.run()
+        assert len(list(out)) == 24 and run.wait(timeout=60) == "succeeded"
+        st = next(x for x in run.stats()["stages"] if x["name"] == r.name)
+        assert st["fed_by"].startswith(f"the remote pass '{r.name}' on Dask workers"), st
+
+
 # The remote diagnosis, a function of the figures: workers idle while the local graph waits are
 # not told to be more (a trial's workers were 44-62% busy when it said "about 3 workers would
 # feed it"); it names the cause: too few splits in flight, or Dask's per-split cost.
@@ -653,6 +679,19 @@ def test_the_remote_diagnosis_tells_idle_workers_from_busy_ones():
     assert "larger splits" in costly, costly
     other = d(dict(base, worker_busy_s=9.0))
     assert "the results' transport (bytes_per_s) or the scheduler may be the limit" in other, other
+    # Results in order behind one slow split: the wait for it while later ones were done (a
+    # trial's body of 4 s on one worker, the other idle: this said "the results' transport").
+    slow = {"split": 1, "items": [4, 7], "busy_s": 4.0, "worker": "tcp://w:1", "wait_s": 2.5}
+    behind = d(dict(base, worker_busy_s=9.0, wait_behind_s=3.0, waited_behind_split=slow))
+    assert behind == ("the local graph waited 50% of the run for remote results, 3.00 s of it for "
+                      "an earlier split while later ones were done: results come in order, and "
+                      "split 1 (items 4..7, on tcp://w:1) took 4.00 s of work against 90 ms a "
+                      "split on average (2.50 s waited behind it); order='out_of_order' lets the "
+                      "results past a slow split, and smaller splits (split=) shorten the wait "
+                      "behind one"), behind
+    # (A wait behind under a quarter of the wait: the other causes.)
+    assert "the results' transport" in d(dict(base, worker_busy_s=9.0, wait_behind_s=1.0,
+                                               waited_behind_split=slow))
     stuck = d(dict(base, worker_busy_s=9.0, stuck_splits=[
         {"split": 3, "items": [30, 39], "first_index": 7, "worker": "tcp://w:1", "limit_s": 10.0,
          "on_cluster": True, "age_s": 42.0}]))

@@ -85,6 +85,19 @@ class Node {
     out_->set_substitute(std::move(value));
     return *this;
   }
+  /// A source whose items another system produces (workers of a remote pass, a queue that a
+  /// service fills): `what` names it ("the remote pass 'remote' on Dask workers"). When the
+  /// source is the graph's bottleneck the diagnosis then points at it, instead of advising
+  /// that the source's work move into a stage after it (StageStats::fed_by). Sources only.
+  ///
+  ///     g.source("remote", pass).fed_by("the remote pass 'remote' on Dask workers");
+  template <class U = In>
+    requires(std::is_void_v<U>)
+  const Node& fed_by(std::string what) const {
+    node_->graph().check_mutable();  // (not while it runs: its figures read it)
+    node_->set_fed_by(std::move(what));
+    return *this;
+  }
   detail::Receiver<In>& in_port() const noexcept
     requires(!std::is_void_v<In>)
   {

@@ -193,6 +193,9 @@ struct StageStats {
   LatencyHistogram latency;
   /// The stages this one feeds (the graph's edges, for the diagnosis and the reports).
   std::vector<std::string> consumers;
+  /// A source whose items another system produces (Node::fed_by: splitflow.dask's remote
+  /// pass, its workers): what that is, for the diagnosis. Empty for the others.
+  std::string fed_by;
   /// Mean bodies executing while busy (work / busy): how much of its concurrency it used.
   double mean_concurrency() const noexcept {
     return busy_ns > 0 ? static_cast<double>(work_ns) / static_cast<double>(busy_ns) : 0.0;

@@ -221,6 +221,10 @@ class NodeBase {
   NodeBase& operator=(const NodeBase&) = delete;
 
   const std::string& name() const noexcept { return name_; }
+  /// A source's producer outside the graph (Node::fed_by, which sets it while the graph is not
+  /// running), for the diagnosis; empty: none.
+  const std::string& fed_by() const noexcept { return fed_by_; }
+  void set_fed_by(std::string what) { fed_by_ = std::move(what); }
   StageKind kind() const noexcept { return kind_; }
   GraphCore& graph() const noexcept { return *graph_; }
   SpinLock& mutex() const noexcept { return mu_; }
@@ -540,6 +544,7 @@ class NodeBase {
 
   GraphCore* graph_;
   std::string name_;
+  std::string fed_by_;
   StageKind kind_;
   bool auto_;  // Concurrency::automatic: concurrency_ is the tuner's (under mu_)
   std::size_t concurrency_;
