@@ -1139,6 +1139,28 @@ TEST(Autotune, AStageThatBarelyWorksDoesNotDrift) {
   }
 }
 
+// A drift's text gives the figures it was found by: the older windows' cost per item against
+// the last two windows'. It gave the model of the last retune against the one after it, of
+// other windows: a trial read "'crop' cost 1.46 ms -> 1.44 ms per item" (a drift of 20% or
+// more, two windows running). Here a budget's retune at window 4 made the model of windows 1-4
+// (1.13 ms): the text said "1.13 ms -> 1.5 ms"; the drift is of 1 ms -> 1.5 ms.
+TEST(Autotune, ADriftSaysTheCostsItWasFoundBy) {
+  Autotuner t({.settle_windows = 0, .min_items = 1}, {.cores = 4});
+  std::string said;
+  for (std::int64_t k = 1; k <= 5; ++k) {
+    const double cost = k > 3 ? 1.5e-3 : 1e-3;
+    Sample s{.end_ns = k * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = 400};
+    s.stages.push_back({.name = "crop", .items = 400, .work_ns = static_cast<std::int64_t>(400 * cost * 1e9),
+                        .cpu_ns = static_cast<std::int64_t>(400 * cost * 1e9), .concurrency = 1});
+    if (k == 4) t.set_budget({.cores = 2});
+    for (const TuneEvent& e : t.observe(s).events) said += e.text() + "\n";
+  }
+  EXPECT_NE(said.find("budget 4 -> 2 cores"), std::string::npos) << said;
+  EXPECT_NE(said.find("'crop' cost 1 ms -> 1.5 ms per item; model per item: crop 1.5 ms cpu"),
+            std::string::npos)
+      << said;
+}
+
 // The same trial's reader, blocked 75% of the window behind a slow loop, was raised because
 // the decode after it waited for input ("read 1 -> 2: 'decode' waited 78% ... read busy 1%"):
 // a stage whose output waits for room gains nothing from another invocation.

@@ -58,8 +58,9 @@ double serial_per_item(const std::vector<StageModel>& models) noexcept {
 
 // The share of the shared lock's time left to the modelled stages (StageModel::serial_share:
 // the same in each model; bodies outside them hold the rest).
+double share_of(const StageModel& m) noexcept { return std::clamp(m.serial_share, kMinSerialShare, 1.0); }
 double serial_share(const std::vector<StageModel>& models) noexcept {
-  return models.empty() ? 1.0 : std::clamp(models.front().serial_share, kMinSerialShare, 1.0);
+  return models.empty() ? 1.0 : share_of(models.front());
 }
 
 // The rate the shared lock allows the modelled stages (kInf: none of them takes it).
@@ -70,7 +71,8 @@ double serial_rate(const std::vector<StageModel>& models) noexcept {
 
 // Whether the shared lock binds at `rate`: its holds per item fill the time left to them.
 bool gil_binds(const std::vector<StageModel>& models, double rate) noexcept {
-  return rate >= serial_rate(models) * (1 - 1e-6);
+  const double r = serial_rate(models);
+  return std::isfinite(r) && rate >= r * (1 - 1e-6);
 }
 
 // The stage that holds the shared lock longest per item delivered (models.size(): none).
@@ -200,7 +202,7 @@ std::string serial_text(const std::vector<StageModel>& models) {
   const double share = serial_share(models);
   return fmt::format("the GIL its Python bodies share: held {} per item ({}), one body at a time{}",
                      seconds(serial_per_item(models)), who,
-                     share < 1 ? fmt::format(", {} of it left by the Python bodies outside the model",
+                     share < 0.995 ? fmt::format(", {} of it left by the Python bodies outside the model",
                                              percent(share))
                                : std::string());
 }
@@ -333,7 +335,7 @@ double stage_rate(const StageModel& m, std::size_t k) noexcept {
   const double per_slot = m.visits * m.wall_s;
   double r = per_slot > 0 ? static_cast<double>(k) / per_slot : kInf;
   if (m.resource == Resource::gpu && m.gpu_s > 0) r = std::min(r, 1.0 / (m.visits * m.gpu_s));
-  if (m.serial_s > 0) r = std::min(r, std::clamp(m.serial_share, kMinSerialShare, 1.0) / (m.visits * m.serial_s));
+  if (m.serial_s > 0) r = std::min(r, share_of(m) / (m.visits * m.serial_s));
   return r;
 }
 
@@ -343,7 +345,7 @@ double stage_rate(const StageModel& m, std::size_t k) noexcept {
 // a measured gain of kPastSerialGain or more shows that it releases it.
 bool past_gil_bound(const StageModel& m, std::size_t from, std::size_t to) noexcept {
   return m.serial_s > 0 &&
-         std::clamp(m.serial_share, kMinSerialShare, 1.0) / (m.visits * m.serial_s) <= stage_rate(m, to) * (1 + kEps) &&
+         share_of(m) / (m.visits * m.serial_s) <= stage_rate(m, to) * (1 + kEps) &&
          stage_rate(m, to) < stage_rate(m, from) * (1 + kPastSerialGain);
 }
 
@@ -821,6 +823,7 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
   // Drift: the last two windows' cost per item both off the older windows' by more than
   // `drift`, in the same direction.
   std::vector<std::size_t> drifted;
+  drifts_.clear();
   if (history_.size() < 3) return drifted;
   // (A stage holding the shared lock: its holds per item, which contention does not lengthen.)
   auto cost = [&](const Raw& r, bool gpu, bool serial) {
@@ -855,8 +858,15 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
     const double r0 = cost(ref, gpu, serial);
     if (!(r0 > 0)) continue;
     const double ra = cost(a, gpu, serial) / r0 - 1, rb = cost(b, gpu, serial) / r0 - 1;
-    if (std::abs(ra) > drift_ && std::abs(rb) > drift_ && (ra > 0) == (rb > 0))
+    if (std::abs(ra) > drift_ && std::abs(rb) > drift_ && (ra > 0) == (rb > 0)) {
       drifted.push_back(i);
+      Raw last;  // (the two windows together: the new cost)
+      last.items = a.items + b.items;
+      last.work = a.work + b.work;
+      last.gpu = a.gpu + b.gpu;
+      last.serial = a.serial + b.serial;
+      drifts_.push_back({i, r0 * 1e-9, cost(last, gpu, serial) * 1e-9, gpu, serial});
+    }
   }
   return drifted;
 }
@@ -1318,19 +1328,16 @@ Decision Autotuner::observe(const Sample& s) {
   }
   d.allocation = alloc_;
   if (!drifted.empty()) {
+    // (The figures the drift was found by: the older windows' cost per item against the last
+    // two windows'. The models before and after it are of other windows: a trial's texts read
+    // "'crop' cost 1.46 ms -> 1.44 ms per item".)
     std::string why;
-    const std::vector<StageModel> before = models_;
-    est_.restart();
-    const std::vector<StageModel> after = est_.models();
-    for (std::size_t i : drifted) {
+    for (const CostEstimator::Drift& x : est_.drifts()) {
       if (!why.empty()) why += "; ";
-      const bool gpu = after[i].resource == Resource::gpu;
-      const bool serial = !gpu && before[i].serial_s > 0 && after[i].serial_s > 0;  // (its drift's measure)
-      why += fmt::format("'{}' cost {} -> {} per item{}", after[i].name,
-                         seconds(gpu ? before[i].gpu_s : serial ? before[i].serial_s : before[i].wall_s),
-                         seconds(gpu ? after[i].gpu_s : serial ? after[i].serial_s : after[i].wall_s),
-                         serial ? " holding the GIL" : "");
+      why += fmt::format("'{}' cost {} -> {} per item{}", s.stages[x.stage].name, seconds(x.from_s),
+                         seconds(x.to_s), x.gpu ? " of device time" : x.serial ? " holding the GIL" : "");
     }
+    est_.restart();
     retune(s, Action::retune, why, d);
     return d;
   }

@@ -397,6 +397,15 @@ class CostEstimator {
   std::vector<StageModel> models() const;
   /// Forgets all windows but the last two (after a drift: they measured the new cost).
   void restart();
+  /// What the last add() found drifted, one per stage it returned: the cost per item of the
+  /// older windows and of the last two (seconds), and what cost it is (a GPU stage's device
+  /// time, a stage holding the shared lock most of its time: its holds; else its time).
+  struct Drift {
+    std::size_t stage = 0;
+    double from_s = 0, to_s = 0;
+    bool gpu = false, serial = false;
+  };
+  const std::vector<Drift>& drifts() const noexcept { return drifts_; }
 
  private:
   struct Raw {
@@ -421,6 +430,7 @@ class CostEstimator {
   std::vector<StageSample> shape_;  // names, kinds and limits of the last sample
   std::vector<Window> history_;     // the windows since the last restart (30 at most)
   std::vector<int> drifting_;
+  std::vector<Drift> drifts_;
 };
 
 /// The online tuner of one graph: observe() once per window with what the window measured;
