@@ -61,6 +61,7 @@ What is guaranteed:
   nothing), the very batches the unbroken epoch would have yielded.
 """
 import collections
+import copy
 import operator
 import os
 import warnings
@@ -490,6 +491,20 @@ class _Progress:
                     self.run_places = None
         self.samples += n
 
+    def leave_positions(self, n):
+        """The repeats of even_shards: marks positions not taken done until n are left (as
+        many as the steps left need), so that a state taken among the repeats resumes with
+        them. Exact where positions are known (the index field, a run's places)."""
+        if self.by_index:
+            left = self.lists[0][~self.taken[self.lists[0]]]
+            self.taken[left[:max(0, len(left) - n)]] = True
+        elif self.run_places is not None and self.placed == self.samples:
+            left = np.flatnonzero(~self.run_places)
+            mark = left[:max(0, len(left) - n)]
+            self.run_places[mark] = True
+            self.placed += len(mark)
+            self.samples += len(mark)
+
     def took_batch(self, batch):
         """track(): the loop took one of the DataLoader's batches."""
         self._note_indices(batch)
@@ -556,7 +571,9 @@ class GraphDataset(_data.IterableDataset):
     take the same number of steps or the last collective hangs. Items a stage skipped
     (on_error="skip") would make a rank's count short: with even_shards, the shard's last
     sample (or batch, when the graph batches) is repeated, a copy, to make it up, with a
-    warning naming the rank and the count (each DataLoader worker makes up its own share).
+    warning naming the rank and the count (each DataLoader worker makes up its own share; a
+    state_dict taken among the repeats resumes with the steps left, exactly with
+    num_workers=0 where the samples carry their index or the graph does not batch).
 
     batch_size, drop_last: when build ends with ``g.batch(name, batch_size, drop_last)``, its
     items are batches: say so here, and ``len()`` is the number of batches (without it, the
@@ -576,6 +593,8 @@ class GraphDataset(_data.IterableDataset):
     so ``set_epoch`` on this object does not reach them: a worker that sees the same epoch
     twice warns. Build the DataLoader anew each epoch, or keep persistent_workers off.
     """
+
+    _probing = False  # (_first_item's pass: no make-up of its own)
 
     def __init__(self, build, length, *, shuffle=False, seed=0, rank=None, world_size=None,
                  threads=0, backend="auto", streams=8, capacity=0, max_in_flight=256,
@@ -701,7 +720,7 @@ class GraphDataset(_data.IterableDataset):
         """Items this rank yields per epoch (what DataLoader(batch_size=None) yields): samples,
         or batches when the graph batches (batch_size=, or found by an earlier iteration here).
         With DataLoader workers each worker batches its own share: up to num_workers - 1 more,
-        shorter, batches. Skipped samples make fewer."""
+        shorter, batches. Skipped samples make fewer (with even_shards they are made up)."""
         n = self._samples()
         batch = self._graph_batch()
         if batch is not None:
@@ -929,16 +948,26 @@ class GraphDataset(_data.IterableDataset):
                     f"node it added ({e})") from e
             raise
         self.last_run = DatasetRun(it.run, run_indices, remote)  # the latest epoch's
-        yielded, last = 0, None  # (even_shards: what a short shard repeats)
+
+        def out(raw, place):
+            if progress is not None:
+                progress.took_item(raw, batch_size, place)
+            return to_torch(raw) if self._to_torch else raw
+
+        # even_shards: items skipped are made up at the end, by copies of the last item. It is
+        # held back one step, so that the copy is taken before the loop can change it in place.
+        making_up = self.even_shards is not None and not self._probing
+        yielded, held = 0, None
         try:
-            for item in it:
-                if progress is not None:
-                    progress.took_item(item, batch_size, it.item)
-                item = to_torch(item) if self._to_torch else item
-                yielded += 1
-                if self.even_shards is not None:
-                    last = item
-                yield item
+            for raw in it:
+                if not making_up:
+                    yielded += 1
+                    yield out(raw, it.item)
+                    continue
+                if held is not None:
+                    yielded += 1
+                    yield out(*held)
+                held = (raw, it.item)
         except StageError as e:
             cause = e.__cause__
             if remote is not None and isinstance(cause, StageError) and \
@@ -954,32 +983,60 @@ class GraphDataset(_data.IterableDataset):
                 remote.close()
         if info is not None:
             _warn_skipped(self.last_run, info.id)
-        if self.even_shards is not None:
-            yield from self._make_up(len(positions), batch, yielded, last, info)
+        if making_up:
+            yield from self._make_up(len(positions), batch, yielded, held, out, progress, info)
         if progress is not None:
             progress.complete = True  # the epoch's shard is settled
 
-    def _make_up(self, n, batch, yielded, last, info):
+    def _make_up(self, n, batch, yielded, held, out, progress, info):
         """even_shards: a share of n samples whose items a stage skipped yields fewer than the
         other ranks' (a DDP rank with a step more waits in its last collective for ever, a new
-        user's trial: 5, 5 and 6 batches on three ranks whose len() was 6): its last item is
-        repeated (a copy) up to the count."""
-        want = n if batch is None else (n // batch[0] if batch[1] else -(-n // batch[0]))
-        short = want - yielded
+        user's trial: 5, 5 and 6 batches on three ranks whose len() was 6): its last item
+        (`held`, not yielded yet) is yielded, then copies of it up to the count. Before each,
+        the state_dict's positions left are as many as the steps left need (a resume goes on
+        with them: its items were skipped, and it makes them up as well)."""
+        size = batch[0] if batch is not None else 1
+        want = n if batch is None else (n // size if batch[1] else -(-n // size))
+        short = want - yielded - (held is not None)
+        first = None
+        if held is not None:
+            first = out(*held)
+            if short > 0:
+                if progress is not None:
+                    progress.leave_positions(short * size)
+                filler = _copy(first)
+            yield first
+            yielded += 1
         if short <= 0:
             return
         rank, world = self.shard()
         where = f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
         what = "batches" if batch is not None else "samples"
-        if last is None:
-            raise GraphError(
-                f"GraphDataset(even_shards={self.even_shards!r}): {where} yielded none of its "
-                f"{want} {what}: every item was skipped (on_error='skip'), so there is nothing "
-                f"to repeat for it to take as many steps as the other ranks")
+        if first is None:
+            # (A resumed epoch whose positions left were all skipped: the shard's first item.)
+            filler = self._first_item()
+            if filler is None:
+                raise GraphError(
+                    f"GraphDataset(even_shards={self.even_shards!r}): {where} yielded none of "
+                    f"its {want} {what}: every item was skipped (on_error='skip'), so there is "
+                    f"nothing to repeat for it to take as many steps as the other ranks")
         warnings.warn(
             f"GraphDataset(even_shards={self.even_shards!r}): {where} yielded {yielded} of its "
-            f"{want} {what} (items skipped: on_error='skip'); its last is repeated {short} "
-            f"time{'s' if short > 1 else ''} so that every rank takes the same number of steps",
-            stacklevel=3)
-        for _ in range(short):
-            yield _copy(last)
+            f"{want} {what} (items skipped: on_error='skip'); "
+            f"{'its last' if first is not None else 'the first of its shard'} is repeated "
+            f"{short} time{'s' if short > 1 else ''} so that every rank takes the same number of "
+            f"steps", stacklevel=3)
+        for j in range(1, short + 1):
+            if progress is not None:
+                progress.leave_positions((short - j) * size)
+            yield filler if j == short else _copy(filler)
+
+    def _first_item(self):
+        """The first item of this shard (a pass over it stopped there), or None."""
+        probe = copy.copy(self)
+        probe._probing, probe._pending, probe._progress = True, None, None
+        it = iter(probe)
+        try:
+            return next(it, None)
+        finally:
+            it.close()

@@ -409,15 +409,49 @@ def test_even_shards_make_up_skipped_items_so_every_rank_takes_the_same_steps():
                 assert made_up[0].startswith(f"GraphDataset(even_shards={mode!r}): rank {rank} of 3 "
                                              f"yielded {want - 1 if batch else want - len(lost)} of its "
                                              f"{want} {'batches' if batch else 'samples'}"), made_up[0]
-                # The repeat is a copy of the shard's last item: changed in place, the first stays.
-                items[-1].add_(1000)
-                assert items[-2].min() < 1000
-                assert torch.equal(items[-1] - 1000, items[-2])
+                assert torch.equal(items[-1], items[-2])  # the shard's last, repeated
             else:
                 assert not made_up, made_up
             seen += [int(r[0]) for r in rows]
         assert steps == [want] * 3, (mode, batch, steps)
         assert 3 not in seen and 4 not in seen
+    # The repeats are copies taken before the loop sees the last item: a loop that changes
+    # each item in place (x += 1000) changes neither the repeats nor, twice, the item.
+    ds = sft.GraphDataset(build_skipping_3_and_4, 40, shuffle=True, seed=1, rank=0, world_size=3,
+                          threads=2, backend="host", even_shards="pad")
+    ds.set_epoch(5)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x in ds:
+            seen.append(x.copy())
+            x += 1000
+    assert len(seen) == 14 and np.array_equal(seen[-1], seen[-2]) and seen[-1].max() < 1000
+    # A state taken among the repeats resumes with the steps left (one rank, 40 samples, 2
+    # skipped: 38 and 2 repeats); the resumed epoch's items were skipped again, and it makes
+    # them up from the shard's first item.
+    for taken in (38, 39):
+        ds = sft.GraphDataset(build_skipping_3_and_4, 40, threads=2, backend="host",
+                              even_shards="drop")
+        ds.set_epoch(0)
+        it = iter(ds)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = [next(it) for _ in range(taken)]
+        state = ds.state_dict()
+        it.close()
+        assert state["samples_seen"] == taken, state  # 38 real, then a skipped one per repeat
+        again = sft.GraphDataset(build_skipping_3_and_4, 40, threads=2, backend="host",
+                                 even_shards="drop")
+        again.load_state_dict(state)
+        again.set_epoch(0)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            rest = list(again)
+        assert len(got) + len(rest) == 40, (taken, len(rest))
+        assert all(np.array_equal(x, [0, 0]) for x in rest), rest  # the shard's first
+        assert any("the first of its shard is repeated" in str(w.message) for w in said), \
+            [str(w.message) for w in said]
     # With DataLoader workers each makes up its own share (the warning is the worker's).
     script = textwrap.dedent("""
         import torch.utils.data
