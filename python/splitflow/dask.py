@@ -539,6 +539,8 @@ class RemotePass:
         self.behind_s = 0.0      # of wait_s: for the first split while a later one was done
         self.behind_by = {}      # split no -> wait_behind_s for it (while it is awaited)
         self.holder = None       # (wait behind it, busy_s, split no, first item, last item, worker)
+        self.slowest = None      # (busy_s, split no, first item, last item, worker)
+        self.split_busy = collections.deque(maxlen=1024)  # busy_s of the latest splits
         self.items_out = 0
         self.splits_done = 0
         self.max_in_flight_seen = 0
@@ -917,6 +919,9 @@ class RemotePass:
                         e["position"] += int(split.start)
                     self.skip_errors.append(e)
         self.latencies.append(now - split.submitted)
+        self.split_busy.append(busy)
+        if self.slowest is None or busy > self.slowest[0]:
+            self.slowest = (busy, split.no, int(split.start), int(split.start + n_in - 1), out["worker"])
         behind = self.behind_by.pop(split.no, 0.0)
         if behind > 0 and (self.holder is None or behind > self.holder[0]):
             self.holder = (behind, busy, split.no, int(split.start), int(split.start + n_in - 1),
@@ -982,7 +987,7 @@ class RemotePass:
         """The pass's figures: items, splits, wait_s (the local graph waiting for remote
         results; wait_behind_s of it for a split while a later one was done, results in order,
         and waited_behind_split, the split waited for so the longest: split, items, busy_s,
-        worker, wait_s), per worker items, splits, busy_s, cpu_s, bytes, skipped; bytes/s; Dask's
+        worker, wait_s; slowest_split, the most busy_s, and split_busy_s_median), per worker items, splits, busy_s, cpu_s, bytes, skipped; bytes/s; Dask's
         cost per split: gap_s_per_split (median idle time of a worker between two of its
         splits, on its own clock: Dask's per-task cost there while splits are queued),
         fetch_s_per_split (median time the client took to fetch a finished split's results)
@@ -1013,6 +1018,10 @@ class RemotePass:
             "waited_behind_split": None if self.holder is None else {
                 "split": self.holder[2], "items": [self.holder[3], self.holder[4]],
                 "busy_s": self.holder[1], "worker": self.holder[5], "wait_s": self.holder[0]},
+            "slowest_split": None if self.slowest is None else {
+                "split": self.slowest[1], "items": [self.slowest[2], self.slowest[3]],
+                "busy_s": self.slowest[0], "worker": self.slowest[4]},
+            "split_busy_s_median": _median(list(self.split_busy)),
             "bytes": total_bytes, "bytes_per_s": total_bytes / wall if wall > 0 else 0.0,
             "worker_busy_s": busy,
             "item_s": busy / items_in if items_in else None,
@@ -1095,6 +1104,7 @@ class RemotePass:
         cost = s.get("overhead_s_per_split")
         behind = s.get("wait_behind_s") or 0.0
         slow = s.get("waited_behind_split")
+        typical = s.get("split_busy_s_median") or split_s
         if busy_frac < 0.75 and behind >= 0.25 * wait and slow is not None:
             # In order, a slow split holds back the done ones after it (a trial: one body of
             # 4 s, the other worker idle behind it, and this said "the results' transport ...
@@ -1103,10 +1113,22 @@ class RemotePass:
                     f"{behind:.2f} s of it for an earlier split while later ones were done: "
                     f"results come in order, and split {slow['split']} (items "
                     f"{slow['items'][0]}..{slow['items'][1]}, on {slow['worker']}) took "
-                    f"{slow['busy_s']:.2f} s of work against {1e3 * split_s:.0f} ms a split on "
-                    f"average ({slow['wait_s']:.2f} s waited behind it); order='out_of_order' "
+                    f"{slow['busy_s']:.2f} s of work against {1e3 * typical:.0f} ms a split's median "
+                    f"({slow['wait_s']:.2f} s waited behind it); order='out_of_order' "
                     f"lets the results past a slow split, and smaller splits (split=) shorten "
                     f"the wait behind one")
+        longest = s.get("slowest_split")
+        if busy_frac < 0.75 and longest is not None and longest["busy_s"] >= 4 * typical and \
+                longest["busy_s"] >= 0.25 * wait:
+            # One split far slower than the rest, nothing left for the other workers meanwhile
+            # (the pass's last, or out of order: no split waited behind it).
+            return (f"the local graph waited {100 * frac:.0f}% of the run for remote results, the "
+                    f"workers' {slots} task slots busy {100 * busy_frac:.0f}%: split "
+                    f"{longest['split']} (items {longest['items'][0]}..{longest['items'][1]}, on "
+                    f"{longest['worker']}) took {longest['busy_s']:.2f} s of work, "
+                    f"{longest['busy_s'] / typical:.0f} times a split's median "
+                    f"({1e3 * typical:.0f} ms), with little else left to run: a slow item in it "
+                    f"(its remote stages' figures name the stage) is the limit, not the transport")
         if busy_frac < 0.75:
             text = (f"the local graph waited {100 * frac:.0f}% of the run for remote results, but "
                     f"the workers' {slots} task slots were busy only {100 * busy_frac:.0f}% of it: "

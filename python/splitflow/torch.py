@@ -1001,9 +1001,12 @@ class GraphDataset(_data.IterableDataset):
         first = None
         if held is not None:
             first = out(*held)
+            # (Positions left: the skipped ones, as many as the steps left need; none when the
+            # count is whole: a state taken at the last step resumed with them and made them
+            # up, one step too many.)
+            if progress is not None:
+                progress.leave_positions(max(short, 0) * size)
             if short > 0:
-                if progress is not None:
-                    progress.leave_positions(short * size)
                 filler = _copy(first)
             yield first
             yielded += 1

@@ -655,6 +655,14 @@ def test_a_wait_behind_a_slow_split_is_measured_and_said():
         assert len(list(out)) == 24 and run.wait(timeout=60) == "succeeded"
         st = next(x for x in run.stats()["stages"] if x["name"] == r.name)
         assert st["fed_by"].startswith(f"the remote pass '{r.name}' on Dask workers"), st
+        # Out of order nothing waits behind it, and the slow split is named all the same.
+        r2 = sfd.remote(fns.build_stuck, client, items=list(range(24)), split=4,
+                        max_splits_in_flight=4, stuck_after=60, order="out_of_order")
+        assert sorted(int(x["index"]) for x in r2) == list(range(24))
+        s2 = r2.stats()
+        assert s2["wait_behind_s"] == 0 and s2["slowest_split"]["items"] == [4, 7], s2
+        assert "split 1 (items 4..7, on tcp://" in s2["diagnosis"] and \
+               "a slow item in it" in s2["diagnosis"], s2["diagnosis"]
 
 
 # The remote diagnosis, a function of the figures: workers idle while the local graph waits are
@@ -686,9 +694,18 @@ def test_the_remote_diagnosis_tells_idle_workers_from_busy_ones():
     assert behind == ("the local graph waited 50% of the run for remote results, 3.00 s of it for "
                       "an earlier split while later ones were done: results come in order, and "
                       "split 1 (items 4..7, on tcp://w:1) took 4.00 s of work against 90 ms a "
-                      "split on average (2.50 s waited behind it); order='out_of_order' lets the "
+                      "split's median (2.50 s waited behind it); order='out_of_order' lets the "
                       "results past a slow split, and smaller splits (split=) shorten the wait "
                       "behind one"), behind
+    # One split far slower than the others with nothing behind it (the pass's last, or out of
+    # order): that split, not the transport (a review of the trial's fix).
+    lone = d(dict(base, worker_busy_s=9.0, split_busy_s_median=0.05, slowest_split={
+        "split": 5, "items": [40, 43], "busy_s": 4.0, "worker": "tcp://w:2"}))
+    assert lone == ("the local graph waited 50% of the run for remote results, the workers' 2 task "
+                    "slots busy 45%: split 5 (items 40..43, on tcp://w:2) took 4.00 s of work, 80 "
+                    "times a split's median (50 ms), with little else left to run: a slow item in "
+                    "it (its remote stages' figures name the stage) is the limit, not the "
+                    "transport"), lone
     # (A wait behind under a quarter of the wait: the other causes.)
     assert "the results' transport" in d(dict(base, worker_busy_s=9.0, wait_behind_s=1.0,
                                                waited_behind_split=slow))
