@@ -796,6 +796,14 @@ def test_a_stage_of_an_op_given_no_concurrency_is_tuned_and_a_functions_is_seria
     assert run2.stats()["autotune"] == []
 
 
+def gil_spin(x):
+    """About 0.4 ms of Python per item, the GIL held throughout."""
+    s = 0
+    for i in range(20000):
+        s += i
+    return x + 1
+
+
 def test_a_python_body_on_auto_is_bounded_by_the_gil_it_holds():
     # A Python body holds the GIL while it computes: however many threads run it, one body at
     # a time does. The stage's figures say how long its bodies held it (their CPU demand with
@@ -805,15 +813,8 @@ def test_a_python_body_on_auto_is_bounded_by_the_gil_it_holds():
     # gave it 4 ("bound ... (cores: 4 / ...)").
     rt4 = sf.Runtime(threads=4, backend="host")
     g = sf.Graph(rt4, "gil", autotune_window=0.05)
-
-    def work(x):
-        s = 0
-        for i in range(20000):  # ~0.4 ms of Python per item, the GIL held throughout
-            s += i
-        return x + 1
-
     out = g.pull_sink("out")
-    g.indices("i", list(range(600))) >> g.stage("work", work, concurrency="auto") >> out
+    g.indices("i", list(range(600))) >> g.stage("work", gil_spin, concurrency="auto") >> out
     run = g.run()
     assert list(out) == [i + 1 for i in range(600)]
     assert run.wait(timeout=60) == "succeeded"
@@ -843,16 +844,9 @@ def test_the_gil_held_outside_the_tuned_stages_is_taken_off_their_bound():
     # twice the rate the graph could reach).
     rt4 = sf.Runtime(threads=4, backend="host")
     g = sf.Graph(rt4, "gil-shared", autotune_window=0.05)
-
-    def spin(x):
-        s = 0
-        for i in range(20000):  # ~0.4 ms of Python per item, the GIL held throughout
-            s += i
-        return x + 1
-
     out = g.pull_sink("out")
-    (g.indices("i", list(range(400))) >> g.stage("pre", spin, concurrency=1)
-     >> g.stage("work", spin, concurrency="auto") >> out)
+    (g.indices("i", list(range(400))) >> g.stage("pre", gil_spin, concurrency=1)
+     >> g.stage("work", gil_spin, concurrency="auto") >> out)
     run = g.run()
     assert list(out) == [i + 2 for i in range(400)]
     assert run.wait(timeout=60) == "succeeded"
