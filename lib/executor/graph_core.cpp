@@ -623,9 +623,23 @@ void GraphCore::spawn(Claim c) {
 }
 
 void GraphCore::dispatch_external(WorkList& w) {
+  // A claim is spawned only under a unit of its run. From outside a task nothing else holds one:
+  // a pull sink's reader taking an item after the run ended (the queue's late items) woke the
+  // producer, whose claim was spawned with the run's count at zero; the task's release then
+  // ended the finished run a second time, or, once the next run had started (and stored its own
+  // count over that unit), left the next run one unit short or over: a rerun after a break hung
+  // (docs/reliability.md). With the run over there is nothing to wake: the next start resets the
+  // nodes.
+  if (!try_acquire_unit()) {
+    w.pokes.clear();
+    w.claims.clear();
+    return;
+  }
   while (!w.pokes.empty()) w.pokes.pop_back()->poke(w);
+  if (dispatch_hook_ && !w.claims.empty()) dispatch_hook_(w.claims.size());
   for (std::size_t i = 0; i < w.claims.size(); ++i) spawn(w.claims[i]);
   w.claims.clear();
+  release_unit();
 }
 
 std::size_t GraphCore::wake_room_for(std::size_t limit) const noexcept {

@@ -164,6 +164,13 @@ class GraphCore {
   std::uint64_t units() const noexcept {
     return pending_.load(std::memory_order_acquire) & ((std::uint64_t{1} << kItemShift) - 1);
   }
+  /// The items admitted and not yet retired (white-box tests, with units()).
+  std::uint64_t items_in_flight() const noexcept {
+    return pending_.load(std::memory_order_acquire) >> kItemShift;
+  }
+  /// White-box tests only: dispatch_external calls `hook` with the number of claims it found,
+  /// between finding them and spawning them (a test ends the run there).
+  void set_dispatch_hook(std::function<void(std::size_t)> hook) { dispatch_hook_ = std::move(hook); }
   /// Runs fn on an arena thread (from any thread, e.g. a device callback), then the work it
   /// found, ahead of queued claims (RuntimeCore::spawn_urgent). Holds a unit meanwhile. The
   /// caller must hold a unit (the run is live).
@@ -195,7 +202,8 @@ class GraphCore {
   void set_tracker(ItemTracker* t) { check_mutable(); tracker_ = t; }
   /// Records the first error of the run and stops it.
   void fail(const NodeBase& node, std::uint64_t seq, std::exception_ptr error) noexcept;
-  /// Runs pokes and spawns claims found by a thread that is not a runtime task.
+  /// Runs pokes and spawns claims found by a thread that is not a runtime task, under a unit of
+  /// the run; once the run is over (a reader's late take) they are dropped.
   void dispatch_external(WorkList& w);
   /// Throws the run's StageError if the current (or last) run failed.
   void rethrow_if_failed() const;
@@ -235,6 +243,7 @@ class GraphCore {
   // Per run. pending_ = items << 32 | units (tasks, active sources, cancellers): the run is
   // complete when it drops to zero, and item count gates sources against max_in_flight.
   std::atomic<std::uint64_t> pending_{0};
+  std::function<void(std::size_t)> dispatch_hook_;  // white-box tests (set_dispatch_hook)
   std::atomic<bool> stop_{false};
   std::atomic<StopReason> stop_reason_{StopReason::none};
   std::atomic<const NodeBase*> closed_by_{nullptr};  // the pull sink whose reader cancelled
