@@ -832,13 +832,7 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
   for (std::size_t i = 0; i < s.stages.size(); ++i) {
     const bool gpu = s.stages[i].gpu;
     Raw ref;
-    for (std::size_t w2 = 0; w2 + 2 < history_.size(); ++w2) {
-      ref.items += history_[w2].stages[i].items;
-      ref.work += history_[w2].stages[i].work;
-      ref.gpu += history_[w2].stages[i].gpu;
-      ref.serial += history_[w2].stages[i].serial;
-      ref.released += history_[w2].stages[i].released;
-    }
+    for (std::size_t w2 = 0; w2 + 2 < history_.size(); ++w2) ref += history_[w2].stages[i];
     const Raw& a = history_[history_.size() - 2].stages[i];
     const Raw& b = history_.back().stages[i];
     if (ref.items < 4 || a.items < 4 || b.items < 4) continue;
@@ -860,15 +854,25 @@ std::vector<std::size_t> CostEstimator::add(const Sample& s) {
     const double ra = cost(a, gpu, serial) / r0 - 1, rb = cost(b, gpu, serial) / r0 - 1;
     if (std::abs(ra) > drift_ && std::abs(rb) > drift_ && (ra > 0) == (rb > 0)) {
       drifted.push_back(i);
-      Raw last;  // (the two windows together: the new cost)
-      last.items = a.items + b.items;
-      last.work = a.work + b.work;
-      last.gpu = a.gpu + b.gpu;
-      last.serial = a.serial + b.serial;
+      Raw last = a;  // (the two windows together: the new cost)
+      last += b;
       drifts_.push_back({i, r0 * 1e-9, cost(last, gpu, serial) * 1e-9, gpu, serial});
     }
   }
   return drifted;
+}
+
+CostEstimator::Raw& CostEstimator::Raw::operator+=(const Raw& o) noexcept {
+  items += o.items;
+  work += o.work;
+  cpu = cpu < 0 || o.cpu < 0 ? -1.0 : cpu + o.cpu;
+  gpu += o.gpu;
+  serial += o.serial;
+  solo_work += o.solo_work;
+  solo_items += o.solo_items;
+  saturated += o.saturated;
+  released += o.released;
+  return *this;
 }
 
 bool CostEstimator::ready() const noexcept {
@@ -908,19 +912,8 @@ std::vector<StageModel> CostEstimator::models() const {
   for (std::size_t i = 0; i < shape_.size(); ++i) {
     const StageSample& st = shape_[i];
     Raw sum;
-    bool cpu_known = true;
-    for (const Window& w : history_) {
-      const Raw& r = w.stages[i];
-      sum.items += r.items;
-      sum.work += r.work;
-      sum.gpu += r.gpu;
-      sum.serial += r.serial;
-      sum.released += r.released;
-      sum.solo_work += r.solo_work;
-      sum.solo_items += r.solo_items;
-      if (r.cpu < 0) cpu_known = false;
-      else sum.cpu += r.cpu;
-    }
+    for (const Window& w : history_) sum += w.stages[i];
+    const bool cpu_known = sum.cpu >= 0;
     StageModel m;
     m.name = st.name;
     m.device = st.device;

@@ -420,6 +420,8 @@ class CostEstimator {
     // Windows in which this stage's own holds passed the window by a tenth: its bodies held
     // "it" at once, so they release it (numpy, torch): no bound of the lock's on it.
     double released = 0;
+    /// Windows summed: every figure adds up; the CPU time stays unknown if one was.
+    Raw& operator+=(const Raw& o) noexcept;
   };
   struct Window {
     double delivered = 0;
