@@ -90,6 +90,10 @@ std::string about(const char* fn, const std::string& what) {
                       : fmt::format("splitflow::image::{}: '{}'", fn, what);
 }
 
+// The fix for a file the decoders refuse, said with each such error.
+constexpr const char* kSkipIt = "on_error skip or substitute on its stage (Python: on_error='skip', "
+                                "substitute=) drops or replaces such a file and the run goes on";
+
 // Bytes that are no JPEG: what they are where their signature says (a PNG named .jpg, which PIL
 // decodes), and the fix (a new user's trial: the run failed on a corrupt file, and the message
 // did not say that on_error lets it go on).
@@ -104,15 +108,20 @@ std::string not_a_jpeg(const std::string& what, const std::string& why, const st
                      : size >= 12 && starts("RIFF") && std::memcmp(data + 8, "WEBP", 4) == 0 ? "a WebP"
                      : starts(std::string_view("II*\0", 4)) || starts(std::string_view("MM\0*", 4)) ? "a TIFF"
                                                                                : nullptr;
-  return fmt::format("{}: not a readable JPEG ({}){}; on_error skip or substitute on its stage "
-                     "(Python: on_error='skip', substitute=) drops or replaces such a file and "
-                     "the run goes on",
-                     about("decode_jpeg", what), why,
+  return fmt::format("{}: not a readable JPEG ({}){}; {}", about("decode_jpeg", what), why,
                      kind ? fmt::format(": the bytes are {} image, which decode_jpeg does not "
                                         "read (decode it in a stage of your own, PIL's, or "
                                         "convert it to JPEG)",
                                         kind)
-                          : std::string());
+                          : std::string(),
+                     kSkipIt);
+}
+
+// A JPEG whose data is cut short or corrupt (a truncated file, the commonest bad file of a
+// real data set): the decoder's words, its size, and the same fix as for bytes that are no
+// JPEG (a new user's trial: only those said it).
+std::string corrupt_jpeg(const std::string& what, const std::string& why, int width, int height) {
+  return fmt::format("{}: {} ({}x{}); {}", about("decode_jpeg", what), why, width, height, kSkipIt);
 }
 
 }  // namespace
@@ -289,9 +298,8 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return decode_jpeg_region(data, size, {}, color, what);
   // Data cut short before the frame header parses as "tables only": no image in it.
   if (width <= 0 || height <= 0)
-    decode_failed(fmt::format("{}: no image in the data (truncated "
-                            "before the frame header?)",
-                            about("decode_jpeg", what)));
+    decode_failed(fmt::format("{}: no image in the data (truncated before the frame header?); {}",
+                              about("decode_jpeg", what), kSkipIt));
   check_pixels(width, height, what);
   check_coefficients(data, size, what);
   const int channels = color == Color::rgb ? 3 : 1;
@@ -309,8 +317,7 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
     return decode_jpeg_region(data, size, {0, 0, height, width}, color, what);
   }
   if (rc != 0)
-    decode_failed(fmt::format("{}: {} ({}x{})", about("decode_jpeg", what),
-                            tjGetErrorStr2(tj), width, height));
+    decode_failed(corrupt_jpeg(what, tjGetErrorStr2(tj), width, height));
   return out;
 }
 
@@ -543,8 +550,7 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
   std::vector<std::uint8_t> spare(static_cast<std::size_t>(max_w) * D);  // the last row's
   if (!decode_rows(d, box.y, box.h, &x, &w, static_cast<std::uint8_t*>(rows.raw()),
                    static_cast<std::size_t>(max_w) * D, &out_x, &out_w, spare.data()))
-    throw Error(fmt::format("{}: {} ({}x{})", about("decode_jpeg", what),
-                            d.errors.message, W, H));
+    throw Error(corrupt_jpeg(what, d.errors.message, W, H));
   // Compact the box's columns to the front of each row (in place: rows overlap; a CMYK row's
   // pixels are converted as they move, each read before its place is written).
   auto* base = static_cast<std::uint8_t*>(rows.raw());
