@@ -212,6 +212,11 @@ TEST(Stats, ItemsDeliveredLeavesOutTheItemsASinkSkipped) {
   EXPECT_EQ(st.items_delivered(), 50u + 100u) << "the sink's 50 bodies that succeeded, the pull sink's 100";
   EXPECT_NE(to_json(st).find("\"items_delivered\":150"), std::string::npos) << to_json(st);
   EXPECT_NE(report(st).find("150 items delivered"), std::string::npos) << report(st);
+  // The items skipped are said in the report, not only in the figures (a new user's trial).
+  EXPECT_NE(report(st).find("'odd-fails' skipped 50 items and replaced 0 whose bodies threw (its "
+                            "errors name the first 64: StageStats::errors"),
+            std::string::npos) << report(st);
+  EXPECT_EQ(report(st).find("'fork' skipped"), std::string::npos) << report(st);
 }
 
 // Planted bottleneck 1: a slow CPU stage starves the GPU. "the report names it"
@@ -776,6 +781,23 @@ TEST(Diagnosis, AStageHoldingTheGilIsToldToRunInProcessesNotToRaiseItsConcurrenc
   st.stages[1].serial_ns = 300'000'000;
   EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
             std::vector<std::string>{"raise the concurrency of stage 'spin' from 1 to 2"});
+  // On automatic concurrency and held by the GIL: not "the tuner raises it", which its own
+  // decision (the GIL bounds the rate) contradicted (a new user's trial).
+  st.stages[1].concurrency_automatic = true;
+  st.stages[1].serial_ns = 930'000'000;
+  st.stages[1].serial_wait_ns = 20'000'000;
+  EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
+            std::vector<std::string>{
+                "the bodies of stage 'spin' (automatic concurrency, 1 now) held the GIL 96% of "
+                "their time: the GIL bounds it whatever its threads, and the tuner keeps it within "
+                "that bound; run it in processes (Python: processes=N) or move its work into a C++ "
+                "op (splitflow.ops)"})
+      << join(diagnose(st, std::nullopt).suggestions);
+  // Automatic, not held by the GIL: the tuner's, as before.
+  st.stages[1].serial_ns = 0;
+  ASSERT_EQ(diagnose(st, std::nullopt).suggestions.size(), 1u);
+  EXPECT_EQ(diagnose(st, std::nullopt).suggestions[0].rfind("stage 'spin' runs on automatic concurrency (1 now)", 0), 0u)
+      << diagnose(st, std::nullopt).suggestions[0];
 }
 
 // Stage names are quoted once: "stage 'decode'", never "'decode''s".

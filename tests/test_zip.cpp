@@ -178,6 +178,12 @@ TEST(Zip, TwoSourcesPairByPositionAndExtrasAreCounted) {
   ASSERT_EQ(run.wait(), RunStatus::succeeded);
   EXPECT_EQ(pairs, 100);
   EXPECT_EQ(run.stats().find("z")->items_skipped, 20u);
+  // Said in the report too (a new user's trial: a zip of 20 and 5 items "succeeded" with 5
+  // pairs, and nothing in the report said 15 were dropped).
+  const std::string text = report(run.stats());
+  EXPECT_NE(text.find("zip 'z' dropped 20 items that had no partner (one input ended first, or "
+                      "the partner was dropped upstream)"),
+            std::string::npos) << text;
 }
 
 // Two sources paired by a zip, a stage on each side, more items than max_in_flight: before,

@@ -29,6 +29,23 @@ bool holds_threads(const StageStats& s) {
 // past them the suggestion says what else it takes.
 std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size_t to,
                               const std::string& why = {}) {
+  // A Python body that held the GIL most of its time (its holds at most the run: not bodies
+  // holding it at once, which release it): its fraction held, else empty.
+  const std::int64_t own = s.work_ns - s.serial_wait_ns;
+  const std::string gil_held =
+      s.serial_ns > 0 && own > 0 && 2 * s.serial_ns >= own &&
+              static_cast<double>(s.serial_ns) <= 1.05 * static_cast<double>(st.wall_ns)
+          ? pct(std::min(1.0, static_cast<double>(s.serial_ns) / static_cast<double>(own)))
+          : std::string();
+  // An automatic stage held by the GIL: the tuner keeps it within the GIL's bound, and "the
+  // tuner raises it" contradicted its own decision (a new user's trial).
+  if (s.concurrency_automatic && !gil_held.empty())
+    return fmt::format(
+        "the bodies of stage '{}' (automatic concurrency, {} now) held the GIL {} of their "
+        "time{}: the GIL bounds it whatever its threads, and the tuner keeps it within that "
+        "bound; run it in processes (Python: processes=N) or move its work into a C++ op "
+        "(splitflow.ops)",
+        s.name, s.concurrency_limit, gil_held, why);
   // An automatic stage's number is the tuner's: advising one of the user's own reads as "turn
   // auto off" (a new user's trial, on a run shorter than the tuner's first window).
   if (s.concurrency_automatic)
@@ -57,10 +74,8 @@ std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size
   // at 4). Its holds count what it computed with the GIL released too (numpy, torch): holds
   // past the run's length say that its bodies released it; threads that waited for it a tenth
   // of their time, that they held it; one thread, either.
-  if (const std::int64_t own = s.work_ns - s.serial_wait_ns;
-      s.serial_ns > 0 && own > 0 && 2 * s.serial_ns >= own &&
-      static_cast<double>(s.serial_ns) <= 1.05 * static_cast<double>(st.wall_ns)) {
-    const std::string held = pct(std::min(1.0, static_cast<double>(s.serial_ns) / static_cast<double>(own)));
+  if (!gil_held.empty()) {
+    const std::string& held = gil_held;
     if (s.concurrency_limit != 1 && 10 * s.serial_wait_ns >= s.work_ns)
       return fmt::format(
           "the bodies of stage '{}' held the GIL {} of their time and waited for it {} more{}: "
@@ -400,6 +415,20 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
                        s.mean_concurrency());
   out += fmt::format("\nthroughput {:.1f} items/s ({} items delivered)\n", st.throughput(),
                      st.items_delivered());
+  // Items a run that succeeded did not deliver whole: said here, not only in the figures (a new
+  // user's trial: two corrupt files skipped, and the report read as if nothing was lost).
+  for (const auto& s : st.stages) {
+    if (s.kind == StageKind::zip && s.items_skipped > 0)
+      out += fmt::format("zip '{}' dropped {} items that had no partner (one input ended first, "
+                         "or the partner was dropped upstream)\n",
+                         s.name, s.items_skipped);
+    else if (s.items_skipped + s.items_substituted > 0)
+      out += fmt::format("'{}' skipped {} items and replaced {} whose bodies threw (its errors "
+                         "name the first {}: StageStats::errors; Python: the stage's \"errors\")\n",
+                         s.name, s.items_skipped, s.items_substituted, StageStats::kMaxItemErrors);
+    if (s.items_expired > 0)
+      out += fmt::format("'{}' dropped {} requests whose deadline had passed\n", s.name, s.items_expired);
+  }
   if (st.gpu.bursts > 0) {
     const auto gbps = [](std::uint64_t b, std::int64_t ns) {
       return ns > 0 ? fmt::format("{:.2f} GB/s", static_cast<double>(b) / static_cast<double>(ns))
