@@ -916,6 +916,13 @@ class GraphDataset(_data.IterableDataset):
         returned_none = last is None
         if returned_none:
             last = source
+        elif not isinstance(last, _core.Node):
+            # (It failed at `last >> out` with Python's words: "unsupported operand type(s) for
+            # >>: 'int' and 'splitflow._core.Node'", a new user's trial.)
+            raise GraphError(
+                f"GraphDataset: build(g, source) returned {type(last).__name__} {last!r:.60}, not "
+                f"a node of g; return the last node it added (its output is the samples), or None "
+                f"for the indices themselves")
         made = graph.made_batches()
         if made is None and self.batch_size is not None:
             # Its items would be samples counted as batches: len() a batch count, and what the

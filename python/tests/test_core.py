@@ -242,13 +242,16 @@ def test_source_error_is_raised_by_run_wait(rt):
 # of which reads them).
 def test_iterate_while_a_run_is_on_says_how_to_read_its_items(rt):
     g, out = chain(rt, "running", range(100), lambda x: x)
+    assert g.running() is False  # (C++'s Graph::running(), in Python too: a new user's trial)
     run = g.run()
+    assert g.running() is True  # (its pull sink is full and unread: the run cannot end yet)
     with pytest.raises(sf.GraphError, match=r"graph 'running'|Graph 'running'") as info:
         g.iterate(out)
     assert "already running: read that run's pull sinks" in str(info.value)
     assert "for x in sink" in str(info.value)
     assert list(out) == list(range(100))
     assert run.wait(timeout=60) == "succeeded"
+    assert g.running() is False
 
 
 # "Breaking out of a loop early cancels cleanly."

@@ -473,6 +473,10 @@ def test_numpy_and_torch_integers_are_indices(tmp_path):
             sf.Graph(rt, "bad").indices("n", items)
     with pytest.raises(sf.GraphError, match="ops.read_file: labels: element 1 is a float 0.5"):
         sf.ops.read_file(paths, labels=[1, 0.5, 2])
+    # A count of labels that is not the paths': a GraphError (a ValueError) like every other bad
+    # argument (it was a plain splitflow.Error: a new user's trial).
+    with pytest.raises(sf.GraphError, match=re_escape("ops.read_file: 1 labels for 3 paths; give one label per path")):
+        sf.ops.read_file(paths, labels=[0])
     for item, what in [(np.float32(1.0), "a Python float32"), (torch.tensor(1.5), "a Python Tensor"),
                        (torch.tensor([0, 1]), "a Python Tensor"), (True, "a Python bool")]:
         h = sf.Graph(rt, "not-an-index")

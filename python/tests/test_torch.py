@@ -211,6 +211,11 @@ def test_a_build_that_forgets_its_return_is_told_so():
         collect(sft.GraphDataset(forgot, N, threads=2, backend="host"))
     # Returning None on purpose (no stages): the indices themselves.
     assert collect(sft.GraphDataset(lambda g, indices: None, 5, threads=2, backend="host")) == list(range(5))
+    # Returning something that is no node: said so (it was Python's "unsupported operand
+    # type(s) for >>: 'int' and 'splitflow._core.Node'", a new user's trial).
+    with pytest.raises(sf.GraphError, match=r"GraphDataset: build\(g, source\) returned int 42, not a "
+                                            r"node of g; return the last node it added"):
+        collect(sft.GraphDataset(lambda g, indices: 42, 5, threads=2, backend="host"))
 
 
 # A stage error in a DataLoader worker reaches the parent as a StageError with its attributes.
