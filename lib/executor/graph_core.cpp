@@ -518,7 +518,6 @@ std::shared_ptr<RunState> GraphCore::start() {
     validate();
     for (auto& n : nodes_) n->prepare();  // may throw: nothing is registered yet
     run = std::make_shared<RunState>(this);
-    runtime_->register_run(run);
     telemetry_ = runtime_->config().telemetry;
     start_ = now_ticks();
     for (auto& n : nodes_) n->reset(start_, telemetry_, runtime_->threads());
@@ -561,6 +560,11 @@ std::shared_ptr<RunState> GraphCore::start() {
                                   : opts_.max_in_flight;
     admit_limit_.store(limit, std::memory_order_relaxed);
     wake_room_.store(wake_room_for(limit), std::memory_order_relaxed);
+    // Registered once nothing before it can throw (a source's reset copies the user's body, the
+    // device's figures, the tracer): a state registered by a start() that then threw was never
+    // published, and the runtime's shutdown cancelled and waited for it through a graph that
+    // may be gone (a read-only review).
+    runtime_->register_run(run);
     // One unit per source (released when it is exhausted) and one for the starting task.
     pending_.store(sources_.size() + 1, std::memory_order_release);
     current_ = run;
@@ -623,6 +627,7 @@ void GraphCore::spawn(Claim c) {
 }
 
 void GraphCore::dispatch_external(WorkList& w) {
+  if (w.pokes.empty() && w.claims.empty()) return;
   // A claim is spawned only under a unit of its run. From outside a task nothing else holds one:
   // a pull sink's reader taking an item after the run ended (the queue's late items) woke the
   // producer, whose claim was spawned with the run's count at zero; the task's release then

@@ -1,4 +1,5 @@
 #include "executor/run_state.hpp"
+#include "executor/runtime_core.hpp"
 #include "telemetry/tracer.hpp"
 #include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/core/error.hpp"
@@ -47,16 +48,37 @@ void RunState::publish(RunStatus status, RunStats stats) {
   cv_.notify_all();  // under the lock: a waiter may destroy the graph as soon as it wakes
 }
 
-RunStatus RunState::wait() {
+bool RunState::wait_until(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lk(mu_);
-  cv_.wait(lk, [&] { return done_; });
+  for (;;) {
+    // One nudge per kNudgeAfter for the run, whoever waits and in whatever slices (Python's
+    // run.wait() waits 50 ms at a time).
+    const auto due = last_nudge_ + kNudgeAfter;
+    if (cv_.wait_until(lk, std::min(deadline, due), [&] { return done_; })) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= due) {
+      // Nothing for a while: the run's arena advertises its work again (RuntimeCore::nudge).
+      // While not done the graph is alive: its destructor waits for done, and a start() that
+      // threw registered no state.
+      graph_->runtime_core()->nudge();
+      last_nudge_ = now;
+    }
+    if (now >= deadline) return false;
+  }
+}
+
+RunStatus RunState::wait() {
+  wait_until(std::chrono::steady_clock::time_point::max());
+  std::lock_guard lk(mu_);
   if (status_ == RunStatus::failed && error_) throw_error();
   return status_;
 }
 
 bool RunState::wait_for(std::chrono::nanoseconds timeout) {
-  std::unique_lock lk(mu_);
-  return cv_.wait_for(lk, timeout, [&] { return done_; });
+  const auto now = std::chrono::steady_clock::now();
+  const auto left = std::chrono::steady_clock::time_point::max() - now;
+  return wait_until(timeout >= left ? std::chrono::steady_clock::time_point::max()
+                                    : now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
 }
 
 void RunState::cancel() {

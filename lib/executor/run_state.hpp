@@ -33,6 +33,10 @@ class RunState {
 
   RunStatus wait();
   bool wait_for(std::chrono::nanoseconds timeout);
+  /// Until done or `deadline`; every kNudgeAfter without the end (for the run, whoever waits),
+  /// the run's arena is nudged (RuntimeCore::nudge).
+  bool wait_until(std::chrono::steady_clock::time_point deadline);
+  static constexpr std::chrono::milliseconds kNudgeAfter{100};
   void cancel();
   RunStatus status() const;
   RunStats stats() const;
@@ -53,6 +57,8 @@ class RunState {
   GraphCore* graph_;  // valid while !done_
   bool done_ = false;
   RunStatus status_ = RunStatus::running;
+  // The last nudge of the run's arena (wait_until), from the start.
+  std::chrono::steady_clock::time_point last_nudge_ = std::chrono::steady_clock::now();
   RunStats final_;
   std::exception_ptr error_;
   std::string error_graph_, error_stage_;

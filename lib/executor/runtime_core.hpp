@@ -66,6 +66,17 @@ class RuntimeCore {
       }));
     }
   }
+  /// Enqueues an empty task: the arena advertises work again. For a waiter that saw no progress
+  /// for a while (RunState::wait): oneTBB 2021.8 (Debian 12's) once left a run's first task
+  /// enqueued in an idle arena with its workers asleep, while a task of another runtime's arena
+  /// waited for that run (1 in some hundreds to thousands of runs under ASan and load); an
+  /// enqueue wakes them.
+  void nudge() noexcept {
+    try {
+      arena_.enqueue([] {});
+    } catch (...) {  // no memory for the task: the next nudge tries again
+    }
+  }
   /// Whether this thread's slice of local work is used up (then continue through spawn()).
   bool slice_expired() const noexcept { return now_ticks() - t_slice_start > slice_ticks_; }
   static constexpr std::int64_t kSliceNs = 2'000'000;
