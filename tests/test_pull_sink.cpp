@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <splitflow/splitflow.hpp>
 #include <thread>
+#include <utility>
 
 #include "helpers.hpp"
 
@@ -333,6 +337,9 @@ TEST(PullSink, ARunCannotEndWhileItsReaderDispatchesTheProducersClaim) {
       cv.wait(lk, [&] { return fail_now; });
       throw std::runtime_error("the source's item 5");
     }
+    // Items 0 to 4 take some work: the source's claims stay one item each (a claim that
+    // reached item 5 would hold the items before it unemitted while it waits).
+    if (i < 5) testing_helpers::spin_us(50);
     return i < 50 ? std::optional<long>(i++) : std::nullopt;
   });
   auto st = g.stage("st", [](long x) { return x; });
@@ -348,7 +355,14 @@ TEST(PullSink, ARunCannotEndWhileItsReaderDispatchesTheProducersClaim) {
     }
     cv.notify_all();
     // Until the run has ended (the bug) or holds only this dispatch: no item, one unit.
-    while (core.running() && !(core.units() == 1 && core.items_in_flight() == 0)) std::this_thread::yield();
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (core.running() && !(core.units() == 1 && core.items_in_flight() == 0)) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        ADD_FAILURE() << "the failed run neither ended nor came down to the reader's dispatch";
+        break;
+      }
+      std::this_thread::yield();
+    }
     ended_in_dispatch = !core.running();
   });
   auto run = g.run();
@@ -358,9 +372,21 @@ TEST(PullSink, ARunCannotEndWhileItsReaderDispatchesTheProducersClaim) {
   }
   // The stage has put items 0 and 1 into the full sink and waits for room with 2 to 4 queued:
   // its blocked time shows once it registered as the sink's waiter.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     const RunStats live = run.stats();
     if (live.find("st")->blocked_ns > 0 && live.find("out")->items_in == 2) break;
+    if (std::chrono::steady_clock::now() > give_up) {
+      ADD_FAILURE() << "the stage never waited on the full sink";
+      {
+        std::lock_guard lk(mu);
+        fail_now = true;
+      }
+      cv.notify_all();
+      run.cancel();
+      run.wait_for(std::chrono::seconds(60));
+      return;
+    }
     std::this_thread::yield();
   }
   EXPECT_EQ(out.next(), 0L);  // wakes the stage: its claim, the hook, the failure

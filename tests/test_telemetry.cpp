@@ -782,17 +782,38 @@ TEST(Diagnosis, AStageHoldingTheGilIsToldToRunInProcessesNotToRaiseItsConcurrenc
   EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
             std::vector<std::string>{"raise the concurrency of stage 'spin' from 1 to 2"});
   // On automatic concurrency and held by the GIL: not "the tuner raises it", which its own
-  // decision (the GIL bounds the rate) contradicted (a new user's trial).
+  // decision (the GIL bounds the rate) contradicted (a new user's trial). One thread: pure Python
+  // or numpy, both said, and that the tuner decided nothing (no autotune lines).
   st.stages[1].concurrency_automatic = true;
   st.stages[1].serial_ns = 930'000'000;
   st.stages[1].serial_wait_ns = 20'000'000;
   EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
             std::vector<std::string>{
-                "the bodies of stage 'spin' (automatic concurrency, 1 now) held the GIL 96% of "
-                "their time: the GIL bounds it whatever its threads, and the tuner keeps it within "
-                "that bound; run it in processes (Python: processes=N) or move its work into a C++ "
-                "op (splitflow.ops)"})
+                "the bodies of stage 'spin' (automatic concurrency, 1 now) held the GIL, or "
+                "computed with it released, 96% of their time: Python code that holds it is bound "
+                "by it whatever its threads (run it in processes, Python: processes=N instead of "
+                "concurrency='auto', or move its work into a C++ op, splitflow.ops); numpy or "
+                "torch code, which releases it, the tuner raises while that raises the rate; it "
+                "decided nothing in this run (shorter than GraphOptions::autotune_window, or too "
+                "few items)"})
       << join(diagnose(st, std::nullopt).suggestions);
+  // Two threads that waited for each other's holds: the GIL, said so.
+  st.stages[1].concurrency_limit = 2;
+  st.stages[1].work_ns = 1'900'000'000;
+  st.stages[1].serial_wait_ns = 900'000'000;
+  st.autotune = {"spin 1 -> 2: ..."};
+  EXPECT_EQ(diagnose(st, std::nullopt).suggestions,
+            std::vector<std::string>{
+                "the bodies of stage 'spin' (automatic concurrency, 2 now) held the GIL 93% of "
+                "their time and waited for it 900.0 ms more: its threads wait for each other's, "
+                "and the tuner keeps it within the GIL's bound; run it in processes (Python: "
+                "processes=N instead of concurrency='auto') or move its work into a C++ op "
+                "(splitflow.ops)"})
+      << join(diagnose(st, std::nullopt).suggestions);
+  st.stages[1].concurrency_limit = 1;
+  st.stages[1].work_ns = 990'000'000;
+  st.stages[1].serial_wait_ns = 20'000'000;
+  st.autotune.clear();
   // Automatic, not held by the GIL: the tuner's, as before.
   st.stages[1].serial_ns = 0;
   ASSERT_EQ(diagnose(st, std::nullopt).suggestions.size(), 1u);

@@ -37,15 +37,28 @@ std::string raise_concurrency(const RunStats& st, const StageStats& s, std::size
               static_cast<double>(s.serial_ns) <= 1.05 * static_cast<double>(st.wall_ns)
           ? pct(std::min(1.0, static_cast<double>(s.serial_ns) / static_cast<double>(own)))
           : std::string();
-  // An automatic stage held by the GIL: the tuner keeps it within the GIL's bound, and "the
-  // tuner raises it" contradicted its own decision (a new user's trial).
-  if (s.concurrency_automatic && !gil_held.empty())
+  // An automatic stage held by the GIL: "the tuner raises it" contradicted the tuner's own
+  // decision (the GIL bounds the rate; a new user's trial). Threads that waited for each
+  // other's holds: the GIL, said so; one thread: pure Python or numpy, both said.
+  if (s.concurrency_automatic && !gil_held.empty()) {
+    if (s.concurrency_limit != 1 && 10 * s.serial_wait_ns >= s.work_ns)
+      return fmt::format(
+          "the bodies of stage '{}' (automatic concurrency, {} now) held the GIL {} of their "
+          "time and waited for it {} more{}: its threads wait for each other's, and the tuner "
+          "keeps it within the GIL's bound; run it in processes (Python: processes=N instead of "
+          "concurrency='auto') or move its work into a C++ op (splitflow.ops)",
+          s.name, s.concurrency_limit, gil_held, ms(s.serial_wait_ns), why);
     return fmt::format(
-        "the bodies of stage '{}' (automatic concurrency, {} now) held the GIL {} of their "
-        "time{}: the GIL bounds it whatever its threads, and the tuner keeps it within that "
-        "bound; run it in processes (Python: processes=N) or move its work into a C++ op "
-        "(splitflow.ops)",
-        s.name, s.concurrency_limit, gil_held, why);
+        "the bodies of stage '{}' (automatic concurrency, {} now) held the GIL, or computed with "
+        "it released, {} of their time{}: Python code that holds it is bound by it whatever its "
+        "threads (run it in processes, Python: processes=N instead of concurrency='auto', or move "
+        "its work into a C++ op, splitflow.ops); numpy or torch code, which releases it, the "
+        "tuner raises while that raises the rate{}",
+        s.name, s.concurrency_limit, gil_held, why,
+        st.autotune.empty() ? "; it decided nothing in this run (shorter than "
+                              "GraphOptions::autotune_window, or too few items)"
+                            : "; its decisions are listed under autotune");
+  }
   // An automatic stage's number is the tuner's: advising one of the user's own reads as "turn
   // auto off" (a new user's trial, on a run shorter than the tuner's first window).
   if (s.concurrency_automatic)
@@ -415,7 +428,7 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
                        s.mean_concurrency());
   out += fmt::format("\nthroughput {:.1f} items/s ({} items delivered)\n", st.throughput(),
                      st.items_delivered());
-  // Items a run that succeeded did not deliver whole: said here, not only in the figures (a new
+  // Items a run did not deliver whole: said here, not only in the figures (a new
   // user's trial: two corrupt files skipped, and the report read as if nothing was lost).
   for (const auto& s : st.stages) {
     if (s.kind == StageKind::zip && s.items_skipped > 0)

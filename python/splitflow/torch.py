@@ -919,8 +919,12 @@ class GraphDataset(_data.IterableDataset):
         elif not isinstance(last, _core.Node):
             # (It failed at `last >> out` with Python's words: "unsupported operand type(s) for
             # >>: 'int' and 'splitflow._core.Node'", a new user's trial.)
+            try:
+                shown = f" {last!r:.60}"
+            except Exception:  # (a repr that raises: the type alone)
+                shown = ""
             raise GraphError(
-                f"GraphDataset: build(g, source) returned {type(last).__name__} {last!r:.60}, not "
+                f"GraphDataset: build(g, source) returned {type(last).__name__}{shown}, not "
                 f"a node of g; return the last node it added (its output is the samples), or None "
                 f"for the indices themselves")
         made = graph.made_batches()

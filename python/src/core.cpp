@@ -963,7 +963,7 @@ void bind_image_ops(py::module_& mops) {
     if (!labels_in.is_none()) labels = int64_list(labels_in, "ops.read_file: labels");
     if (labels && labels->size() != paths.size())
       throw GraphError("ops.read_file: " + std::to_string(labels->size()) + " labels for " +
-                  std::to_string(paths.size()) + " paths; give one label per path");
+                       std::to_string(paths.size()) + " paths; give one label per path");
     auto kept = std::make_shared<const std::vector<std::string>>(std::move(paths));
     std::shared_ptr<const std::vector<std::int64_t>> lab;
     if (labels) lab = std::make_shared<const std::vector<std::int64_t>>(std::move(*labels));
@@ -1877,8 +1877,12 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         }
         return r;
       }, "Starts a run and returns it.")
-      .def("running", [](const PyGraph& g) { return g.graph.running(); },
-           "Whether a run of this graph is in progress (C++: Graph::running()).")
+      .def("running", [](const PyGraph& g) {
+        // Without the GIL: running() takes the graph's lock, which a run's end holds while a
+        // service's leftover requests are failed to their Python callbacks (which take the GIL).
+        NoGil nogil;
+        return g.graph.running();
+      }, "Whether a run of this graph is in progress (C++: Graph::running()).")
       .def("iterate", [](std::shared_ptr<PyGraph> g, std::shared_ptr<PyNode> sink) {
         // run() + an iterator over `sink` that owns the run: leaving the loop early cancels it.
         if (!sink->pull) throw GraphError("splitflow.Graph.iterate: '" + sink->name + "' is not a pull sink");
