@@ -64,6 +64,7 @@ import collections
 import copy
 import operator
 import os
+import reprlib
 import warnings
 
 import numpy as np
@@ -920,7 +921,7 @@ class GraphDataset(_data.IterableDataset):
             # (It failed at `last >> out` with Python's words: "unsupported operand type(s) for
             # >>: 'int' and 'splitflow._core.Node'", a new user's trial.)
             try:
-                shown = f" {last!r:.60}"
+                shown = " " + reprlib.repr(last)  # (cut short with "...")
             except Exception:  # (a repr that raises: the type alone)
                 shown = ""
             raise GraphError(
