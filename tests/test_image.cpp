@@ -602,7 +602,19 @@ TEST(ImageDecode, TruncatedGarbageAndEmptyFilesAreErrorsNamingTheFile) {
 // A torchvision user's trial (2026-12-05): the same damaged bytes were worded differently by
 // decode_jpeg (TurboJPEG's "missing SOS marker") and the fused op (libjpeg's "Premature end of
 // JPEG file"), and bytes without a file name (an array from Python) read "decode_jpeg: '': ...".
-// Both ops now say the same of the same bytes, and an unnamed file is not quoted.
+// Both ops now say the same of the same bytes, and an unnamed file is not quoted. Each names
+// itself (a verification trial, 2026-12-07: the fused op's errors said decode_jpeg).
+namespace {
+// `message` with the fused op's name where decode_jpeg's own says decode_jpeg.
+std::string as_fused(std::string message) {
+  for (std::size_t at = 0; (at = message.find("decode_jpeg", at)) != std::string::npos;) {
+    message.replace(at, 11, "decode_random_resized_crop");
+    at += 26;
+  }
+  return message;
+}
+}  // namespace
+
 TEST(ImageDecode, DecodeAndTheFusedCropWordTheSameDamagedBytesAlike) {
   const auto jpeg = encode(random_pixels(120, 160, 3, 5), 120, 160, 3);
   const std::vector<std::vector<std::uint8_t>> cases = {
@@ -630,7 +642,9 @@ TEST(ImageDecode, DecodeAndTheFusedCropWordTheSameDamagedBytesAlike) {
         std::copy(bytes.begin(), bytes.end(), t.data<std::uint8_t>());
         fused(image::Encoded{0, name, t});
       });
-      EXPECT_EQ(plain, crop) << "case " << i;
+      EXPECT_EQ(as_fused(plain), crop) << "case " << i;
+      EXPECT_EQ(crop.rfind("splitflow::image::decode_random_resized_crop: ", 0), 0u) << crop;
+      EXPECT_EQ(crop.find("decode_jpeg"), std::string::npos) << crop;
       EXPECT_EQ(plain.rfind(name.empty() ? "splitflow::image::decode_jpeg: "
                                          : "splitflow::image::decode_jpeg: 'd.jpg': ",
                             0),
@@ -673,7 +687,9 @@ TEST(ImageDecode, BytesThatAreNoJpegAreNamedAndTheFixSaid) {
     } catch (const Error& e) {
       crop = e.what();
     }
-    EXPECT_EQ(plain, crop);
+    EXPECT_EQ(as_fused(plain), crop);
+    EXPECT_EQ(crop.rfind("splitflow::image::decode_random_resized_crop: 'photos/x.jpg': not a readable JPEG (", 0), 0u)
+        << crop;
     EXPECT_EQ(plain.rfind("splitflow::image::decode_jpeg: 'photos/x.jpg': not a readable JPEG (", 0), 0u)
         << plain;
     const std::string named = c.kind ? "the bytes are " + std::string(c.kind) +
@@ -715,18 +731,17 @@ TEST(ImageDecode, AForgedHugeHeaderIsRefusedBeforeAllocating) {
   const std::string want = "'huge.jpg': its header claims 60000x60000 pixels, over the decode limit";
   const std::string full =
       refused([&] { image::decode_jpeg(jpeg.data(), jpeg.size(), image::Color::rgb, "huge.jpg"); });
-  EXPECT_NE(full.find(want), std::string::npos) << full;
-  EXPECT_NE(refused([&] {
-              image::decode_jpeg_region(jpeg.data(), jpeg.size(), {0, 0, 8, 8}, image::Color::rgb,
-                                        "huge.jpg");
-            }).find(want),
-            std::string::npos);
+  EXPECT_EQ(full.rfind("splitflow::image::decode_jpeg: " + want, 0), 0u) << full;
+  const std::string region = refused([&] {
+    image::decode_jpeg_region(jpeg.data(), jpeg.size(), {0, 0, 8, 8}, image::Color::rgb, "huge.jpg");
+  });
+  EXPECT_EQ(region.rfind("splitflow::image::decode_jpeg_region: " + want, 0), 0u) << region;
   HostTensor bytes = HostTensor::empty(DType::u8, {static_cast<std::int64_t>(jpeg.size())});
   std::memcpy(bytes.raw(), jpeg.data(), jpeg.size());
-  EXPECT_NE(refused([&] {
-              image::decode_random_resized_crop({0, "huge.jpg", std::move(bytes)}, {.size = 32});
-            }).find(want),
-            std::string::npos);
+  const std::string fused = refused([&] {
+    image::decode_random_resized_crop({0, "huge.jpg", std::move(bytes)}, {.size = 32});
+  });
+  EXPECT_EQ(fused.rfind("splitflow::image::decode_random_resized_crop: " + want, 0), 0u) << fused;
   TempDir dir("forged");
   EXPECT_NE(refused([&] { image::read_file({0, dir.path.string()}); }).find("is a directory, not a file"),
             std::string::npos);

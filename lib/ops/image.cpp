@@ -97,8 +97,8 @@ constexpr const char* kSkipIt = "on_error skip or substitute on its stage (Pytho
 // Bytes that are no JPEG: what they are where their signature says (a PNG named .jpg, which PIL
 // decodes), and the fix (a new user's trial: the run failed on a corrupt file, and the message
 // did not say that on_error lets it go on).
-std::string not_a_jpeg(const std::string& what, const std::string& why, const std::uint8_t* data,
-                       std::size_t size) {
+std::string not_a_jpeg(const char* op, const std::string& what, const std::string& why,
+                       const std::uint8_t* data, std::size_t size) {
   const auto starts = [&](std::string_view sig) {
     return size >= sig.size() && std::memcmp(data, sig.data(), sig.size()) == 0;
   };
@@ -108,11 +108,11 @@ std::string not_a_jpeg(const std::string& what, const std::string& why, const st
                      : size >= 12 && starts("RIFF") && std::memcmp(data + 8, "WEBP", 4) == 0 ? "a WebP"
                      : starts(std::string_view("II*\0", 4)) || starts(std::string_view("MM\0*", 4)) ? "a TIFF"
                                                                                : nullptr;
-  return fmt::format("{}: not a readable JPEG ({}){}; {}", about("decode_jpeg", what), why,
-                     kind ? fmt::format(": the bytes are {} image, which decode_jpeg does not "
+  return fmt::format("{}: not a readable JPEG ({}){}; {}", about(op, what), why,
+                     kind ? fmt::format(": the bytes are {} image, which {} does not "
                                         "read (decode it in a stage of your own, PIL's, or "
                                         "convert it to JPEG)",
-                                        kind)
+                                        kind, op)
                           : std::string(),
                      kSkipIt);
 }
@@ -120,8 +120,9 @@ std::string not_a_jpeg(const std::string& what, const std::string& why, const st
 // A JPEG whose data is cut short or corrupt (a truncated file, the commonest bad file of a
 // real data set): the decoder's words, its size, and the same fix as for bytes that are no
 // JPEG (a new user's trial: only those said it).
-std::string corrupt_jpeg(const std::string& what, const std::string& why, int width, int height) {
-  return fmt::format("{}: {} ({}x{}); {}", about("decode_jpeg", what), why, width, height, kSkipIt);
+std::string corrupt_jpeg(const char* op, const std::string& what, const std::string& why, int width,
+                         int height) {
+  return fmt::format("{}: {} ({}x{}); {}", about(op, what), why, width, height, kSkipIt);
 }
 
 }  // namespace
@@ -261,15 +262,20 @@ Encoded read_file(FileRef file) {
 
 namespace {
 // A header's claimed size, checked before anything is allocated for it.
-void check_pixels(std::int64_t width, std::int64_t height, const std::string& what) {
+void check_pixels(const char* op, std::int64_t width, std::int64_t height, const std::string& what) {
   if (width * height > kMaxDecodePixels)
     throw Error(fmt::format("{}: its header claims {}x{} pixels, "
                             "over the decode limit of {} (splitflow::image::kMaxDecodePixels)",
-                            about("decode_jpeg", what), width, height, kMaxDecodePixels));
+                            about(op, what), width, height, kMaxDecodePixels));
 }
 // Progressive and multi-scan files decode through libjpeg's whole-image buffer of coefficients
 // (2 bytes a sample), allocated before any scan is read: held to the output's budget too.
 void check_coefficients(const std::uint8_t* data, std::size_t size, const std::string& what);
+// decode_jpeg_region whose errors name `op`: decode_jpeg's fallbacks to libjpeg say decode_jpeg,
+// the fused crop decode_random_resized_crop (a verification trial: its errors said decode_jpeg).
+HostTensor region_as(const char* op, const std::uint8_t* data, std::size_t size, Box box, Color color,
+                     const std::string& what, int* height = nullptr, int* width = nullptr);
+constexpr const char* kDecodeJpeg = "decode_jpeg";
 }  // namespace
 
 namespace {
@@ -288,19 +294,19 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
     // it has no name for: "Could not determine subsampling type"): the libjpeg decoder takes them.
     std::string why = size == 0 ? "empty" : tjGetErrorStr2(tj);
     if (size != 0 && libjpeg_reads_the_header(data, size, &why))
-      return decode_jpeg_region(data, size, {}, color, what);
+      return region_as(kDecodeJpeg, data, size, {}, color, what);
     // (libjpeg's words where it refused the header too: decode_random_resized_crop, which reads
     // it with libjpeg, says the same of the same bytes.)
-    decode_failed(not_a_jpeg(what, why, data, size));
+    decode_failed(not_a_jpeg(kDecodeJpeg, what, why, data, size));
   }
   // A CMYK or YCCK file: TurboJPEG decodes it to CMYK only; the libjpeg decoder converts it as
   // PIL does (cmyk_to_rgb).
-  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return decode_jpeg_region(data, size, {}, color, what);
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return region_as(kDecodeJpeg, data, size, {}, color, what);
   // Data cut short before the frame header parses as "tables only": no image in it.
   if (width <= 0 || height <= 0)
     decode_failed(fmt::format("{}: no image in the data (truncated before the frame header?); {}",
-                              about("decode_jpeg", what), kSkipIt));
-  check_pixels(width, height, what);
+                              about(kDecodeJpeg, what), kSkipIt));
+  check_pixels(kDecodeJpeg, width, height, what);
   check_coefficients(data, size, what);
   const int channels = color == Color::rgb ? 3 : 1;
   HostTensor out = HostTensor::empty(DType::u8, {height, width, channels});
@@ -314,10 +320,10 @@ HostTensor decode_jpeg(const std::uint8_t* data, std::size_t size, Color color, 
   // are not, as PIL decodes those files, to the same pixels (the same libjpeg-turbo).
   if (rc != 0 && tjGetErrorCode(tj) == TJERR_WARNING) {
     out = HostTensor();  // its memory back before the second decode takes as much
-    return decode_jpeg_region(data, size, {0, 0, height, width}, color, what);
+    return region_as(kDecodeJpeg, data, size, {0, 0, height, width}, color, what);
   }
   if (rc != 0)
-    decode_failed(corrupt_jpeg(what, tjGetErrorStr2(tj), width, height));
+    decode_failed(corrupt_jpeg(kDecodeJpeg, what, tjGetErrorStr2(tj), width, height));
   return out;
 }
 
@@ -403,7 +409,7 @@ bool read_header(JpegDecoder& d, const std::uint8_t* data, std::size_t size, boo
 
 // After read_header: the coefficient buffer a progressive or multi-scan file needs (jdcoefct.c's
 // whole_image arrays), refused over kMaxDecodePixels * 3 bytes before it is allocated.
-void check_coefficient_buffer(JpegDecoder& d, const std::string& what) {
+void check_coefficient_buffer(const char* op, JpegDecoder& d, const std::string& what) {
   if (!jpeg_has_multiple_scans(&d.cinfo)) return;
   const auto up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
   std::int64_t bytes = 0;
@@ -416,7 +422,7 @@ void check_coefficient_buffer(JpegDecoder& d, const std::string& what) {
     throw Error(fmt::format("{}: a {}x{} progressive or multi-scan "
                             "JPEG needs {} bytes of coefficient buffer, over the decode limit of {} "
                             "(splitflow::image::kMaxDecodePixels * 3)",
-                            about("decode_jpeg", what), d.cinfo.image_width, d.cinfo.image_height, bytes,
+                            about(op, what), d.cinfo.image_width, d.cinfo.image_height, bytes,
                             kMaxDecodePixels * 3));
 }
 
@@ -429,7 +435,7 @@ bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size, std::s
 
 void check_coefficients(const std::uint8_t* data, std::size_t size, const std::string& what) {
   JpegDecoder d;
-  if (read_header(d, data, size, false)) check_coefficient_buffer(d, what);
+  if (read_header(d, data, size, false)) check_coefficient_buffer(kDecodeJpeg, d, what);
 }
 
 // Whether the bytes libjpeg has not read yet reach the end-of-image marker (EOI) with nothing
@@ -512,22 +518,22 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
 // `choose` may set *denom (1, 2, 4, 8): the box, in full-size pixels, is then decoded at that
 // DCT scale, widened outwards to whole scaled pixels.
 template <class Choose>
-HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color color,
+HostTensor decode_region_with(const char* op, const std::uint8_t* data, std::size_t size, Color color,
                               const std::string& what, Choose&& choose, const int* denom = nullptr,
                               Box* decoded = nullptr) {
   JpegDecoder d;
   if (size == 0 || !read_header(d, data, size, color == Color::gray))
-    throw Error(not_a_jpeg(what, size == 0 ? "empty" : d.errors.message, data, size));
+    throw Error(not_a_jpeg(op, what, size == 0 ? "empty" : d.errors.message, data, size));
   const int H = static_cast<int>(d.cinfo.image_height), W = static_cast<int>(d.cinfo.image_width);
-  check_pixels(W, H, what);
-  check_coefficient_buffer(d, what);
+  check_pixels(op, W, H, what);
+  check_coefficient_buffer(op, d, what);
   Box box = choose(H, W);
   if (box.h == 0 && box.w == 0) box = {0, 0, H, W};
   if (box.h < 1 || box.w < 1 || box.y < 0 || box.x < 0 || std::int64_t{box.y} + box.h > H ||
       std::int64_t{box.x} + box.w > W)
     throw Error(fmt::format("{}: box (y {}, x {}, h {}, w "
                             "{}) is outside the {}x{} image",
-                            about("decode_jpeg_region", what), box.y, box.x, box.h, box.w, H, W));
+                            about(op, what), box.y, box.x, box.h, box.w, H, W));
   const int C = color == Color::rgb ? 3 : 1;
   const int D = is_cmyk(d.cinfo) ? 4 : C;  // the channels libjpeg decodes
   unsigned max_w = static_cast<unsigned>(W);
@@ -550,7 +556,7 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
   std::vector<std::uint8_t> spare(static_cast<std::size_t>(max_w) * D);  // the last row's
   if (!decode_rows(d, box.y, box.h, &x, &w, static_cast<std::uint8_t*>(rows.raw()),
                    static_cast<std::size_t>(max_w) * D, &out_x, &out_w, spare.data()))
-    throw Error(corrupt_jpeg(what, d.errors.message, W, H));
+    throw Error(corrupt_jpeg(op, what, d.errors.message, W, H));
   // Compact the box's columns to the front of each row (in place: rows overlap; a CMYK row's
   // pixels are converted as they move, each read before its place is written).
   auto* base = static_cast<std::uint8_t*>(rows.raw());
@@ -567,15 +573,20 @@ HostTensor decode_region_with(const std::uint8_t* data, std::size_t size, Color 
   return HostTensor::wrap(base, DType::u8, {box.h, box.w, C}, rows.owner());
 }
 
-}  // namespace
-
-HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box, Color color,
-                              const std::string& what, int* height, int* width) {
-  return decode_region_with(data, size, color, what, [&](int H, int W) {
+HostTensor region_as(const char* op, const std::uint8_t* data, std::size_t size, Box box, Color color,
+                     const std::string& what, int* height, int* width) {
+  return decode_region_with(op, data, size, color, what, [&](int H, int W) {
     if (height) *height = H;
     if (width) *width = W;
     return box;
   });
+}
+
+}  // namespace
+
+HostTensor decode_jpeg_region(const std::uint8_t* data, std::size_t size, Box box, Color color,
+                              const std::string& what, int* height, int* width) {
+  return region_as("decode_jpeg_region", data, size, box, color, what, height, width);
 }
 
 namespace {
@@ -592,7 +603,7 @@ Image decode_random_resized_crop(Encoded file, const AugmentSpec& spec, Color co
   int denom = 1;
   Box decoded;
   HostTensor region = decode_region_with(
-      file.bytes.data<std::uint8_t>(), file.bytes.nbytes(), color, file.path,
+      "decode_random_resized_crop", file.bytes.data<std::uint8_t>(), file.bytes.nbytes(), color, file.path,
       [&](int H, int W) {
         a = draw_augment(H, W, file.index, spec);
         denom = decode_denominator(spec, H, W, a.box);

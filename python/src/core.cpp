@@ -89,8 +89,21 @@ auto call_python(F&& f) {
   }
 }
 
+py::object python_error(std::exception_ptr p);
+
+/// A C++ op's exception nested in a StageError as the Python StageError's `__cause__`: the
+/// matching splitflow error (sf.Error for an op's refusal), as a Python body's own exception is
+/// (a verification trial: a C++ op's StageError had no __cause__, which docs/api.md promised).
+void set_cpp_cause(const py::object& exc, std::exception_ptr nested) {
+  try {
+    PyException_SetCause(exc.ptr(), python_error(std::move(nested)).release().ptr());  // steals
+  } catch (const py::error_already_set&) {  // the error type would not build: no cause
+    PyErr_Clear();
+  }
+}
+
 /// Raises splitflow.StageError for `e`, its cause (`__cause__`) the original Python exception
-/// when a Python stage raised it.
+/// when a Python stage raised it, the matching splitflow error when a C++ op did.
 [[noreturn]] void raise_stage_error(const StageError& e) {
   py::object exc = py::reinterpret_borrow<py::object>(g_stage_error)(e.what(), e.graph(), e.stage(),
                                                                       e.item(), e.message());
@@ -128,6 +141,7 @@ auto call_python(F&& f) {
   } catch (const py::error_already_set&) {
     throw;
   } catch (...) {
+    set_cpp_cause(exc, std::current_exception());
   }
   PyErr_SetObject(g_stage_error, exc.ptr());
   throw py::error_already_set();
@@ -151,6 +165,7 @@ py::object python_error(std::exception_ptr p) {
     } catch (const PythonException& inner) {
       PyException_SetCause(exc.ptr(), inner.exception().get().release().ptr());  // steals
     } catch (...) {
+      set_cpp_cause(exc, std::current_exception());
     }
     return exc;
   } catch (const GraphError& e) {

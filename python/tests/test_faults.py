@@ -125,6 +125,19 @@ def test_objects_a_cpp_op_cannot_take_are_named(rt):
         run(rt, range(3), lambda x: {"a": np.zeros(3, np.uint8)}, op=sf.ops.decode_jpeg())
 
 
+def test_a_cpp_ops_error_is_the_stage_errors_cause(rt):
+    # docs/api.md: the cause as __cause__. A Python body's exception was; a C++ op's was not (a
+    # verification trial, 2026-12-07: __cause__ None). It is the matching splitflow error.
+    with pytest.raises(sf.StageError) as info:
+        run(rt, range(3), lambda x: np.frombuffer(b"not a jpeg at all", np.uint8),
+            op=sf.ops.decode_jpeg())
+    e = info.value
+    assert type(e.__cause__) is sf.Error, repr(e.__cause__)
+    assert str(e.__cause__) == e.message
+    assert e.message.startswith("splitflow::image::decode_jpeg: not a readable JPEG (Not a JPEG")
+    assert str(e).endswith(e.message)
+
+
 def test_a_generator_source_that_raises_midway_fails_the_run_naming_the_item(rt):
     def gen():
         yield 1

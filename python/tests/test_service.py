@@ -165,8 +165,12 @@ def test_a_wrong_number_of_results_fails_that_batchs_requests_and_says_why():
         with pytest.raises(sf.StageError, match=r"^splitflow: graph 'svc': stage 'model' failed "
                                                 r"on item \d: stage 'model' of graph 'svc': the "
                                                 r"function returned 1 results for a batch of 2 "
-                                                r"requests"):
+                                                r"requests") as info:
             f.result(timeout=30)
+        # its cause the error the library raised (a request's error as a run's: the cause
+        # nested, as docs/api.md says; it had none)
+        assert type(info.value.__cause__) is sf.Error, repr(info.value.__cause__)
+        assert str(info.value.__cause__) == info.value.message
     svc.close()
     assert run.wait() == "succeeded"
 
