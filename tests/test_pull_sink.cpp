@@ -412,3 +412,52 @@ TEST(PullSink, ARunCannotEndWhileItsReaderDispatchesTheProducersClaim) {
   EXPECT_EQ(again.wait(), RunStatus::succeeded);
   EXPECT_EQ(n, 50);
 }
+
+// A reader waiting in vain nudges the runtime's arena every GraphCore::kNudgeAfter, as a run's
+// waiter does (RunState::wait_until): oneTBB 2021.8 once left a run's first task unserved in an
+// idle arena (docs/reliability.md), and a loop over a pull sink never waits on the run itself.
+// Before, only run.wait() nudged: this source, which goes on only once the runtime has been
+// nudged, gave up. Both ways of reading: next() (C++'s loop) and next_for in short slices
+// (Python's, 50 ms at a time: none reaches kNudgeAfter alone).
+TEST(PullSink, AReaderWaitingInVainNudgesTheRuntime) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "nudged");
+  detail::GraphCore* core = nullptr;
+  std::atomic<bool> gave_up{false};
+  long i = 0;
+  auto src = g.source("n", [&]() -> std::optional<long> {
+    if (i == 3) return std::nullopt;
+    // Each item waits for two nudges more than there were when it was asked for.
+    const std::uint64_t want = core->runtime_nudges() + 2;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (core->runtime_nudges() < want) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        gave_up = true;
+        return std::nullopt;
+      }
+      std::this_thread::yield();
+    }
+    return i++;
+  });
+  auto out = g.pull_sink<long>("out", 1);
+  src >> out;
+  core = &src.out_port().graph();
+  auto run = g.run();
+  EXPECT_EQ(out.next(), 0L);
+  std::vector<long> got;
+  int slices = 0;
+  for (;;) {
+    bool timed_out = false;
+    std::optional<long> v = out.next_for(std::chrono::milliseconds(20), timed_out);
+    if (timed_out) {
+      ++slices;
+      continue;
+    }
+    if (!v) break;
+    got.push_back(*v);
+  }
+  EXPECT_FALSE(gave_up) << "the reader's wait did not nudge the runtime";
+  EXPECT_EQ(got, (std::vector<long>{1, 2}));
+  EXPECT_GE(slices, 2) << "each item waited for two nudges, kNudgeAfter apart";
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+}

@@ -489,6 +489,10 @@ void GraphCore::check_zips(const std::vector<NodeBase*>& order) {
   }
 }
 
+void GraphCore::nudge_runtime() noexcept { runtime_->nudge(); }
+
+std::uint64_t GraphCore::runtime_nudges() const noexcept { return runtime_->nudges(); }
+
 bool GraphCore::in_task_of(const RuntimeCore* runtime) noexcept {
   return RuntimeCore::arena_slot(runtime) >= 0;
 }

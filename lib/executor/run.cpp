@@ -51,9 +51,9 @@ void RunState::publish(RunStatus status, RunStats stats) {
 bool RunState::wait_until(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lk(mu_);
   for (;;) {
-    // One nudge per kNudgeAfter for the run, whoever waits and in whatever slices (Python's
-    // run.wait() waits 50 ms at a time).
-    const auto due = last_nudge_ + kNudgeAfter;
+    // One nudge per GraphCore::kNudgeAfter for the run, whoever waits and in whatever slices
+    // (Python's run.wait() waits 50 ms at a time).
+    const auto due = last_nudge_ + GraphCore::kNudgeAfter;
     if (cv_.wait_until(lk, std::min(deadline, due), [&] { return done_; })) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now >= due) {

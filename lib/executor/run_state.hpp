@@ -33,10 +33,9 @@ class RunState {
 
   RunStatus wait();
   bool wait_for(std::chrono::nanoseconds timeout);
-  /// Until done or `deadline`; every kNudgeAfter without the end (for the run, whoever waits),
-  /// the run's arena is nudged (RuntimeCore::nudge).
+  /// Until done or `deadline`; every GraphCore::kNudgeAfter without the end (for the run,
+  /// whoever waits), the run's arena is nudged (RuntimeCore::nudge).
   bool wait_until(std::chrono::steady_clock::time_point deadline);
-  static constexpr std::chrono::milliseconds kNudgeAfter{100};
   void cancel();
   RunStatus status() const;
   RunStats stats() const;

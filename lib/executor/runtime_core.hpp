@@ -72,11 +72,13 @@ class RuntimeCore {
   /// waited for that run (1 in some hundreds to thousands of runs under ASan and load); an
   /// enqueue wakes them.
   void nudge() noexcept {
+    nudges_.fetch_add(1, std::memory_order_relaxed);
     try {
       arena_.enqueue([] {});
     } catch (...) {  // no memory for the task: the next nudge tries again
     }
   }
+  std::uint64_t nudges() const noexcept { return nudges_.load(std::memory_order_relaxed); }
   /// Whether this thread's slice of local work is used up (then continue through spawn()).
   bool slice_expired() const noexcept { return now_ticks() - t_slice_start > slice_ticks_; }
   static constexpr std::int64_t kSliceNs = 2'000'000;
@@ -145,6 +147,7 @@ class RuntimeCore {
   std::mutex urgent_mu_;
   std::deque<std::function<void()>> urgent_;  // under urgent_mu_
   std::atomic<std::size_t> urgent_pending_{0};
+  std::atomic<std::uint64_t> nudges_{0};  // nudge() calls (white-box tests)
   // Last: destroyed first, joining its threads before the arena goes (a cancelled run's
   // blocking bodies may still be running; their answers find their items withdrawn).
   BlockingPool blocking_pool_{config_.blocking_threads};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -168,6 +169,13 @@ class GraphCore {
   std::uint64_t items_in_flight() const noexcept {
     return pending_.load(std::memory_order_acquire) >> kItemShift;
   }
+  /// A waiter (a run's, a pull sink's reader) that saw nothing happen for kNudgeAfter makes the
+  /// runtime's arena advertise its work again (RuntimeCore::nudge: oneTBB 2021.8 once left a
+  /// run's first task unserved in an idle arena).
+  void nudge_runtime() noexcept;
+  static constexpr std::chrono::milliseconds kNudgeAfter{100};
+  /// The nudges of this graph's runtime so far (white-box tests).
+  std::uint64_t runtime_nudges() const noexcept;
   /// White-box tests only: dispatch_external calls `hook` with the number of claims it found,
   /// between finding them and spawning them (a test ends the run there).
   void set_dispatch_hook(std::function<void(std::size_t)> hook) { dispatch_hook_ = std::move(hook); }

@@ -1099,6 +1099,7 @@ class PullSinkNode final : public NodeBase {
     cancelled_.clear();
     late_ = std::make_shared<LateTakes>();  // the last run's stays with it
     finalized_ = false;
+    last_progress_ = std::chrono::steady_clock::now();
   }
   std::shared_ptr<const LateTakes> late_takes() const override { return late_; }
   void finalized_locked() override { finalized_ = true; }
@@ -1125,11 +1126,23 @@ class PullSinkNode final : public NodeBase {
     {
       std::unique_lock lk(this->mu_);
       const auto ready = [&] { return !queue_.empty() || eos_; };
-      if (!timeout) {
-        cv_.wait(lk, ready);
-      } else if (!cv_.wait_for(lk, *timeout, ready)) {
-        timed_out = true;
-        return v;
+      using Clock = std::chrono::steady_clock;
+      const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
+      // A reader waiting in vain nudges the runtime every kNudgeAfter since the last item or
+      // nudge, whatever the slices it waits in (Python's next_for: a fraction of that), as a
+      // run's waiter does (RunState::wait_until).
+      while (!ready()) {
+        const auto due = last_progress_ + GraphCore::kNudgeAfter;
+        if (cv_.wait_until(lk, std::min(deadline, due), ready)) break;
+        const auto now = Clock::now();
+        if (now >= due) {
+          this->graph().nudge_runtime();
+          last_progress_ = now;
+        }
+        if (now >= deadline) {
+          timed_out = true;
+          return v;
+        }
       }
       if (queue_.empty()) {
         if (!ran_)  // (an empty loop here, and a run started later filling a queue nobody reads)
@@ -1154,6 +1167,7 @@ class PullSinkNode final : public NodeBase {
         this->latency_.record(waited);
       }
       queue_.pop_front();
+      last_progress_ = std::chrono::steady_clock::now();
       this->popped_locked(0, 1, w);
       ++this->items_out_;
       this->refresh_state_locked();
@@ -1201,6 +1215,8 @@ class PullSinkNode final : public NodeBase {
   std::string cancelled_;  // set at the end of a run cancelled by others: CancelledError's text
   std::shared_ptr<LateTakes> late_ = std::make_shared<LateTakes>();  // under mu_
   bool finalized_ = false;  // the run's final figures were read
+  // The reader's last item or nudge of the runtime (take()), under mu_.
+  std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace splitflow::detail
