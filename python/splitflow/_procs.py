@@ -744,6 +744,12 @@ def _exception_payload(e, text=None):
 
 # ---- the worker ---------------------------------------------------------------------------------
 
+class _Groups(list):
+    """A dynamic batch whose requests collate as several batches (other shapes; requests an
+    earlier stage failed left out): the worker calls the function on each and answers with the
+    list of their results (python/src/core.cpp, request_groups)."""
+
+
 def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation, arenas=None):
     """A worker process: loads fn, then answers each item in order until its pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -831,7 +837,7 @@ def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation, a
                 send(_ERROR, seq, payload)
                 continue
             try:
-                result = fn(item)
+                result = [fn(part) for part in item] if type(item) is _Groups else fn(item)
             except BaseException as e:
                 del item
                 payload = _exception_payload(e)

@@ -573,6 +573,27 @@ Value batch_results(const BatchPtr& b, const py::object& out, const std::string&
   return r;
 }
 
+/// A dynamic batch's results from the function's calls on its request_groups (`parts[k]` the
+/// results of `groups[k]`, each one per request: batch_results), each put in its request's
+/// place; a request an earlier stage failed keeps its error and gets no result.
+template <class Results>
+Value grouped_results(const BatchPtr& b, const std::vector<std::vector<std::size_t>>& groups,
+                      Results&& results, const std::string& who) {
+  BatchPtr r = same_requests(b->batch);
+  r->batch.items.resize(b->batch.size());
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    Value got = batch_results(requests_at(b->batch, groups[k]), results(k), who);
+    auto& items = std::get<BatchPtr>(got)->batch.items;
+    for (std::size_t j = 0; j < groups[k].size(); ++j) r->batch.items[groups[k][j]] = std::move(items[j]);
+  }
+  return r;
+}
+
+/// Whether a batch's request_groups are the whole batch as it is: all live, one kind.
+bool whole(const std::vector<std::vector<std::size_t>>& groups, const BatchPtr& b) {
+  return groups.size() == 1 && groups[0].size() == b->batch.size();
+}
+
 /// The answer to one item of a process stage (splitflow/_procs.py calls it from its reader
 /// thread): done(value) or fail(exception), once. For a dynamic batch (`batch`), the value is
 /// the function's results for its requests collated, one per request, as in a thread stage.
@@ -580,12 +601,18 @@ struct PyCompletion {
   std::shared_ptr<Completion<Value>> c;
   BatchPtr batch = {};
   std::string who = {};
+  // The batch's request_groups where they are not the whole batch: the worker was sent one
+  // collated batch per group (_procs._Groups) and answers with a list of their results.
+  std::vector<std::vector<std::size_t>> groups = {};
   bool done(py::handle value) {
     if (!batch) return c->done(from_python(value));
     // (What cannot be split per request raises here, back into the pool's reader: a Python
     // error in len() or indexing as itself, a wrong count as a splitflow.Error; the pool then
     // fails the item with it, its cause as in a thread stage, and counts it failed.)
-    return c->done(batch_results(batch, py::reinterpret_borrow<py::object>(value), who));
+    if (groups.empty()) return c->done(batch_results(batch, py::reinterpret_borrow<py::object>(value), who));
+    return c->done(grouped_results(batch, groups, [&](std::size_t k) {
+      return py::reinterpret_borrow<py::object>(value)[py::int_(k)];
+    }, who));
   }
   /// `keep` (not None): the item to emit in the failed one's place under substitute= (a
   /// field= stage's sample with that field substituted).
@@ -699,24 +726,34 @@ struct PythonBody {
  private:
   // A dynamic batch: the function takes its items collated and returns one result per item
   // (a list, a tuple, or anything with len() and indexing: a tensor's rows).
+  // Called once per request_groups group: the requests an earlier stage failed are left out,
+  // and requests that collate differently (another shape) are batches of their own.
   Value on_batch(BatchPtr b) const {
-    return call_python([&]() -> Value { return batch_results(b, fn->obj.get()(to_python(Value(b))), who); });
+    return call_python([&]() -> Value {
+      const auto groups = request_groups(b->batch);
+      if (whole(groups, b)) return batch_results(b, fn->obj.get()(to_python(Value(b))), who);
+      return grouped_results(b, groups, [&](std::size_t k) {
+        return fn->obj.get()(to_python(Value(requests_at(b->batch, groups[k]))));
+      }, who);
+    });
   }
 };
 
 /// A C++ op on a dynamic batch applies to each of its items; an item whose op throws fails its
-/// own request (Batch::fail), not the batch's others.
-std::function<Value(Value)> per_item(std::function<Value(Value)> op) {
-  return [op = std::move(op)](Value v) -> Value {
+/// own request (Batch::fail), not the batch's others. `op` takes the item, and a GPU op its
+/// burst's DeviceContext too (all of a batch's items in one burst).
+template <class Op>
+auto per_item(Op op) {
+  return [op = std::move(op)](Value v, auto&... ctx) -> Value {
     auto* b = std::get_if<BatchPtr>(&v);
-    if (!b) return op(std::move(v));
+    if (!b) return op(std::move(v), ctx...);
     Batch<Value>& batch = writable(*b);
     detail::CurrentItem current;  // each request's own number (random crops draw from it)
     for (std::size_t i = 0; i < batch.items.size(); ++i) {
       if (i < batch.errors.size() && batch.errors[i]) continue;
       if (batch.ids.size() == batch.items.size()) current.set(batch.ids[i]);
       try {
-        batch.items[i] = op(std::move(batch.items[i]));
+        batch.items[i] = op(std::move(batch.items[i]), ctx...);
       } catch (...) {
         batch.fail(i, std::current_exception());
       }
@@ -1149,6 +1186,11 @@ auto on_field(Body body, const py::object& field, const char* method, const std:
       BatchPtr fields = same_requests(batch);
       std::vector<Sample*> samples;
       for (std::size_t i = 0; i < batch.items.size(); ++i) {
+        if (i < batch.errors.size() && batch.errors[i]) {  // failed before: no sample left
+          samples.push_back(nullptr);
+          fields->batch.items.emplace_back();
+          continue;
+        }
         auto* p = std::get_if<SamplePtr>(&batch.items[i]);
         if (!p)
           throw Error(who + ": field=" + f.repr + " but request " + std::to_string(i) + " of its dynamic batch is " +
@@ -1161,7 +1203,7 @@ auto on_field(Body body, const py::object& field, const char* method, const std:
       if (!r || (*r)->batch.items.size() != samples.size())
         throw Error(who + ": field=" + f.repr + ": the body did not return one result per request of its dynamic batch");
       for (std::size_t i = 0; i < samples.size(); ++i)
-        samples[i]->at(f, who) = std::move((*r)->batch.items[i]);
+        if (samples[i]) samples[i]->at(f, who) = std::move((*r)->batch.items[i]);
       batch.errors = std::move((*r)->batch.errors);
       return v;
     }
@@ -1684,6 +1726,15 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                             "give its function the requests whole (no field=), or make it a thread "
                             "stage, where field= takes that field of each request");
               pc.batch = *b, pc.who = who;
+              auto groups = request_groups((*b)->batch);
+              if (!whole(groups, *b)) {  // (as a thread stage's: one batch per group)
+                py::list parts;
+                for (const auto& at : groups) parts.append(to_python(Value(requests_at((*b)->batch, at))));
+                py::object item = py::module_::import("splitflow._procs").attr("_Groups")(parts);
+                pc.groups = std::move(groups);
+                call_python([&] { pool->obj.get().attr("submit")(item, pc); });
+                return;
+              }
             }
             call_python([&] { pool->obj.get().attr("submit")(to_python(std::move(v)), pc); });
           };
@@ -1828,8 +1879,9 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         o.order = order_of(ordered, order);
         o.capacity = capacity;
         o.on_error = on_error_of(on_error);
-        auto fn = op.fn;
-        auto body = [fn](Value v, DeviceContext& ctx) { return fn(std::move(v), ctx); };
+        // Per request on a dynamic batch (a service's model step), as g.stage's C++ ops: the
+        // op took the batch itself and refused it (a new user's trial).
+        auto body = [each = per_item(op.fn)](Value v, DeviceContext& ctx) { return each(std::move(v), ctx); };
         auto node = [&](auto&& b) {
           auto s = g->graph.gpu_stage<Value>(name, std::move(b), o);
           return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), &s.out_port(), std::nullopt});
@@ -1921,6 +1973,9 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
   m.def("cuda_runtime_calls", [] { return cuda_runtime_calls(); },
         "CUDA runtime calls made by this process so far (0 in a CPU-only process).");
   m.def("built_with_cuda", [] { return built_with_cuda(); });
+  m.def("_as_tensor", [](py::object o) { return to_python(Value(as_host(from_python(o), "_as_tensor"))); },
+        "A splitflow.Tensor over an array's memory (no copy): what a C++ op's output is. For "
+        "splitflow.dask: a remote result's tensors are tensors again locally, as in a local run.");
   m.def("list_arbiters", [] { return list_arbiters(); },
         "Names of the arbiter segments on this machine (docs/sharing.md).");
   m.def("read_arbiter", [](const std::string& name) -> py::object {

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -640,6 +641,67 @@ BatchPtr same_requests(const Batch<Value>& of) {
   r->batch.ids = of.ids;
   r->batch.errors = of.errors;
   r->batch.items.reserve(of.items.size());
+  return r;
+}
+
+namespace {
+// What a request collates as, for request_groups; nullopt: not a tensor, a number or a sample
+// of them.
+std::optional<std::string> collates_like(const Value& v) {
+  switch (v.index()) {
+    case 1: {
+      py::handle o = std::get<PyObj>(v).get();
+      if (PyFloat_Check(o.ptr()) || PyLong_Check(o.ptr())) return "n";
+      if (py::hasattr(o, "shape") && py::hasattr(o, "dtype"))  // NumPy's, torch's
+        return "p" + py::str(py::tuple(o.attr("shape"))).cast<std::string>() +
+               py::str(o.attr("dtype")).cast<std::string>();
+      return std::nullopt;
+    }
+    case 2: return "n";
+    case 3: return "t" + std::get<HostTensor>(v).describe();
+    case 4: return "d" + std::get<DeviceValue>(v).tensor.describe();
+    case 5: return "t" + std::get<image::Image>(v).pixels.describe();
+    case 6: {
+      const Sample& s = *std::get<SamplePtr>(v);
+      std::string key = std::to_string(static_cast<int>(s.kind)) + "(";
+      for (std::size_t i = 0; i < s.fields.size(); ++i) {
+        std::optional<std::string> f = collates_like(s.fields[i]);
+        if (!f) return std::nullopt;
+        key += (i < s.keys.size() ? s.keys[i] : std::string()) + ":" + *f + ",";
+      }
+      return key + ")";
+    }
+    default: return std::nullopt;
+  }
+}
+}  // namespace
+
+std::vector<std::vector<std::size_t>> request_groups(const Batch<Value>& b) {
+  std::vector<std::size_t> live;
+  for (std::size_t i = 0; i < b.items.size(); ++i)
+    if (i >= b.errors.size() || !b.errors[i]) live.push_back(i);
+  std::vector<std::string> keys;
+  std::vector<std::vector<std::size_t>> groups;
+  for (std::size_t i : live) {
+    std::optional<std::string> key = collates_like(b.items[i]);
+    if (!key) return {live};  // collate's own message
+    const auto at = std::find(keys.begin(), keys.end(), *key);
+    if (at == keys.end()) {
+      keys.push_back(std::move(*key));
+      groups.push_back({i});
+    } else {
+      groups[static_cast<std::size_t>(at - keys.begin())].push_back(i);
+    }
+  }
+  return groups;
+}
+
+BatchPtr requests_at(const Batch<Value>& of, const std::vector<std::size_t>& at) {
+  auto r = std::make_shared<BatchBox>();
+  for (std::size_t i : at) {
+    r->batch.items.push_back(of.items[i]);
+    if (i < of.ids.size()) r->batch.ids.push_back(of.ids[i]);
+  }
   return r;
 }
 

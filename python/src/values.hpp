@@ -244,6 +244,16 @@ Batch<Value>& writable(BatchPtr& p);
 /// A dynamic batch for the same requests as `of` (its ids and per-request errors), with room
 /// for their items: what a stage returns for a batch it was given.
 BatchPtr same_requests(const Batch<Value>& of);
+/// The requests of a dynamic batch that a Python function is called on, as the batches it gets:
+/// those no earlier stage failed (a failed one's value is gone: collating it failed its
+/// batch-mates), grouped by what they collate as (a tensor's dtype and shape; a sample's keys
+/// and its fields'), each group in arrival order, the groups in the order of their first
+/// request (a request whose shape differs from the others' made the whole batch fail, "a batch
+/// needs one shape": a new user's trial). Where a request's value is none of those (None, a
+/// string), all live requests are one group, and collating says what is wrong. With the GIL.
+std::vector<std::vector<std::size_t>> request_groups(const Batch<Value>& b);
+/// The requests `at` of `of` as a batch of their own (their items and ids). With the GIL.
+BatchPtr requests_at(const Batch<Value>& of, const std::vector<std::size_t>& at);
 
 /// Collates a batch's items as torch's default_collate does: tensors (and image items) of one
 /// shape stack into one tensor (N, ...), integers into an int64 tensor (N,), Python floats into

@@ -349,3 +349,33 @@ def test_asyncio_awaits_the_futures_and_lifecycle_errors_are_graph_errors():
         svc.submit(1)
     with pytest.raises(sf.GraphError, match="one per graph"):
         g.service("again")
+
+
+def test_a_gpu_stage_after_a_dynamic_batch_runs_its_op_on_each_request():
+    # A new user's trial: g.gpu_stage between dynamic_batch and unbatch gave its op the batch
+    # itself ("ops.normalize: expected a tensor or an array, got a dynamic batch of 1
+    # requests"), where g.stage applies a C++ op per request (docs/api.md). Now both do: the
+    # same answers, and a request the op refuses fails alone.
+    rt = sf.Runtime(threads=2, backend="host")
+    answers = {}
+    for kind in ("stage", "gpu_stage"):
+        g = sf.Graph(rt, "svc")
+        svc = g.service("req")
+        op = sf.ops.normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])
+        norm = getattr(g, kind)("norm", op, on_error="skip")
+        svc.source >> g.dynamic_batch("gather", max_batch=4, max_delay=30.0) >> norm \
+            >> g.unbatch("split", max_batch=4) >> svc.sink
+        run = g.run()
+        requests = [np.full((4, 4, 3), v, np.uint8) for v in (0, 100, 200)] + ["not an image"]
+        futures = [svc.submit(r) for r in requests]
+        answers[kind] = [np.asarray(f.result(timeout=30)) for f in futures[:3]]
+        with pytest.raises(sf.StageError, match=r"failed on item 3: ops.normalize: expected a "
+                                                r"tensor or an array of numbers, got str"):
+            futures[3].result(timeout=30)
+        svc.close()
+        assert run.wait() == "succeeded"
+        assert svc.stats()["answered"] == 3 and svc.stats()["failed"] == 1
+    for a, b, v in zip(answers["stage"], answers["gpu_stage"], (0, 100, 200)):
+        assert a.shape == b.shape == (3, 4, 4)
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, (v / 255 - 0.5) / 0.25, rtol=1e-6)
