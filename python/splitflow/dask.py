@@ -185,11 +185,26 @@ def _graph_for(build, seed, epoch, opts):
     return hit
 
 
+class _WireTensor:
+    """A splitflow tensor of a remote result on its way: its memory as a numpy array (pickled
+    out of band, no copy), a tensor again where the result arrives (_from_wire), as a local run
+    would have yielded it (they arrived as numpy arrays, which GraphDataset did not make torch
+    tensors: a new user's trial)."""
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+    def __reduce__(self):
+        return _WireTensor, (self.array,)
+
+
 def _to_wire(x):
-    """A result with its splitflow tensors as numpy arrays (views, no copy) and its bytes."""
+    """A result with its splitflow tensors as _WireTensor (numpy views, no copy) and its
+    bytes."""
     if isinstance(x, _core.Tensor):
         a = np.asarray(x)
-        return a, a.nbytes
+        return _WireTensor(a), a.nbytes
     if isinstance(x, np.ndarray):
         return x, x.nbytes
     if isinstance(x, dict):
@@ -204,6 +219,17 @@ def _to_wire(x):
     if isinstance(x, (bytes, bytearray, memoryview)):
         return x, len(x)
     return x, 8
+
+
+def _from_wire(x):
+    """_to_wire's result as the local graph takes it: its tensors splitflow tensors again."""
+    if type(x) is _WireTensor:
+        return _core._as_tensor(x.array)
+    if type(x) is dict:
+        return {k: _from_wire(v) for k, v in x.items()}
+    if type(x) in (tuple, list):
+        return type(x)(_from_wire(v) for v in x)
+    return x
 
 
 def _worker_address():
@@ -575,7 +601,7 @@ class RemotePass:
                 raise StopIteration
             self._take()
             self._top_up()
-        x = self.buffer.popleft()
+        x = _from_wire(self.buffer.popleft())
         i = self.buffer_indices.popleft() if self.buffer_indices else None
         self.yielded.append(i)
         self.items_out += 1
@@ -771,7 +797,11 @@ class RemotePass:
         try:
             ident = self.client.sync(self.client.scheduler.identity, callback_timeout=left)
         except Exception as e:
-            return self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__}: {e})")
+            # The run has waited `timeout` without progress or an answer already: no more wait
+            # for a reconnection (it waited half as long again: a new user's trial saw a hung
+            # scheduler fail after 9 s with timeout=6).
+            return self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__})",
+                              deadline=quiet_since + timeout)
         if quiet >= timeout and not ident.get("workers", True):
             # Tasks wait for workers that may never come: say so rather than wait for ever.
             left = int(sum(len(s.indices) for s in self.pending)) + len(self.indices) - self.next_start
@@ -784,14 +814,16 @@ class RemotePass:
             raise self.error
         return False
 
-    def _lost(self, why, split=None):
+    def _lost(self, why, split=None, deadline=None):
         """The scheduler's connection closed (or it did not answer): waits for the client to
         reconnect (Dask's client retries on its own, to a scheduler restarted at its address)
         and then submits every split not yet taken again, in order (True); raises when it does
-        not come back within `timeout` of the last progress (at least half of it from now)."""
+        not come back within `timeout` of the last progress (at least half of it from now), or
+        by `deadline` (time.monotonic()) where given: a scheduler that did not answer has had
+        its `timeout`."""
         lost = sorted(list(self.pending) + ([split] if split is not None else []),
                       key=lambda s: s.no)
-        while self._reconnected():
+        while self._reconnected(deadline):
             try:
                 for s in lost:
                     self._submit(s, f"-r{self.reconnections}")
@@ -808,18 +840,22 @@ class RemotePass:
         # (A client closed during the pass is not waited for: it said it waited timeout s.)
         waited = (f"the client is {status}: it was closed during the pass, or gave up "
                   f"reconnecting on its own" if status in ("closing", "closed") else
+                  f"timeout={self.remote.timeout:g} s without progress or an answer"
+                  if deadline is not None else
                   f"the run waited timeout={self.remote.timeout:g} s for the client to reconnect")
         self.error = Error(
             f"splitflow.dask: lost the Dask scheduler at {self._address()}: {why}; "
             f"{pending} splits in flight and {left} items not computed ({waited})")
         raise self.error
 
-    def _reconnected(self):
+    def _reconnected(self, deadline=None):
         """Whether the client is connected to a scheduler that answers, waiting for it until
-        the deadline; counts a reconnection."""
+        the deadline (by default `timeout` after the last progress, at least half of it from
+        now); counts a reconnection."""
         now = time.monotonic()
         timeout = self.remote.timeout
-        deadline = max((self.last_progress or now) + timeout, now + timeout / 2)
+        if deadline is None:
+            deadline = max((self.last_progress or now) + timeout, now + timeout / 2)
         while True:
             status = getattr(self.client, "status", "running")
             if status in ("closing", "closed"):

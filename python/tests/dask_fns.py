@@ -107,3 +107,11 @@ def worker_runtime_threads():
     import splitflow.dask as sfd
     runtimes = sfd._worker_state["runtime"] or {}
     return sorted(rt.threads for rt in runtimes.values())
+
+
+def build_tensors(g, indices, *, seed, epoch):
+    """Samples whose image is a C++ op's output (a splitflow tensor), as an image pipeline's."""
+    import splitflow as sf
+    return (indices >> g.stage("sample", lambda i: {"x": np.full((4, 4, 3), i % 256, np.uint8),
+                                                   "index": i})
+            >> g.stage("tensor", sf.ops.as_tensor(), field="x"))

@@ -360,6 +360,51 @@ def test_a_scheduler_restarted_within_the_timeout_loses_and_repeats_nothing():
             p.wait(timeout=30)
 
 
+def test_a_hung_scheduler_fails_the_run_within_the_timeout():
+    """A scheduler that stops answering (SIGSTOP: hung, its connections open) fails the run
+    `timeout` after the last progress, as docs/scale-out.md says; it failed after 1.5 x
+    timeout (a new user's trial: 9 s with timeout=6), waiting for a reconnection after the
+    timeout had passed, and said it waited "for the client to reconnect"."""
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    scheduler = _dask_cli("distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                          str(port), "--dashboard-address", ":0", "--no-show")
+    workers = _dask_cli("distributed.cli.dask_worker", addr, "--nthreads", "1", "--nworkers", "2",
+                        "--no-dashboard")
+    client = None
+    try:
+        client = distributed.Client(addr, timeout=60)
+        client.wait_for_workers(2, timeout=60)
+        items = list(range(400))
+        timeout = 4
+        r = sfd.remote(fns.build_slow_samples, client, items=items, split=6,
+                       max_splits_in_flight=2, timeout=timeout)
+        got = []
+        last = None
+        with pytest.raises(sf.Error, match=r"lost the Dask scheduler at .*: it did not answer "
+                                           r"for 4 s \(.*\); \d+ splits in flight and \d+ items "
+                                           r"not computed \(timeout=4 s without progress or an "
+                                           r"answer\)") as info:
+            for x in r.iterate(items):
+                got.append(x)
+                last = time.monotonic()
+                if len(got) == 20:
+                    os.kill(scheduler.pid, signal.SIGSTOP)
+        waited = time.monotonic() - last
+        assert waited <= timeout + 1.0, (waited, str(info.value))
+        assert [int(x["index"]) for x in got] == list(range(len(got)))
+    finally:
+        os.kill(scheduler.pid, signal.SIGCONT)
+        for p in (scheduler, workers):
+            p.kill()
+            p.wait(timeout=30)
+        if client is not None:
+            try:
+                client.close(timeout=5)
+            except Exception:
+                pass
+
+
 def test_a_cluster_left_without_workers_fails_within_the_timeout():
     """Every worker retired mid-epoch: the splits would wait in the scheduler for ever; the run
     fails after timeout without progress, naming the scheduler and what to do."""
@@ -505,6 +550,30 @@ def test_resume_after_a_remote_skip_repeats_nothing_without_an_index_field():
     assert not state["by_index"] and state["samples_seen"] == 20
 
 
+def test_a_remote_results_tensors_are_tensors_locally_as_in_a_local_run():
+    # A new user's trial: a C++ op's output came back from the workers as a numpy array, so a
+    # GraphDataset with remote= yielded numpy arrays where the same build run locally yielded
+    # torch tensors.
+    items = list(range(12))
+    local_g = sf.Graph(sf.Runtime(threads=1, backend="host"), "local")
+    out = local_g.pull_sink("out")
+    fns.build_tensors(local_g, local_g.source("s", items), seed=0, epoch=0) >> out
+    local = list(local_g.iterate(out))
+    assert type(local[0]["x"]) is sf.Tensor
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_tensors, client, items=items, split=4)
+        got = run_local_graph(r)
+        assert [type(x["x"]) for x in got] == [type(x["x"]) for x in local]
+        assert [np.asarray(x["x"]).tobytes() for x in got] == [np.asarray(x["x"]).tobytes() for x in local]
+        local_ds = sft.GraphDataset(lambda g, src: fns.build_tensors(g, src, seed=0, epoch=0), 12,
+                                    threads=1, backend="host")
+        ds = sft.GraphDataset(lambda g, src: src, 12, threads=1, backend="host",
+                              remote=sfd.remote(fns.build_tensors, client, split=4))
+        want, have = list(local_ds), list(ds)
+        assert type(want[0]["x"]) is torch.Tensor and [type(x["x"]) for x in have] == [torch.Tensor] * 12
+        assert all(torch.equal(a["x"], b["x"]) for a, b in zip(want, have))
+
+
 def test_tensors_travel_out_of_band_without_a_copy():
     # A split's result as Dask sends it: each array's memory is one of the frames (pickle
     # protocol 5 buffers or Dask's numpy serializer), not copied into a pickle.
@@ -514,10 +583,12 @@ def test_tensors_travel_out_of_band_without_a_copy():
         "threads": 1, "backend": "host", "max_in_flight": 16, "name": "remote"})
     arrays = [x["x"] for x in out["results"]]
     big = [np.zeros((256, 256, 3), np.uint8)]  # and an image-sized one
-    _, frames = serialize({"results": [{"x": a} for a in arrays + big]},
+    tensor = [np.ones((64, 64, 3), np.uint8)]  # a splitflow tensor's memory (sfd._WireTensor)
+    _, frames = serialize({"results": [{"x": a} for a in arrays + big] +
+                                      [{"x": sfd._WireTensor(t)} for t in tensor]},
                           serializers=("dask", "pickle"))
     addresses = {np.frombuffer(memoryview(f), np.uint8).ctypes.data for f in frames if len(f)}
-    for a in arrays + big:
+    for a in arrays + big + tensor:
         assert a.ctypes.data in addresses
     same(out["results"], fns.local_samples([3, 1, 4], 7, 0))
 
