@@ -109,3 +109,13 @@ __all__ = [
     "image_files", "image_folder", "list_arbiters", "read_arbiter", "remove_arbiter",
     "Tensor", "built_with_cuda", "cuda_runtime_calls", "ops",
 ]
+
+
+def __getattr__(name):
+    # `sf.dask.remote(...)` and `sf.torch.GraphDataset` as docs/api.md writes them, after a
+    # plain `import splitflow as sf` (a new user's trial: AttributeError); imported on first
+    # use, so that `import splitflow` does not import Dask or torch.
+    if name in ("dask", "torch"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -562,6 +562,11 @@ class RemotePass:
         self.t0 = None
         self.t_end = None
         self.wait_s = 0.0
+        self.waiting_since = None  # perf_counter() of the wait in progress (_take), for stats()
+        self.fill_s = None       # from the start to the first split taken (the pass's fill)
+        self.takes = 0           # splits taken after the first (_take) ...
+        self.takes_ready = 0     # ... of them done on the workers when the local graph asked
+        self.ready_wait_s = 0.0  # the wait in those takes: fetching splits already done
         self.behind_s = 0.0      # of wait_s: for the first split while a later one was done
         self.behind_by = {}      # split no -> wait_behind_s for it (while it is awaited)
         self.holder = None       # (wait behind it, busy_s, split no, first item, last item, worker)
@@ -687,7 +692,14 @@ class RemotePass:
 
     def _take(self):
         """Waits for the next split (the first one, or any when out of order) and takes it."""
-        t = time.perf_counter()
+        t = self.waiting_since = time.perf_counter()
+        if self.fill_s is not None:
+            futures = [s.future for s in self.pending if s.future is not None]
+            if self.remote.ordered:
+                futures = futures[:1]
+            self.takes += 1
+        ready = self.fill_s is not None and any(f.done() for f in futures)
+        self.takes_ready += ready
         try:
             while True:
                 split = self._wait()
@@ -695,7 +707,13 @@ class RemotePass:
                 if out is not None:
                     break  # None: the splits were resubmitted after a reconnection
         finally:
-            self.wait_s += time.perf_counter() - t
+            end = time.perf_counter()
+            self.wait_s += end - t
+            if ready:
+                self.ready_wait_s += end - t
+            self.waiting_since = None
+            if self.fill_s is None and self.t0 is not None:
+                self.fill_s = end - self.t0
         self.last_progress = time.monotonic()
         self._accept(split, out)
 
@@ -1033,6 +1051,10 @@ class RemotePass:
         stage and their errors (dataset index, worker); a diagnosis."""
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = (end - self.t0) if self.t0 is not None else 0.0
+        # A wait in progress counts as far as it went (read during a pass, a wait of 8 s for a
+        # slow split showed as none until it ended: a new user's trial).
+        since = self.waiting_since
+        wait = self.wait_s + (max(0.0, end - since) if since is not None and self.t_end is None else 0.0)
         # Snapshots: stats() may be called from another thread while the pass adds to these.
         workers = {k: dict(v) for k, v in list(self.workers.items())}
         total_bytes = sum(w["bytes"] for w in workers.values())
@@ -1050,7 +1072,10 @@ class RemotePass:
             "max_splits_in_flight": self.cap, "splits_in_flight_max": self.max_in_flight_seen,
             "local_bytes_max": self.max_local_bytes,
             "reconnections": self.reconnections, "resubmitted_splits": self.resubmitted,
-            "wall_s": wall, "wait_s": self.wait_s, "wait_behind_s": self.behind_s,
+            "wall_s": wall, "wait_s": wait, "wait_behind_s": self.behind_s,
+            "fill_s": self.fill_s if self.fill_s is not None else wall,
+            "splits_done_when_asked": [self.takes_ready, self.takes],
+            "wait_for_done_splits_s": self.ready_wait_s,
             "waited_behind_split": None if self.holder is None else {
                 "split": self.holder[2], "items": [self.holder[3], self.holder[4]],
                 "busy_s": self.holder[1], "worker": self.holder[5], "wait_s": self.holder[0]},
@@ -1120,6 +1145,16 @@ class RemotePass:
         wall, wait = s["wall_s"], s["wait_s"]
         if wall <= 0 or not s["splits"]:
             return "no split completed yet"
+        # Judged after the fill (the first split's work, round trip and fetch before any
+        # result: in a short pass a large part of it, which more workers or larger splits do not
+        # shorten; a new user's trial of 150 items was told "larger splits would cut it" with
+        # the training loop the bottleneck), which the text states apart.
+        fill = min(s.get("fill_s") or 0.0, wall, wait)
+        filled = (f" after its first results ({fill:.2f} s before them: the first split's work, "
+                  f"round trip and fetch)") if fill >= 0.1 * wall else ""
+        wall, wait = wall - fill, wait - fill
+        if wall <= 0:
+            return "the pass has had its first results only"
         workers = max(1, len(s["workers"]))
         frac = wait / wall
         busy_s = s["worker_busy_s"]
@@ -1127,7 +1162,20 @@ class RemotePass:
         local_s = wall - wait
         if frac < 0.1 or per_worker <= 0:
             return (f"the remote workers keep up: the local graph waited {100 * frac:.0f}% of "
-                    f"the run for remote results")
+                    f"the run for remote results{filled}")
+        ready, takes = s.get("splits_done_when_asked") or (0, 0)
+        fetch = s.get("fetch_s_per_split")
+        if takes >= 2 and ready >= 0.75 * takes and fetch is not None and \
+                (s.get("wait_for_done_splits_s") or 0.0) >= 0.75 * wait:
+            # The workers were ahead: the waits were the fetches of finished splits, taken when
+            # the local graph asked for them (a trial's training loop was the bottleneck, and
+            # this said "not their compute but moving splits": larger splits).
+            return (f"the remote workers keep up: {ready} of {takes} splits were done when the "
+                    f"local graph asked for them; it waited {100 * frac:.0f}% of the run"
+                    f"{filled} for their fetches ({1e3 * fetch:.0f} ms a split through Dask's "
+                    f"client): the local graph's own bottleneck (its report) sets the pace, and "
+                    f"where its loop waits on this source, larger splits (split=) make fewer "
+                    f"fetches")
         # How busy the workers' task slots were: a pipeline of splits that leaves them idle is
         # not made faster by more workers (a trial's workers were 44-62% busy when this said
         # "add workers").
@@ -1145,7 +1193,7 @@ class RemotePass:
             # In order, a slow split holds back the done ones after it (a trial: one body of
             # 4 s, the other worker idle behind it, and this said "the results' transport ...
             # or the scheduler may be the limit").
-            return (f"the local graph waited {100 * frac:.0f}% of the run for remote results, "
+            return (f"the local graph waited {100 * frac:.0f}% of the run for remote results{filled}, "
                     f"{behind:.2f} s of it for an earlier split while later ones were done: "
                     f"results come in order, and split {slow['split']} (items "
                     f"{slow['items'][0]}..{slow['items'][1]}, on {slow['worker']}) took "
@@ -1158,7 +1206,7 @@ class RemotePass:
                 longest["busy_s"] >= 0.25 * wait:
             # One split far slower than the rest, nothing left for the other workers meanwhile
             # (the pass's last, or out of order: no split waited behind it).
-            return (f"the local graph waited {100 * frac:.0f}% of the run for remote results, the "
+            return (f"the local graph waited {100 * frac:.0f}% of the run for remote results{filled}, the "
                     f"workers' {slots} task slots busy {100 * busy_frac:.0f}%: split "
                     f"{longest['split']} (items {longest['items'][0]}..{longest['items'][1]}, on "
                     f"{longest['worker']}) took {longest['busy_s']:.2f} s of work, "
@@ -1166,7 +1214,7 @@ class RemotePass:
                     f"({1e3 * typical:.0f} ms), with little else left to run: a slow item in it "
                     f"(its remote stages' figures name the stage) is the limit, not the transport")
         if busy_frac < 0.75:
-            text = (f"the local graph waited {100 * frac:.0f}% of the run for remote results, but "
+            text = (f"the local graph waited {100 * frac:.0f}% of the run for remote results{filled}, but "
                     f"the workers' {slots} task slots were busy only {100 * busy_frac:.0f}% of it: "
                     f"not their compute but moving splits to and from them")
             if s["splits_in_flight_max"] < slots:
@@ -1182,7 +1230,7 @@ class RemotePass:
         local_rate = s["items_out"] / local_s if local_s > 0 else float("inf")
         need = math.ceil(local_rate / per_worker) if math.isfinite(local_rate) else None
         text = (f"remote workers are the bottleneck: the local graph waited {100 * frac:.0f}% of "
-                f"the run for remote results, the workers busy {100 * busy_frac:.0f}%; a worker "
+                f"the run for remote results{filled}, the workers busy {100 * busy_frac:.0f}%; a worker "
                 f"makes {per_worker:.0f} items/s busy, the local graph takes {local_rate:.0f} "
                 f"items/s when fed")
         if need is not None:

@@ -890,13 +890,16 @@ class GraphDataset(_data.IterableDataset):
             rotation = _rotation(base, remaining, info.num_workers)
             positions = _assign(remaining, info.num_workers, info.id, rotation)
         indices = order[positions].tolist()
+        if self.remote is not None and info is not None:
+            # (Before the runtime: in a worker forked from a process that had run graphs, the
+            # runtime's refusal of the fork came first, and its advice, spawn, failed on
+            # pickling the Remote: a new user's trial.)
+            raise GraphError("GraphDataset(remote=...): the Dask workers are its processes; "
+                             "use DataLoader(num_workers=0)")
         graph = _Graph(self.runtime(), self.name, **self._graph_args)
         graph._batches = []
         remote = None
         if self.remote is not None:
-            if info is not None:
-                raise GraphError("GraphDataset(remote=...): the Dask workers are its processes; "
-                                 "use DataLoader(num_workers=0)")
             # The shard's indices, computed on the Dask workers: the source yields their
             # results; run positions map to the dataset indices the remote pass yielded.
             remote = self.remote.iterate(indices, epoch=self.epoch)

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -780,6 +781,27 @@ def test_the_remote_diagnosis_tells_idle_workers_from_busy_ones():
     # (A wait behind under a quarter of the wait: the other causes.)
     assert "the results' transport" in d(dict(base, worker_busy_s=9.0, wait_behind_s=1.0,
                                                waited_behind_split=slow))
+    # The fill (the first split's work and fetch before any result) is judged apart, and said.
+    filled = d(dict(base, worker_busy_s=9.0, fill_s=4.5))  # after it: 0.5 s of 5.5 s waited
+    assert filled == ("the remote workers keep up: the local graph waited 9% of the run for remote "
+                      "results after its first results (4.50 s before them: the first split's "
+                      "work, round trip and fetch)"), filled
+    # Splits done when the local graph asked: its waits were their fetches, and its own
+    # bottleneck sets the pace (a trial's training loop was, and this said "larger splits").
+    ahead = d(dict(base, worker_busy_s=9.0, splits_done_when_asked=[90, 99],
+                   fetch_s_per_split=0.04, wait_for_done_splits_s=4.5))
+    assert ahead == ("the remote workers keep up: 90 of 99 splits were done when the local graph "
+                     "asked for them; it waited 50% of the run for their fetches (40 ms a split "
+                     "through Dask's client): the local graph's own bottleneck (its report) sets "
+                     "the pace, and where its loop waits on this source, larger splits (split=) "
+                     "make fewer fetches"), ahead
+    assert d(dict(base, worker_busy_s=18.0, splits_done_when_asked=[10, 99],
+                  fetch_s_per_split=0.04, wait_for_done_splits_s=0.5)).startswith(
+        "remote workers are the bottleneck")
+    # (most splits done when asked, but most of the wait for the others: not the fetches)
+    assert "the results' transport" in d(dict(base, worker_busy_s=9.0, fetch_s_per_split=0.04,
+                                               splits_done_when_asked=[90, 99],
+                                               wait_for_done_splits_s=1.0))
     stuck = d(dict(base, worker_busy_s=9.0, stuck_splits=[
         {"split": 3, "items": [30, 39], "first_index": 7, "worker": "tcp://w:1", "limit_s": 10.0,
          "on_cluster": True, "age_s": 42.0}]))
@@ -789,6 +811,74 @@ def test_the_remote_diagnosis_tells_idle_workers_from_busy_ones():
 
 # The client closed during a pass (its user's client.close()): the error says so, not that the
 # run waited `timeout` for it to reconnect (it did not wait: a new user's trial).
+def test_stats_read_during_a_pass_count_the_wait_in_progress():
+    # A new user's trial read stats() once a second while the pass waited 8 s for a slow split:
+    # every read said wait_s 0.04 ("the remote workers keep up"), the wait counted only once
+    # it ended.
+    items = list(range(12))
+    with cluster(1) as (_, client):
+        r = sfd.remote(fns.build_stuck, client, items=items, split=2, max_splits_in_flight=2,
+                       stuck_after=60)
+        p = r.iterate(items)
+        got = [next(p) for _ in range(fns.STUCK_ON)]  # up to the slow item's split
+        reads = []
+        done = threading.Event()
+
+        def reader():
+            while not done.is_set():
+                t = time.monotonic()
+                reads.append((t, r.stats()["wait_s"]))
+                done.wait(0.05)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            for x in p:
+                got.append(x)
+                if int(x["index"]) == fns.STUCK_ON:
+                    slow_came = time.monotonic()
+        finally:
+            done.set()
+            t.join()
+    assert [int(x["index"]) for x in got] == items
+    # read while the pass still waited for the slow split (well before its result came)
+    during = [w for t, w in reads if t < slow_came - 0.2]
+    assert during and max(during) >= 0.4 * fns.STUCK_S, (during[-5:], slow_came)
+    assert r.stats()["wait_s"] >= max(during)
+
+
+def test_a_dataloader_with_workers_over_a_remote_dataset_says_to_use_num_workers_0():
+    # In a process that had run graphs, a forked DataLoader worker refused the fork first
+    # (advising spawn, which then failed on pickling the Remote): a new user's trial.
+    g = sf.Graph(sf.Runtime(threads=1, backend="host"), "warm")
+    out = g.pull_sink("o")
+    g.source("s", [1]) >> out
+    assert list(g.iterate(out)) == [1]
+    with cluster(1) as (_, client):
+        ds = sft.GraphDataset(lambda g, src: src, 8, threads=1, backend="host",
+                              remote=sfd.remote(fns.build_samples, client, split=4))
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                             multiprocessing_context="fork")
+        with pytest.raises(Exception, match=r"the Dask workers are its processes; use "
+                                            r"DataLoader\(num_workers=0\)"):
+            list(loader)
+
+
+def test_sf_dask_is_there_after_a_plain_import_without_importing_dask_before():
+    # docs/api.md writes sf.dask.remote(...); after `import splitflow as sf` it was an
+    # AttributeError (a new user's trial). In a fresh interpreter: this one imported it.
+    script = ("import sys, splitflow as sf\n"
+              "assert 'distributed' not in sys.modules and 'torch' not in sys.modules\n"
+              "assert sf.dask.remote is sys.modules['splitflow.dask'].remote\n"
+              "assert sf.torch.GraphDataset is sys.modules['splitflow.torch'].GraphDataset\n"
+              "try:\n    sf.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "module 'splitflow' has no attribute 'no_such_name'"
+
+
 def test_a_client_closed_during_a_pass_is_said_so():
     with cluster(1) as (_, client):
         r = sfd.remote(fns.build_slow_samples, client, items=list(range(400)), split=4, timeout=30)
