@@ -643,6 +643,9 @@ TEST(Service, CancelFailsEveryPendingRequestAndLeaksNothing) {
     for (int i = 0; i < 8; ++i) fs.push_back(svc.submit(Tracked(i)));
     gate.wait_for_waiters(1);
     run.cancel();
+    // Every request fails as the cancel lands, the one in the body too, not when the body
+    // returns (a new user's trial: a request queued behind a body of 10 s failed 10 s later).
+    for (auto& f : fs) EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
     gate.open();
     EXPECT_EQ(run.wait(), RunStatus::cancelled);
     int answered = 0, failed = 0;
@@ -657,8 +660,10 @@ TEST(Service, CancelFailsEveryPendingRequestAndLeaksNothing) {
       }
     }
     EXPECT_EQ(answered + failed, 8);
-    EXPECT_GE(failed, 7);  // the one in the body may finish before the cancel lands
+    EXPECT_EQ(failed, 8);  // the one in the body too: its answer came after the cancel
     EXPECT_EQ(svc.stats().pending, 0u);
+    EXPECT_EQ(svc.stats().failed, 8u);
+    EXPECT_EQ(svc.stats().answered, 0u);
     EXPECT_THROW(svc.submit(Tracked(9)), GraphError);  // the run is over
   }
   EXPECT_EQ(Tracked::live.load(), 0);

@@ -117,5 +117,8 @@ def __getattr__(name):
     # use, so that `import splitflow` does not import Dask or torch.
     if name in ("dask", "torch"):
         import importlib
-        return importlib.import_module(f"{__name__}.{name}")
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ImportError as e:  # (hasattr() then says False, as for any missing attribute)
+            raise AttributeError(f"splitflow.{name} cannot be imported here: {e}") from e
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

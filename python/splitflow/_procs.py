@@ -747,7 +747,37 @@ def _exception_payload(e, text=None):
 class _Groups(list):
     """A dynamic batch whose requests collate as several batches (other shapes; requests an
     earlier stage failed left out): the worker calls the function on each and answers with the
-    list of their results (python/src/core.cpp, request_groups)."""
+    list of their results (python/src/core.cpp, request_groups), a _Failed where a call raised
+    (that group's requests fail, not the others')."""
+
+
+class _Failed:
+    """A group's call that raised (an Exception: a stop request ends the item as before)."""
+    __slots__ = ("exception",)
+
+    def __init__(self, exception):
+        self.exception = exception
+
+    def __reduce__(self):
+        return _Failed, (self.exception,)
+
+
+def _call_groups(fn, groups):
+    if len(groups) == 1:
+        return [fn(groups[0])]
+    out = []
+    for part in groups:
+        try:
+            out.append(fn(part))
+        except Exception as e:
+            import traceback
+            try:
+                pickle.dumps(e)
+            except Exception:
+                e = RuntimeError(f"{type(e).__name__}: {e}")
+            e.add_note("".join(traceback.format_exc()))
+            out.append(_Failed(e))
+    return out
 
 
 def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation, arenas=None):
@@ -837,7 +867,7 @@ def _worker_main(conn, fn_blob, stage, parent_pid, pool_id, index, generation, a
                 send(_ERROR, seq, payload)
                 continue
             try:
-                result = [fn(part) for part in item] if type(item) is _Groups else fn(item)
+                result = _call_groups(fn, item) if type(item) is _Groups else fn(item)
             except BaseException as e:
                 del item
                 payload = _exception_payload(e)

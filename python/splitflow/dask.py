@@ -56,6 +56,7 @@ Semantics (docs/scale-out.md):
 * Transport: the results' tensors travel as numpy arrays through Dask's serialization (its
   numpy serializer or pickle protocol 5 with out-of-band buffers: no copy into the pickle).
 """
+import asyncio
 import collections
 import itertools
 import math
@@ -225,9 +226,9 @@ def _from_wire(x):
     """_to_wire's result as the local graph takes it: its tensors splitflow tensors again."""
     if type(x) is _WireTensor:
         return _core._as_tensor(x.array)
-    if type(x) is dict:
+    if isinstance(x, dict):
         return {k: _from_wire(v) for k, v in x.items()}
-    if type(x) in (tuple, list):
+    if isinstance(x, (tuple, list)):  # (as _to_wire rebuilt it)
         return type(x)(_from_wire(v) for v in x)
     return x
 
@@ -708,10 +709,10 @@ class RemotePass:
                     break  # None: the splits were resubmitted after a reconnection
         finally:
             end = time.perf_counter()
+            self.waiting_since = None  # (first: stats() on another thread adds it otherwise)
             self.wait_s += end - t
             if ready:
                 self.ready_wait_s += end - t
-            self.waiting_since = None
             if self.fill_s is None and self.t0 is not None:
                 self.fill_s = end - self.t0
         self.last_progress = time.monotonic()
@@ -815,11 +816,14 @@ class RemotePass:
         try:
             ident = self.client.sync(self.client.scheduler.identity, callback_timeout=left)
         except Exception as e:
-            # The run has waited `timeout` without progress or an answer already: no more wait
-            # for a reconnection (it waited half as long again: a new user's trial saw a hung
-            # scheduler fail after 9 s with timeout=6).
-            return self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__})",
-                              deadline=quiet_since + timeout)
+            if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
+                # The run has waited `timeout` without progress or an answer already: no more
+                # wait for a reconnection (it waited half as long again: a new user's trial saw
+                # a hung scheduler fail after 9 s with timeout=6).
+                return self._lost(f"it did not answer for {timeout:g} s ({type(e).__name__})",
+                                  deadline=quiet_since + timeout)
+            # A refused or closed connection (a scheduler restarting): the client reconnects.
+            return self._lost(f"its connection failed ({type(e).__name__}: {e})")
         if quiet >= timeout and not ident.get("workers", True):
             # Tasks wait for workers that may never come: say so rather than wait for ever.
             left = int(sum(len(s.indices) for s in self.pending)) + len(self.indices) - self.next_start
@@ -908,7 +912,16 @@ class RemotePass:
                         f"{split.start + len(split.indices) - 1}) was cancelled on the cluster")
         t = time.perf_counter()
         try:
-            out = self.client.gather(fut, direct=self.remote.direct)
+            # Bounded: a direct fetch asks the scheduler where the result is first, and a
+            # scheduler that hangs then held the pass for ever (a review).
+            try:
+                out = self.client.sync(self.client._gather, [fut], direct=self.remote.direct,
+                                       callback_timeout=self.remote.timeout)[0]
+            except (TimeoutError, asyncio.TimeoutError) as e:
+                self._lost(f"the fetch of finished split {split.no} did not end within "
+                           f"timeout={self.remote.timeout:g} s ({type(e).__name__})", split,
+                           deadline=time.monotonic())
+                return None  # resubmitted (_lost raises otherwise)
             self.fetches.append(time.perf_counter() - t)
         except KilledWorker as e:
             raise Error(f"splitflow.dask: split {split.no} (items {split.start}.."
@@ -1053,8 +1066,9 @@ class RemotePass:
         wall = (end - self.t0) if self.t0 is not None else 0.0
         # A wait in progress counts as far as it went (read during a pass, a wait of 8 s for a
         # slow split showed as none until it ended: a new user's trial).
+        wait = self.wait_s  # (before waiting_since, which _take clears before adding to it)
         since = self.waiting_since
-        wait = self.wait_s + (max(0.0, end - since) if since is not None and self.t_end is None else 0.0)
+        wait += max(0.0, end - since) if since is not None and self.t_end is None else 0.0
         # Snapshots: stats() may be called from another thread while the pass adds to these.
         workers = {k: dict(v) for k, v in list(self.workers.items())}
         total_bytes = sum(w["bytes"] for w in workers.values())

@@ -240,37 +240,38 @@ void drain(const Run& run) noexcept {
   }
 }
 
+struct BodyThreads;
+
 /// Runs started from Python, so that interpreter exit can cancel and drain them.
 struct RunRegistry {
+  struct Entry {
+    Run run;
+    std::weak_ptr<BodyThreads> bodies;  // its graph's Python bodies running now
+  };
   std::mutex mu;
-  std::vector<Run> runs;
+  std::vector<Entry> runs;
   bool shut = false;  // after shut_down(): a run that started meanwhile is cancelled at once
-  void add(const Run& r) {
+  void add(const Run& r, std::weak_ptr<BodyThreads> bodies) {
     {
       std::lock_guard lk(mu);
       if (!shut) {
-        std::erase_if(runs, [](const Run& x) { return x.status() != RunStatus::running; });
-        runs.push_back(r);
+        std::erase_if(runs, [](const Entry& x) { return x.run.status() != RunStatus::running; });
+        runs.push_back({r, std::move(bodies)});
         return;
       }
     }
     r.cancel();
   }
+  /// A cancelled run's Python bodies get this long to return at interpreter exit before they
+  /// are interrupted (KeyboardInterrupt at their next bytecode, as Ctrl-C does in a loop).
+  static constexpr std::chrono::seconds kExitGrace{2};
   /// Interpreter exit, once the exit gate is closed (no new runs, no Python on splitflow's
   /// threads): cancels every run (all first, so that they stop together), lets them end, and
   /// waits for the threads still inside the gate (Python stages finishing their call; readers
-  /// woken by the cancel go to sleep). Without the GIL.
-  void shut_down() {
-    std::vector<Run> copy;
-    {
-      std::lock_guard lk(mu);
-      copy.swap(runs);
-      shut = true;
-    }
-    for (auto& r : copy) r.cancel();
-    for (auto& r : copy) drain(r);
-    exit_gate::wait_empty(std::chrono::seconds(10));
-  }
+  /// woken by the cancel go to sleep). Python bodies still running after kExitGrace are
+  /// interrupted: a body that never returns (a service's model stuck in a loop) held the
+  /// process at exit for ever, Ctrl-C included (a new user's trial). Without the GIL.
+  void shut_down();
 };
 RunRegistry& registry() {
   static auto* r = new RunRegistry;  // never destroyed: used at interpreter exit
@@ -290,6 +291,29 @@ struct BodyThreads {
       if (n > 0 && PyThreadState_SetAsyncExc(tid, PyExc_KeyboardInterrupt) > 0) interrupted.insert(tid);
   }
 };
+
+void RunRegistry::shut_down() {
+  std::vector<Entry> copy;
+  {
+    std::lock_guard lk(mu);
+    copy.swap(runs);
+    shut = true;
+  }
+  for (auto& e : copy) e.run.cancel();
+  const auto grace = std::chrono::steady_clock::now() + kExitGrace;
+  bool late = false;
+  for (auto& e : copy) {
+    const auto left = grace - std::chrono::steady_clock::now();
+    late = late || !e.run.wait_for(std::max<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0)));
+  }
+  if (late) {
+    py::gil_scoped_acquire gil;
+    for (auto& e : copy)
+      if (auto b = e.bodies.lock(); b && e.run.status() == RunStatus::running) b->interrupt();
+  }
+  for (auto& e : copy) drain(e.run);
+  exit_gate::wait_empty(std::chrono::seconds(10));
+}
 
 /// A Python body running on this thread (construct and destroy with the GIL held). On leaving,
 /// an interruption that arrived after the body's last bytecode is withdrawn, so that it cannot
@@ -573,18 +597,28 @@ Value batch_results(const BatchPtr& b, const py::object& out, const std::string&
   return r;
 }
 
-/// A dynamic batch's results from the function's calls on its request_groups (`parts[k]` the
-/// results of `groups[k]`, each one per request: batch_results), each put in its request's
-/// place; a request an earlier stage failed keeps its error and gets no result.
-template <class Results>
+/// A dynamic batch's results from the function's calls on its request_groups (`part(k)`: the
+/// results of `groups[k]` as a batch, one per request, batch_results), each put in its
+/// request's place; a request an earlier stage failed keeps its error and gets no result.
+/// Where the batch was split in groups, a group's call that fails (raises, or returns another
+/// number of results) fails that group's requests (Batch::fail) and not the others (a review:
+/// an odd shape's group failed them all); a batch of one group fails whole, through its stage's
+/// on_error, as without groups; a stop request (Ctrl-C) ends the run whatever.
+template <class Part>
 Value grouped_results(const BatchPtr& b, const std::vector<std::vector<std::size_t>>& groups,
-                      Results&& results, const std::string& who) {
+                      Part&& part) {
   BatchPtr r = same_requests(b->batch);
   r->batch.items.resize(b->batch.size());
   for (std::size_t k = 0; k < groups.size(); ++k) {
-    Value got = batch_results(requests_at(b->batch, groups[k]), results(k), who);
-    auto& items = std::get<BatchPtr>(got)->batch.items;
-    for (std::size_t j = 0; j < groups[k].size(); ++j) r->batch.items[groups[k][j]] = std::move(items[j]);
+    try {
+      Value got = part(k);
+      auto& items = std::get<BatchPtr>(got)->batch.items;
+      for (std::size_t j = 0; j < groups[k].size(); ++j) r->batch.items[groups[k][j]] = std::move(items[j]);
+    } catch (...) {
+      std::exception_ptr e = std::current_exception();
+      if (groups.size() == 1 || is_stop_request(e)) throw;
+      for (std::size_t i : groups[k]) r->batch.fail(i, e);
+    }
   }
   return r;
 }
@@ -601,18 +635,26 @@ struct PyCompletion {
   std::shared_ptr<Completion<Value>> c;
   BatchPtr batch = {};
   std::string who = {};
-  // The batch's request_groups where they are not the whole batch: the worker was sent one
-  // collated batch per group (_procs._Groups) and answers with a list of their results.
+  // Whether the batch went as its request_groups (not the whole batch): the worker was sent
+  // one collated batch per group (_procs._Groups) and answers with a list of their results,
+  // each a _procs._Failed where that group's call raised.
+  bool grouped = false;
   std::vector<std::vector<std::size_t>> groups = {};
   bool done(py::handle value) {
     if (!batch) return c->done(from_python(value));
     // (What cannot be split per request raises here, back into the pool's reader: a Python
     // error in len() or indexing as itself, a wrong count as a splitflow.Error; the pool then
     // fails the item with it, its cause as in a thread stage, and counts it failed.)
-    if (groups.empty()) return c->done(batch_results(batch, py::reinterpret_borrow<py::object>(value), who));
+    if (!grouped) return c->done(batch_results(batch, py::reinterpret_borrow<py::object>(value), who));
+    const py::object parts = py::reinterpret_borrow<py::object>(value);
+    const py::object failed = py::module_::import("splitflow._procs").attr("_Failed");
     return c->done(grouped_results(batch, groups, [&](std::size_t k) {
-      return py::reinterpret_borrow<py::object>(value)[py::int_(k)];
-    }, who));
+      return call_python([&]() -> Value {
+        py::object got = parts[py::int_(k)];
+        if (py::isinstance(got, failed)) std::rethrow_exception(error_of(got.attr("exception")));
+        return batch_results(requests_at(batch->batch, groups[k]), got, who);
+      });
+    }));
   }
   /// `keep` (not None): the item to emit in the failed one's place under substitute= (a
   /// field= stage's sample with that field substituted).
@@ -729,12 +771,14 @@ struct PythonBody {
   // Called once per request_groups group: the requests an earlier stage failed are left out,
   // and requests that collate differently (another shape) are batches of their own.
   Value on_batch(BatchPtr b) const {
-    return call_python([&]() -> Value {
-      const auto groups = request_groups(b->batch);
-      if (whole(groups, b)) return batch_results(b, fn->obj.get()(to_python(Value(b))), who);
-      return grouped_results(b, groups, [&](std::size_t k) {
-        return fn->obj.get()(to_python(Value(requests_at(b->batch, groups[k]))));
-      }, who);
+    const auto groups = call_python([&] { return request_groups(b->batch); });
+    if (whole(groups, b))
+      return call_python([&]() -> Value { return batch_results(b, fn->obj.get()(to_python(Value(b))), who); });
+    return grouped_results(b, groups, [&](std::size_t k) {
+      return call_python([&]() -> Value {
+        BatchPtr part = requests_at(b->batch, groups[k]);
+        return batch_results(part, fn->obj.get()(to_python(Value(part))), who);
+      });
     });
   }
 };
@@ -1726,13 +1770,20 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                             "give its function the requests whole (no field=), or make it a thread "
                             "stage, where field= takes that field of each request");
               pc.batch = *b, pc.who = who;
-              auto groups = request_groups((*b)->batch);
+              auto groups = call_python([&] { return request_groups((*b)->batch); });
+              if (groups.empty()) {  // every request failed before: nothing to send (a review)
+                pc.c->done(grouped_results(*b, groups, [](std::size_t) -> Value { return {}; }));
+                return;
+              }
               if (!whole(groups, *b)) {  // (as a thread stage's: one batch per group)
-                py::list parts;
-                for (const auto& at : groups) parts.append(to_python(Value(requests_at((*b)->batch, at))));
-                py::object item = py::module_::import("splitflow._procs").attr("_Groups")(parts);
-                pc.groups = std::move(groups);
-                call_python([&] { pool->obj.get().attr("submit")(item, pc); });
+                call_python([&] {
+                  py::list parts;
+                  for (const auto& at : groups) parts.append(to_python(Value(requests_at((*b)->batch, at))));
+                  py::object item = py::module_::import("splitflow._procs").attr("_Groups")(parts);
+                  pc.grouped = true;
+                  pc.groups = std::move(groups);
+                  pool->obj.get().attr("submit")(item, pc);
+                });
                 return;
               }
             }
@@ -1940,7 +1991,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         {
           NoGil nogil;
           r->run = g->graph.run();
-          registry().add(r->run);  // before ~NoGil, which parks a daemon thread once exiting
+          registry().add(r->run, g->bodies);  // before ~NoGil, which parks a daemon thread once exiting
         }
         return r;
       }, "Starts a run and returns it.")
@@ -1959,7 +2010,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         {
           NoGil nogil;
           it->run = g->graph.run();
-          registry().add(it->run);  // before ~NoGil, which parks a daemon thread once exiting
+          registry().add(it->run, g->bodies);  // before ~NoGil, which parks a daemon thread once exiting
         }
         return make_released(std::move(it));
       }, py::arg("sink"));

@@ -135,3 +135,12 @@ def batch_shape_and_sums(batch):
     import numpy as np
     a = np.asarray(batch)
     return [(tuple(a.shape), float(x.sum())) for x in a]
+
+
+def refuse_16_rows(batch):
+    """A service's model step that raises on a batch of 16-row images (its requests' group)."""
+    import numpy as np
+    a = np.asarray(batch)
+    if a.shape[1] == 16:
+        raise ValueError(f"no 16-row images here (a batch of {a.shape})")
+    return [float(x.sum()) for x in a]

@@ -809,8 +809,6 @@ def test_the_remote_diagnosis_tells_idle_workers_from_busy_ones():
                      "42 s (on worker tcp://w:1; stuck_after 10.0 s): a remote body may be stuck")
 
 
-# The client closed during a pass (its user's client.close()): the error says so, not that the
-# run waited `timeout` for it to reconnect (it did not wait: a new user's trial).
 def test_stats_read_during_a_pass_count_the_wait_in_progress():
     # A new user's trial read stats() once a second while the pass waited 8 s for a slow split:
     # every read said wait_s 0.04 ("the remote workers keep up"), the wait counted only once
@@ -879,6 +877,8 @@ def test_sf_dask_is_there_after_a_plain_import_without_importing_dask_before():
     assert p.stdout.strip() == "module 'splitflow' has no attribute 'no_such_name'"
 
 
+# The client closed during a pass (its user's client.close()): the error says so, not that the
+# run waited `timeout` for it to reconnect (it did not wait: a new user's trial).
 def test_a_client_closed_during_a_pass_is_said_so():
     with cluster(1) as (_, client):
         r = sfd.remote(fns.build_slow_samples, client, items=list(range(400)), split=4, timeout=30)

@@ -147,6 +147,43 @@ def test_a_dynamic_batchs_requests_of_other_shapes_or_failed_before_leave_the_ot
     assert st["answered"] == 4 and st["failed"] == 1
 
 
+@pytest.mark.parametrize("processes", [0, 1])
+def test_a_groups_failure_fails_its_requests_and_a_batch_failed_before_reaches_no_function(processes):
+    # A review: the call on one group (an odd shape, which the model refuses) failed the whole
+    # batch, and in a process stage a batch whose requests had all failed before went to a
+    # worker as nothing and failed as "0 results for a batch of 2 requests".
+    rt = sf.Runtime(threads=2)
+    g = sf.Graph(rt, "svc")
+    svc = g.service("req")
+    svc.source >> g.dynamic_batch("b", max_batch=3, max_delay=30.0) \
+        >> g.stage("dec", sf.ops.decode_jpeg(), on_error="skip") \
+        >> g.stage("m", fns.refuse_16_rows, processes=processes) \
+        >> g.unbatch("u", 3) >> svc.sink
+    run = g.run()
+
+    def jpeg(h, v):
+        b = io.BytesIO()
+        Image.fromarray(np.full((h, 8, 3), v, np.uint8)).save(b, "JPEG", quality=100)
+        return np.frombuffer(b.getvalue(), np.uint8)
+
+    requests = (jpeg(8, 10), jpeg(16, 20), jpeg(8, 30))
+    futures = [svc.submit(r) for r in requests]
+    want = [float(np.asarray(Image.open(io.BytesIO(requests[i].tobytes()))).sum()) for i in (0, 2)]
+    assert [futures[i].result(timeout=60) for i in (0, 2)] == want
+    with pytest.raises(sf.StageError, match=r"no 16-row images here \(a batch of \(1, 16, 8, 3\)\)") as info:
+        futures[1].result(timeout=60)
+    assert isinstance(info.value.__cause__, ValueError)
+    # a batch whose every request failed before: each its own error, the run goes on
+    bad = [svc.submit(np.frombuffer(b"not a jpeg %d" % i, np.uint8)) for i in range(3)]
+    for f in bad:
+        with pytest.raises(sf.StageError, match=r"decode_jpeg: not a readable JPEG"):
+            f.result(timeout=60)
+    svc.close()
+    assert run.wait() == "succeeded"
+    st = svc.stats()
+    assert st["failed"] == 4 and st["answered"] == 2
+
+
 def test_a_process_stage_in_a_service_answers_each_request_of_a_dynamic_batch():
     # Between a dynamic batch and its unbatch, a process stage gets the requests collated and
     # returns one result per request, as a thread stage does; it returned a plain array, which

@@ -3,7 +3,12 @@ the C++ names; submit() returns a concurrent.futures.Future that asyncio can awa
 request completes exactly once, with its result or its own error."""
 import asyncio
 import io
+import os
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -379,3 +384,60 @@ def test_a_gpu_stage_after_a_dynamic_batch_runs_its_op_on_each_request():
         assert a.shape == b.shape == (3, 4, 4)
         np.testing.assert_array_equal(a, b)
         np.testing.assert_allclose(a, (v / 255 - 0.5) / 0.25, rtol=1e-6)
+
+
+def test_cancel_fails_the_requests_at_once_not_when_the_body_returns():
+    # A new user's trial: run.cancel() returned at once, but the requests queued behind a body
+    # of 10 s failed only when it returned.
+    rt = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt, "svc")
+    svc = g.service("req")
+    started, release = threading.Event(), threading.Event()
+
+    def model(x):
+        started.set()
+        assert release.wait(60)
+        return x
+
+    svc.source >> g.stage("model", model) >> svc.sink
+    run = g.run()
+    futures = [svc.submit(i) for i in range(5)]
+    assert started.wait(30)
+    run.cancel()
+    try:
+        for f in futures:  # while the body still runs
+            with pytest.raises(sf.Error, match=r"the run was cancelled or failed before request "
+                                               r"\d was answered"):
+                f.result(timeout=10)
+    finally:
+        release.set()
+    assert run.wait() == "cancelled"
+    assert svc.stats()["failed"] == 5 and svc.stats()["pending"] == 0
+
+
+def test_a_stuck_model_body_does_not_hold_the_process_at_exit():
+    # A new user's trial: a service whose model body never returned (a Python loop) kept the
+    # process alive after its main thread ended (and after Ctrl-C, twice): interpreter exit
+    # cancelled the run and waited for the body for ever. It is interrupted after a grace.
+    script = textwrap.dedent("""
+        import threading, splitflow as sf
+        rt = sf.Runtime(threads=2, backend="host")
+        g = sf.Graph(rt, "svc")
+        svc = g.service("req")
+        started = threading.Event()
+        def model(x):
+            started.set()
+            while True:
+                pass
+        svc.source >> g.stage("model", model) >> svc.sink
+        run = g.run()
+        f = svc.submit(1)
+        assert started.wait(30)
+        print("leaving", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.stdout.strip() == "leaving", p.stderr
+    assert time.monotonic() - t < 30, p.stderr

@@ -485,15 +485,20 @@ class PushSourceNode final : public Emitter<In> {
         });
   }
 
+  /// The run is stopping (cancelled, or failed): every request still pending fails now, not
+  /// when the run's last body returns (a new user's trial: requests queued behind a body of
+  /// 10 s failed 10 s after Run::cancel()). Results that come later find no request; a
+  /// request whose own error failed the run had it first (absorb_error).
   void drop_queued(WorkList& w) override {
     Emitter<In>::drop_queued(w);
     bool release = false;
     {
       std::lock_guard lk(this->mu_);
       accepting_ = false;
-      queue_.clear();  // their requests fail at the end of the run
+      queue_.clear();
       release = std::exchange(holds_unit_, false);
     }
+    if (on_end_) on_end_(true);
     if (release) this->graph().release_unit();
   }
 
@@ -598,8 +603,10 @@ class Service {
   }
   /// With a completion callback instead of a future (for event loops: asyncio, an RPC
   /// server's completion queue): `done(result, nullptr)` or `done(nullptr, error)` is called
-  /// exactly once, on the thread that answers or fails the request (a oneTBB worker: keep it
-  /// short). Throws as submit() does, and then never calls `done`: a request is either
+  /// exactly once, on the thread that answers or fails the request (keep it short, and do not
+  /// wait there for the run to end): a oneTBB worker, a device completion, a process stage's
+  /// reader, or, when the run stops, the thread that cancels it (Run::cancel(), ~Graph, the
+  /// runtime's end, a pull sink's close()) or the one whose stage failed it. Throws as submit() does, and then never calls `done`: a request is either
   /// refused by an exception or completed through `done` (a run ending as the request is
   /// admitted fails it through `done`, without an exception).
   void submit(In value, std::optional<Clock::time_point> deadline,

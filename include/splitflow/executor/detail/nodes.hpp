@@ -1099,7 +1099,7 @@ class PullSinkNode final : public NodeBase {
     cancelled_.clear();
     late_ = std::make_shared<LateTakes>();  // the last run's stays with it
     finalized_ = false;
-    last_progress_ = std::chrono::steady_clock::now();
+    waiting_ = false;
   }
   std::shared_ptr<const LateTakes> late_takes() const override { return late_; }
   void finalized_locked() override { finalized_ = true; }
@@ -1126,24 +1126,37 @@ class PullSinkNode final : public NodeBase {
     {
       std::unique_lock lk(this->mu_);
       const auto ready = [&] { return !queue_.empty() || eos_; };
-      using Clock = std::chrono::steady_clock;
-      const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
-      // A reader waiting in vain nudges the runtime every kNudgeAfter since the last item or
-      // nudge, whatever the slices it waits in (Python's next_for: a fraction of that), as a
-      // run's waiter does (RunState::wait_until).
-      while (!ready()) {
-        const auto due = last_progress_ + GraphCore::kNudgeAfter;
-        if (cv_.wait_until(lk, std::min(deadline, due), ready)) break;
-        const auto now = Clock::now();
-        if (now >= due) {
-          this->graph().nudge_runtime();
-          last_progress_ = now;
+      // A reader waiting in vain nudges the runtime every kNudgeAfter since it began to wait
+      // (or its last nudge), whatever the slices it waits in (Python's next_for: a fraction of
+      // that), as a run's waiter does (RunState::wait_until). (The clock is read only when it
+      // waits.)
+      if (!ready()) {
+        using Clock = std::chrono::steady_clock;
+        const auto start = Clock::now();
+        const auto deadline = timeout && *timeout < Clock::time_point::max() - start
+                                  ? start + *timeout
+                                  : Clock::time_point::max();
+        if (!waiting_) {
+          waiting_ = true;
+          last_nudge_ = start;
         }
-        if (now >= deadline) {
-          timed_out = true;
-          return v;
+        while (!ready()) {
+          const auto due = last_nudge_ + GraphCore::kNudgeAfter;
+          if (cv_.wait_until(lk, std::min(deadline, due), ready)) break;
+          const auto now = Clock::now();
+          if (now >= due) {
+            last_nudge_ = now;
+            lk.unlock();  // (an enqueue: an allocation, maybe a wake; not under the node's lock)
+            this->graph().nudge_runtime();
+            lk.lock();
+          }
+          if (now >= deadline && !ready()) {
+            timed_out = true;
+            return v;
+          }
         }
       }
+      waiting_ = false;
       if (queue_.empty()) {
         if (!ran_)  // (an empty loop here, and a run started later filling a queue nobody reads)
           throw GraphError("splitflow: " + readers_->what +
@@ -1167,7 +1180,6 @@ class PullSinkNode final : public NodeBase {
         this->latency_.record(waited);
       }
       queue_.pop_front();
-      last_progress_ = std::chrono::steady_clock::now();
       this->popped_locked(0, 1, w);
       ++this->items_out_;
       this->refresh_state_locked();
@@ -1215,8 +1227,10 @@ class PullSinkNode final : public NodeBase {
   std::string cancelled_;  // set at the end of a run cancelled by others: CancelledError's text
   std::shared_ptr<LateTakes> late_ = std::make_shared<LateTakes>();  // under mu_
   bool finalized_ = false;  // the run's final figures were read
-  // The reader's last item or nudge of the runtime (take()), under mu_.
-  std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();
+  // take(), under mu_: whether the reader has waited since its last item (in one call or
+  // several), and since when or its last nudge of the runtime.
+  bool waiting_ = false;
+  std::chrono::steady_clock::time_point last_nudge_{};
 };
 
 }  // namespace splitflow::detail
