@@ -1088,6 +1088,7 @@ class RemotePass:
             "reconnections": self.reconnections, "resubmitted_splits": self.resubmitted,
             "wall_s": wall, "wait_s": wait, "wait_behind_s": self.behind_s,
             "fill_s": self.fill_s if self.fill_s is not None else wall,
+            "waiting_for_split": self._waiting_for(end) if since is not None and self.t_end is None else None,
             "splits_done_when_asked": [self.takes_ready, self.takes],
             "wait_for_done_splits_s": self.ready_wait_s,
             "waited_behind_split": None if self.holder is None else {
@@ -1118,6 +1119,18 @@ class RemotePass:
         # (a split done but not yet taken, behind a slow local graph, is not on the cluster)
         live = [p for p in list(self.pending) if p.future is not None and not p.future.done()]
         return [min(live, key=lambda p: p.submitted)] if live else []
+
+    def _waiting_for(self, now):
+        """The split a wait in progress is for (results in order: the first in flight), while
+        it is on the cluster: split, items, on_cluster_s."""
+        pending = list(self.pending)
+        if not self.remote.ordered or not pending:
+            return None
+        s = pending[0]
+        if s.future is None or s.future.done():
+            return None
+        return {"split": s.no, "items": [s.start, s.start + len(s.indices) - 1],
+                "on_cluster_s": max(0.0, now - s.submitted)}
 
     def _age(self, s, now):
         """How long `s` has been on the cluster with no split finishing meanwhile (a split
@@ -1177,19 +1190,37 @@ class RemotePass:
         if frac < 0.1 or per_worker <= 0:
             return (f"the remote workers keep up: the local graph waited {100 * frac:.0f}% of "
                     f"the run for remote results{filled}")
+        typical = s.get("split_busy_s_median") or (s["worker_busy_s"] / s["splits"])
+        on = s.get("waiting_for_split")
+        if on is not None and on["on_cluster_s"] >= max(4 * typical, 0.5) and \
+                on["on_cluster_s"] >= 0.25 * wait:
+            # Read during a pass, while it waits for one slow split (not yet done: its work is
+            # in no figure; a verification trial read "not their compute but moving splits").
+            return (f"the local graph is waiting for split {on['split']} (items "
+                    f"{on['items'][0]}..{on['items'][1]}), on the cluster for "
+                    f"{on['on_cluster_s']:.1f} s against {1e3 * typical:.0f} ms a split's median: "
+                    f"a slow item in it holds the results, in order, behind it (its remote "
+                    f"stages' figures name the stage once it is done); order='out_of_order' lets "
+                    f"the results past a slow split")
         ready, takes = s.get("splits_done_when_asked") or (0, 0)
         fetch = s.get("fetch_s_per_split")
         if takes >= 2 and ready >= 0.75 * takes and fetch is not None and \
                 (s.get("wait_for_done_splits_s") or 0.0) >= 0.75 * wait:
             # The workers were ahead: the waits were the fetches of finished splits, taken when
             # the local graph asked for them (a trial's training loop was the bottleneck, and
-            # this said "not their compute but moving splits": larger splits).
-            return (f"the remote workers keep up: {ready} of {takes} splits were done when the "
+            # this said "not their compute but moving splits": larger splits). Where those
+            # waits are half the run or more, the fetches are the limit (a verification trial:
+            # a fast consumer waited 79% and was told its own bottleneck set the pace).
+            text = (f"the remote workers keep up: {ready} of {takes} splits were done when the "
                     f"local graph asked for them; it waited {100 * frac:.0f}% of the run"
                     f"{filled} for their fetches ({1e3 * fetch:.0f} ms a split through Dask's "
-                    f"client): the local graph's own bottleneck (its report) sets the pace, and "
-                    f"where its loop waits on this source, larger splits (split=) make fewer "
-                    f"fetches")
+                    f"client)")
+            if frac >= 0.5:
+                return text + (": those fetches are the limit; larger splits (split=) make "
+                               "fewer of them")
+            return text + (": the local graph's own bottleneck (its report) sets the pace, and "
+                           "where its loop waits on this source, larger splits (split=) make "
+                           "fewer fetches")
         # How busy the workers' task slots were: a pipeline of splits that leaves them idle is
         # not made faster by more workers (a trial's workers were 44-62% busy when this said
         # "add workers").

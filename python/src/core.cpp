@@ -356,6 +356,14 @@ struct PyGraph {
   /// bodies may still call these).
   std::vector<HeldRef> held;
   Graph graph;
+  std::optional<Run> last_run;  // the latest run started from Python (run(), iterate())
+
+  /// Destroyed with its run going (its last reference dropped: a service's graph and run left
+  /// in a function's locals): the run is cancelled, as Graph's destructor does, and Python
+  /// bodies still running RunRegistry::kExitGrace later are interrupted, as at interpreter
+  /// exit; a body stuck in a loop held the thread dropping the graph for ever (a verification
+  /// trial). Without the GIL (make_released).
+  ~PyGraph();
 
   /// Holds `o` for a body (with the GIL).
   HeldRef hold(py::object o) {
@@ -363,6 +371,14 @@ struct PyGraph {
     return held.back();
   }
 };
+
+PyGraph::~PyGraph() {
+  if (!last_run || last_run->status() != RunStatus::running) return;
+  last_run->cancel();
+  if (last_run->wait_for(RunRegistry::kExitGrace)) return;
+  WithGil gil;
+  if (gil) bodies->interrupt();
+}
 
 /// The graph a Python Graph object holds, if that object is its only owner and it is not
 /// running: then what its bodies hold is reachable only through this object, and the cycle
@@ -1993,6 +2009,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           r->run = g->graph.run();
           registry().add(r->run, g->bodies);  // before ~NoGil, which parks a daemon thread once exiting
         }
+        g->last_run = r->run;  // (with the GIL: PyGraph's fields are)
         return r;
       }, "Starts a run and returns it.")
       .def("running", [](const PyGraph& g) {
@@ -2012,6 +2029,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           it->run = g->graph.run();
           registry().add(it->run, g->bodies);  // before ~NoGil, which parks a daemon thread once exiting
         }
+        g->last_run = it->run;  // (with the GIL: PyGraph's fields are)
         return make_released(std::move(it));
       }, py::arg("sink"));
 

@@ -788,13 +788,28 @@ def test_the_remote_diagnosis_tells_idle_workers_from_busy_ones():
                       "work, round trip and fetch)"), filled
     # Splits done when the local graph asked: its waits were their fetches, and its own
     # bottleneck sets the pace (a trial's training loop was, and this said "larger splits").
-    ahead = d(dict(base, worker_busy_s=9.0, splits_done_when_asked=[90, 99],
-                   fetch_s_per_split=0.04, wait_for_done_splits_s=4.5))
+    ahead = d(dict(base, worker_busy_s=9.0, wait_s=3.0, splits_done_when_asked=[90, 99],
+                   fetch_s_per_split=0.04, wait_for_done_splits_s=2.5))
     assert ahead == ("the remote workers keep up: 90 of 99 splits were done when the local graph "
-                     "asked for them; it waited 50% of the run for their fetches (40 ms a split "
+                     "asked for them; it waited 30% of the run for their fetches (40 ms a split "
                      "through Dask's client): the local graph's own bottleneck (its report) sets "
                      "the pace, and where its loop waits on this source, larger splits (split=) "
                      "make fewer fetches"), ahead
+    # ... and where those waits are half the run or more, the fetches are the limit (a
+    # verification trial's fast consumer waited 79% and was told its own pace set it)
+    fetching = d(dict(base, worker_busy_s=9.0, wait_s=8.0, splits_done_when_asked=[90, 99],
+                      fetch_s_per_split=0.04, wait_for_done_splits_s=7.0))
+    assert fetching.endswith("waited 80% of the run for their fetches (40 ms a split through "
+                             "Dask's client): those fetches are the limit; larger splits "
+                             "(split=) make fewer of them"), fetching
+    # Read during a pass waiting for one slow split still on the cluster (its work in no figure
+    # yet: it said "not their compute but moving splits")
+    waiting = d(dict(base, worker_busy_s=0.1, split_busy_s_median=0.05, waiting_for_split={
+        "split": 1, "items": [4, 7], "on_cluster_s": 4.0}))
+    assert waiting == ("the local graph is waiting for split 1 (items 4..7), on the cluster for "
+                       "4.0 s against 50 ms a split's median: a slow item in it holds the results, "
+                       "in order, behind it (its remote stages' figures name the stage once it is "
+                       "done); order='out_of_order' lets the results past a slow split"), waiting
     assert d(dict(base, worker_busy_s=18.0, splits_done_when_asked=[10, 99],
                   fetch_s_per_split=0.04, wait_for_done_splits_s=0.5)).startswith(
         "remote workers are the bottleneck")
@@ -825,7 +840,8 @@ def test_stats_read_during_a_pass_count_the_wait_in_progress():
         def reader():
             while not done.is_set():
                 t = time.monotonic()
-                reads.append((t, r.stats()["wait_s"]))
+                st = r.stats()
+                reads.append((t, st["wait_s"], st["diagnosis"]))
                 done.wait(0.05)
 
         t = threading.Thread(target=reader)
@@ -840,8 +856,12 @@ def test_stats_read_during_a_pass_count_the_wait_in_progress():
             t.join()
     assert [int(x["index"]) for x in got] == items
     # read while the pass still waited for the slow split (well before its result came)
-    during = [w for t, w in reads if t < slow_came - 0.2]
-    assert during and max(during) >= 0.4 * fns.STUCK_S, (during[-5:], slow_came)
+    during = [(w, d) for t, w, d in reads if t < slow_came - 0.2]
+    assert during and max(w for w, _ in during) >= 0.4 * fns.STUCK_S, (during[-5:], slow_came)
+    # and the diagnosis then names the split it waits for
+    assert any(d.startswith("the local graph is waiting for split ") for w, d in during
+               if w >= 0.4 * fns.STUCK_S), during[-3:]
+    during = [w for w, _ in during]
     assert r.stats()["wait_s"] >= max(during)
 
 

@@ -441,3 +441,28 @@ def test_a_stuck_model_body_does_not_hold_the_process_at_exit():
                        env=env)
     assert p.stdout.strip() == "leaving", p.stderr
     assert time.monotonic() - t < 30, p.stderr
+    # The same with the graph and its run in a function's locals (a verification trial: the
+    # main thread then hung dropping the graph, which waited for the body, before any exit).
+    script = textwrap.dedent("""
+        import threading, splitflow as sf
+        def main():
+            rt = sf.Runtime(threads=2, backend="host")
+            g = sf.Graph(rt, "svc")
+            svc = g.service("req")
+            started = threading.Event()
+            def model(x):
+                started.set()
+                while True:
+                    pass
+            svc.source >> g.stage("model", model) >> svc.sink
+            run = g.run()
+            f = svc.submit(1)
+            assert started.wait(30)
+        main()
+        print("after main", flush=True)
+    """)
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.stdout.strip() == "after main", (p.stderr, script)
+    assert time.monotonic() - t < 30, p.stderr
