@@ -111,28 +111,39 @@ def test_an_exception_that_cannot_be_rebuilt_or_a_splitflow_error_of_the_functio
     assert got == [x for x in range(8) if x != 5]
 
 
+def _jpeg(h, w, v):
+    """A flat h x w JPEG of value v, as the bytes a request carries."""
+    b = io.BytesIO()
+    Image.fromarray(np.full((h, w, 3), v, np.uint8)).save(b, "JPEG", quality=100)
+    return np.frombuffer(b.getvalue(), np.uint8)
+
+
+def _decoded_sum(request):
+    """What PIL decodes of a request's JPEG, summed (decode_jpeg gives the same pixels)."""
+    return float(np.asarray(Image.open(io.BytesIO(request.tobytes()))).sum())
+
+
+def _decoding_service(model, max_batch, processes, **model_options):
+    """A service: a dynamic batch of JPEG requests, decoded (bad ones skipped), `model` on the
+    batch (a thread or a process stage), unbatched. Returns the service and its run."""
+    g = sf.Graph(sf.Runtime(threads=2), "svc")
+    svc = g.service("req")
+    svc.source >> g.dynamic_batch("b", max_batch=max_batch, max_delay=30.0) \
+        >> g.stage("dec", sf.ops.decode_jpeg(), on_error="skip") \
+        >> g.stage("m", model, processes=processes, **model_options) \
+        >> g.unbatch("u", max_batch) >> svc.sink
+    return svc, g.run()
+
+
 @pytest.mark.parametrize("processes", [0, 1])
 def test_a_dynamic_batchs_requests_of_other_shapes_or_failed_before_leave_the_others_answered(processes):
     # A new user's trial: one request of another shape failed every request of its batch ("item
     # 3 of the batch is f32[3, 3] host, the first is f32[2, 2]; a batch needs one shape"), and a
     # request that a C++ op failed before (a bad JPEG under skip) failed its batch-mates as
     # None. The function now gets one batch per shape, without the failed requests.
-    rt = sf.Runtime(threads=2)
-    g = sf.Graph(rt, "svc")
-    svc = g.service("req")
-    svc.source >> g.dynamic_batch("b", max_batch=5, max_delay=30.0) \
-        >> g.stage("dec", sf.ops.decode_jpeg(), on_error="skip") \
-        >> g.stage("m", fns.batch_shape_and_sums, processes=processes, on_error="skip") \
-        >> g.unbatch("u", 5) >> svc.sink
-    run = g.run()
-
-    def jpeg(h, w, v):
-        b = io.BytesIO()
-        Image.fromarray(np.full((h, w, 3), v, np.uint8)).save(b, "JPEG", quality=100)
-        return np.frombuffer(b.getvalue(), np.uint8)
-
-    requests = [jpeg(8, 8, 10), np.frombuffer(b"not a jpeg", np.uint8), jpeg(16, 8, 20),
-                jpeg(8, 8, 30), jpeg(16, 8, 40)]
+    svc, run = _decoding_service(fns.batch_shape_and_sums, 5, processes, on_error="skip")
+    requests = [_jpeg(8, 8, 10), np.frombuffer(b"not a jpeg", np.uint8), _jpeg(16, 8, 20),
+                _jpeg(8, 8, 30), _jpeg(16, 8, 40)]
     futures = [svc.submit(r) for r in requests]
     # (its error as Batch::fail gives it: the unbatch that took it out named, docs/api.md)
     with pytest.raises(sf.StageError, match=r"stage 'u' failed on item 1: .*decode_jpeg: not a readable JPEG"):
@@ -141,8 +152,7 @@ def test_a_dynamic_batchs_requests_of_other_shapes_or_failed_before_leave_the_ot
     svc.close()
     assert run.wait() == "succeeded"
     assert [shape for shape, _ in got] == [(2, 8, 8, 3), (2, 16, 8, 3), (2, 8, 8, 3), (2, 16, 8, 3)]
-    want = [float(np.asarray(Image.open(io.BytesIO(requests[i].tobytes()))).sum()) for i in (0, 2, 3, 4)]
-    assert [total for _, total in got] == want
+    assert [total for _, total in got] == [_decoded_sum(requests[i]) for i in (0, 2, 3, 4)]
     st = svc.stats()
     assert st["answered"] == 4 and st["failed"] == 1
 
@@ -152,23 +162,10 @@ def test_a_groups_failure_fails_its_requests_and_a_batch_failed_before_reaches_n
     # A review: the call on one group (an odd shape, which the model refuses) failed the whole
     # batch, and in a process stage a batch whose requests had all failed before went to a
     # worker as nothing and failed as "0 results for a batch of 2 requests".
-    rt = sf.Runtime(threads=2)
-    g = sf.Graph(rt, "svc")
-    svc = g.service("req")
-    svc.source >> g.dynamic_batch("b", max_batch=3, max_delay=30.0) \
-        >> g.stage("dec", sf.ops.decode_jpeg(), on_error="skip") \
-        >> g.stage("m", fns.refuse_16_rows, processes=processes) \
-        >> g.unbatch("u", 3) >> svc.sink
-    run = g.run()
-
-    def jpeg(h, v):
-        b = io.BytesIO()
-        Image.fromarray(np.full((h, 8, 3), v, np.uint8)).save(b, "JPEG", quality=100)
-        return np.frombuffer(b.getvalue(), np.uint8)
-
-    requests = (jpeg(8, 10), jpeg(16, 20), jpeg(8, 30))
+    svc, run = _decoding_service(fns.refuse_16_rows, 3, processes)
+    requests = (_jpeg(8, 8, 10), _jpeg(16, 8, 20), _jpeg(8, 8, 30))
     futures = [svc.submit(r) for r in requests]
-    want = [float(np.asarray(Image.open(io.BytesIO(requests[i].tobytes()))).sum()) for i in (0, 2)]
+    want = [_decoded_sum(requests[i]) for i in (0, 2)]
     assert [futures[i].result(timeout=60) for i in (0, 2)] == want
     with pytest.raises(sf.StageError, match=r"no 16-row images here \(a batch of \(1, 16, 8, 3\)\)") as info:
         futures[1].result(timeout=60)
