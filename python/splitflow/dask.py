@@ -1190,7 +1190,8 @@ class RemotePass:
         if frac < 0.1 or per_worker <= 0:
             return (f"the remote workers keep up: the local graph waited {100 * frac:.0f}% of "
                     f"the run for remote results{filled}")
-        typical = s.get("split_busy_s_median") or (s["worker_busy_s"] / s["splits"])
+        split_s = busy_s / s["splits"]
+        typical = s.get("split_busy_s_median") or split_s
         on = s.get("waiting_for_split")
         if on is not None and on["on_cluster_s"] >= max(4 * typical, 0.5) and \
                 on["on_cluster_s"] >= 0.25 * wait:
@@ -1229,11 +1230,9 @@ class RemotePass:
         slots = max(1, min(int(s.get("worker_threads") or workers),
                            int(s.get("max_splits_in_flight") or workers)))
         busy_frac = busy_s / (wall * slots)
-        split_s = busy_s / s["splits"]
         cost = s.get("overhead_s_per_split")
         behind = s.get("wait_behind_s") or 0.0
         slow = s.get("waited_behind_split")
-        typical = s.get("split_busy_s_median") or split_s
         if busy_frac < 0.75 and behind >= 0.25 * wait and slow is not None:
             # In order, a slow split holds back the done ones after it (a trial: one body of
             # 4 s, the other worker idle behind it, and this said "the results' transport ...
