@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -292,6 +293,25 @@ struct BodyThreads {
   }
 };
 
+/// Cancels `runs` (all first, so that they stop together) and lets them end for up to
+/// RunRegistry::kExitGrace; true if some still run then. Without the GIL.
+bool still_running_after_grace(std::span<RunRegistry::Entry> runs) {
+  for (auto& e : runs) e.run.cancel();
+  const auto grace = std::chrono::steady_clock::now() + RunRegistry::kExitGrace;
+  bool late = false;
+  for (auto& e : runs) {
+    const auto left = grace - std::chrono::steady_clock::now();
+    late = !e.run.wait_for(std::max<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0))) || late;
+  }
+  return late;
+}
+
+/// Interrupts the Python bodies of those of `runs` still running (with the GIL).
+void interrupt_bodies(std::span<RunRegistry::Entry> runs) {
+  for (auto& e : runs)
+    if (auto b = e.bodies.lock(); b && e.run.status() == RunStatus::running) b->interrupt();
+}
+
 void RunRegistry::shut_down() {
   std::vector<Entry> copy;
   {
@@ -299,17 +319,9 @@ void RunRegistry::shut_down() {
     copy.swap(runs);
     shut = true;
   }
-  for (auto& e : copy) e.run.cancel();
-  const auto grace = std::chrono::steady_clock::now() + kExitGrace;
-  bool late = false;
-  for (auto& e : copy) {
-    const auto left = grace - std::chrono::steady_clock::now();
-    late = late || !e.run.wait_for(std::max<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0)));
-  }
-  if (late) {
-    py::gil_scoped_acquire gil;
-    for (auto& e : copy)
-      if (auto b = e.bodies.lock(); b && e.run.status() == RunStatus::running) b->interrupt();
+  if (still_running_after_grace(copy)) {
+    py::gil_scoped_acquire gil;  // (the exit gate is closed: WithGil would not take it)
+    interrupt_bodies(copy);
   }
   for (auto& e : copy) drain(e.run);
   exit_gate::wait_empty(std::chrono::seconds(10));
@@ -374,10 +386,10 @@ struct PyGraph {
 
 PyGraph::~PyGraph() {
   if (!last_run || last_run->status() != RunStatus::running) return;
-  last_run->cancel();
-  if (last_run->wait_for(RunRegistry::kExitGrace)) return;
+  RunRegistry::Entry e{*last_run, bodies};
+  if (!still_running_after_grace({&e, 1})) return;
   WithGil gil;
-  if (gil) bodies->interrupt();
+  if (gil) interrupt_bodies({&e, 1});
 }
 
 /// The graph a Python Graph object holds, if that object is its only owner and it is not
