@@ -16,6 +16,12 @@ epoch; full and scaled take turns epoch by epoch, and scaled / full is the media
 ratios. Also: the quality cost of scaled decode, the PSNR of its crops against the full decode's
 (the same crops), over every photo. Goals: scaled >= 1.5x full, scaled >= 2.5x the best
 DataLoader setting.
+
+    ... bench_large_photos.py --photos 1 --quality-by-subsampling [PHOTO]
+
+measures only the quality cost per chroma subsampling (4:4:4, 4:2:0, 4:2:2, 4:4:0, 4:1:1): the
+photo (default: the first generated one) re-encoded at q90 each way by TurboJPEG, 48 crops to
+224 with scaled_decode "large" against "never".
 """
 import argparse
 import json
@@ -80,16 +86,69 @@ def best_rate(make, epochs, n):
     return max(rates), rates
 
 
+def turbojpeg_encode(a, subsampling, quality=90):
+    """`a` (HWC uint8 RGB) as a JPEG of that chroma subsampling (TurboJPEG's: PIL's encoder
+    has no 4:4:0 or 4:1:1)."""
+    import ctypes
+    tj = ctypes.CDLL("libturbojpeg.so.0")
+    tj.tjInitCompress.restype = ctypes.c_void_p
+    samp = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2, "4:4:0": 4, "4:1:1": 5}[subsampling]
+    h = tj.tjInitCompress()
+    buf, size = ctypes.POINTER(ctypes.c_ubyte)(), ctypes.c_ulong(0)
+    a = np.ascontiguousarray(a)
+    rc = tj.tjCompress2(ctypes.c_void_p(h), a.ctypes.data_as(ctypes.c_void_p), a.shape[1], 0,
+                        a.shape[0], 0, ctypes.byref(buf), ctypes.byref(size), samp, quality, 0)
+    assert rc == 0, "tjCompress2 failed"
+    out = ctypes.string_at(buf, size.value)
+    tj.tjFree(buf)
+    tj.tjDestroy(ctypes.c_void_p(h))
+    return out
+
+
+def quality_by_subsampling(path, crops):
+    """The PSNR of scaled decode (the default) against full decode, over `crops` crops to 224 of
+    one photo re-encoded at each chroma subsampling."""
+    a = np.asarray(Image.open(path).convert("RGB"))
+    rt = sf.Runtime(threads=2)
+    rows = {}
+    for samp in ("4:4:4", "4:2:0", "4:2:2", "4:4:0", "4:1:1"):
+        data = np.frombuffer(turbojpeg_encode(a, samp), np.uint8)
+        got = {}
+        for mode in ("large", "never"):
+            g = sf.Graph(rt, "quality")
+            out = g.pull_sink("out")
+            (g.source("bytes", [data] * crops)
+             >> g.stage("crop", sf.ops.decode_random_resized_crop(224, seed=3, epoch=1, scaled_decode=mode))
+             >> out)
+            got[mode] = [np.asarray(t).astype(np.float64) for t in g.iterate(out)]
+        p = [10 * np.log10(255 ** 2 / max(((x - y) ** 2).mean(), 1e-12))
+             for x, y in zip(got["large"], got["never"]) if not np.array_equal(x, y)]
+        rows[samp] = {"scaled_crops": len(p), "psnr_min": min(p) if p else None,
+                      "psnr_median": statistics.median(p) if p else None}
+        print(f"{samp}: {len(p)} of {crops} crops scaled: PSNR against full decode min "
+              f"{min(p):.2f} dB, median {statistics.median(p):.2f} dB" if p else f"{samp}: none scaled")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--photos", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--data", default="build/bench-data/large")
     ap.add_argument("--json")
+    ap.add_argument("--quality-by-subsampling", metavar="PHOTO", nargs="?", const="",
+                    help="only the PSNR of scaled decode against full decode, per chroma "
+                         "subsampling, over 48 crops of PHOTO (default: the first generated photo)")
     args = ap.parse_args()
     root = f"{args.data}-{args.photos}"
     make_photos(root, args.photos)
     paths = sf.image_files(root)[: args.photos]
+    if args.quality_by_subsampling is not None:
+        rows = quality_by_subsampling(args.quality_by_subsampling or paths[0], 48)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     n = len(paths)
     rt = sf.Runtime()
     graphs = {}

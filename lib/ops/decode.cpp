@@ -155,7 +155,7 @@ DecodePlan BatchDecode::host(std::vector<Encoded> files) const {
     e.path = f.path;
     JpegInfo info;
     try {
-      info = jpeg_info(f.bytes.data<std::uint8_t>(), f.bytes.nbytes(), f.path);
+      info = jpeg_info(internal::encoded_bytes("BatchDecode", f), f.bytes.nbytes(), f.path);
     } catch (const Error& err) {
       e.error = fail(e, err.what());
       continue;

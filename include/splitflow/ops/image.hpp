@@ -165,7 +165,8 @@ struct AugmentSpec {
   bool antialias = true;
   /// Scaled decode (decode_random_resized_crop only): when the crop shrinks by 2x or more, decode
   /// it at libjpeg's reduced DCT scale (1/2, 1/4 or 1/8, the largest the shrink allows: what
-  /// PIL's Image.draft does) and resize the rest of the way. large_photos (the default): only
+  /// PIL's Image.draft does; 1/4 at most for 4:2:2, 4:4:0 and 4:1:1 files: decode_denominator)
+  /// and resize the rest of the way. large_photos (the default): only
   /// for images of kScaledDecodeMinPixels or more, where full decode is most of the cost;
   /// always; never (the same pixels as decode then RandomResizedCrop). Its quality cost against
   /// full decode is stated in docs/benchmarks.md. Only with `antialias`: the reduced scale is a
@@ -180,8 +181,11 @@ inline constexpr std::int64_t kScaledDecodeMinPixels = 8'000'000;
 
 /// The DCT scale denominator (1, 2, 4 or 8) decode_random_resized_crop decodes a `box` of an
 /// `height` x `width` image at, for an output of `size` x `size` (`spec.width` wide when given)
-/// under `spec`.
-int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box) noexcept;
+/// under `spec`: the largest, up to `most`, that leaves the decoded crop at least the output's
+/// size. The op gives `most` 8 for gray, 4:4:4 and 4:2:0 files and 4 for the others (4:2:2,
+/// 4:4:0, 4:1:1): at 1/8 libjpeg-turbo repeats their chroma samples instead of interpolating
+/// them (9 dB of PSNR lost against full decode on 4:2:2 photos).
+int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box, int most = 8) noexcept;
 
 /// The largest output side image ops accept (a stated bound: a 16384 x 16384 RGB output is
 /// 768 MiB); larger sizes are refused when the op is built.
@@ -263,6 +267,10 @@ namespace internal {
 /// leaves the rows after the region undecoded: the rest of a single-scan file then cannot run
 /// out of data. (Internal; exposed for its test.)
 bool jpeg_rest_reaches_the_end_marker(const std::uint8_t* data, std::size_t size) noexcept;
+/// A file's bytes for the decoders: throws Error naming `op`, the file and the fix unless they
+/// are contiguous u8 (JPEG bytes given from Python as int8 or float read as u8 failed with
+/// "tensor i8[61306] host accessed as u8", naming neither: a new user's trial).
+const std::uint8_t* encoded_bytes(const char* op, const Encoded& file);
 }  // namespace internal
 
 }  // namespace splitflow::image
