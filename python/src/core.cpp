@@ -572,6 +572,9 @@ std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
     }
     if (seq.size() == 2) {
       const int h = side(seq[0]), w = side(seq[1]);
+      if (h < 1 || h > image::kMaxOutputSide)  // (the op's own check said "size" for it)
+        throw GraphError(who + ": height " + std::to_string(h) + " is out of range: give 1 to " +
+                         std::to_string(image::kMaxOutputSide) + " (pixels)");
       if (w < 1 || w > image::kMaxOutputSide)  // (0 would mean a square to the op)
         throw GraphError(who + ": width " + std::to_string(w) + " is out of range: give 1 to " +
                          std::to_string(image::kMaxOutputSide) + " (pixels)");
@@ -591,6 +594,13 @@ bool flag_arg(const py::handle& o, const std::string& who, const char* arg) {
       py::str(type.attr("__name__")).cast<std::string>().rfind("bool", 0) == 0)
     return PyObject_IsTrue(o.ptr()) == 1;
   throw GraphError(who + ": " + arg + " must be True or False, not " + py::repr(o).cast<std::string>());
+}
+
+/// antialias= of the image ops: a flag, or None (torchvision 0.14's default, which on PIL
+/// images, what these ops match, antialiases): True. It was taken as False (a new user's
+/// trial: torchvision's arguments copied gave the aliasing bilinear, 103 off PIL).
+bool antialias_arg(const py::handle& o, const std::string& who) {
+  return o.is_none() || flag_arg(o, who, "antialias");
 }
 
 StageOptions stage_options(std::size_t concurrency, Order order, std::size_t capacity,
@@ -1131,7 +1141,8 @@ void bind_image_ops(py::module_& mops) {
 
   mops.def("random_resized_crop", [](py::object size, py::object seed_arg, py::object epoch_arg,
                                      std::pair<double, double> scale, std::pair<double, double> ratio,
-                                     double flip, bool antialias) {
+                                     double flip, py::object antialias_in) {
+    const bool antialias = antialias_arg(antialias_in, "splitflow.ops.random_resized_crop");
     const auto [h, w] = crop_size_arg(size, "splitflow.ops.random_resized_crop");
     const std::uint64_t seed = u64_arg(seed_arg, "splitflow.ops.random_resized_crop", "seed");
     const std::uint64_t epoch = u64_arg(epoch_arg, "splitflow.ops.random_resized_crop", "epoch");
@@ -1148,13 +1159,15 @@ void bind_image_ops(py::module_& mops) {
   "one channel) (size: an "
   "int for a square, or (height, width), as torchvision takes it), with "
   "randomness drawn from (seed, epoch, the item's index): reproducible in any thread order. "
-  "antialias=True (the default): the crop is shrunk as PIL's resize(BILINEAR) does it (within 1 "
+  "antialias=True (the default; None, torchvision's default, is the same, as torchvision does it "
+  "on PIL images): the crop is shrunk as PIL's resize(BILINEAR) does it (within 1 "
   "at every pixel); antialias=False: the plain bilinear, which aliases when shrinking.");
 
   mops.def("decode_random_resized_crop", [](py::object size, py::object seed_arg, py::object epoch_arg,
                                             std::pair<double, double> scale,
                                             std::pair<double, double> ratio, double flip, bool gray,
-                                            bool antialias, std::string scaled_decode) {
+                                            py::object antialias_in, std::string scaled_decode) {
+    const bool antialias = antialias_arg(antialias_in, "splitflow.ops.decode_random_resized_crop");
     using SD = image::AugmentSpec::ScaledDecode;
     SD sd;
     if (scaled_decode == "large") {
@@ -1186,10 +1199,12 @@ void bind_image_ops(py::module_& mops) {
   "and only its region is decoded. The same pixels as the two ops (with the same antialias), "
   "for less decoding, unless the crop is decoded at a reduced scale: scaled_decode='large' (the "
   "default) decodes a crop that shrinks by 2x or more at libjpeg's 1/2, 1/4 or 1/8 DCT scale "
-  "(PIL's Image.draft) for photos of 8 megapixels or more, 'always' for any image, 'never' "
-  "keeps full decode.");
+  "(PIL's Image.draft; 1/4 at most for 4:2:2, 4:4:0 and 4:1:1 files, whose chroma libjpeg-turbo "
+  "repeats at 1/8) for photos of 8 megapixels or more, 'always' for any image, 'never' "
+  "keeps full decode. antialias as for random_resized_crop.");
 
-  mops.def("resize", [](py::object height_arg, py::object width_arg, bool antialias) {
+  mops.def("resize", [](py::object height_arg, py::object width_arg, py::object antialias_in) {
+    const bool antialias = antialias_arg(antialias_in, "splitflow.ops.resize");
     // (Out of range: GraphError, as the crop ops' sizes; past C's int it was pybind's TypeError.)
     if (width_arg.is_none()) {  // torchvision's Resize(size): the shorter side
       const int size = static_cast<int>(int_in(height_arg, "splitflow.ops.resize", "size", 1, image::kMaxOutputSide));
@@ -1209,7 +1224,8 @@ void bind_image_ops(py::module_& mops) {
   }, py::arg("height"), py::arg("width") = py::none(), py::arg("antialias") = true,
   "CPU op: bilinear resize of uint8 HWC pixels (HW: gray, one channel) to height x width, or, "
   "given one size (width=None), its shorter side to that size and the longer in proportion "
-  "(torchvision's Resize(256)). antialias=True (the default): when shrinking, "
+  "(torchvision's Resize(256)). antialias=True (the default; None, torchvision's default, is the "
+  "same, as torchvision does it on PIL images): when shrinking, "
   "PIL's resize(BILINEAR) (a triangle filter as wide as the scale factor; within 1 of PIL at "
   "every pixel); when enlarging, the plain bilinear. antialias=False: the plain bilinear always "
   "(two neighbours per side; aliases when shrinking).");
@@ -1670,11 +1686,12 @@ A job: stages joined by bounded queues. Python callables run with the GIL (they 
 it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_setup(collectable_graph))
       .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, py::object max_in_flight,
                        py::object capacity, bool trace, double autotune_window,
-                       bool autotune_queues, int priority) {
+                       bool autotune_queues, py::object priority) {
              GraphOptions o;
-             o.priority = priority;
-             o.autotune_queues = autotune_queues;
              const std::string who = "splitflow.Graph '" + name + "'";
+             // (Past C's int it was pybind's "incompatible constructor arguments": a trial.)
+             o.priority = static_cast<int>(int_in(priority, who, "priority", INT_MIN, INT_MAX));
+             o.autotune_queues = autotune_queues;
              o.max_in_flight = count_arg(max_in_flight, who, "max_in_flight", "an int >= 1");
              o.default_capacity = count_arg(capacity, who, "capacity", "an int >= 1");
              // (Said with Python's names: C++'s message names GraphOptions::default_capacity.)
@@ -1940,7 +1957,18 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                            py::object order, std::string on_error, py::object field) {
         const std::string where = "splitflow.Graph.gpu_stage('" + name + "')";
         const bool ordered = flag_arg(ordered_arg, where, "ordered");
-        const std::size_t concurrency = count_arg(concurrency_arg, where, "concurrency");
+        // concurrency="auto": C++'s GpuStageOptions with Concurrency::automatic (the graph's
+        // tuner sets its bursts in flight). It was refused ("must be an int >= 0, not 'auto'")
+        // though C++ takes it (a new user's trial).
+        std::size_t concurrency;
+        if (py::isinstance<py::str>(concurrency_arg)) {
+          if (concurrency_arg.cast<std::string>() != "auto")
+            throw GraphError(where + ": concurrency must be a number (0: unlimited) or 'auto', not '" +
+                             concurrency_arg.cast<std::string>() + "'");
+          concurrency = Concurrency::automatic;
+        } else {
+          concurrency = count_arg(concurrency_arg, where, "concurrency", "an int (0: unlimited) or 'auto'");
+        }
         const std::size_t capacity = count_arg(capacity_arg, where, "capacity");
         GpuOp op;
         if (py::isinstance<GpuOp>(op_object)) {
@@ -1969,8 +1997,9 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       }, py::arg("name"), py::arg("op"), py::arg("concurrency") = 2, py::arg("ordered") = true,
       py::arg("capacity") = 0, py::arg("order") = py::none(), py::arg("on_error") = "fail",
       py::arg("field") = py::none(),
-      "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst. order, "
-      "on_error and field (the op takes that field of each sample, the others pass through) as "
+      "A GPU stage running a splitflow.ops GPU op: it leases a pooled stream per burst. "
+      "concurrency: its bursts in flight at once (0: unlimited; 'auto': the graph's tuner sets it, "
+      "as C++'s Concurrency::automatic). order, on_error and field (the op takes that field of each sample, the others pass through) as "
       "for stage().")
       .def("sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object body) {
         PythonBody b{g->hold(std::move(body)), g->bodies};

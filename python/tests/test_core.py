@@ -864,6 +864,27 @@ def test_the_gil_held_outside_the_tuned_stages_is_taken_off_their_bound():
     assert 10 <= int(m.group(1)) <= 90, models[-1]
 
 
+def test_a_gpu_stage_takes_concurrency_auto_as_cpp_does():
+    # C++ GpuStageOptions takes Concurrency::automatic; Python refused it ("concurrency must be
+    # an int >= 0, not 'auto'": a new user's trial).
+    rt2 = sf.Runtime(threads=2, backend="host")
+    g = sf.Graph(rt2, "gpu-auto", autotune_window=0.01)
+    out = g.pull_sink("out")
+    g.indices("idx", list(range(400))) >> g.stage("fill", sf.ops.fill([64])) \
+        >> g.gpu_stage("model", sf.ops.busy_kernel(200), concurrency="auto") >> out
+    run = g.run()
+    assert sum(1 for _ in out) == 400 and run.wait(timeout=60) == "succeeded"
+    stats = run.stats()
+    model = next(s for s in stats["stages"] if s["name"] == "model")
+    assert model["items_out"] == 400 and model["concurrency_limit"] >= 1
+    assert stats["autotune"] and any("model" in e for e in stats["autotune"]), stats["autotune"]
+    with pytest.raises(sf.GraphError, match=r"gpu_stage\('m'\): concurrency must be a number "
+                                            r"\(0: unlimited\) or 'auto', not 'fast'"):
+        sf.Graph(rt2, "bad").gpu_stage("m", sf.ops.busy_kernel(1), concurrency="fast")
+    with pytest.raises(sf.GraphError, match=r"gpu_stage\('m'\).*concurrency=-1"):
+        sf.Graph(rt2, "bad").gpu_stage("m", sf.ops.busy_kernel(1), concurrency=-1)
+
+
 def test_concurrency_auto_is_tuned_and_explained():
     rt4 = sf.Runtime(threads=4, backend="host")
     g = sf.Graph(rt4, "auto", autotune_window=0.01)
@@ -917,6 +938,12 @@ def test_concurrency_auto_is_tuned_and_explained():
         sf.Graph(rt4, "bad").stage("w", work, concurrency=4, processes=2)
     with pytest.raises(sf.GraphError, match="autotune_window must be positive"):
         sf.Graph(rt4, "bad", autotune_window=0)
+    # (Past C's int: pybind's "incompatible constructor arguments", a new user's trial.)
+    with pytest.raises(sf.GraphError, match=r"splitflow.Graph 'bad': priority must be -2147483648 to "
+                                            r"2147483647, not 1000000000000"):
+        sf.Graph(rt4, "bad", priority=10**12)
+    with pytest.raises(sf.GraphError, match=r"priority must be an int, not 'high'"):
+        sf.Graph(rt4, "bad", priority="high")
     # Past an hour or below a millisecond, not a number: named (1e300 was cast to an integer,
     # undefined behaviour, and ran as a 1 ms window; 0.0005 ran as 1 ms).
     for bad in (1e300, float("inf"), float("nan"), 0.0005, 3601):

@@ -104,6 +104,54 @@ def test_antialias_false_is_the_plain_bilinear_that_aliases():
     assert_within_one(smooth[:, :, 0], pil_resize(a[:, :, 0], 100, 100), "1px checkerboard / 3.7")
 
 
+def test_antialias_none_is_torchvisions_default_and_antialiases():
+    # torchvision 0.14's Resize and RandomResizedCrop take antialias=None, which on PIL images
+    # antialiases; it was taken as False (a new user's trial: 103 off PIL, moire). Anything but
+    # a flag or None is refused, naming the op.
+    a = checkerboard(370, 370, 1)
+    want = pil_resize(a, 100, 100)
+    (got,) = run_op(sf.ops.resize(100, 100, antialias=None), [a])
+    assert_within_one(got, want, "resize(antialias=None)")
+    crop = dict(seed=1, scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=0.0)
+    (got,) = run_op(sf.ops.random_resized_crop(100, antialias=None, **crop), [a])
+    assert_within_one(got, want, "random_resized_crop(antialias=None)")
+    (none,) = run_op(sf.ops.decode_random_resized_crop(100, antialias=None, **crop), [jpeg_bytes(a)])
+    (true,) = run_op(sf.ops.decode_random_resized_crop(100, antialias=True, **crop), [jpeg_bytes(a)])
+    assert np.array_equal(none, true)
+    for make in (lambda: sf.ops.resize(10, 10, antialias="no"),
+                 lambda: sf.ops.random_resized_crop(10, antialias=1)):
+        with pytest.raises(sf.GraphError, match=r"splitflow\.ops\.(resize|random_resized_crop).*antialias"):
+            make()
+
+
+def test_a_crop_height_out_of_range_is_named_as_the_width_is():
+    # (0, 5) said "splitflow::image::RandomResizedCrop: size 0 is out of range" where (5, 0) said
+    # "splitflow.ops.random_resized_crop: width 0 ..." (a new user's trial).
+    for op in (sf.ops.random_resized_crop, sf.ops.decode_random_resized_crop, sf.ops.center_crop):
+        name = op.__name__
+        with pytest.raises(sf.GraphError, match=rf"^splitflow\.ops\.{name}: height 0 is out of range"):
+            op((0, 5))
+        with pytest.raises(sf.GraphError, match=rf"^splitflow\.ops\.{name}: width 0 is out of range"):
+            op((5, 0))
+
+
+def test_jpeg_bytes_of_another_dtype_are_refused_naming_the_op_and_the_fix():
+    # They failed with "splitflow: tensor i8[61306] host accessed as u8" (a new user's trial).
+    torch = pytest.importorskip("torch")
+    data = jpeg_bytes(checkerboard(16, 16, 2))
+    for op, name in ((sf.ops.decode_jpeg(), "decode_jpeg"),
+                     (sf.ops.decode_random_resized_crop(8), "decode_random_resized_crop")):
+        for item, dtype in ((np.frombuffer(data, np.int8), "i8"),
+                            (torch.frombuffer(bytearray(data), dtype=torch.int8), "i8"),
+                            (np.frombuffer(data, np.uint8).astype(np.float32), "f32")):
+            with pytest.raises(sf.StageError, match=rf"splitflow::image::{name}: takes a file's bytes as "
+                               rf"contiguous u8, got {dtype}\[{len(data)}\] host: give them as uint8") as e:
+                run_op(op, [item])
+            assert "np.frombuffer(data, np.uint8)" in str(e.value)
+        (ok,) = run_op(op, [np.frombuffer(data, np.uint8)])
+        assert ok.ndim == 3
+
+
 @pytest.mark.parametrize("pattern", ["checkerboard-1px", "zone-plate", "fine-text"])
 def test_random_resized_crop_shrinks_like_pil(pattern):
     # scale (1, 1) and the image's own ratio: the box is the whole image, so the op is a resize
