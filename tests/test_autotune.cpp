@@ -325,8 +325,17 @@ TEST(Autotune, APullSinksQueueIsAQuarterOfTheShareOrItsProducersClaims) {
   EXPECT_EQ(small->to, 32u);
   EXPECT_NE(small->text().find("32 at most, its capacity as sized"), std::string::npos) << small->text();
   EXPECT_NE(small->text().find("out capacity 2 -> 32: items of 150 KiB"), std::string::npos) << small->text();
-  // Larger than a quarter and half: one.
+  // Larger than a quarter and half: one, said as more than the quarter (a new user's trial
+  // read "1 of them hold 8 MiB, within a quarter of the graph's 4 MiB of the memory budget").
   EXPECT_EQ(to({.current = 32, .memory = 64 * MiB, .item_bytes = 40 * MiB, .claims = 2, .ceiling = 32}), 1u);
+  const auto over = pull_sink_capacity(
+      {.current = 32, .memory = 4 * MiB, .item_bytes = 8 * MiB, .claims = 2, .ceiling = 32}, "out", 0);
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->to, 1u);
+  EXPECT_EQ(over->text().find("within"), std::string::npos) << over->text();
+  EXPECT_NE(over->text().find("1 of them hold 8 MiB, more than a quarter of the graph's 4 MiB of the "
+                              "memory budget: the least it can hold"),
+            std::string::npos) << over->text();
   // No budget, or nothing measured: no decision.
   EXPECT_FALSE(pull_sink_capacity({.current = 32, .memory = kUnlimited, .item_bytes = MiB, .ceiling = 32}, "out", 0));
   EXPECT_FALSE(pull_sink_capacity({.current = 2, .memory = 64 * MiB, .item_bytes = 0, .ceiling = 32}, "out", 0));
@@ -374,8 +383,17 @@ TEST(Autotune, TheAdmissionLimitFitsTheMemoryBudget) {
   in.current = 100;
   in.memory = 107 * MiB;
   EXPECT_FALSE(admission_limit(in, 0));
+  in.memory = 120 * MiB;
+  EXPECT_EQ(admission_limit(in, 0)->to, 120u);
+  // Nor one that items an eighth larger would not fit (113 MiB: 100 of 1.125 MiB): a trial's
+  // service flapped 7 -> 8 -> 7 every window as its batches' sizes varied.
   in.memory = 113 * MiB;
-  EXPECT_EQ(admission_limit(in, 0)->to, 113u);
+  EXPECT_FALSE(admission_limit(in, 0));
+  in.current = 7;
+  in.memory = 8 * MiB;
+  EXPECT_FALSE(admission_limit(in, 0));  // 8 fit, but 7 of 1.125 MiB
+  in.memory = 9 * MiB;
+  EXPECT_EQ(admission_limit(in, 0)->to, 9u);
   // Never above max_in_flight, and it says so.
   in = start;
   in.memory = 1000 * MiB;
@@ -392,6 +410,27 @@ TEST(Autotune, TheAdmissionLimitFitsTheMemoryBudget) {
   EXPECT_NE(e->reason.find("holds 0 of them, but its batches hold 63 while they fill, so 64 at the least"),
             std::string::npos) << e->reason;
   EXPECT_NE(e->reason.find("RuntimeConfig::host_memory_budget"), std::string::npos) << e->reason;
+  EXPECT_TRUE(over_budget(in));
+  // A run under a budget starts at the floor: the budget's shortfall is said all the same, once
+  // (a new user's trial saw no decision at all while 31 MiB of items ran under 8 MiB).
+  in.current = 64;
+  e = admission_limit(in, 0);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->text().rfind("max_in_flight stays 64: items of up to 64 MiB", 0), 0u) << e->text();
+  EXPECT_NE(e->reason.find("so 64 at the least, over the budget"), std::string::npos) << e->reason;
+  in.told_over = true;
+  EXPECT_FALSE(admission_limit(in, 0));
+  // With no batch, one item over the budget: "none of them", one at a time at the least.
+  in = start;
+  in.unit_bytes = 16 * MiB;
+  ASSERT_TRUE(over_budget(in));
+  e = admission_limit(in, 0);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->text(), "max_in_flight stays 1: items of up to 16 MiB (at 'work'): the graph's 12 MiB of "
+                       "the memory budget holds none of them; one at a time at the least, over the "
+                       "budget (a larger RuntimeConfig::host_memory_budget or smaller items fit it)");
+  in.unit_bytes = MiB;
+  EXPECT_FALSE(over_budget(in));
   // Without a budget, or before an item was measured: no decision.
   in = start;
   in.memory = kUnlimited;
@@ -775,6 +814,55 @@ TEST(Autotune, HillClimbReleasesCoresWhileTheGpuStaysBusy) {
   ASSERT_TRUE(d.changed);
   EXPECT_EQ(d.events[0].action, Action::revert);
   EXPECT_EQ(d.allocation.stages[0].concurrency, 12u);
+}
+
+// "CPU-bound stages never get more than the cores": a stage that looks like I/O (its CPU a
+// fraction of its time) because its own threads wait for the cores or the GIL is not held past
+// the cores. A new user's trial: numpy sorts on 2 cores, started at 27 bodies at once (a warm
+// start from a run whose bodies slept), each item 79 ms of which 5.9 ms CPU, kept for three
+// epochs. Where the cores bind and the graph keeps up, the climb halves the threads past them,
+// keeping each step whose rate holds; a stage that needs them (real I/O) gets them back.
+TEST(Autotune, ThreadsPastTheCoresAreHalvedWhileTheRateHolds) {
+  auto window = [](std::int64_t at, double rate, std::size_t k, double wall_ms) {
+    const auto items = static_cast<std::uint64_t>(rate);
+    Sample s{.end_ns = at * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = items};
+    s.stages.push_back({.name = "work", .items = items,
+                        .work_ns = static_cast<std::int64_t>(rate * wall_ms * 1e6),
+                        .cpu_ns = static_cast<std::int64_t>(rate * 5.9e6), .concurrency = k});
+    return s;
+  };
+  auto tuner = [] { return Autotuner({.settle_windows = 0, .min_items = 1'000'000}, {.cores = 2}); };
+  Autotuner t = tuner();
+  Decision d = t.observe(window(1, 330, 27, 78.8));
+  EXPECT_EQ(t.bound().limit, Limit::cores);
+  const std::size_t start = d.allocation.stages[0].concurrency;
+  ASSERT_GT(start, 20u);  // the model's I/O: 339/s x 78.8 ms
+  // Its contention falls with its threads: the rate holds at each half, kept, down to the cores.
+  std::size_t k = start;
+  std::string said;
+  for (std::int64_t at = 2; at < 20 && k > 2; ++at) {
+    d = t.observe(window(at, 335, k, 78.8 * static_cast<double>(k) / static_cast<double>(start)));
+    for (const TuneEvent& e : d.events) said += e.text() + "\n";
+    k = t.allocation().stages[0].concurrency;
+  }
+  EXPECT_EQ(k, 2u) << said;
+  EXPECT_NE(said.find("work " + std::to_string(start) + " -> " + std::to_string(start / 2) +
+                      ": 335 items/s, 1.02 of the bound (cores: 2 / 5.9 ms of CPU per item); work runs " +
+                      std::to_string(start) + " bodies at once past the 2 cores: trying " +
+                      std::to_string(start / 2) + " (its waits may be for the cores or the GIL, not I/O)"),
+            std::string::npos) << said;
+  // A stage whose waits are I/O loses rate at half its threads: reverted, and not tried again.
+  Autotuner u = tuner();
+  u.observe(window(1, 330, 27, 78.8));
+  d = u.observe(window(2, 335, start, 78.8));
+  ASSERT_EQ(d.events.size(), 1u);
+  EXPECT_EQ(d.events[0].to, start / 2);
+  d = u.observe(window(3, 170, start / 2, 78.8));
+  ASSERT_FALSE(d.events.empty());
+  EXPECT_EQ(d.events[0].action, Action::revert);
+  EXPECT_EQ(u.allocation().stages[0].concurrency, start);
+  d = u.observe(window(4, 335, start, 78.8));
+  for (const TuneEvent& e : d.events) EXPECT_NE(e.to, start / 2) << e.text();
 }
 
 // ---- the policy online, against the simulator -------------------------------------------------

@@ -561,23 +561,51 @@ Allocation allocate(const std::vector<StageModel>& models, const Budget& budget,
   return a;
 }
 
-std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t at_ns) {
-  if (in.memory == kUnlimited || in.unit_bytes == 0) return std::nullopt;
+namespace {
+// The items admission_limit's memory holds, and the least the graph goes on with.
+std::pair<std::size_t, std::size_t> admission_fit(const AdmissionInput& in) noexcept {
   const std::size_t held = sat_add(in.fixed_bytes, in.sink_bytes);
   const std::size_t left = in.memory > held ? in.memory - held : 0;
-  const std::size_t fits = left / in.unit_bytes;
   const std::size_t floor = std::min(std::max<std::size_t>(in.floor, 1), std::max<std::size_t>(in.ceiling, 1));
+  return {in.unit_bytes ? left / in.unit_bytes : kUnlimited, floor};
+}
+}  // namespace
+
+bool over_budget(const AdmissionInput& in) noexcept {
+  if (in.memory == kUnlimited || in.unit_bytes == 0) return false;
+  const auto [fits, floor] = admission_fit(in);
+  return fits < floor;
+}
+
+std::optional<TuneEvent> admission_limit(const AdmissionInput& in, std::int64_t at_ns) {
+  if (in.memory == kUnlimited || in.unit_bytes == 0) return std::nullopt;
+  const auto [fits, floor] = admission_fit(in);
   const std::size_t want = std::clamp(fits, floor, std::max(in.ceiling, floor));
-  if (want == in.current) return std::nullopt;
-  if (want > in.current && want - in.current < std::max<std::size_t>(1, in.current / 8)) return std::nullopt;
+  if (want > in.current) {
+    // A raise by an eighth of the limit at least, and only where items an eighth larger than
+    // measured would still fit more than now: sizes vary from window to window (a trial's
+    // service under a budget went 7 -> 8 -> 7 every window as its batches' sizes varied).
+    AdmissionInput larger = in;
+    larger.unit_bytes = sat_add(in.unit_bytes, in.unit_bytes / 8);
+    if (want - in.current < std::max<std::size_t>(1, in.current / 8) || admission_fit(larger).first <= in.current)
+      return std::nullopt;
+  }
+  // A budget that holds fewer items than the graph needs is said once, even where the limit
+  // is at its floor already (a run under a budget starts there: the text was never shown).
+  if (want == in.current && !(fits < floor && !in.told_over)) return std::nullopt;
   std::string why = fmt::format("items of up to {} (at '{}')", byte_text(double(in.unit_bytes)), in.widest);
   const std::string share =
       fmt::format("the graph's {} of the memory budget{}", byte_text(double(in.memory)),
                   std::string(in.fixed_bytes ? fmt::format(", less {} of pinned rings", byte_text(double(in.fixed_bytes))) : std::string()) +
                   (in.sink_bytes ? fmt::format(", less {} its pull sink's queue may hold", byte_text(double(in.sink_bytes))) : std::string()));
-  if (fits < floor)
+  if (fits < floor && floor == 1)
+    why += fmt::format(": {} holds none of them; one at a time at the least, over the budget (a "
+                       "larger RuntimeConfig::host_memory_budget or smaller items fit it)",
+                       share);
+  else if (fits < floor)
     why += fmt::format(": {} holds {} of them, but its batches hold {} while they fill, so {} at the "
-                       "least (a smaller batch or a larger RuntimeConfig::host_memory_budget fits it)",
+                       "least, over the budget (a smaller batch or a larger "
+                       "RuntimeConfig::host_memory_budget fits it)",
                        share, fits, floor - 1, floor);
   else if (want == in.ceiling && fits > in.ceiling)
     why += fmt::format(": {} of them (GraphOptions::max_in_flight) hold {}, within {}", want,
@@ -602,7 +630,11 @@ std::optional<TuneEvent> pull_sink_capacity(const SinkQueueInput& in, const std:
   const std::size_t ready = in.memory / 4 / in.item_bytes;
   std::string why = fmt::format("items of {}: {} of them hold {}", byte_text(double(in.item_bytes)), want,
                                 byte_text(double(sat_mul(want, in.item_bytes))));
-  if (want > std::max<std::size_t>(ready, 1))
+  if (ready == 0)  // (one item is more than the quarter: it said "within a quarter", a trial)
+    why += fmt::format(", more than a quarter of the graph's {} of the memory budget: the least "
+                       "it can hold",
+                       byte_text(double(in.memory)));
+  else if (want > std::max<std::size_t>(ready, 1))
     why += fmt::format(", a slot for each of its producers' {} claims and one more, within half of "
                        "the graph's {} of the memory budget", in.claims, byte_text(double(in.memory)));
   else
@@ -768,7 +800,8 @@ std::string TuneEvent::text() const {
     return reason.empty() ? head : head + ": " + reason;
   }
   if (stage.empty() && !knob.empty())  // the graph's own knob: "max_in_flight 1 -> 12: ..."
-    return fmt::format("{} {} -> {}", knob, from, to) + (reason.empty() ? "" : ": " + reason);
+    return (from == to ? fmt::format("{} stays {}", knob, to) : fmt::format("{} {} -> {}", knob, from, to)) +
+           (reason.empty() ? "" : ": " + reason);
   return reason;
 }
 
@@ -964,11 +997,16 @@ Autotuner::Autotuner(PolicyOptions options, Budget budget)
     : opt_(options), budget_(budget), est_(options.drift) {}
 
 void Autotuner::set_budget(const Budget& budget) {
-  if (std::abs(budget.cores - budget_.cores) >= 0.5 || budget.memory_bytes != budget_.memory_bytes ||
-      budget.pool != budget_.pool) {
+  const bool cores_moved = std::abs(budget.cores - budget_.cores) >= 0.5 || budget.pool != budget_.pool;
+  // (Before the first allocation the memory a run is given is where it starts, not a change:
+  // a trial's run said "budget 2 -> 2 cores, memory for the tuned queues unlimited -> 44 MiB"
+  // after decisions that had spoken of the 44 MiB. A share of the cores is said.)
+  const bool warmup = phase_ == Phase::warmup;
+  if (cores_moved || (budget.memory_bytes != budget_.memory_bytes && !warmup)) {
     if (!budget_changed_) old_budget_ = budget_;
     budget_changed_ = true;
   }
+  if (warmup) old_budget_.memory_bytes = budget.memory_bytes;
   budget_ = budget;
 }
 
@@ -1168,6 +1206,32 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
     }
   }
 
+  // 1b. Threads past the cores: where the cores bind and the graph keeps up with them, a stage
+  //     running more bodies at once than there are cores (one that waits, on the blocking
+  //     threads) is tried at half as many, kept if the rate holds. Its waits may be for the
+  //     cores or the GIL among its own threads, not I/O: a new user's trial saw a numpy stage,
+  //     placed there by a run whose bodies slept, run 21 bodies at once on 2 cores (each item
+  //     70 ms instead of 5; its model "78.8 ms io") for three epochs.
+  if (bound_.limit == Limit::cores && fed) {
+    const auto cores = static_cast<std::size_t>(std::max(1.0, std::ceil(budget_.cores - kEps)));
+    for (std::size_t i = 0; i < n; ++i) {
+      const StageModel& m = models_[i];
+      const std::size_t k = alloc_.stages[i].concurrency;
+      if (!tunable(m) || m.resource == Resource::gpu || k <= cores || is_tabu("past:" + m.name)) continue;
+      Move mv;
+      mv.key = "past:" + m.name;
+      mv.release = true;
+      mv.changes.push_back(
+          {s.end_ns, Action::probe, m.name, "concurrency", k, std::max(cores, k / 2),
+           fmt::format("{:.4g} items/s, {:.2f} of the bound ({}); {} runs {} bodies at once past "
+                       "the {} cores: trying {} (its waits may be for the cores or the GIL, not "
+                       "I/O)",
+                       rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, bound_.why, m.name, k, cores,
+                       std::max(cores, k / 2))});
+      return mv;
+    }
+  }
+
   // 2. Raise the bottleneck: the stage with the lowest rate at its concurrency, measured busy
   //    ones first, taking a core from the stage with the most slack when the budget is spent.
   if (!(gpu_limited && fed)) {
@@ -1336,8 +1400,10 @@ Decision Autotuner::observe(const Sample& s) {
   }
   if (budget_changed_) {
     budget_changed_ = false;
+    const bool cores_moved = std::abs(budget_.cores - old_budget_.cores) >= 0.5 || budget_.pool != old_budget_.pool;
     retune(s, Action::retune,
-           fmt::format("budget {:g} -> {:g} cores{}{}", old_budget_.cores, budget_.cores,
+           fmt::format("budget {}{}{}", cores_moved ? fmt::format("{:g} -> {:g} cores", old_budget_.cores, budget_.cores)
+                                                    : fmt::format("{:g} cores", budget_.cores),
                        budget_.pool == old_budget_.pool ? ""
                        : budget_.pool                   ? " (a pool of its own)"
                                                         : " (a share of a pool)",

@@ -90,6 +90,7 @@ class RunTuner {
   bool joined_ = false;
   autotune::Autotuner tuner_;
   std::size_t admit_limit_;  // the graph's admit limit as this tuner last set it (or found it)
+  bool told_over_budget_ = false;  // a decision said the memory budget holds fewer items than the graph needs
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -274,12 +274,21 @@ struct AdmissionInput {
   std::string widest{};
   std::size_t floor = 1;        ///< the least it can go on with: its batches' held items + 1
   std::size_t ceiling = 1;      ///< GraphOptions::max_in_flight
+  /// Whether a decision said already that the budget holds fewer items than `floor` (the
+  /// caller keeps it: over_budget() when it took the last decision).
+  bool told_over = false;
 };
+/// Whether the memory `in` leaves holds fewer items than the graph goes on with (its floor):
+/// it then runs over the budget at the floor.
+bool over_budget(const AdmissionInput& in) noexcept;
 /// The admission limit for `in`: the items that fit the memory left after the fixed bytes,
-/// within [floor, ceiling]. A cut is made at once; a raise of less than an eighth of the
-/// current limit is not (item sizes vary from window to window). Returns the decision
-/// (knob "max_in_flight", from, to, its reason) if the limit changes, none otherwise (or
-/// without a budget, or before an item was measured).
+/// within [floor, ceiling]. A cut is made at once; a raise only by an eighth of the current
+/// limit or more, and where items an eighth larger would fit more than the limit now (item
+/// sizes vary from window to window). Returns the decision
+/// (knob "max_in_flight", from, to, its reason) if the limit changes, or once (unless
+/// `told_over`) where the budget holds fewer items than the floor ("max_in_flight stays 16:
+/// ... over the budget (a smaller batch or a larger RuntimeConfig::host_memory_budget fits
+/// it)"); none otherwise (or without a budget, or before an item was measured).
 ///
 ///   autotune::AdmissionInput in{.current = 1, .memory = 12 << 20, .unit_bytes = 1 << 20,
 ///                               .widest = "work", .floor = 1, .ceiling = 256};
