@@ -369,6 +369,14 @@ def connect(address, timeout=10.0, **kwargs):
                     f"{time.monotonic() - t0:.1f} s)") from e
 
 
+def _scheduler_address(client):
+    """The address of `client`'s scheduler, or None where it has none now (closed)."""
+    try:
+        return client.scheduler.address
+    except Exception:
+        return None
+
+
 def remote(build, client, items=None, **kwargs):
     """``Remote(build, client, items, ...)``: see Remote."""
     return Remote(build, client, items, **kwargs)
@@ -425,6 +433,9 @@ class Remote:
                              f"{stuck_after!r}")
         self.build = build
         self.client = client
+        # Its scheduler's address while it is connected: a closed client has none to say, and
+        # its errors named the scheduler as '?' (a new user's trial).
+        self.scheduler_address = _scheduler_address(client)
         self.items = items
         self.stuck_after = None if stuck_after is None else float(stuck_after)
         self.seed = int(seed)
@@ -646,10 +657,7 @@ class RemotePass:
         self.worker_threads = _threads_of(self.client)
 
     def _address(self):
-        try:
-            return self.client.scheduler.address
-        except Exception:
-            return "?"
+        return _scheduler_address(self.client) or self.remote.scheduler_address or "?"
 
     def _split_size(self):
         r = self.remote

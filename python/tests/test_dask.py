@@ -912,6 +912,9 @@ def test_a_client_closed_during_a_pass_is_said_so():
         text = str(e.value) + " " + str(e.value.__cause__)
         assert "it was closed during the pass" in text, text
         assert "waited timeout=30 s" not in text, text
+        # The scheduler's address, as the client had it (it said '?': a new user's trial).
+        assert f"lost the Dask scheduler at {r.scheduler_address}:" in text, text
+        assert r.scheduler_address.startswith("tcp://127.0.0.1:"), r.scheduler_address
 
 
 # Workers in the client's own process (LocalCluster(processes=False), one thread each): their
