@@ -848,7 +848,7 @@ TEST(Autotune, ThreadsPastTheCoresAreHalvedWhileTheRateHolds) {
   EXPECT_EQ(k, 2u) << said;
   EXPECT_NE(said.find("work " + std::to_string(start) + " -> " + std::to_string(start / 2) +
                       ": 335 items/s, 1.02 of the bound (cores: 2 / 5.9 ms of CPU per item); work runs " +
-                      std::to_string(start) + " bodies at once past the 2 cores: trying " +
+                      std::to_string(start) + " at once past the 2 cores, their CPU 1.9 cores: trying " +
                       std::to_string(start / 2) + " (its waits may be for the cores or the GIL, not I/O)"),
             std::string::npos) << said;
   // A stage whose waits are I/O loses rate at half its threads: reverted, and not tried again.
@@ -863,6 +863,45 @@ TEST(Autotune, ThreadsPastTheCoresAreHalvedWhileTheRateHolds) {
   EXPECT_EQ(u.allocation().stages[0].concurrency, start);
   d = u.observe(window(4, 335, start, 78.8));
   for (const TuneEvent& e : d.events) EXPECT_NE(e.to, start / 2) << e.text();
+  // A stage whose slots demand little CPU (a read waiting 78.8 ms for 0.3 ms of CPU: 26 slots,
+  // 0.1 cores) is not tried at all: its threads wait for I/O, not for the cores.
+  auto io = [&](std::int64_t at, std::size_t k) {
+    Sample s = window(at, 330, k, 78.8);
+    s.stages[0].cpu_ns = static_cast<std::int64_t>(330 * 0.3e6);
+    s.stages.push_back({.name = "parse", .producers = {0}, .items = 330,
+                        .work_ns = static_cast<std::int64_t>(330 * 5.6e6),
+                        .cpu_ns = static_cast<std::int64_t>(330 * 5.6e6), .concurrency = 2});
+    return s;
+  };
+  Autotuner v = tuner();
+  const std::size_t read = v.observe(io(1, 27)).allocation.stages[0].concurrency;
+  ASSERT_GT(read, 2u);
+  for (std::int64_t at = 2; at < 8; ++at)
+    for (const TuneEvent& e : v.observe(io(at, v.allocation().stages[0].concurrency)).events)
+      EXPECT_EQ(e.text().find("past the 2 cores"), std::string::npos) << e.text();
+}
+
+// A run's memory budget given before its first allocation is where it starts, not a change
+// (a trial's run said "budget 2 -> 2 cores, memory for the tuned queues unlimited -> 44 MiB"
+// after decisions that had spoken of the 44 MiB); after it, a change is said, the cores only
+// where they moved.
+TEST(Autotune, ABudgetGivenAtWarmUpIsNoChange) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto window = [](std::int64_t at) {
+    Sample s{.end_ns = at * 1'000'000'000, .window_ns = 1'000'000'000, .delivered = 100};
+    s.stages.push_back({.name = "a", .items = 100, .work_ns = 100'000'000, .cpu_ns = 100'000'000});
+    return s;
+  };
+  Autotuner t({.settle_windows = 0, .min_items = 1'000'000}, {.cores = 2});
+  t.set_budget({.cores = 2, .memory_bytes = 44 * MiB});
+  std::string said;
+  for (std::int64_t at = 1; at < 4; ++at)
+    for (const TuneEvent& e : t.observe(window(at)).events) said += e.text() + "\n";
+  EXPECT_EQ(said.find("budget"), std::string::npos) << said;
+  t.set_budget({.cores = 2, .memory_bytes = 20 * MiB});
+  said.clear();
+  for (const TuneEvent& e : t.observe(window(4)).events) said += e.text() + "\n";
+  EXPECT_NE(said.find("budget 2 cores, memory for the tuned queues 44 MiB -> 20 MiB"), std::string::npos) << said;
 }
 
 // ---- the policy online, against the simulator -------------------------------------------------

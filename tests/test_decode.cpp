@@ -377,6 +377,23 @@ TEST(BatchDecode, ACorruptImageInABatchIsSkippedAlone) {
   }
 }
 
+// Bytes of another dtype are the caller's mistake, not a bad file: the batch fails naming the
+// file, under skip too (each such file would have been dropped as a failure).
+TEST(BatchDecode, BytesOfAnotherDtypeFailTheBatchEvenUnderSkip) {
+  im::BatchDecode dec({.augment = {.size = 24}, .on_error = OnError::skip});
+  std::vector<im::Encoded> files{encoded(0, jpeg(48, 64, 1)), encoded(1, jpeg(48, 64, 2))};
+  HostTensor i8 = HostTensor::empty(DType::i8, {files[1].bytes.dim(0)});
+  std::memcpy(i8.raw(), files[1].bytes.raw(), static_cast<std::size_t>(files[1].bytes.nbytes()));
+  files[1].bytes = i8;
+  try {
+    (void)dec.host(files);
+    ADD_FAILURE() << "int8 bytes taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("splitflow::image::BatchDecode: 'img1.jpg': takes a file's bytes "
+                                          "as contiguous u8, got i8[", 0), 0u) << e.what();
+  }
+}
+
 // Without skip, a corrupt image fails the run, with an error naming the stage, the image's index
 // and path, its placement and the decoder's message; nothing is leaked.
 TEST(BatchDecode, WithoutSkipACorruptImageFailsTheRunNamingIt) {

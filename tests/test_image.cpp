@@ -1082,11 +1082,16 @@ TEST(ImageDecode, ScaledDecodeOfChromaSubsampledOneWayStopsAtAQuarter) {
   const int h = 1200, w = 1600;
   const auto px = photo_like_pixels(h, w);
   // The worst crop's PSNR against full decode, over crops 1/8 would take (deterministic: the
-  // same bytes and fixed-point pixels on every machine). At 1/8 4:2:2 gave 48.9 dB and 4:4:0
-  // 48.4 here (the cap taken out); at 1/4, 52.6 both. 4:2:0 at 1/8: 49.3.
-  for (const auto& [samp, name, floor_db] : {std::tuple{TJSAMP_420, "4:2:0", 47.0},
-                                             std::tuple{TJSAMP_422, "4:2:2", 51.0},
-                                             std::tuple{TJSAMP_440, "4:4:0", 51.0}}) {
+  // same bytes and fixed-point pixels on every machine). With the cap taken out, at 1/8: 4:2:2
+  // 48.9 dB, 4:4:0 48.4, 4:1:1 44.2; with it, at 1/4: 52.6, 52.6, 52.0. Files that need no
+  // chroma upsampling stay at 1/8, below what 1/4 would give (not over-capped): 4:2:0 49.3, a
+  // 4:2:2 file decoded to gray (its luma alone) 49.9.
+  for (const auto& [samp, color, name, floor_db, below_db] :
+       {std::tuple{TJSAMP_420, image::Color::rgb, "4:2:0", 47.0, 51.0},
+        std::tuple{TJSAMP_422, image::Color::rgb, "4:2:2", 51.0, 99.0},
+        std::tuple{TJSAMP_440, image::Color::rgb, "4:4:0", 51.0, 99.0},
+        std::tuple{TJSAMP_411, image::Color::rgb, "4:1:1", 50.0, 99.0},
+        std::tuple{TJSAMP_422, image::Color::gray, "4:2:2 as gray", 47.0, 51.0}}) {
     const auto jpeg = encode(px, h, w, 3, 92, samp);
     double worst = 99;
     int eighths = 0;
@@ -1096,12 +1101,13 @@ TEST(ImageDecode, ScaledDecodeOfChromaSubsampledOneWayStopsAtAQuarter) {
       n.scaled_decode = SD::never;
       if (image::decode_denominator(a, h, w, image::draw_augment(h, w, i, a).box) != 8) continue;
       ++eighths;  // (a crop that 1/8 would take: 4:2:0's is, the others' at 1/4)
-      const image::Image got = image::decode_random_resized_crop({i, "p.jpg", tensor_of_bytes(jpeg)}, a);
-      const image::Image ref = image::decode_random_resized_crop({i, "p.jpg", tensor_of_bytes(jpeg)}, n);
+      const image::Image got = image::decode_random_resized_crop({i, "p.jpg", tensor_of_bytes(jpeg)}, a, color);
+      const image::Image ref = image::decode_random_resized_crop({i, "p.jpg", tensor_of_bytes(jpeg)}, n, color);
       worst = std::min(worst, psnr(got.pixels, ref.pixels));
     }
     EXPECT_GT(eighths, 8) << name;
     EXPECT_GE(worst, floor_db) << name;
+    EXPECT_LT(worst, below_db) << name;
   }
 }
 

@@ -20,6 +20,9 @@ namespace {
 constexpr double kEps = 1e-9;
 // The gain a trial past the GIL's bound on the model must show to be kept.
 constexpr double kPastSerialGain = 0.15;
+// The share of the cores a stage's slots past them must demand (CPU a slot, summed) to be tried
+// at half as many ("threads past the cores", Autotuner::propose).
+constexpr double kPastCoresDemand = 0.8;
 // The least share of the shared lock's time the modelled stages are given (the others' holds
 // are measured as their CPU demand with it taken, which counts what they computed without it).
 constexpr double kMinSerialShare = 0.05;
@@ -1207,27 +1210,32 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
   }
 
   // 1b. Threads past the cores: where the cores bind and the graph keeps up with them, a stage
-  //     running more bodies at once than there are cores (one that waits, on the blocking
-  //     threads) is tried at half as many, kept if the rate holds. Its waits may be for the
-  //     cores or the GIL among its own threads, not I/O: a new user's trial saw a numpy stage,
-  //     placed there by a run whose bodies slept, run 21 bodies at once on 2 cores (each item
-  //     70 ms instead of 5; its model "78.8 ms io") for three epochs.
+  //     running more at once than there are cores (one that waits, on the blocking threads)
+  //     whose slots together demand most of the cores' CPU is tried at half as many, kept if
+  //     the rate holds. Its waits may be for the cores or the GIL among its own threads, not
+  //     I/O: a new user's trial saw a numpy stage, placed there by a run whose bodies slept, run
+  //     21 bodies at once on 2 cores (each item 70 ms instead of 5; its model "78.8 ms io", 27
+  //     slots of 0.075 cores: 2.0) for three epochs. A stage that waits for I/O demands little
+  //     CPU a slot (a 3 ms read of 34 us: 28 slots, 0.3 cores) and is not tried.
   if (bound_.limit == Limit::cores && fed) {
     const auto cores = static_cast<std::size_t>(std::max(1.0, std::ceil(budget_.cores - kEps)));
     for (std::size_t i = 0; i < n; ++i) {
       const StageModel& m = models_[i];
       const std::size_t k = alloc_.stages[i].concurrency;
       if (!tunable(m) || m.resource == Resource::gpu || k <= cores || is_tabu("past:" + m.name)) continue;
+      const double demand = static_cast<double>(k) * m.cores_per_slot();
+      if (demand < kPastCoresDemand * budget_.cores) continue;
+      const std::size_t to = std::max(cores, k / 2);
       Move mv;
       mv.key = "past:" + m.name;
       mv.release = true;
       mv.changes.push_back(
-          {s.end_ns, Action::probe, m.name, "concurrency", k, std::max(cores, k / 2),
-           fmt::format("{:.4g} items/s, {:.2f} of the bound ({}); {} runs {} bodies at once past "
-                       "the {} cores: trying {} (its waits may be for the cores or the GIL, not "
-                       "I/O)",
+          {s.end_ns, Action::probe, m.name, "concurrency", k, to,
+           fmt::format("{:.4g} items/s, {:.2f} of the bound ({}); {} runs {} at once past the {} "
+                       "cores, their CPU {:.2g} cores: trying {} (its waits may be for the cores or "
+                       "the GIL, not I/O)",
                        rate, bound_.rate > 0 ? rate / bound_.rate : 0.0, bound_.why, m.name, k, cores,
-                       std::max(cores, k / 2))});
+                       demand, to)});
       return mv;
     }
   }

@@ -452,8 +452,7 @@ void RunTuner::loop() {
                                   .memory = memory,
                                   .sink_bytes = sink_bytes,
                                   .floor = graph_.admit_floor(),
-                                  .ceiling = graph_.options().max_in_flight,
-                                  .told_over = told_over_budget_};
+                                  .ceiling = graph_.options().max_in_flight};
       for (std::size_t i = 0; i < now.stages.size() && i < before.stages.size(); ++i) {
         const StageStats& b = now.stages[i];
         in.fixed_bytes = autotune::sat_add(in.fixed_bytes, b.ring_capacity);
@@ -466,8 +465,14 @@ void RunTuner::loop() {
       }
       // A sink not measured yet holds items of the widest size measured, at most.
       in.sink_bytes = autotune::sat_add(in.sink_bytes, autotune::sat_mul(unmeasured_slots, in.unit_bytes));
+      // A shortfall said once, and again only after two windows within the budget (sizes that
+      // hover at the edge would say it every other window).
+      const bool over = autotune::over_budget(in);
+      within_budget_windows_ = over ? 0 : within_budget_windows_ + 1;
+      if (within_budget_windows_ >= 2) told_over_budget_ = false;
+      in.told_over = told_over_budget_;
       if (std::optional<autotune::TuneEvent> e = autotune::admission_limit(in, s.end_ns)) {
-        told_over_budget_ = autotune::over_budget(in);
+        told_over_budget_ = told_over_budget_ || over;
         admit_limit_ = e->to;
         graph_.post_if_running([g = &graph_, n = e->to](WorkList& w) { g->set_admit_limit(n, w); });
         events.push_back(std::move(*e));

@@ -91,6 +91,7 @@ class RunTuner {
   autotune::Autotuner tuner_;
   std::size_t admit_limit_;  // the graph's admit limit as this tuner last set it (or found it)
   bool told_over_budget_ = false;  // a decision said the memory budget holds fewer items than the graph needs
+  int within_budget_windows_ = 0;  // windows in a row since the budget last held too few
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -138,6 +138,9 @@ DecodePlan BatchDecode::host(std::vector<Encoded> files) const {
   State& s = *s_;
   const BatchDecodeOptions& o = s.opts;
   const bool skip = o.on_error == OnError::skip;
+  // Bytes of another dtype are the caller's mistake, not a bad file: refused whatever on_error
+  // says (under skip every file was dropped as a failure).
+  for (const Encoded& f : files) (void)internal::encoded_bytes("BatchDecode", f);
   DecodePlan plan;
   plan.entries.resize(files.size());
   auto fail = [&](const DecodePlan::Entry& e, const std::string& why) {
@@ -155,7 +158,7 @@ DecodePlan BatchDecode::host(std::vector<Encoded> files) const {
     e.path = f.path;
     JpegInfo info;
     try {
-      info = jpeg_info(internal::encoded_bytes("BatchDecode", f), f.bytes.nbytes(), f.path);
+      info = jpeg_info(f.bytes.data<std::uint8_t>(), f.bytes.nbytes(), f.path);
     } catch (const Error& err) {
       e.error = fail(e, err.what());
       continue;

@@ -285,10 +285,14 @@ bool libjpeg_reads_the_header(const std::uint8_t* data, std::size_t size, std::s
 }  // namespace
 
 const std::uint8_t* internal::encoded_bytes(const char* op, const Encoded& file) {
-  if (file.bytes.dtype() != DType::u8 || !file.bytes.contiguous())
+  if (file.bytes.dtype() != DType::u8)
     throw Error(fmt::format("{}: takes a file's bytes as contiguous u8, got {}: give them as uint8 "
                             "(Python: bytes, np.frombuffer(data, np.uint8) or torch.frombuffer(data, "
                             "dtype=torch.uint8))",
+                            about(op, file.path), file.bytes.describe()));
+  if (!file.bytes.contiguous())
+    throw Error(fmt::format("{}: takes a file's bytes as contiguous u8, got a strided view {}: give "
+                            "them in one piece (Python: bytes(...) or np.ascontiguousarray(...))",
                             about(op, file.path), file.bytes.describe()));
   return file.bytes.data<std::uint8_t>();
 }
@@ -525,12 +529,15 @@ bool decode_rows(JpegDecoder& d, int y, int h, unsigned* x, unsigned* w, std::ui
 
 // The largest DCT scale denominator a scaled decode of this file takes (decode_denominator's
 // `most`): 8 where no component it decodes is upsampled at 1/8 (gray, 4:4:4, 4:2:0: libjpeg-turbo
-// scales the chroma's IDCT up to the luma's size), else 4. At 1/8 libjpeg-turbo turns its fancy
-// (triangle) upsampling off and repeats each chroma sample: 4:2:2 and 4:4:0 files lost 9 dB of
-// PSNR against full decode there (a new user's trial: 34 dB at 1/8, 43 at 1/4), 4:1:1 6 dB.
+// scales the chroma's IDCT up to the luma's size), else 4. At 1/8 each upsampled chroma sample
+// is one block's DC value, repeated: libjpeg-turbo turns its fancy (triangle) upsampling off
+// there (4:2:2 and 4:4:0 files lost 9 dB of PSNR against full decode: a new user's trial, 34 dB
+// at 1/8, 43 at 1/4), and 4:1:1's has none at any scale (5 dB lost at 1/8).
 int most_denominator(const jpeg_decompress_struct& c, Color color) noexcept {
-  if (color == Color::gray || c.num_components == 1) return 8;  // the luma alone is decoded
-  for (int ci = 0; ci < c.num_components; ++ci) {
+  // Gray out of YCbCr decodes the luma alone (libjpeg leaves the chroma out); CMYK, YCCK and
+  // RGB-coded files are decoded whole and converted after (read_header, cmyk_to).
+  const int decoded = color == Color::gray && c.jpeg_color_space == JCS_YCbCr ? 1 : c.num_components;
+  for (int ci = 0; ci < decoded; ++ci) {
     const jpeg_component_info& k = c.comp_info[ci];
     // The component's scaled IDCT size at 1/8 (libjpeg-turbo's jdmaster.c: doubled while both
     // sampling ratios allow), then whether it still needs upsampling to the output's size.

@@ -657,7 +657,10 @@ class RemotePass:
         self.worker_threads = _threads_of(self.client)
 
     def _address(self):
-        return _scheduler_address(self.client) or self.remote.scheduler_address or "?"
+        live = _scheduler_address(self.client)
+        if live:  # (a client reconnected to a scheduler restarted elsewhere)
+            self.remote.scheduler_address = live
+        return live or self.remote.scheduler_address or "?"
 
     def _split_size(self):
         r = self.remote

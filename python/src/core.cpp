@@ -596,11 +596,25 @@ bool flag_arg(const py::handle& o, const std::string& who, const char* arg) {
   throw GraphError(who + ": " + arg + " must be True or False, not " + py::repr(o).cast<std::string>());
 }
 
-/// antialias= of the image ops: a flag, or None (torchvision 0.14's default, which on PIL
-/// images, what these ops match, antialiases): True. It was taken as False (a new user's
-/// trial: torchvision's arguments copied gave the aliasing bilinear, 103 off PIL).
+/// antialias= of the image ops: a flag, or torchvision's defaults, None (0.14) and "warn"
+/// (0.15-0.16), which on PIL images, what these ops match, antialias: True. None was taken as
+/// False (a new user's trial: torchvision's arguments copied gave the aliasing bilinear, 103
+/// off PIL).
 bool antialias_arg(const py::handle& o, const std::string& who) {
-  return o.is_none() || flag_arg(o, who, "antialias");
+  if (o.is_none() || (py::isinstance<py::str>(o) && o.cast<std::string>() == "warn")) return true;
+  return flag_arg(o, who, "antialias");
+}
+
+/// A stage's concurrency= (g.stage, g.gpu_stage): an int (0: unlimited) or "auto"
+/// (Concurrency::automatic), else GraphError naming `who`.
+std::size_t concurrency_arg(const py::handle& o, const std::string& who) {
+  if (py::isinstance<py::str>(o)) {
+    if (o.cast<std::string>() != "auto")
+      throw GraphError(who + ": concurrency must be a number (0: unlimited) or 'auto', not '" +
+                       o.cast<std::string>() + "'");
+    return Concurrency::automatic;
+  }
+  return count_arg(o, who, "concurrency", "an int (0: unlimited) or 'auto'");
 }
 
 StageOptions stage_options(std::size_t concurrency, Order order, std::size_t capacity,
@@ -1757,18 +1771,12 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         std::size_t n;
         if (concurrency.is_none()) {
           n = py::isinstance<CpuOp>(body) && processes == 0 ? Concurrency::automatic : Concurrency::serial;
-        } else if (py::isinstance<py::str>(concurrency)) {
-          if (concurrency.cast<std::string>() != "auto")
-            throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency must be a "
-                             "number (0: unlimited) or 'auto', not '" +
-                             concurrency.cast<std::string>() + "'");
+        } else if ((n = concurrency_arg(concurrency, "splitflow.Graph.stage('" + name + "')")) ==
+                   Concurrency::automatic) {
           if (processes > 0)
             throw GraphError("splitflow.Graph.stage('" + name + "'): concurrency='auto' is for "
                              "thread stages; a process stage's concurrency is its processes");
-          n = Concurrency::automatic;
         } else {
-          n = count_arg(concurrency, "splitflow.Graph.stage('" + name + "')", "concurrency",
-                        "an int (0: unlimited) or 'auto'");
           // (It was taken and ignored: the workers are the stage's concurrency, a new user's
           // trial gave processes=2, concurrency=4.)
           if (processes > 0)
@@ -1953,22 +1961,14 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "The graph's request entry and exit (one per graph): connect svc.source >> first stage "
       "and last stage >> svc.sink, run the graph, then svc.submit(item) from any thread.")
       .def("gpu_stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object op_object,
-                           py::object concurrency_arg, py::object ordered_arg, py::object capacity_arg,
+                           py::object concurrency_in, py::object ordered_arg, py::object capacity_arg,
                            py::object order, std::string on_error, py::object field) {
         const std::string where = "splitflow.Graph.gpu_stage('" + name + "')";
         const bool ordered = flag_arg(ordered_arg, where, "ordered");
         // concurrency="auto": C++'s GpuStageOptions with Concurrency::automatic (the graph's
         // tuner sets its bursts in flight). It was refused ("must be an int >= 0, not 'auto'")
         // though C++ takes it (a new user's trial).
-        std::size_t concurrency;
-        if (py::isinstance<py::str>(concurrency_arg)) {
-          if (concurrency_arg.cast<std::string>() != "auto")
-            throw GraphError(where + ": concurrency must be a number (0: unlimited) or 'auto', not '" +
-                             concurrency_arg.cast<std::string>() + "'");
-          concurrency = Concurrency::automatic;
-        } else {
-          concurrency = count_arg(concurrency_arg, where, "concurrency", "an int (0: unlimited) or 'auto'");
-        }
+        const std::size_t concurrency = concurrency_arg(concurrency_in, where);
         const std::size_t capacity = count_arg(capacity_arg, where, "capacity");
         GpuOp op;
         if (py::isinstance<GpuOp>(op_object)) {

@@ -877,6 +877,7 @@ def test_a_gpu_stage_takes_concurrency_auto_as_cpp_does():
     stats = run.stats()
     model = next(s for s in stats["stages"] if s["name"] == "model")
     assert model["items_out"] == 400 and model["concurrency_limit"] >= 1
+    assert model["concurrency_automatic"], model
     assert stats["autotune"] and any("model" in e for e in stats["autotune"]), stats["autotune"]
     with pytest.raises(sf.GraphError, match=r"gpu_stage\('m'\): concurrency must be a number "
                                             r"\(0: unlimited\) or 'auto', not 'fast'"):

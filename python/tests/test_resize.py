@@ -112,6 +112,8 @@ def test_antialias_none_is_torchvisions_default_and_antialiases():
     want = pil_resize(a, 100, 100)
     (got,) = run_op(sf.ops.resize(100, 100, antialias=None), [a])
     assert_within_one(got, want, "resize(antialias=None)")
+    (got,) = run_op(sf.ops.resize(100, 100, antialias="warn"), [a])  # torchvision 0.15-0.16's
+    assert_within_one(got, want, "resize(antialias='warn')")
     crop = dict(seed=1, scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=0.0)
     (got,) = run_op(sf.ops.random_resized_crop(100, antialias=None, **crop), [a])
     assert_within_one(got, want, "random_resized_crop(antialias=None)")

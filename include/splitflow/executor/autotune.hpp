@@ -275,7 +275,8 @@ struct AdmissionInput {
   std::size_t floor = 1;        ///< the least it can go on with: its batches' held items + 1
   std::size_t ceiling = 1;      ///< GraphOptions::max_in_flight
   /// Whether a decision said already that the budget holds fewer items than `floor` (the
-  /// caller keeps it: over_budget() when it took the last decision).
+  /// caller keeps it: set by a decision taken while over_budget(), cleared once the budget has
+  /// held the items for two windows).
   bool told_over = false;
 };
 /// Whether the memory `in` leaves holds fewer items than the graph goes on with (its floor):

@@ -182,9 +182,10 @@ inline constexpr std::int64_t kScaledDecodeMinPixels = 8'000'000;
 /// The DCT scale denominator (1, 2, 4 or 8) decode_random_resized_crop decodes a `box` of an
 /// `height` x `width` image at, for an output of `size` x `size` (`spec.width` wide when given)
 /// under `spec`: the largest, up to `most`, that leaves the decoded crop at least the output's
-/// size. The op gives `most` 8 for gray, 4:4:4 and 4:2:0 files and 4 for the others (4:2:2,
-/// 4:4:0, 4:1:1): at 1/8 libjpeg-turbo repeats their chroma samples instead of interpolating
-/// them (9 dB of PSNR lost against full decode on 4:2:2 photos).
+/// size. The op gives `most` 8 for gray, 4:4:4 and 4:2:0 files (and gray output of YCbCr
+/// ones) and 4 for the others (4:2:2, 4:4:0, 4:1:1): at 1/8 each of their chroma samples is one
+/// block's DC value, repeated, not interpolated (9 dB of PSNR lost against full decode on 4:2:2
+/// photos).
 int decode_denominator(const AugmentSpec& spec, int height, int width, const Box& box, int most = 8) noexcept;
 
 /// The largest output side image ops accept (a stated bound: a 16384 x 16384 RGB output is
