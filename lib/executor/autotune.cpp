@@ -999,9 +999,15 @@ void CostEstimator::restart() {
 Autotuner::Autotuner(PolicyOptions options, Budget budget)
     : opt_(options), budget_(budget), est_(options.drift) {}
 
+namespace {
+// Whether a budget's cores changed from `was` (by half a core or more, or pool against share).
+bool cores_moved(const Budget& was, const Budget& now) noexcept {
+  return std::abs(now.cores - was.cores) >= 0.5 || now.pool != was.pool;
+}
+}  // namespace
+
 void Autotuner::set_budget(const Budget& budget) {
-  if (std::abs(budget.cores - budget_.cores) >= 0.5 || budget.memory_bytes != budget_.memory_bytes ||
-      budget.pool != budget_.pool) {
+  if (cores_moved(budget_, budget) || budget.memory_bytes != budget_.memory_bytes) {
     if (!budget_changed_) old_budget_ = budget_;
     budget_changed_ = true;
   }
@@ -1410,9 +1416,9 @@ Decision Autotuner::observe(const Sample& s) {
   }
   if (budget_changed_) {
     budget_changed_ = false;
-    const bool cores_moved = std::abs(budget_.cores - old_budget_.cores) >= 0.5 || budget_.pool != old_budget_.pool;
+    const bool moved = cores_moved(old_budget_, budget_);
     retune(s, Action::retune,
-           fmt::format("budget {}{}{}", cores_moved ? fmt::format("{:g} -> {:g} cores", old_budget_.cores, budget_.cores)
+           fmt::format("budget {}{}{}", moved ? fmt::format("{:g} -> {:g} cores", old_budget_.cores, budget_.cores)
                                                     : fmt::format("{:g} cores", budget_.cores),
                        budget_.pool == old_budget_.pool ? ""
                        : budget_.pool                   ? " (a pool of its own)"
@@ -1421,7 +1427,7 @@ Decision Autotuner::observe(const Sample& s) {
                            ? fmt::format(", memory for the tuned queues {} -> {}",
                                          memory_text(old_budget_.memory_bytes),
                                          memory_text(budget_.memory_bytes))
-                       : budget_.memory_bytes != kUnlimited && !cores_moved && budget_.pool == old_budget_.pool
+                       : budget_.memory_bytes != kUnlimited && !moved
                            ? fmt::format(", memory for the tuned queues {}", memory_text(budget_.memory_bytes))
                            : std::string()),
            d);
