@@ -560,16 +560,19 @@ std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
                   "to " + std::to_string(image::kMaxOutputSide) + " (pixels per side)");
     return static_cast<int>(*n);
   };
-  if (PyIndex_Check(o.ptr()) || PyBool_Check(o.ptr())) {
-    const int n = side(o);
+  const auto square = [&](const py::handle& v) -> std::pair<int, int> {
+    // (Left to the op's check, a square's size was named by C++'s op, "splitflow::image::
+    // RandomResizedCrop: size 0": a new user's trial.)
+    const int n = side(v);
+    if (n < 1 || n > image::kMaxOutputSide)
+      throw GraphError(who + ": size " + std::to_string(n) + " is out of range: give 1 to " +
+                       std::to_string(image::kMaxOutputSide) + " (pixels per side)");
     return {n, n};
-  }
+  };
+  if (PyIndex_Check(o.ptr()) || PyBool_Check(o.ptr())) return square(o);
   if (PySequence_Check(o.ptr()) && !PyUnicode_Check(o.ptr()) && !PyBytes_Check(o.ptr())) {
     const py::sequence seq = py::reinterpret_borrow<py::sequence>(o);
-    if (seq.size() == 1) {
-      const int n = side(seq[0]);
-      return {n, n};
-    }
+    if (seq.size() == 1) return square(seq[0]);
     if (seq.size() == 2) {
       const int h = side(seq[0]), w = side(seq[1]);
       if (h < 1 || h > image::kMaxOutputSide)  // (the op's own check said "size" for it)
@@ -583,6 +586,53 @@ std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
   }
   throw GraphError(who + ": size must be an int or (height, width), not " +
               py::repr(o).cast<std::string>());
+}
+
+/// A real number's value (a Python or NumPy int or float; not a bool, a string or a complex).
+std::optional<double> real_of(const py::handle& o) {
+  if (PyBool_Check(o.ptr()) || PyComplex_Check(o.ptr()) || !PyNumber_Check(o.ptr())) return std::nullopt;
+  const double v = PyFloat_AsDouble(o.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return v;
+}
+
+/// A real number argument, else GraphError naming `who`'s argument `arg` and the value given (it
+/// was pybind's "incompatible function arguments").
+double real_arg(const py::handle& o, const std::string& who, const char* arg) {
+  if (const std::optional<double> v = real_of(o)) return *v;
+  throw GraphError(who + ": " + arg + " must be a number, not " + py::repr(o).cast<std::string>());
+}
+
+/// A (min, max) pair as torchvision's RandomResizedCrop takes scale= and ratio=: a sequence of
+/// two numbers, else GraphError naming `who`'s argument (`scale=0.5` was pybind's "incompatible
+/// function arguments"). Their bounds are the op's (image::validate).
+std::pair<double, double> range_arg(const py::handle& o, const std::string& who, const char* arg) {
+  if (PySequence_Check(o.ptr()) && !PyUnicode_Check(o.ptr()) && !PyBytes_Check(o.ptr())) {
+    const py::sequence seq = py::reinterpret_borrow<py::sequence>(o);
+    if (seq.size() == 2) {
+      const std::optional<double> lo = real_of(seq[0]), hi = real_of(seq[1]);
+      if (lo && hi) return {*lo, *hi};
+    }
+  }
+  throw GraphError(who + ": " + arg + " must be (min, max), two numbers, not " +
+                   py::repr(o).cast<std::string>());
+}
+
+/// `make()`'s result; a GraphError from the C++ op's checks (image::validate, "splitflow::image::
+/// RandomResizedCrop: scale ...") named as Python's op, `who` ("splitflow.ops.random_resized_crop:
+/// scale ..."): one name for the op in what it says.
+template <class Make>
+auto named_as(const std::string& who, const std::string& cxx, Make&& make) {
+  try {
+    return make();
+  } catch (const GraphError& e) {
+    const std::string said = e.what(), prefix = "splitflow::image::" + cxx;
+    if (said.rfind(prefix, 0) != 0) throw;
+    throw GraphError(who + said.substr(prefix.size()));
+  }
 }
 
 /// A flag argument (ordered=, blocking=, drop_last=): True or False (a NumPy bool too), else
@@ -1154,14 +1204,19 @@ void bind_image_ops(py::module_& mops) {
   "naming the file; use the stage's on_error='skip' to drop such files.");
 
   mops.def("random_resized_crop", [](py::object size, py::object seed_arg, py::object epoch_arg,
-                                     std::pair<double, double> scale, std::pair<double, double> ratio,
-                                     double flip, py::object antialias_in) {
+                                     py::object scale_arg, py::object ratio_arg, py::object flip_arg,
+                                     py::object antialias_in) {
     const bool antialias = antialias_arg(antialias_in, "splitflow.ops.random_resized_crop");
     const auto [h, w] = crop_size_arg(size, "splitflow.ops.random_resized_crop");
+    const auto scale = range_arg(scale_arg, "splitflow.ops.random_resized_crop", "scale");
+    const auto ratio = range_arg(ratio_arg, "splitflow.ops.random_resized_crop", "ratio");
+    const double flip = real_arg(flip_arg, "splitflow.ops.random_resized_crop", "flip");
     const std::uint64_t seed = u64_arg(seed_arg, "splitflow.ops.random_resized_crop", "seed");
     const std::uint64_t epoch = u64_arg(epoch_arg, "splitflow.ops.random_resized_crop", "epoch");
-    image::RandomResizedCrop op(
-        {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
+    const auto op = named_as("splitflow.ops.random_resized_crop", "RandomResizedCrop", [&] {
+      return image::RandomResizedCrop(
+          {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias});
+    });
     return CpuOp{"random_resized_crop", [op](Value v) -> Value {
       return op(pixels_input(std::move(v), "ops.random_resized_crop"));
     }, {}, true};
@@ -1178,9 +1233,9 @@ void bind_image_ops(py::module_& mops) {
   "at every pixel); antialias=False: the plain bilinear, which aliases when shrinking.");
 
   mops.def("decode_random_resized_crop", [](py::object size, py::object seed_arg, py::object epoch_arg,
-                                            std::pair<double, double> scale,
-                                            std::pair<double, double> ratio, double flip, bool gray,
-                                            py::object antialias_in, std::string scaled_decode) {
+                                            py::object scale_arg, py::object ratio_arg,
+                                            py::object flip_arg, bool gray, py::object antialias_in,
+                                            std::string scaled_decode) {
     const bool antialias = antialias_arg(antialias_in, "splitflow.ops.decode_random_resized_crop");
     using SD = image::AugmentSpec::ScaledDecode;
     SD sd;
@@ -1195,11 +1250,16 @@ void bind_image_ops(py::module_& mops) {
                        "'; use 'large' (the default: photos of 8 megapixels or more), 'always' or 'never'");
     }
     const auto [h, w] = crop_size_arg(size, "splitflow.ops.decode_random_resized_crop");
+    const auto scale = range_arg(scale_arg, "splitflow.ops.decode_random_resized_crop", "scale");
+    const auto ratio = range_arg(ratio_arg, "splitflow.ops.decode_random_resized_crop", "ratio");
+    const double flip = real_arg(flip_arg, "splitflow.ops.decode_random_resized_crop", "flip");
     const std::uint64_t seed = u64_arg(seed_arg, "splitflow.ops.decode_random_resized_crop", "seed");
     const std::uint64_t epoch = u64_arg(epoch_arg, "splitflow.ops.decode_random_resized_crop", "epoch");
-    image::DecodeRandomResizedCrop op(
-        {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias, sd},
-        gray ? image::Color::gray : image::Color::rgb);
+    const auto op = named_as("splitflow.ops.decode_random_resized_crop", "DecodeRandomResizedCrop", [&] {
+      return image::DecodeRandomResizedCrop(
+          {h, w, scale.first, scale.second, ratio.first, ratio.second, flip, seed, epoch, antialias, sd},
+          gray ? image::Color::gray : image::Color::rgb);
+    });
     return CpuOp{"decode_random_resized_crop", [op](Value v) -> Value {
       image::Image in = image_input(std::move(v), "ops.decode_random_resized_crop");
       return op({in.index, std::move(in.path), std::move(in.pixels)});

@@ -386,13 +386,22 @@ def test_fused_crop_without_antialias_equals_decode_then_crop_on_large_photos(tm
     (dict(scale=(float("nan"), 1)), "scale (nan, 1) must be two finite positive numbers"),
     (dict(ratio=(2, 1)), "ratio (2, 1) must be two finite positive numbers, the smaller first"),
     (dict(flip=1.5), "flip probability 1.5 must be in [0, 1]"),
+    # Not a pair, not a number: pybind's "incompatible function arguments" with the signature
+    # (a new user's trial: torchvision users pass scale=(0.5, 1.0); scale=0.5 is a slip).
+    (dict(scale=0.5), "scale must be (min, max), two numbers, not 0.5"),
+    (dict(ratio=(1, "4/3")), "ratio must be (min, max), two numbers, not (1, '4/3')"),
+    (dict(scale=(0.1, 0.5, 1.0)), "scale must be (min, max), two numbers, not (0.1, 0.5, 1.0)"),
+    (dict(flip="yes"), "flip must be a number, not 'yes'"),
 ])
 def test_crop_ops_refuse_bad_arguments_when_built(kwargs, text):
     for op in (sf.ops.decode_random_resized_crop, sf.ops.random_resized_crop):
         # A GraphError (Python's ValueError), as every op's bad argument (a new user's trial:
-        # these were sf.Error, a RuntimeError, so `except ValueError` missed them).
-        with pytest.raises(sf.GraphError, match=re_escape(text)):
+        # these were sf.Error, a RuntimeError, so `except ValueError` missed them), named by the
+        # Python op (a new user's trial: size=0 was "splitflow::image::RandomResizedCrop").
+        with pytest.raises(sf.GraphError, match="^" + re_escape(f"splitflow.ops.{op.__name__}: {text}")):
             op(**kwargs)
+    # NumPy numbers and lists are numbers and pairs.
+    sf.ops.random_resized_crop(8, scale=[np.float32(0.25), 1], ratio=(np.int64(1), 2.0), flip=np.float64(0))
     with pytest.raises(sf.GraphError, match=re_escape("splitflow.ops.resize: height must be 1 to 16384, not 0")):
         sf.ops.resize(0, 3)
     # Past C's int (a new user's trial: pybind's bare "incompatible function arguments"), and
