@@ -431,6 +431,13 @@ class Remote:
         if stuck_after is not None and not float(stuck_after) > 0:
             raise GraphError(f"splitflow.dask.remote: stuck_after must be > 0 seconds, not "
                              f"{stuck_after!r}")
+        # A closed client can run no pass, and has no scheduler to name: said here, in the
+        # user's call (the first pass said "status 'closed', scheduler ?": a new user's trial).
+        status = getattr(client, "status", "running")
+        if status in ("closing", "closed"):
+            raise Error(f"splitflow.dask.remote: the Dask client is {status} (status "
+                        f"'{status}'): give a connected one, sf.dask.connect(address) or "
+                        f"distributed.Client(address)")
         self.build = build
         self.client = client
         # Its scheduler's address while it is connected: a closed client has none to say, and

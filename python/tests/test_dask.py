@@ -10,6 +10,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -915,6 +916,12 @@ def test_a_client_closed_during_a_pass_is_said_so():
         # The scheduler's address, as the client had it (it said '?': a new user's trial).
         assert f"lost the Dask scheduler at {r.scheduler_address}:" in text, text
         assert r.scheduler_address.startswith("tcp://127.0.0.1:"), r.scheduler_address
+        # A remote given the closed client is refused when it is made, saying what to give
+        # (its first pass said "status 'closed', scheduler ?": a new user's trial).
+        with pytest.raises(sf.Error, match=re.escape(
+                "splitflow.dask.remote: the Dask client is closed (status 'closed'): give a "
+                "connected one, sf.dask.connect(address)")):
+            sfd.remote(fns.build_slow_samples, client, items=list(range(4)))
 
 
 # Workers in the client's own process (LocalCluster(processes=False), one thread each): their
