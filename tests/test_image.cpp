@@ -1313,6 +1313,28 @@ TEST(ImageFiles, DirectoryGlobAndListFile) {
   EXPECT_EQ(listed.paths(), (std::vector<std::string>{(dir.path / "a0.JPEG").string(), (dir.path / "a1.jpg").string(),
                                                       (dir.path / "x.jpg").string(),
                                                       (dir.path / "b/c.jpg").string()}));
+  // Class folders whole, in sorted order, as ImageFolder walks them: "cat-2" (and "cat b",
+  // "cat.b": '-', ' ' and '.' sort before '/') after all of "cat", its subfolders included.
+  // Sorted by folder path alone, "cat-2/z.jpg" came between "cat/x.jpg" and "cat/sub/y.jpg" (a
+  // new user's trial: the C++ indices differed from Python's image_folder and torchvision's).
+  {
+    TempDir tree("imagefolder");
+    for (const char* name : {"cat/x.jpg", "cat/sub/y.jpg", "cat/sub-2/w.jpg", "cat-2/z.jpg",
+                             "cat b/v.jpg", "cat.b/u.jpg", "cat/sub/deeper/t.jpg", "top.jpg"}) {
+      fs::create_directories((tree.path / name).parent_path());
+      write_file(tree.path / name, {1, 2});
+    }
+    std::vector<std::string> want;
+    for (const char* name : {"top.jpg", "cat/x.jpg", "cat/sub/y.jpg", "cat/sub-2/w.jpg",
+                             "cat/sub/deeper/t.jpg", "cat b/v.jpg", "cat-2/z.jpg", "cat.b/u.jpg"})
+      want.push_back((tree.path / name).string());
+    EXPECT_EQ(image::FileList::directory(tree.path.string()).paths(), want);
+    // The same with the directory named with a trailing separator.
+    const auto slash = image::FileList::directory(tree.path.string() + "/").paths();
+    ASSERT_EQ(slash.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(fs::path(slash[i]).lexically_normal(), fs::path(want[i]).lexically_normal()) << i;
+  }
   const auto globbed = image::FileList::glob((dir.path / "a*").string());
   EXPECT_EQ(globbed.size(), 2u);
   {

@@ -31,6 +31,7 @@
 #include <iterator>
 #include <memory>
 #include <system_error>
+#include <tuple>
 
 #include "splitflow/core/detail/splitmix.hpp"
 #include "splitflow/core/error.hpp"
@@ -132,7 +133,8 @@ std::string corrupt_jpeg(const char* op, const std::string& what, const std::str
 FileList FileList::directory(const std::string& dir, const std::vector<std::string>& extensions) {
   std::vector<std::string> exts;
   for (const auto& e : extensions) exts.push_back(lower(e));
-  std::vector<std::string> paths;
+  std::vector<std::string> paths, classes;  // classes[i]: paths[i]'s folder in `dir` ("": none)
+  std::string cls;
   std::error_code ec;
   fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
   if (ec)
@@ -142,23 +144,37 @@ FileList FileList::directory(const std::string& dir, const std::vector<std::stri
     if (ec)
       throw Error(fmt::format("splitflow::image::FileList::directory: while reading '{}': {}", dir,
                               ec.message()));
+    // (Depth first: what is below a folder of `dir` comes after it, before the next one.)
+    if (it.depth() == 0) cls = it->is_directory(ec) ? it->path().filename().string() : std::string();
     if (!it->is_regular_file(ec)) continue;
     const std::string ext = lower(it->path().extension().string());
-    if (exts.empty() || std::find(exts.begin(), exts.end(), ext) != exts.end())
+    if (exts.empty() || std::find(exts.begin(), exts.end(), ext) != exts.end()) {
       paths.push_back(it->path().string());
+      classes.push_back(it.depth() == 0 ? std::string() : cls);
+    }
   }
-  // torchvision's order (ImageFolder: sorted(os.walk(...)), then each folder's files sorted):
-  // by folder, then by name within it, so that a folder's own files come before its
+  // torchvision's order (ImageFolder's make_dataset): the class folders (the directory's
+  // subfolders) sorted by name, and within each sorted(os.walk(class folder)), each folder's
+  // files sorted: by folder path, then by name, so that a folder's own files come before its
   // subfolders' ("cat/x.jpg" before "cat/sub/y.jpg"; sorted whole paths put the subfolder
-  // first, and a data set's indices differed from ImageFolder's).
-  std::vector<std::pair<std::pair<std::string, std::string>, std::string>> keyed;
+  // first). The class comes first in the key: sorted by folder path alone, "cat-2/z.jpg" came
+  // between "cat/x.jpg" and "cat/sub/y.jpg" ('-' sorts before '/'), where ImageFolder walks all
+  // of "cat" first (a new user's trial: C++ indices differed from Python's and torchvision's).
+  // The directory's own files (ImageFolder has none: no class) come first.
+  struct Keyed {
+    std::string cls, folder, name, path;
+  };
+  std::vector<Keyed> keyed;
   keyed.reserve(paths.size());
-  for (auto& p : paths) {
-    const fs::path path(p);
-    keyed.push_back({{path.parent_path().string(), path.filename().string()}, std::move(p)});
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const fs::path path(paths[i]);
+    keyed.push_back({std::move(classes[i]), path.parent_path().string(), path.filename().string(),
+                     std::move(paths[i])});
   }
-  std::sort(keyed.begin(), keyed.end());
-  for (std::size_t i = 0; i < keyed.size(); ++i) paths[i] = std::move(keyed[i].second);
+  std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
+    return std::tie(a.cls, a.folder, a.name) < std::tie(b.cls, b.folder, b.name);
+  });
+  for (std::size_t i = 0; i < keyed.size(); ++i) paths[i] = std::move(keyed[i].path);
   return FileList(std::move(paths));
 }
 

@@ -68,14 +68,26 @@ def image_folder(root):
     if not entries:
         raise Error(f"splitflow.image_folder: '{root}' has no class folders (expected "
                     f"{root}/<class>/<image>.jpg, as torchvision's ImageFolder reads it)")
-    paths, labels, empty, others = [], [], [], []
-    for label, name in enumerate(entries):
-        files = image_files(os.path.join(root, name))
-        others.extend(image_files(os.path.join(root, name), extensions=_OTHER_IMAGES))
-        if not files:
-            empty.append(name)
-        paths.extend(files)
-        labels.extend([label] * len(files))
+    # The root's files in ImageFolder's order (each class folder whole, classes sorted:
+    # image_files of a root), labelled by their class folder; the root's own files (in no
+    # class) left out, as ImageFolder leaves them.
+    label_of = {name: label for label, name in enumerate(entries)}
+    prefix = os.path.join(root, "")  # the paths start with the root as given
+
+    def class_of(p):  # (os.path.relpath: 11 s for 1.28M paths; this, 0.15 s)
+        rel = p[len(prefix):] if p.startswith(prefix) else os.path.relpath(p, root)
+        parts = rel.split(os.sep, 1)
+        return parts[0] if len(parts) > 1 else None
+
+    paths, labels = [], []
+    for p in image_files(root):
+        c = class_of(p)
+        if c in label_of:
+            paths.append(p)
+            labels.append(label_of[c])
+    others = [p for p in image_files(root, extensions=_OTHER_IMAGES) if class_of(p) in label_of]
+    found = set(labels)
+    empty = [name for name in entries if label_of[name] not in found]
     if others:
         # (ImageFolder loads them: a migrated dataset would shrink without a word.)
         import warnings

@@ -81,6 +81,24 @@ def test_image_folder_lists_files_in_imagefolders_order_and_refuses_an_empty_cla
         sf.image_folder(str(root))
 
 
+# A new user's trial (C++): image_files (FileList::directory) of a data set's root sorted by
+# folder path, so "cat-2/z.jpg" came between "cat/x.jpg" and "cat/sub/y.jpg" ('-' sorts before
+# '/'), where ImageFolder walks every class folder whole: its indices differed from
+# image_folder's and torchvision's.
+def test_image_files_of_a_root_walk_each_class_folder_whole_as_imagefolder_does(tmp_path):
+    root = tmp_path / "train"
+    for rel in ["cat/x.jpg", "cat/sub/y.jpg", "cat/sub-2/w.jpg", "cat-2/z.jpg", "cat b/v.jpg",
+                "cat.b/u.jpg", "cat/sub/deeper/t.jpg"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"\xff\xd8")
+    want = imagefolder_order(str(root))
+    assert [os.path.relpath(p, root) for p in want] == [
+        "cat/x.jpg", "cat/sub/y.jpg", "cat/sub-2/w.jpg", "cat/sub/deeper/t.jpg", "cat b/v.jpg",
+        "cat-2/z.jpg", "cat.b/u.jpg"]
+    assert sf.image_files(str(root)) == want
+    assert sf.image_folder(str(root))[0] == want
+
+
 # A new user's trial: image_folder found 89 files where ImageFolder found 92, the three .png
 # files left out without a word. They are still left out (the decoders read JPEG), with a
 # warning naming them.
