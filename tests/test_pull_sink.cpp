@@ -138,8 +138,9 @@ TEST(PullSink, ACancelFromAnotherThreadEndsTheLoopWithCancelledError) {
     }
     EXPECT_EQ(seen, 10) << "the cancel drops what the sink held; nothing arrives after it";
     EXPECT_EQ(error, "splitflow: graph 'watched': the run was cancelled before pull sink 'out' "
-                     "reached the end of its stream: Run::cancel() (from another thread, or the "
-                     "runtime's end) stopped it, so the " + std::to_string(seen) +
+                     "reached the end of its stream: Run::cancel() stopped it (from another "
+                     "thread; from Python also Ctrl-C or the interpreter's exit), so the " +
+                     std::to_string(seen) +
                      " items it gave are not the whole stream (a reader that stops early itself "
                      "calls close() or leaves its loop, and is not told)");
     EXPECT_EQ(run.wait(), RunStatus::cancelled);
@@ -183,6 +184,14 @@ TEST(PullSink, DestroyingTheGraphWhileAnotherThreadReadsEndsTheReaderWithCancell
       reader.join();
       EXPECT_NE(error.find("splitflow: graph 'going'"), std::string::npos) << error;
       EXPECT_NE(error.find("'out'"), std::string::npos) << error;
+      // What stopped it: the graph's end (it said "Run::cancel() (from another thread, or the
+      // runtime's end) stopped it": a new user's trial), or, for a reader between two items
+      // as the graph went, the read after it.
+      EXPECT_TRUE(error.find("its Graph was destroyed while the sink was read (keep the Graph "
+                             "alive until its readers are done)") != std::string::npos ||
+                  error.find("was read after its graph was destroyed") != std::string::npos)
+          << error;
+      EXPECT_EQ(error.find("Run::cancel()"), std::string::npos) << error;
       try {
         kept->next();
         ADD_FAILURE() << "a read after the graph was destroyed returned";
@@ -193,6 +202,36 @@ TEST(PullSink, DestroyingTheGraphWhileAnotherThreadReadsEndsTheReaderWithCancell
       }
       kept->close();  // nothing to close: does nothing
     }
+  }
+  EXPECT_EQ(Tracked::live.load(), 0);
+}
+
+// The runtime's end cancels the runs of its graphs: their readers are told so (it said
+// "Run::cancel() (from another thread, or the runtime's end)" for every cancel: a new user's
+// trial, whose graph's destruction was said as that too).
+TEST(PullSink, TheRuntimesEndIsNamedToTheReader) {
+  Tracked::reset_counts();
+  {
+    std::optional<Runtime> rt(std::in_place, RuntimeConfig{.threads = 2});
+    Graph g(*rt, "orphaned");
+    auto out = endless_chain(g);
+    auto run = g.run();
+    long seen = 0;
+    std::string error;
+    try {
+      for (Tracked& t : out) {
+        EXPECT_EQ(t.value, seen);
+        if (++seen == 5) rt.reset();  // ~Runtime: cancels its runs and waits for them
+      }
+    } catch (const CancelledError& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(seen, 5);
+    EXPECT_EQ(error, "splitflow: graph 'orphaned': the run was cancelled before pull sink 'out' "
+                     "reached the end of its stream: its Runtime was destroyed (a Runtime ends "
+                     "the runs of its graphs), so the 5 items it gave are not the whole stream (a reader that stops early itself calls close() or leaves "
+                     "its loop, and is not told)");
+    EXPECT_EQ(run.wait(), RunStatus::cancelled);
   }
   EXPECT_EQ(Tracked::live.load(), 0);
 }

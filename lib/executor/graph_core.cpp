@@ -46,7 +46,7 @@ GraphCore::~GraphCore() {
     run = current_;
   }
   if (run) {
-    run->cancel();
+    run->cancel(CancelCause::graph_destroyed);
     try {
       run->wait();
     } catch (...) {  // the run's failure belongs to whoever holds its Run handle
@@ -545,6 +545,7 @@ std::shared_ptr<RunState> GraphCore::start() {
     stop_.store(false, std::memory_order_relaxed);
     stop_reason_.store(StopReason::none, std::memory_order_relaxed);
     closed_by_.store(nullptr, std::memory_order_relaxed);
+    cancel_cause_.store(CancelCause::call, std::memory_order_relaxed);
     {
       std::lock_guard tl(token_mu_);
       token_waiters_.clear();
@@ -796,15 +797,30 @@ void GraphCore::cancel_by(const NodeBase* sink) noexcept {
   release_unit();
 }
 
-void GraphCore::cancel_holding_unit() noexcept { stop(StopReason::cancelled); }
+void GraphCore::cancel_holding_unit(CancelCause why) noexcept {
+  // The cause of the cancel that stops the run (of two at once, the one whose stop is first),
+  // stored before stop() publishes the stop (its release store of stop_), which readers see.
+  StopReason expected = StopReason::none;
+  if (stop_reason_.compare_exchange_strong(expected, StopReason::cancelled)) cancel_cause_.store(why);
+  stop(StopReason::cancelled);
+}
 
 std::string GraphCore::cancel_note(const NodeBase& reader, std::uint64_t given) const {
   if (stop_reason_.load() != StopReason::cancelled) return {};
   const NodeBase* by = closed_by_.load();
   if (by == &reader) return {};
+  // (The graph's destruction was said as "Run::cancel() ... or the runtime's end": a new user's
+  // trial.)
+  const CancelCause cause = cancel_cause_.load();
   const std::string who =
       by ? "the reader of pull sink '" + by->name() + "' closed it (close(), or leaving its loop early)"
-         : std::string("Run::cancel() (from another thread, or the runtime's end) stopped it");
+      : cause == CancelCause::graph_destroyed
+          ? std::string("its Graph was destroyed while the sink was read (keep the Graph alive "
+                        "until its readers are done)")
+      : cause == CancelCause::runtime_end
+          ? std::string("its Runtime was destroyed (a Runtime ends the runs of its graphs)")
+          : std::string("Run::cancel() stopped it (from another thread; from Python also Ctrl-C "
+                        "or the interpreter's exit)");
   return "splitflow: graph '" + name_ + "': the run was cancelled before pull sink '" +
          reader.name() + "' reached the end of its stream: " + who + ", so the " +
          std::to_string(given) +

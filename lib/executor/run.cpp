@@ -81,7 +81,7 @@ bool RunState::wait_for(std::chrono::nanoseconds timeout) {
                                     : now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
 }
 
-void RunState::cancel() {
+void RunState::cancel(GraphCore::CancelCause why) {
   GraphCore* g = nullptr;
   {
     // While not done, the graph is alive (its destructor waits for done), and a unit keeps
@@ -90,7 +90,7 @@ void RunState::cancel() {
     if (done_ || !graph_->try_acquire_unit()) return;
     g = graph_;
   }
-  g->cancel_holding_unit();
+  g->cancel_holding_unit(why);
   g->release_unit();
 }
 

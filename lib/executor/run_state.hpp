@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "splitflow/executor/detail/graph_core.hpp"
 #include "splitflow/executor/detail/node.hpp"
 #include "splitflow/telemetry/stats.hpp"
 
@@ -36,7 +37,7 @@ class RunState {
   /// Until done or `deadline`; every GraphCore::kNudgeAfter without the end (for the run,
   /// whoever waits), the run's arena is nudged (RuntimeCore::nudge).
   bool wait_until(std::chrono::steady_clock::time_point deadline);
-  void cancel();
+  void cancel(GraphCore::CancelCause why = GraphCore::CancelCause::call);
   RunStatus status() const;
   RunStats stats() const;
   /// The run's trace (GraphOptions::trace), or an empty one saying that tracing was off.

@@ -120,7 +120,7 @@ void RuntimeCore::shutdown() noexcept {
     shut_down_ = true;
     runs = active_;
   }
-  for (auto& r : runs) r->cancel();
+  for (auto& r : runs) r->cancel(GraphCore::CancelCause::runtime_end);
   for (auto& r : runs) {
     try {
       r->wait();

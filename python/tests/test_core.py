@@ -298,8 +298,8 @@ def test_a_cancel_from_another_thread_ends_the_loop_with_cancelled_error(rt):
     assert isinstance(caught.value, sf.Error)
     assert str(caught.value).startswith(
         "splitflow: graph 'watched': the run was cancelled before pull sink 'out' reached the "
-        "end of its stream: Run::cancel() (from another thread, or the runtime's end) stopped "
-        "it, so the 10 items it gave are not the whole stream")
+        "end of its stream: Run::cancel() stopped it (from another thread; from Python also "
+        "Ctrl-C or the interpreter's exit), so the 10 items it gave are not the whole stream")
     assert it.run.wait(timeout=10) == "cancelled"
     with pytest.raises(StopIteration):
         next(it)  # the loop is over

@@ -103,8 +103,10 @@ class GraphCore {
   void cancel() noexcept;
   /// Takes a unit of pending work if the run is not over (so it cannot end meanwhile).
   bool try_acquire_unit() noexcept;
+  /// Who cancels a run: what a pull sink's reader is told stopped it (cancel_note).
+  enum class CancelCause : int { call, runtime_end, graph_destroyed };
   /// cancel() for a caller that holds a unit.
-  void cancel_holding_unit() noexcept;
+  void cancel_holding_unit(CancelCause why = CancelCause::call) noexcept;
   /// cancel() by the reader of pull sink `sink` (PullSink::close()): that reader is not told
   /// of the cancel (cancel_note), the readers of other pull sinks are.
   void close_from(const NodeBase& sink) noexcept;
@@ -255,6 +257,7 @@ class GraphCore {
   std::atomic<bool> stop_{false};
   std::atomic<StopReason> stop_reason_{StopReason::none};
   std::atomic<const NodeBase*> closed_by_{nullptr};  // the pull sink whose reader cancelled
+  std::atomic<CancelCause> cancel_cause_{CancelCause::call};  // who cancelled the run
   std::atomic<bool> token_waiting_{false};
   // The admit limit (max_in_flight, or the tuner's lower one) and the room that wakes sources
   // waiting for it (wake_room_for).
