@@ -136,6 +136,29 @@ TEST(Stats, EachStagesInputItemBytesAreSampled) {
   EXPECT_EQ(r.stats().find("s")->item_bytes_samples, 0u);
 }
 
+// RunStats::find: a pointer into stats kept in a variable; on a temporary (run.stats()), a copy
+// (a new C++ user's trial kept `run.stats().find("t")`, a pointer into the temporary, and read
+// freed memory; tests/compile_fail/find_on_temporary_stats.cpp: that no longer compiles).
+TEST(Stats, FindOnATemporaryGivesACopyAndOnKeptStatsAPointer) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "found");
+  g.source("n", counter(100)) >> g.stage("t", [](long x) { return x; }) >> g.sink("s", [](long) {});
+  auto run = g.run();
+  ASSERT_EQ(run.wait(), RunStatus::succeeded);
+  const RunStats kept = run.stats();
+  const StageStats* t = kept.find("t");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t, &kept.stages[1]) << "a pointer into the kept stats";
+  EXPECT_EQ(t->items_out, 100u);
+  EXPECT_EQ(kept.find("nope"), nullptr);
+  std::optional<StageStats> copy = run.stats().find("t");
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->name, "t");
+  EXPECT_EQ(copy->items_in, 100u);
+  EXPECT_EQ(run.stats().find("s")->items_in, 100u);
+  EXPECT_FALSE(run.stats().find("nope").has_value());
+}
+
 // "Stats per stage: items in/out, busy time, time starved, time blocked, max queue occupancy"
 TEST(Stats, CountsAndTheStatePartitionOfWallTime) {
   Runtime rt({.threads = 4});

@@ -28,10 +28,21 @@ const char* to_string(StageKind k) noexcept {
   return "?";
 }
 
-const StageStats* RunStats::find(std::string_view name) const noexcept {
+const StageStats* RunStats::find(std::string_view name) const& noexcept {
   for (const auto& s : stages)
     if (s.name == name) return &s;
   return nullptr;
+}
+
+std::optional<StageStats> RunStats::find(std::string_view name) && {
+  for (StageStats& s : stages)
+    if (s.name == name) return std::move(s);
+  return std::nullopt;
+}
+
+std::optional<StageStats> RunStats::find(std::string_view name) const&& {
+  if (const StageStats* s = static_cast<const RunStats&>(*this).find(name)) return *s;
+  return std::nullopt;
 }
 
 namespace {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -237,8 +238,15 @@ struct RunStats {
   /// items_delivered per second of wall time.
   double throughput() const noexcept;
 
-  /// The stage called `name`, or nullptr.
-  const StageStats* find(std::string_view name) const noexcept;
+  /// The stage called `name`, or nullptr: a pointer into this RunStats, valid while it lives
+  /// (keep the stats: `RunStats st = run.stats(); if (auto* s = st.find("decode")) ...`).
+  const StageStats* find(std::string_view name) const& noexcept;
+  /// On a temporary (`run.stats().find("decode")->items_out`): a copy of the stage's stats, or
+  /// nullopt. A pointer into the temporary would dangle once the expression ends (a new user's
+  /// trial kept `run.stats().find("t")` and read freed memory): `auto* s = run.stats().find(..)`
+  /// does not compile.
+  std::optional<StageStats> find(std::string_view name) &&;
+  std::optional<StageStats> find(std::string_view name) const&&;
 };
 
 /// A fixed-width text table of the stats, one row per stage.
