@@ -42,7 +42,8 @@ tables of docs/telemetry.md are checked:
     and sf. names against the identifiers of the API (include/, lib/, python/src/,
     python/splitflow/, the CMake files), the others against every source file of the repository
     (comments excluded; string literals count when they are a bare identifier, as pybind11's
-    names are);
+    names are); a designated initializer of a struct of include/ (`GraphOptions{.max_in_flight,
+    .observer}`) names its fields in their declaration order, as C++20 takes them;
   - JSON keys (the JSON summary listing, spans like `{"graph", "service"}`) against the keys of
     a real run's JSON (docs_dump: run.json, service.json), and enumerated values
     ("running|succeeded") against the string literals of the library;
@@ -54,7 +55,8 @@ tables of docs/telemetry.md are checked:
 A name that is right but cannot be checked goes into ALLOW below, with its reason.
 
 SELF-TEST. A temporary copy of docs/telemetry.md, with a broken C++ snippet, a Python snippet
-that raises, a C++ snippet that throws, an unmarked fragment, a skip without a reason, and stale
+that raises, a C++ snippet that throws, an unmarked fragment, a skip without a reason, a
+designated initializer out of its struct's order, and stale
 names (a test, a path, a JSON key, a metric, a C++ name, a trace event, a link anchor) must fail
 naming each one's line, while its intact snippet still passes.
 """
@@ -684,6 +686,70 @@ def cmd_snippets(args, docs=None, quiet=False):
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def _declaration_head(decl):
+    """A declaration's part before its initializer, with template arguments, alignas(...) and
+    [[attributes]] taken out: "std::function<void(int)> cb = f" -> "std::function cb "."""
+    d = re.sub(r"\[\[.*?\]\]|\balignas\s*\([^()]*\)", " ", decl)
+    out, level = [], 0
+    for ch in d:
+        if ch == "<":
+            level += 1
+        elif ch == ">" and level:
+            level -= 1
+        elif level == 0:
+            out.append(ch)
+    return re.split(r"[={]", "".join(out), maxsplit=1)[0]
+
+
+def _is_function(head):
+    return bool(re.search(r"\boperator\b|[\w>]\s*\(", head))
+
+
+def struct_fields(code):
+    """(name, [data members in declaration order]) of each struct defined in `code` (comments
+    stripped): the last identifier of each declarator at the struct's top level, before its
+    initializer; functions, types, static and using declarations left out."""
+    out = []
+    for m in re.finditer(r"\bstruct\s+(\w+)\s*(?:final\s*)?(?::[^{;]*)?\{", code):
+        i, depth, stmt, members = m.end(), 1, [], []
+        while i < len(code) and depth > 0:
+            c = code[i]
+            i += 1
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 1 and _is_function(_declaration_head("".join(stmt))):
+                    stmt = []  # a member function's body ended
+                    continue
+            if depth == 1 and c == ";":
+                decl = re.sub(r"\b(?:public|private|protected)\s*:", " ", "".join(stmt)).strip()
+                stmt = []
+                head = _declaration_head(decl)
+                if not head.strip() or _is_function(head) or re.match(
+                        r"(?:static|using|typedef|friend|enum|struct|class|template|constexpr)\b", head):
+                    continue
+                # One declarator or several (`double scale_min = 0.08, scale_max = 1.0;`): split
+                # at the commas outside brackets, each declarator's name before its initializer.
+                parts, level, cur = [], 0, ""
+                for ch in decl:
+                    level += ch in "<({[" and 1 or ch in ">)}]" and -1 or 0
+                    if ch == "," and level == 0:
+                        parts.append(cur)
+                        cur = ""
+                    else:
+                        cur += ch
+                parts.append(cur)
+                for k, part in enumerate(parts):
+                    names = re.findall(r"[A-Za-z_]\w*", _declaration_head(part))
+                    if len(names) >= (2 if k == 0 else 1):
+                        members.append(names[-1])
+            elif depth >= 1:
+                stmt.append(c)
+        out.append((m.group(1), members))
+    return out
+
+
 def strip_cpp_comments(text):
     """Code without comments; string literals kept (returned separately too)."""
     out, strings, i, n = [], [], 0, len(text)
@@ -803,6 +869,14 @@ class Corpus:
         if os.path.isfile(os.path.join(root, "Makefile")):
             with open(os.path.join(root, "Makefile"), encoding="utf-8") as f:
                 self.make_targets = set(re.findall(r"(?m)^([\w-]+)\s*:(?!=)", f.read()))
+        # The data members of include/'s structs, in declaration order: the order C++20's
+        # designated initializers take them in (`GraphOptions{.max_in_flight, .observer}`).
+        self.fields = {}
+        for r in sorted(self.files):
+            if r.startswith("include/") and r.endswith(".hpp"):
+                with open(os.path.join(root, r), encoding="utf-8") as f:
+                    for name, members in struct_fields(strip_cpp_comments(f.read())[0]):
+                        self.fields.setdefault(name, members)
 
 
 class Outputs:
@@ -957,6 +1031,7 @@ class NameChecker:
 
     def check_code(self, span, where):
         """Identifiers of a code-like span, by shape."""
+        self.check_designated_order(span, where)
         s = re.sub(r'"[^"]*"', '""', span)
         # Top level vs inside parentheses / braces.
         depth, top, inner = 0, [], []
@@ -971,6 +1046,25 @@ class NameChecker:
         top_s, inner_s = "".join(top), "".join(inner)
         self._chains(top_s, where, span, all_components=True)
         self._chains(inner_s, where, span, all_components=False)
+
+    def check_designated_order(self, span, where):
+        """`Type{.a, .b}` of a struct of include/: its fields, in their declaration order
+        (C++20 refuses a designated initializer out of it)."""
+        for m in re.finditer(r"\b(\w+)\s*\{\s*(\.\w+[^{}]*)\}", span):
+            members = self.c.fields.get(m.group(1))
+            if members is None:
+                continue
+            given = re.findall(r"(?:^|,)\s*\.(\w+)", m.group(2))
+            unknown = [g for g in given if g not in members]
+            if unknown:
+                self.fail(where, f"`{span}`: {m.group(1)} has no field "
+                                 + ", ".join(f"`{u}`" for u in unknown))
+            elif [members.index(g) for g in given] != sorted(members.index(g) for g in given):
+                self.fail(where, f"`{span}`: {m.group(1)}'s fields out of their declaration order "
+                                 f"(C++20's designated initializers refuse it): "
+                                 + ", ".join("." + g for g in sorted(given, key=members.index)))
+            else:
+                self.ok("designated initializers (fields of include/'s structs, in order)", m.group(1))
 
     def _chains(self, s, where, span, all_components):
         for m in re.finditer(r"(?<![\w.])(\.?)([A-Za-z_]\w*(?:(?:::|\.)~?[A-Za-z_*]\w*\*?)*)(\s*=(?!=))?(\s*[({<])?", s):
@@ -1419,6 +1513,8 @@ Stale: `Trace.EventsAgreeWithTheStats` (BROKEN-TEST), `lib/nope.cpp` (BROKEN-PAT
 `GraphOptions::no_such_option` (BROKEN-CPPNAME), `sf.ops.no_such_op` (BROKEN-PYNAME),
 `splitflow_no_such_metric_total{graph}` (BROKEN-METRIC), `layers.nope` (BROKEN-CTEST),
 [a link](#no-such-heading) (BROKEN-ANCHOR), `{"graph", "no_such_service_key"}` (BROKEN-KEY2).
+
+Out of order: `GraphOptions{.trace, .max_in_flight}` (BROKEN-ORDER).
 '''
 
 
@@ -1497,6 +1593,8 @@ def cmd_self_test(args):
             "stale JSON key (prose)": (f"FAIL {doc}:{line_of('BROKEN-KEY2')}", "no_such_service_key"),
             "stale trace event": (f"FAIL {doc}:{line_of('BROKEN-TRACE')}", "copy P2P"),
             "stale metric type": (f"FAIL {doc}:{line_of('BROKEN-TYPE')}", "splitflow_device_leases"),
+            "designated initializer out of order": (f"FAIL {doc}:{line_of('BROKEN-ORDER')}",
+                                                    "out of their declaration order"),
         }
         failures = []
         for label, proc, expect in (("snippets", snip, expect_snip), ("names", names, expect_names)):

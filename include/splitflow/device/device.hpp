@@ -1,7 +1,8 @@
 // The device side of a GPU stage: what its body gets (DeviceContext), what a CPU stage feeding
 // it may write into (HostAllocator), and the figures the runtime keeps (held vs busy).
 //
-//     auto norm = g.gpu_stage("normalize", [](splitflow::DeviceTensor in, splitflow::DeviceContext& ctx) {
+//     auto norm = g.gpu_stage("normalize", [mean, stddev](splitflow::DeviceTensor in,
+//                                                         splitflow::DeviceContext& ctx) {
 //       return splitflow::ops::normalize(ctx, in, mean, stddev);   // enqueued on ctx's stream
 //     });
 #pragma once

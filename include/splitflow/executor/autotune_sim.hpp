@@ -7,7 +7,7 @@
 //     SimPipeline p{.name = "jpeg", .stages = {{.name = "decode", .cpu_s = 0.17},
 //                                              {.name = "augment", .cpu_s = 0.21}}};
 //     SimResult r = simulate({p}, {.cores = 126, .duration_s = 40});
-//     r.final_allocation[0].stages[0].concurrency;   // 56
+//     r.final_allocation[0].stages[0].concurrency;   // 57 (and 70 for augment: the optimum 56/70)
 #pragma once
 
 #include <cstddef>

@@ -3,8 +3,9 @@
 // randomness, and collation into NHWC batches. CPU ops: call them from CPU stages.
 //
 //     splitflow::image::FileList files = splitflow::image::FileList::directory("train/");
+//     std::uint64_t e = ...;  int r = ..., w = ...;   // the epoch; this rank, of w
 //     auto order = files.epoch({.seed = 7, .epoch = e, .rank = r, .world_size = w});
-//     auto src    = g.source("files", files.samples(order));
+//     auto src    = g.source("files", files.refs(order));
 //     auto read   = g.stage("read", image::read_file, {.concurrency = 2});
 //     auto decode = g.stage("decode", [](image::Encoded f) { return image::decode(std::move(f)); },
 //                           {.concurrency = Concurrency::unlimited, .on_error = OnError::skip});
@@ -13,6 +14,7 @@
 //     auto batch  = g.batch<image::Image>("batch", 64);
 //     auto pack   = g.stage("collate", [](std::vector<image::Image> b, HostAllocator& a) {
 //                             return image::collate(b, &a); });
+//     src >> read >> decode >> crop >> batch >> pack >> next;   // next: a GPU stage, a sink
 #pragma once
 
 #include <cstddef>
@@ -70,8 +72,11 @@ class FileList {
   explicit FileList(std::vector<std::string> paths) : paths_(std::move(paths)) {}
 
   /// Files under `dir` (recursively) whose extension is one of `extensions` (case-insensitive),
-  /// in torchvision's ImageFolder order: folder by folder (sorted), each folder's files sorted by
-  /// name before its subfolders' ("a/x.jpg" before "a/b/y.jpg"). Throws splitflow::Error naming the directory if it cannot be read.
+  /// in torchvision's ImageFolder order with `dir` as its root: `dir`'s own files, then each of
+  /// its folders (a class) whole, in name order ("cat/sub/y.jpg" before "cat-2/z.jpg"), and
+  /// within one, folder by folder in path order, each folder's files sorted by name before its
+  /// subfolders' ("a/x.jpg" before "a/b/y.jpg"). Throws splitflow::Error naming the directory
+  /// if it cannot be read.
   static FileList directory(const std::string& dir,
                             const std::vector<std::string>& extensions = {".jpg", ".jpeg"});
   /// Paths matching a shell pattern (glob(3)), sorted. An empty match is an error.

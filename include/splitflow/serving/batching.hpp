@@ -6,7 +6,7 @@
 //     auto gath  = g.dynamic_batch<Request>("gather", {.max_batch = 32, .max_delay = 2ms});
 //     auto model = g.gpu_stage("model", [](Batch<Request> b, DeviceContext& ctx) {
 //       std::vector<Reply> out = infer(b.items, ctx);
-//       return b.with(std::move(out));        // the same ids, in the same order
+//       return std::move(b).with(std::move(out));   // the same ids, in the same order
 //     });
 //     auto split = g.unbatch<Reply>("split", 32);
 //     svc.source() >> gath >> model >> split >> svc.sink();
