@@ -982,6 +982,11 @@ class _Slot:
         self.rx = None
 
 
+def _held(slot):
+    """The worker's oldest item out, the one in its hands (None: it has none)."""
+    return next(iter(slot.outstanding.values()), None)
+
+
 def _withdrawn(completion):
     try:
         return bool(completion.withdrawn())
@@ -1027,6 +1032,7 @@ class _State:
         self.seq = itertools.count()
         self.turn = 0
         self.deferred = []  # (completion, ok, value) for the reader thread to call
+        self.waiting = collections.deque()  # _Entry: submitted, for the next free worker (_dispatch)
         self.thread = None
         self.wake_r = self.wake_w = None
         self.started = self.closed = False
@@ -1035,6 +1041,7 @@ class _State:
         self.start_failures = 0
         self.submitted = self.completed = self.failed = self.restarts = 0
         self.replaced_stale = 0  # workers replaced while busy with a withdrawn item
+        self.resent = 0  # items sent again, to the replacement of a worker that died with them
 
     # -- under self.lock --------------------------------------------------------------------------
 
@@ -1109,20 +1116,65 @@ class _State:
             else:
                 q[0] = q[0][n:]
 
+    def _withdrawn_error(self):
+        Error, _ = _errors()
+        return Error(f"stage '{self.stage}': withdrawn by its run")
+
+    def _busy_withdrawn(self, slot):
+        """Whether the worker is busy with an item its run withdrew (a run left early): it may
+        be slow to come back, or never (a hung body, replaced after _STALE_S). Known at once,
+        from the item, not only from the reader's next look at the workers (_replace_stale)."""
+        if slot.stale_since is not None:
+            return True
+        held = _held(slot)
+        return held is not None and _withdrawn(held.completion)
+
     def _pick(self):
         """The worker with the fewest items out, ties rotating; one busy with an item its run
-        withdrew (a run left early) last: it may be slow to come back."""
+        withdrew last (_busy_withdrawn)."""
         n = len(self.slots)
         start, self.turn = self.turn, (self.turn + 1) % n
-        best = None
+        best = best_key = None
         for k in range(n):
             slot = self.slots[(start + k) % n]
-            if best is None or ((slot.stale_since is not None, len(slot.outstanding)) <
-                                (best.stale_since is not None, len(best.outstanding))):
-                best = slot
+            key = (self._busy_withdrawn(slot), len(slot.outstanding))
+            if best is None or key < best_key:
+                best, best_key = slot, key
         if best.process is None:
             self._spawn(best)
         return best
+
+    def _dispatch(self):
+        """Sends the waiting items to workers, oldest first, while one can take them: none goes
+        to a worker busy with an item its run withdrew, where it would wait for that item, for
+        its replacement if the body hangs (a new user's trial: the epoch after a break sent items
+        to a hung worker, which waited 2 s for its replacement while the other worker was idle).
+        They wait here instead, for the first worker that answers or is replaced (the reader
+        thread dispatches after each look at the workers)."""
+        # (Not at interpreter exit, when _on_death starts no worker either: close() fails them.)
+        while self.waiting and not self.closed and self.broken is None and not _exiting:
+            entry = self.waiting[0]
+            if _withdrawn(entry.completion):  # its run is over: not computed
+                self.waiting.popleft()
+                self._defer([(entry.completion, self._withdrawn_error())])
+                continue
+            try:
+                slot = self._pick()
+            except Exception as e:
+                self.waiting.popleft()
+                Error, _ = _errors()
+                self._defer([(entry.completion, _stops_run(Error(
+                    f"stage '{self.stage}': cannot start a worker process ({type(e).__name__}: {e})")))])
+                continue
+            if self._busy_withdrawn(slot):
+                return
+            self.waiting.popleft()
+            seq = next(self.seq)
+            slot.outstanding[seq] = entry
+            err = self._send_item(slot, seq, entry)
+            if err is not None:
+                del slot.outstanding[seq]
+                self._defer([(entry.completion, err)])
 
     def _send_item(self, slot, seq, entry):
         """Pickles and sends one item; returns the exception to fail it with, or None. A pipe
@@ -1188,18 +1240,14 @@ class _State:
                 try:
                     if not self.started:
                         self._start_all()
-                    slot = self._pick()
                 except Exception as e:
                     Error, _ = _errors()
                     err = _stops_run(Error(f"stage '{self.stage}': cannot start a worker "
                                            f"process ({type(e).__name__}: {e})"))
             if err is None:
-                seq = next(self.seq)
-                slot.outstanding[seq] = entry
-                err = self._send_item(slot, seq, entry)
-                if err is not None:
-                    del slot.outstanding[seq]
-            if err is not None:
+                self.waiting.append(entry)
+                self._dispatch()
+            else:
                 self._defer([(completion, err)])
 
     def closed_error(self):
@@ -1283,6 +1331,8 @@ class _State:
                         self._on_death(slot)
                 if busy:  # after the pipes: a withdrawn item's result read first
                     self._replace_stale()
+                with self.lock:
+                    self._dispatch()
         except BaseException as e:  # a bug here must not leave completions waiting forever
             if not self.closed:
                 sys.stderr.write(f"splitflow: stage '{self.stage}': the process pool's reader "
@@ -1310,7 +1360,7 @@ class _State:
                     if not slot.killed_stale:
                         slot.stale_since = None
                     continue
-                held = next(iter(slot.outstanding.values()))  # the oldest: in the worker's hands
+                held = _held(slot)
                 if not _withdrawn(held.completion):
                     slot.stale_since = None
                 elif slot.stale_since is None:
@@ -1489,9 +1539,9 @@ class _State:
                         failures.append((entry.completion, self.broken))
                         continue
                     if _withdrawn(entry.completion):  # its run is over: not computed again
-                        failures.append((entry.completion, Error(
-                            f"stage '{self.stage}': withdrawn by its run")))
+                        failures.append((entry.completion, self._withdrawn_error()))
                         continue
+                    self.resent += 1
                     new.outstanding[seq] = entry
                     err = self._send_item(new, seq, entry)
                     if err is not None:
@@ -1514,7 +1564,8 @@ class _State:
         with self.lock:
             if self.broken is None:
                 self.broken = err
-            entries = []
+            entries = list(self.waiting)
+            self.waiting.clear()
             for slot in self.slots:
                 entries += slot.outstanding.values()
                 slot.outstanding.clear()
@@ -1522,13 +1573,13 @@ class _State:
         self._finish_all(deferred + [(e.completion, False, err) for e in entries])
 
     def _close_wake(self):
-        for fd in (self.wake_r, self.wake_w):
+        fds, self.wake_r, self.wake_w = (self.wake_r, self.wake_w), None, None  # (closed once)
+        for fd in fds:
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self.wake_r = self.wake_w = None
 
     def close(self):
         with self.lock:
@@ -1548,6 +1599,8 @@ class _State:
             err = self.closed_error()
             triples = self.deferred
             self.deferred = []
+            triples += [(e.completion, False, err) for e in self.waiting]
+            self.waiting.clear()
             for slot in self.slots:
                 triples += [(e.completion, False, err) for e in slot.outstanding.values()]
                 slot.outstanding.clear()
@@ -1557,33 +1610,80 @@ class _State:
         _live.discard(self)
         if os.getpid() != self.owner:  # a forked child's copy: the processes are the parent's
             return
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(_JOIN_S)
-        with self.lock:
+        try:  # the workers asked to stop, given _JOIN_S
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(_JOIN_S)
+            with self.lock:
+                for slot in slots:
+                    self._post(slot, _HEAD.pack(_STOP, 0, _NO_SLOT, 0))
+            deadline = time.monotonic() + _JOIN_S
             for slot in slots:
-                self._post(slot, _HEAD.pack(_STOP, 0, _NO_SLOT, 0))
-        deadline = time.monotonic() + _JOIN_S
-        for slot in slots:
-            if slot.process is not None:
-                slot.process.join(max(0.0, deadline - time.monotonic()))
+                if slot.process is not None:
+                    slot.process.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            # Then, even when a KeyboardInterrupt (a second Ctrl-C) lands in the waits above or
+            # in this, which is run again until it ends: no worker, shared-memory file or item
+            # left behind (a new user's trial: a second Ctrl-C at exit, in this close, left the
+            # arenas' files in /dev/shm for good).
+            _to_the_end(lambda: self._close_rest(slots, thread, triples))
+
+    def _close_rest(self, slots, thread, triples):
+        """_close's end: kills what still runs, frees the pipes, arenas and files, answers the
+        items (`triples`, emptied as it goes). Run again after an interruption, it goes on."""
         for slot in slots:
             p = slot.process
-            if p is not None and p.exitcode is None:
-                p.kill()
-                p.join(_JOIN_S)
+            try:
+                if p is not None and p.exitcode is None:
+                    p.kill()
+                    p.join(_JOIN_S)
+            except ValueError:  # closed by a run before this one was interrupted
+                pass
+        _remove_files(self.prefix)
         for slot in slots:
             _close_pipe(slot)
             slot.close_arenas()
-            if slot.process is not None and slot.process.exitcode is not None:
-                try:
+            try:
+                if slot.process is not None and slot.process.exitcode is not None:
                     slot.process.close()
-                except ValueError:
-                    pass
+            except ValueError:  # closed already, or (not killed) still running
+                pass
         with self.lock:
             if thread is None or not thread.is_alive():
                 self._close_wake()
-        self._finish_all(triples)
+        while triples:  # in order; each removed once answered (a second answer does nothing)
+            self._finish_all(triples[:1])
+            del triples[0]
         _remove_files(self.prefix)
+
+
+def _each_to_the_end(items, fn):
+    """fn(item) for each item, whatever it raises (a second Ctrl-C closing the first of several
+    pools left the others' workers and files: a review); then the last KeyboardInterrupt, if
+    any."""
+    caught = None
+    for item in items:
+        try:
+            fn(item)
+        except KeyboardInterrupt as e:
+            caught = e
+        except Exception:
+            pass
+    if caught is not None:
+        raise caught
+
+
+def _to_the_end(fn):
+    """Runs fn (which may run again) until it returns, whatever KeyboardInterrupts land in it;
+    then raises the last of them, if any."""
+    caught = None
+    while True:
+        try:
+            fn()
+            break
+        except KeyboardInterrupt as e:
+            caught = e
+    if caught is not None:
+        raise caught
 
 
 _late_lock = threading.Lock()
@@ -1646,11 +1746,7 @@ def _add_note(exc, note):
 def _close_all():
     global _exiting
     _exiting = True
-    for state in list(_live):
-        try:
-            state.close()
-        except Exception:
-            pass
+    _each_to_the_end(list(_live), lambda state: state.close())
 
 
 atexit.register(_close_all)
@@ -1704,9 +1800,7 @@ class PoolScope:
             states = [self._idle.pop(k) for k in stale]
             for k in stale:
                 del self._parked[k]
-        for state in states:
-            if state.owner == os.getpid():
-                _finalize(state)
+        _each_to_the_end([s for s in states if s.owner == os.getpid()], _finalize)
 
     @staticmethod
     def key(blob, processes, stage, field, depth, substitute):
@@ -1833,7 +1927,18 @@ class ProcessPool:
                              f"DataLoader workers need") from None
         module = getattr(fn, "__module__", None) or type(fn).__module__
         main = sys.modules.get("__main__")
-        if module == "__main__" and not getattr(main, "__file__", None):
+        main_file = getattr(main, "__file__", None)
+        if (isinstance(main_file, str) and main_file.startswith("<") and
+                getattr(getattr(main, "__spec__", None), "name", None) is None):
+            # `python3 - < script.py`: multiprocessing's spawn starts each worker by running the
+            # main module from its path, '<stdin>', which is no file: every worker died as it
+            # started, and the run said so as a worker death (a new user's trial).
+            raise GraphError(f"{where}: the main module was read from {main_file} (python3 - < "
+                             f"script.py), and worker processes, which run it again from its "
+                             f"file as multiprocessing's spawn does, cannot; run the script "
+                             f"from its file (python3 script.py), or use a thread stage "
+                             f"(processes=0)")
+        if module == "__main__" and not main_file:
             raise GraphError(f"{where}: the function {name} is defined in an interactive "
                              f"session's __main__, which worker processes cannot import; define "
                              f"it at module level of an importable module, as DataLoader "
@@ -1875,4 +1980,4 @@ class ProcessPool:
         with s.lock:
             return {"processes": s.processes, "restarts": s.restarts, "submitted": s.submitted,
                     "completed": s.completed, "failed": s.failed,
-                    "replaced_stale": s.replaced_stale}
+                    "replaced_stale": s.replaced_stale, "resent": s.resent}

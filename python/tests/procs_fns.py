@@ -111,6 +111,11 @@ def hang_on_true(x):
     return value
 
 
+def hang_on_true_with_pid(x):
+    """hang_on_true's value with the worker's pid: (value, pid)."""
+    return hang_on_true(x), os.getpid()
+
+
 def sleepy(x):
     time.sleep(30)
     return x
