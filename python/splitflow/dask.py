@@ -435,7 +435,7 @@ class Remote:
         # user's call (the first pass said "status 'closed', scheduler ?": a new user's trial).
         status = getattr(client, "status", "running")
         if status in ("closing", "closed"):
-            raise Error(f"splitflow.dask.remote: the Dask client is {status} (status "
+            raise GraphError(f"splitflow.dask.remote: the Dask client is {status} (status "
                         f"'{status}'): give a connected one, sf.dask.connect(address) or "
                         f"distributed.Client(address)")
         self.build = build

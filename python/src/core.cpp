@@ -606,6 +606,13 @@ double real_arg(const py::handle& o, const std::string& who, const char* arg) {
   throw GraphError(who + ": " + arg + " must be a number, not " + py::repr(o).cast<std::string>());
 }
 
+/// flip= of the crop ops: a probability, or a flag (True: always, False: never; pybind's float
+/// took a bool as 1.0 and 0.0, and flip=False is a natural way to say no flip).
+double flip_arg_of(const py::handle& o, const std::string& who) {
+  if (PyBool_Check(o.ptr())) return o.ptr() == Py_True ? 1.0 : 0.0;
+  return real_arg(o, who, "flip");
+}
+
 /// A (min, max) pair as torchvision's RandomResizedCrop takes scale= and ratio=: a sequence of
 /// two numbers, else GraphError naming `who`'s argument (`scale=0.5` was pybind's "incompatible
 /// function arguments"). Their bounds are the op's (image::validate).
@@ -1210,7 +1217,7 @@ void bind_image_ops(py::module_& mops) {
     const auto [h, w] = crop_size_arg(size, "splitflow.ops.random_resized_crop");
     const auto scale = range_arg(scale_arg, "splitflow.ops.random_resized_crop", "scale");
     const auto ratio = range_arg(ratio_arg, "splitflow.ops.random_resized_crop", "ratio");
-    const double flip = real_arg(flip_arg, "splitflow.ops.random_resized_crop", "flip");
+    const double flip = flip_arg_of(flip_arg, "splitflow.ops.random_resized_crop");
     const std::uint64_t seed = u64_arg(seed_arg, "splitflow.ops.random_resized_crop", "seed");
     const std::uint64_t epoch = u64_arg(epoch_arg, "splitflow.ops.random_resized_crop", "epoch");
     const auto op = named_as("splitflow.ops.random_resized_crop", "RandomResizedCrop", [&] {
@@ -1252,7 +1259,7 @@ void bind_image_ops(py::module_& mops) {
     const auto [h, w] = crop_size_arg(size, "splitflow.ops.decode_random_resized_crop");
     const auto scale = range_arg(scale_arg, "splitflow.ops.decode_random_resized_crop", "scale");
     const auto ratio = range_arg(ratio_arg, "splitflow.ops.decode_random_resized_crop", "ratio");
-    const double flip = real_arg(flip_arg, "splitflow.ops.decode_random_resized_crop", "flip");
+    const double flip = flip_arg_of(flip_arg, "splitflow.ops.decode_random_resized_crop");
     const std::uint64_t seed = u64_arg(seed_arg, "splitflow.ops.decode_random_resized_crop", "seed");
     const std::uint64_t epoch = u64_arg(epoch_arg, "splitflow.ops.decode_random_resized_crop", "epoch");
     const auto op = named_as("splitflow.ops.decode_random_resized_crop", "DecodeRandomResizedCrop", [&] {
@@ -2189,8 +2196,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
     if (fs::is_regular_file(where)) return image::FileList::list_file(where).paths();
     return image::FileList::glob(where).paths();
   }, py::arg("where"), py::arg("extensions") = py::none(),
-  "JPEG files: every .jpg/.jpeg under a directory (in torchvision ImageFolder's order: folder "
-  "by folder, each folder's files sorted before its subfolders'; extensions=[...]: those, "
+  "JPEG files: every .jpg/.jpeg under a directory (in torchvision ImageFolder's order with the "
+  "directory as its root: its own files, then each of its folders whole, in name order, and "
+  "within one folder by folder, each folder's files sorted before its subfolders'; "
+  "extensions=[...]: those, "
   "case-insensitive), the paths of a list file (one per line, relative to it), or a glob "
   "pattern's matches (sorted).");
 

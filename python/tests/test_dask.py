@@ -918,7 +918,7 @@ def test_a_client_closed_during_a_pass_is_said_so():
         assert r.scheduler_address.startswith("tcp://127.0.0.1:"), r.scheduler_address
         # A remote given the closed client is refused when it is made, saying what to give
         # (its first pass said "status 'closed', scheduler ?": a new user's trial).
-        with pytest.raises(sf.Error, match=re.escape(
+        with pytest.raises(sf.GraphError, match=re.escape(
                 "splitflow.dask.remote: the Dask client is closed (status 'closed'): give a "
                 "connected one, sf.dask.connect(address)")):
             sfd.remote(fns.build_slow_samples, client, items=list(range(4)))

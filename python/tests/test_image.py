@@ -402,6 +402,15 @@ def test_crop_ops_refuse_bad_arguments_when_built(kwargs, text):
             op(**kwargs)
     # NumPy numbers and lists are numbers and pairs.
     sf.ops.random_resized_crop(8, scale=[np.float32(0.25), 1], ratio=(np.int64(1), 2.0), flip=np.float64(0))
+    # A flag is a probability of 1 or 0 (as pybind's float took it): flip=False, never;
+    # flip=True, always (the whole image kept, its size: the flip alone differs).
+    from test_resize import run_op
+    image = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    whole = dict(scale=(1, 1), ratio=(1.5, 1.5))
+    never = run_op(sf.ops.random_resized_crop((4, 6), flip=False, **whole), [image] * 4)
+    always = run_op(sf.ops.random_resized_crop((4, 6), flip=True, **whole), [image] * 4)
+    assert all(np.array_equal(a, image) for a in never)
+    assert all(np.array_equal(a, image[:, ::-1]) for a in always)
     with pytest.raises(sf.GraphError, match=re_escape("splitflow.ops.resize: height must be 1 to 16384, not 0")):
         sf.ops.resize(0, 3)
     # Past C's int (a new user's trial: pybind's bare "incompatible function arguments"), and
