@@ -1151,6 +1151,9 @@ class _State:
         to a hung worker, which waited 2 s for its replacement while the other worker was idle).
         They wait here instead, for the first worker that answers or is replaced (the reader
         thread dispatches after each look at the workers)."""
+        if self.broken is not None and self.waiting:  # (the workers cannot start: _on_death)
+            self._defer([(e.completion, self.broken) for e in self.waiting])
+            self.waiting.clear()
         # (Not at interpreter exit, when _on_death starts no worker either: close() fails them.)
         while self.waiting and not self.closed and self.broken is None and not _exiting:
             entry = self.waiting[0]
@@ -1848,9 +1851,7 @@ class PoolScope:
         with lock:
             states = list(idle.values())
             idle.clear()
-        for state in states:
-            if state.owner == os.getpid():
-                _finalize(state)
+        _each_to_the_end([s for s in states if s.owner == os.getpid()], _finalize)
 
 
 def _builtin_stop(e):
