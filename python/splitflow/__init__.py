@@ -61,6 +61,7 @@ def image_folder(root):
     """
     import os
 
+    root = os.fspath(root)  # (a pathlib.Path too: image_files takes a str)
     try:
         entries = sorted(e.name for e in os.scandir(root) if e.is_dir())
     except OSError as e:

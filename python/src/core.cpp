@@ -2179,8 +2179,10 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
     return d;
   }, "The cache of freed large host blocks (HostTensor::empty): bytes kept now, the limit, and "
      "the allocations of 128 KiB and more it served (hits) or did not (misses).");
-  m.def("image_files", [](const std::string& where, std::optional<std::vector<std::string>> extensions) {
+  m.def("image_files", [](const py::object& where_arg, std::optional<std::vector<std::string>> extensions) {
     namespace fs = std::filesystem;
+    // A str or a path-like (pathlib.Path), as os.scandir takes it.
+    const std::string where = py::module_::import("os").attr("fspath")(where_arg).cast<std::string>();
     if (extensions)
       for (const std::string& e : *extensions)
         if (e.size() < 2 || e[0] != '.')

@@ -97,6 +97,8 @@ def test_image_files_of_a_root_walk_each_class_folder_whole_as_imagefolder_does(
         "cat-2/z.jpg", "cat.b/u.jpg"]
     assert sf.image_files(str(root)) == want
     assert sf.image_folder(str(root))[0] == want
+    assert sf.image_folder(root)[0] == want  # a pathlib.Path as well
+    assert sf.image_files(root) == want
 
 
 # A new user's trial: image_folder found 89 files where ImageFolder found 92, the three .png
