@@ -27,6 +27,22 @@ PullSink<Tracked> endless_chain(Graph& g) {
   src >> st >> out;
   return out;
 }
+
+// Reads `out` (checking each item's value is its position), calling `act()` after item `at`,
+// until its loop ends; returns the items read and the CancelledError's text ("" if none).
+template <class Act>
+std::pair<long, std::string> read_cancelled(PullSink<Tracked>& out, long at, Act act) {
+  long seen = 0;
+  try {
+    for (Tracked& t : out) {
+      EXPECT_EQ(t.value, seen);
+      if (++seen == at) act();
+    }
+  } catch (const CancelledError& e) {
+    return {seen, e.what()};
+  }
+  return {seen, ""};
+}
 }  // namespace
 
 // "leaving a loop over a pull sink early cancels the run, so run.wait() returns"
@@ -126,16 +142,8 @@ TEST(PullSink, ACancelFromAnotherThreadEndsTheLoopWithCancelledError) {
     Graph g(rt, "watched");
     auto out = endless_chain(g);
     auto run = g.run();
-    long seen = 0;
-    std::string error;
-    try {
-      for (Tracked& t : out) {
-        EXPECT_EQ(t.value, seen);
-        if (++seen == 10) std::thread([&] { run.cancel(); }).join();  // a watchdog's cancel
-      }
-    } catch (const CancelledError& e) {
-      error = e.what();
-    }
+    // A watchdog's cancel, from another thread, after item 10.
+    const auto [seen, error] = read_cancelled(out, 10, [&] { std::thread([&] { run.cancel(); }).join(); });
     EXPECT_EQ(seen, 10) << "the cancel drops what the sink held; nothing arrives after it";
     EXPECT_EQ(error, "splitflow: graph 'watched': the run was cancelled before pull sink 'out' "
                      "reached the end of its stream: Run::cancel() stopped it (from another "
@@ -216,16 +224,8 @@ TEST(PullSink, TheRuntimesEndIsNamedToTheReader) {
     Graph g(*rt, "orphaned");
     auto out = endless_chain(g);
     auto run = g.run();
-    long seen = 0;
-    std::string error;
-    try {
-      for (Tracked& t : out) {
-        EXPECT_EQ(t.value, seen);
-        if (++seen == 5) rt.reset();  // ~Runtime: cancels its runs and waits for them
-      }
-    } catch (const CancelledError& e) {
-      error = e.what();
-    }
+    // ~Runtime after item 5: cancels its runs and waits for them.
+    const auto [seen, error] = read_cancelled(out, 5, [&] { rt.reset(); });
     EXPECT_EQ(seen, 5);
     EXPECT_EQ(error, "splitflow: graph 'orphaned': the run was cancelled before pull sink 'out' "
                      "reached the end of its stream: its Runtime was destroyed (a Runtime ends "

@@ -1220,10 +1220,11 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
   //     are cores (one that waits, on the blocking threads) whose slots together demand most of
   //     the cores' CPU is tried at half as many, kept if the rate holds (whether or not the
   //     graph keeps up with its bound: the contention may be what holds it below, and a
-  //     verification trial's runs converged at 0.58-0.92 of it without trying). Its waits may be for the cores or the GIL among its own threads, not
-  //     I/O: a new user's trial saw a numpy stage, placed there by a run whose bodies slept, run
-  //     21 bodies at once on 2 cores (each item 70 ms instead of 5; its model "78.8 ms io", 27
-  //     slots of 0.075 cores: 2.0) for three epochs. A stage that waits for I/O demands little
+  //     verification trial's runs converged at 0.58-0.92 of it without trying). Its waits may
+  //     be for the cores or the GIL among its own threads, not I/O: a new user's trial saw a
+  //     numpy stage, placed there by a run whose bodies slept, run 21 bodies at once on 2 cores
+  //     (each item 70 ms instead of 5; its model "78.8 ms io", 27 slots of 0.075 cores: 2.0)
+  //     for three epochs. A stage that waits for I/O demands little
   //     CPU a slot (a 3 ms read of 34 us: 28 slots, 0.3 cores) and is not tried.
   if (bound_.limit == Limit::cores) {
     const auto cores = static_cast<std::size_t>(std::max(1.0, std::ceil(budget_.cores - kEps)));

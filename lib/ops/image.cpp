@@ -133,7 +133,18 @@ std::string corrupt_jpeg(const char* op, const std::string& what, const std::str
 FileList FileList::directory(const std::string& dir, const std::vector<std::string>& extensions) {
   std::vector<std::string> exts;
   for (const auto& e : extensions) exts.push_back(lower(e));
-  std::vector<std::string> paths, classes;  // classes[i]: paths[i]'s folder in `dir` ("": none)
+  // torchvision's order (ImageFolder's make_dataset): the class folders (the directory's
+  // subfolders) sorted by name, and within each sorted(os.walk(class folder)), each folder's
+  // files sorted: by folder path, then by name, so that a folder's own files come before its
+  // subfolders' ("cat/x.jpg" before "cat/sub/y.jpg"; sorted whole paths put the subfolder
+  // first). The class comes first in the key: sorted by folder path alone, "cat-2/z.jpg" came
+  // between "cat/x.jpg" and "cat/sub/y.jpg" ('-' sorts before '/'), where ImageFolder walks all
+  // of "cat" first (a new user's trial: C++ indices differed from Python's and torchvision's).
+  // The directory's own files (ImageFolder has none: no class, "") come first.
+  struct Keyed {
+    std::string cls, folder, name, path;
+  };
+  std::vector<Keyed> keyed;
   std::string cls;
   std::error_code ec;
   fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
@@ -149,32 +160,17 @@ FileList FileList::directory(const std::string& dir, const std::vector<std::stri
     if (!it->is_regular_file(ec)) continue;
     const std::string ext = lower(it->path().extension().string());
     if (exts.empty() || std::find(exts.begin(), exts.end(), ext) != exts.end()) {
-      paths.push_back(it->path().string());
-      classes.push_back(it.depth() == 0 ? std::string() : cls);
+      const fs::path& path = it->path();
+      keyed.push_back({it.depth() == 0 ? std::string() : cls, path.parent_path().string(),
+                       path.filename().string(), path.string()});
     }
-  }
-  // torchvision's order (ImageFolder's make_dataset): the class folders (the directory's
-  // subfolders) sorted by name, and within each sorted(os.walk(class folder)), each folder's
-  // files sorted: by folder path, then by name, so that a folder's own files come before its
-  // subfolders' ("cat/x.jpg" before "cat/sub/y.jpg"; sorted whole paths put the subfolder
-  // first). The class comes first in the key: sorted by folder path alone, "cat-2/z.jpg" came
-  // between "cat/x.jpg" and "cat/sub/y.jpg" ('-' sorts before '/'), where ImageFolder walks all
-  // of "cat" first (a new user's trial: C++ indices differed from Python's and torchvision's).
-  // The directory's own files (ImageFolder has none: no class) come first.
-  struct Keyed {
-    std::string cls, folder, name, path;
-  };
-  std::vector<Keyed> keyed;
-  keyed.reserve(paths.size());
-  for (std::size_t i = 0; i < paths.size(); ++i) {
-    const fs::path path(paths[i]);
-    keyed.push_back({std::move(classes[i]), path.parent_path().string(), path.filename().string(),
-                     std::move(paths[i])});
   }
   std::sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) {
     return std::tie(a.cls, a.folder, a.name) < std::tie(b.cls, b.folder, b.name);
   });
-  for (std::size_t i = 0; i < keyed.size(); ++i) paths[i] = std::move(keyed[i].path);
+  std::vector<std::string> paths;
+  paths.reserve(keyed.size());
+  for (Keyed& k : keyed) paths.push_back(std::move(k.path));
   return FileList(std::move(paths));
 }
 

@@ -436,8 +436,8 @@ class Remote:
         status = getattr(client, "status", "running")
         if status in ("closing", "closed"):
             raise GraphError(f"splitflow.dask.remote: the Dask client is {status} (status "
-                        f"'{status}'): give a connected one, sf.dask.connect(address) or "
-                        f"distributed.Client(address)")
+                             f"'{status}'): give a connected one, sf.dask.connect(address) or "
+                             f"distributed.Client(address)")
         self.build = build
         self.client = client
         # Its scheduler's address while it is connected: a closed client has none to say, and

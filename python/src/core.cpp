@@ -546,27 +546,29 @@ std::uint64_t u64_arg(const py::handle& o, const std::string& who, const char* a
 }
 
 /// An output size as torchvision takes it: an int (a square), or a sequence of (height, width)
-/// (or of one int). Returns (height, width); GraphError naming `who` and the value otherwise.
-/// The bounds are the op's (image::validate).
+/// (or of one int). Returns (height, width); GraphError naming `who` and the value otherwise,
+/// its bounds checked here (image::kMaxOutputSide), named as `who`'s: left to the op's checks,
+/// they named C++'s op (a new user's trial: "splitflow::image::RandomResizedCrop: size 0").
 std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
-  // An int's value goes to the op's bounds check (image::validate names it out of range).
   const auto side = [&](const py::handle& v) -> int {
     if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
       throw GraphError(who + ": size must be an int or (height, width), not " +
                   py::repr(o).cast<std::string>());
     const std::optional<std::int64_t> n = index_of(v.ptr());
-    if (!n || *n < INT_MIN || *n > INT_MAX)  // (the op's own check would name a clamped value)
+    if (!n || *n < INT_MIN || *n > INT_MAX)  // (a check after the cast would name a clamped value)
       throw GraphError(who + ": size " + py::repr(v).cast<std::string>() + " is out of range: give 1 "
                   "to " + std::to_string(image::kMaxOutputSide) + " (pixels per side)");
     return static_cast<int>(*n);
   };
-  const auto square = [&](const py::handle& v) -> std::pair<int, int> {
-    // (Left to the op's check, a square's size was named by C++'s op, "splitflow::image::
-    // RandomResizedCrop: size 0": a new user's trial.)
-    const int n = side(v);
+  // (A height or width of 0 would mean a square to the op, its checks would say "size".)
+  const auto within = [&](int n, const char* what, const char* unit) {
     if (n < 1 || n > image::kMaxOutputSide)
-      throw GraphError(who + ": size " + std::to_string(n) + " is out of range: give 1 to " +
-                       std::to_string(image::kMaxOutputSide) + " (pixels per side)");
+      throw GraphError(who + ": " + what + " " + std::to_string(n) + " is out of range: give 1 to " +
+                       std::to_string(image::kMaxOutputSide) + " (" + unit + ")");
+    return n;
+  };
+  const auto square = [&](const py::handle& v) -> std::pair<int, int> {
+    const int n = within(side(v), "size", "pixels per side");
     return {n, n};
   };
   if (PyIndex_Check(o.ptr()) || PyBool_Check(o.ptr())) return square(o);
@@ -575,13 +577,7 @@ std::pair<int, int> crop_size_arg(const py::handle& o, const std::string& who) {
     if (seq.size() == 1) return square(seq[0]);
     if (seq.size() == 2) {
       const int h = side(seq[0]), w = side(seq[1]);
-      if (h < 1 || h > image::kMaxOutputSide)  // (the op's own check said "size" for it)
-        throw GraphError(who + ": height " + std::to_string(h) + " is out of range: give 1 to " +
-                         std::to_string(image::kMaxOutputSide) + " (pixels)");
-      if (w < 1 || w > image::kMaxOutputSide)  // (0 would mean a square to the op)
-        throw GraphError(who + ": width " + std::to_string(w) + " is out of range: give 1 to " +
-                         std::to_string(image::kMaxOutputSide) + " (pixels)");
-      return {h, w};
+      return {within(h, "height", "pixels"), within(w, "width", "pixels")};
     }
   }
   throw GraphError(who + ": size must be an int or (height, width), not " +

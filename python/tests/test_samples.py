@@ -48,6 +48,13 @@ def test_image_folder_lists_classes_sorted_and_labels_every_file(folder):
         assert classes[label] == class_of(p)
 
 
+def make_tree(root, rels):
+    """A file (a JPEG's first two bytes) at each relative path under root, folders made."""
+    for rel in rels:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"\xff\xd8")
+
+
 def imagefolder_order(root):
     """The files torchvision's ImageFolder lists (its make_dataset), in its order: classes
     sorted, then sorted(os.walk(class folder)), each folder's files sorted."""
@@ -65,10 +72,8 @@ def imagefolder_order(root):
 # sample had, where ImageFolder refuses it.
 def test_image_folder_lists_files_in_imagefolders_order_and_refuses_an_empty_class(tmp_path):
     root = tmp_path / "train"
-    for rel in ["cat/x.JPG", "cat/sub/y.jpeg", "cat/sub-2/a.jpg", "cat/a/b/z.jpg", "cat/w.jpg",
-                "dog/sub/q.jpg", "dog/p.jpg"]:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(b"\xff\xd8")
+    make_tree(root, ["cat/x.JPG", "cat/sub/y.jpeg", "cat/sub-2/a.jpg", "cat/a/b/z.jpg",
+                     "cat/w.jpg", "dog/sub/q.jpg", "dog/p.jpg"])
     paths, labels, classes = sf.image_folder(str(root))
     want = imagefolder_order(str(root))
     assert [os.path.relpath(p, root) for p in want] == [
@@ -87,10 +92,8 @@ def test_image_folder_lists_files_in_imagefolders_order_and_refuses_an_empty_cla
 # image_folder's and torchvision's.
 def test_image_files_of_a_root_walk_each_class_folder_whole_as_imagefolder_does(tmp_path):
     root = tmp_path / "train"
-    for rel in ["cat/x.jpg", "cat/sub/y.jpg", "cat/sub-2/w.jpg", "cat-2/z.jpg", "cat b/v.jpg",
-                "cat.b/u.jpg", "cat/sub/deeper/t.jpg"]:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(b"\xff\xd8")
+    make_tree(root, ["cat/x.jpg", "cat/sub/y.jpg", "cat/sub-2/w.jpg", "cat-2/z.jpg",
+                     "cat b/v.jpg", "cat.b/u.jpg", "cat/sub/deeper/t.jpg"])
     want = imagefolder_order(str(root))
     assert [os.path.relpath(p, root) for p in want] == [
         "cat/x.jpg", "cat/sub/y.jpg", "cat/sub-2/w.jpg", "cat/sub/deeper/t.jpg", "cat b/v.jpg",
@@ -106,9 +109,7 @@ def test_image_files_of_a_root_walk_each_class_folder_whole_as_imagefolder_does(
 # warning naming them.
 def test_image_folder_warns_of_the_image_files_imagefolder_loads_that_it_leaves_out(tmp_path):
     root = tmp_path / "train"
-    for rel in ["cat/a.jpg", "cat/b.PNG", "dog/c.jpg", "dog/sub/d.webp", "dog/notes.txt"]:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(b"\xff\xd8")
+    make_tree(root, ["cat/a.jpg", "cat/b.PNG", "dog/c.jpg", "dog/sub/d.webp", "dog/notes.txt"])
     with pytest.warns(RuntimeWarning) as caught:
         paths, labels, classes = sf.image_folder(str(root))
     assert [os.path.relpath(p, root) for p in paths] == ["cat/a.jpg", "dog/c.jpg"]
