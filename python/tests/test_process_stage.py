@@ -627,3 +627,94 @@ def test_a_process_stage_inside_dataloader_workers_is_refused_when_built():
     assert "DataLoader(num_workers=0)" in text and "processes=0" in text, text
     # In the main process the same dataset runs.
     assert sorted(v for _, v in ds) == list(range(8))
+
+
+class _Completion:
+    """A process pool's completion (ProcessPool.submit): its result or error, and an event."""
+
+    def __init__(self, any_done=None):
+        self.event = threading.Event()
+        self.any_done = any_done  # an event set too (one of several done)
+        self.value = self.error = None
+
+    def done(self, value):
+        self.value = value
+        self.event.set()
+        if self.any_done is not None:
+            self.any_done.set()
+
+    def fail(self, exc, *keep):
+        self.error = exc
+        self.event.set()
+        if self.any_done is not None:
+            self.any_done.set()
+
+    def result(self):
+        assert self.event.wait(60), "no completion in 60 s"
+        return self.value
+
+
+def test_the_items_of_a_dead_worker_go_to_a_started_worker_not_to_its_replacement(tmp_path):
+    # A worker that died with items queued behind the one in its hands: they went to its
+    # replacement, which held them while it started (0.5-0.7 s with torch imported) where the
+    # other worker, started and idle, would have taken them at once. Now they wait for the next
+    # free worker, a started one first.
+    from splitflow._procs import ProcessPool
+
+    pool = ProcessPool(fns.until_file, processes=2, stage="s", depth=2)
+    try:
+        warm = [_Completion(), _Completion()]
+        for k, c in enumerate(warm):
+            pool.submit((f"w{k}", None, None), c)
+        assert len({c.result()[1] for c in warm}) == 2  # (both workers started)
+        die, release = str(tmp_path / "die"), str(tmp_path / "release")
+        first, second = _Completion(), _Completion()
+        pool.submit(("dies", die, 3), first)         # a worker: waits, then dies
+        pool.submit(("waits", release, None), second)  # the other: waits, then answers
+        one_queued_done = threading.Event()
+        queued = [_Completion(one_queued_done), _Completion(one_queued_done)]  # one behind each
+        for k, c in enumerate(queued):
+            pool.submit((f"q{k}", None, None), c)
+        open(release, "w").close()
+        survivor = second.result()[1]
+        # The item queued behind "waits" is done by the survivor; the other waits behind "dies".
+        assert one_queued_done.wait(60)
+        done_first = next(c for c in queued if c.event.is_set())
+        assert done_first.error is None and done_first.value[1] == survivor
+        behind = next(c for c in queued if c is not done_first)
+        assert not behind.event.is_set()
+        open(die, "w").close()
+        assert first.event.wait(60) and first.value is None
+        assert "died with exit code 3 while it processed this item" in str(first.error), first.error
+        # The item behind it: sent again, to the survivor (before: to the replacement).
+        assert behind.result() is not None and behind.error is None, behind.error
+        assert behind.value[1] == survivor, (behind.value, survivor, pool.pids)
+        stats = pool.stats()
+        assert stats["resent"] == 1 and stats["restarts"] == 1, stats
+        assert survivor in pool.pids and len(pool.pids) == 2
+    finally:
+        pool.close()
+
+
+def test_a_starting_worker_takes_items_only_when_every_started_one_is_full():
+    # (White-box: the pool's choice of worker, _State._pick.) A worker's replacement, still
+    # starting, had the fewest items out and took the next ones, which waited for its start.
+    from splitflow import _procs
+
+    state = _procs._State(b"", "f", 3, "s", None, 2, None)
+    a, b, c = state.slots
+    for slot in state.slots:
+        slot.process = object()  # (started: _pick starts none)
+    entry = _procs._Entry(None, None, object())
+    a.ready, a.outstanding = True, {0: entry}
+    b.ready = False  # starting
+    c.ready, c.outstanding = True, {1: entry, 2: entry}  # at depth 2
+    assert [state._pick() for _ in range(3)] == [a, a, a]  # (before: b, the fewest out)
+    a.outstanding[3] = entry
+    assert state._pick() is b  # every started one full
+    b.outstanding = {4: entry, 5: entry}
+    assert state._pick() in (a, c)  # all full: a started one first
+    for slot in state.slots:
+        slot.ready, slot.outstanding = False, {}
+    c.outstanding = {6: entry}
+    assert {state._pick() for _ in range(4)} == {a, b}  # all starting: the fewest out, rotating
