@@ -219,6 +219,26 @@ TEST(Stats, ItemsDeliveredLeavesOutTheItemsASinkSkipped) {
   EXPECT_EQ(report(st).find("'fork' skipped"), std::string::npos) << report(st);
 }
 
+// One of a thing is not "1 items" (a new user's trial read "(1 items delivered)" and "skipped 1
+// items").
+TEST(Stats, TheReportCountsOneItemInTheSingular) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "one-each");
+  auto src = g.source("n", [i = 0]() mutable -> std::optional<int> {
+    return i < 2 ? std::optional<int>(i++) : std::nullopt;
+  });
+  auto sink = g.sink("first-fails", [](int x) { if (x == 0) throw std::runtime_error("zero"); },
+                     {.on_error = OnError::skip});
+  src >> sink;
+  auto run = g.run();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const std::string text = report(run.stats());
+  EXPECT_NE(text.find("(1 item delivered)"), std::string::npos) << text;
+  EXPECT_NE(text.find("'first-fails' skipped 1 item and replaced 0 whose bodies threw"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find("1 items"), std::string::npos) << text;
+}
+
 // Planted bottleneck 1: a slow CPU stage starves the GPU. "the report names it"
 TEST(Diagnosis, ASlowCpuStageIsNamedAndItsConcurrencyRaised) {
   Runtime rt(host(2));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "splitflow/core/config.hpp"
 #include "splitflow/telemetry/stats.hpp"
@@ -18,6 +19,10 @@ double frac(std::int64_t part, std::int64_t whole) {
 std::string pct(double f) { return fmt::format("{:.0f}%", 100.0 * f); }
 std::string mib(double b) { return fmt::format("{:.1f} MiB", b / (1 << 20)); }
 std::string ms(std::int64_t ns) { return fmt::format("{:.1f} ms", static_cast<double>(ns) / 1e6); }
+// "1 item", "2 items".
+std::string count_of(std::uint64_t n, std::string_view noun) {
+  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
+}
 bool limited(const StageStats& s) { return s.concurrency_limit != Concurrency::unlimited; }
 // Whether its bodies hold an arena thread while they run (an async or blocking stage's do not).
 bool holds_threads(const StageStats& s) {
@@ -426,21 +431,23 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
                        lat(s.latency.percentile(50)), lat(s.latency.percentile(95)),
                        lat(s.latency.percentile(99)), lat(s.latency.max()), s.mean_queue,
                        s.mean_concurrency());
-  out += fmt::format("\nthroughput {:.1f} items/s ({} items delivered)\n", st.throughput(),
-                     st.items_delivered());
+  out += fmt::format("\nthroughput {:.1f} items/s ({} delivered)\n", st.throughput(),
+                     count_of(st.items_delivered(), "item"));
   // Items a run did not deliver whole: said here, not only in the figures (a new
   // user's trial: two corrupt files skipped, and the report read as if nothing was lost).
   for (const auto& s : st.stages) {
     if (s.kind == StageKind::zip && s.items_skipped > 0)
-      out += fmt::format("zip '{}' dropped {} items that had no partner (one input ended first, "
+      out += fmt::format("zip '{}' dropped {} that had no partner (one input ended first, "
                          "or the partner was dropped upstream)\n",
-                         s.name, s.items_skipped);
+                         s.name, count_of(s.items_skipped, "item"));
     else if (s.items_skipped + s.items_substituted > 0)
-      out += fmt::format("'{}' skipped {} items and replaced {} whose bodies threw (its errors "
+      out += fmt::format("'{}' skipped {} and replaced {} whose bodies threw (its errors "
                          "name the first {}: StageStats::errors; Python: the stage's \"errors\")\n",
-                         s.name, s.items_skipped, s.items_substituted, StageStats::kMaxItemErrors);
+                         s.name, count_of(s.items_skipped, "item"), s.items_substituted,
+                         StageStats::kMaxItemErrors);
     if (s.items_expired > 0)
-      out += fmt::format("'{}' dropped {} requests whose deadline had passed\n", s.name, s.items_expired);
+      out += fmt::format("'{}' dropped {} whose deadline had passed\n", s.name,
+                         count_of(s.items_expired, "request"));
   }
   if (st.gpu.bursts > 0) {
     const auto gbps = [](std::uint64_t b, std::int64_t ns) {
