@@ -559,7 +559,8 @@ class GraphDataset(_data.IterableDataset):
     of int dataset indices) and returns the last one; its outputs are the samples.
     length: the dataset's size. rank, world_size: this process's shard (default: from
     torch.distributed when it is initialised, else 0 of 1). threads, backend, streams,
-    host_memory_budget: the runtime's (one per process, built on first use, after any fork;
+    host_memory_budget: the runtime's (the dataset's own, one per process it iterates in,
+    built on first use, after any fork; two datasets do not share one;
     host_memory_budget bounds the bytes the samples in flight and the output queue hold, for a
     graph with automatic stages: docs/autotune.md). capacity: the output queue's. max_in_flight,
     trace, autotune_window, autotune_queues, priority: each epoch's graph's (splitflow.Graph's;
@@ -603,6 +604,9 @@ class GraphDataset(_data.IterableDataset):
                  drop_last=False, index_field="index", remote=None, host_memory_budget=0,
                  trace=False, autotune_window=0.25, autotune_queues=True, priority=0):
         super().__init__()
+        if not callable(build):  # (it failed at the first iteration, naming nothing)
+            raise GraphError(f"GraphDataset: build must be a function build(graph, indices) -> "
+                             f"node, not {build!r}")
         length = _int_arg("GraphDataset", "length", length, 0)
         seed = _int_arg("GraphDataset", "seed", seed, 0)
         if seed >= 2 ** 63:  # (the epoch's generator takes a signed 64-bit seed)
@@ -736,7 +740,11 @@ class GraphDataset(_data.IterableDataset):
         range(state["epoch"], epochs): ds.set_epoch(epoch)`` continues it) and dropped
         otherwise (by any later set_epoch: DataLoader workers iterate copies, so this dataset
         cannot tell whether they took it)."""
-        epoch = int(epoch)
+        # (An int, as the constructor's arguments: 1.7 was taken as 1, "3" as 3, and -1 failed
+        # at the next iteration, inside the build's ops: a new user's trial.)
+        epoch = _int_arg("GraphDataset.set_epoch", "epoch", epoch, 0)
+        if epoch >= 2 ** 64:
+            raise GraphError(f"GraphDataset.set_epoch: epoch must be < 2**64, not {epoch!r}")
         if self._pending is not None and epoch == self.epoch and not self._pending.kept:
             self._pending.kept = True
             return  # the loaded state's own epoch: the resume stands

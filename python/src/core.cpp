@@ -2192,6 +2192,11 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
     if (extensions)
       throw GraphError("splitflow.image_files('" + where + "'): extensions= is for a directory");
     if (fs::is_regular_file(where)) return image::FileList::list_file(where).paths();
+    // (Not a pattern: a path that is not there. A new user's trial read "FileList::glob: no file
+    // matches" for a directory misspelled.)
+    if (where.find_first_of("*?[") == std::string::npos)
+      throw Error("splitflow.image_files('" + where + "'): no such directory or file (it takes a "
+                  "directory, a list file or a glob pattern)");
     return image::FileList::glob(where).paths();
   }, py::arg("where"), py::arg("extensions") = py::none(),
   "JPEG files: every .jpg/.jpeg under a directory (in torchvision ImageFolder's order with the "

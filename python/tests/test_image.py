@@ -2,6 +2,7 @@
 The JPEGs are written here by PIL (Debian's python3-pil)."""
 import io
 import os
+import re
 
 import numpy as np
 import pytest
@@ -156,6 +157,12 @@ def test_image_files_directory_glob_and_list(tmp_path):
     assert sf.image_files(str(tmp_path / "list.lst")) == [str(tmp_path / "img_002.jpg")]
     with pytest.raises(sf.Error, match="no file matches"):
         sf.image_files(str(tmp_path / "*.png"))
+    # A path that is not there and no pattern: said so (it read "FileList::glob: no file
+    # matches" for a misspelled directory, a new user's trial).
+    with pytest.raises(sf.Error, match=re.escape(f"splitflow.image_files('{tmp_path / 'nope'}'): no "
+                                                 "such directory or file (it takes a directory, a "
+                                                 "list file or a glob pattern)")):
+        sf.image_files(tmp_path / "nope")
 
 
 def test_corrupt_files_are_skipped_counted_and_named(tmp_path):

@@ -348,6 +348,22 @@ def test_shard_and_size_arguments_are_checked_when_given():
         ds.load_state_dict(state)
     assert sft.GraphDataset(build_identity, 10, world_size=1).shard() == (0, 1)
 
+    # set_epoch's epoch too (a new user's trial: 1.7 was taken as 1, True and "3" as 1 and 3,
+    # -1 failed at the next iteration inside the build's ops, "x" with int()'s bare ValueError),
+    # and a build that is not a function (it failed at the first iteration, naming nothing).
+    ds = sft.GraphDataset(build_identity, 4)
+    for epoch, text in [(1.7, "epoch must be an int, not 1.7"), (True, "epoch must be an int, not True"),
+                        ("3", "epoch must be an int, not '3'"), (-1, "epoch must be >= 0, not -1"),
+                        (2 ** 64, "epoch must be < 2**64")]:
+        with pytest.raises(sf.GraphError, match=re.escape("GraphDataset.set_epoch: " + text)):
+            ds.set_epoch(epoch)
+    assert ds.epoch == 0
+    ds.set_epoch(np.int64(2))
+    assert ds.epoch == 2 and sorted(ds) == [0, 1, 2, 3]
+    with pytest.raises(sf.GraphError, match=re.escape("GraphDataset: build must be a function "
+                                                      "build(graph, indices) -> node, not 42")):
+        sft.GraphDataset(42, 3)
+
 
 # "Even shards for DDP": with even_shards every rank yields the same number of samples (101
 # over 2 ranks: 51 and 51 padded, or 50 and 50 dropped), like DistributedSampler.
