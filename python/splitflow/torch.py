@@ -575,7 +575,8 @@ class GraphDataset(_data.IterableDataset):
     sample (or batch, when the graph batches) is repeated, a copy, to make it up, with a
     warning naming the rank and the count (each DataLoader worker makes up its own share; a
     state_dict taken among the repeats resumes with the steps left, exactly with
-    num_workers=0 where the samples carry their index or the graph does not batch).
+    num_workers=0 where the samples carry their index or the graph does not batch); without
+    even_shards, a rank of several whose count fell short says so in a warning.
 
     batch_size, drop_last: when build ends with ``g.batch(name, batch_size, drop_last)``, its
     items are batches: say so here, and ``len()`` is the number of batches (without it, the
@@ -1006,10 +1007,30 @@ class GraphDataset(_data.IterableDataset):
                 remote.close()
         if info is not None:
             _warn_skipped(self.last_run, info.id)
+        if not making_up and not self._probing:
+            self._warn_short(len(positions), batch, yielded, info)
         if making_up:
             yield from self._make_up(len(positions), batch, yielded, held, out, progress, info)
         if progress is not None:
             progress.complete = True  # the epoch's shard is settled
+
+    def _warn_short(self, n, batch, yielded, info):
+        """even_shards=None: a rank of several whose stages skipped items takes fewer steps than
+        its shard's, and with DDP the other ranks wait for it in their last collective for ever
+        (a new user's trial: a 2-rank gloo run hung, one rank's corrupt file skipped, nothing
+        said why). Said as a warning naming the rank and the count."""
+        rank, world = self.shard()
+        size = batch[0] if batch is not None else 1
+        want = n if batch is None else (n // size if batch[1] else -(-n // size))
+        if world <= 1 or yielded >= want:
+            return
+        where = f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
+        what = "batches" if batch is not None else "samples"
+        warnings.warn(
+            f"GraphDataset: {where} yielded {yielded} of its {want} {what} (items skipped: "
+            f"on_error='skip'); with DDP, a rank that takes fewer steps than the others leaves "
+            f"them waiting in their last collective for ever: even_shards='pad' (or 'drop') "
+            f"makes every rank's count the same", stacklevel=3)
 
     def _make_up(self, n, batch, yielded, held, out, progress, info):
         """even_shards: a share of n samples whose items a stage skipped yields fewer than the

@@ -436,6 +436,26 @@ def test_even_shards_make_up_skipped_items_so_every_rank_takes_the_same_steps():
             seen += [int(r[0]) for r in rows]
         assert steps == [want] * 3, (mode, batch, steps)
         assert 3 not in seen and 4 not in seen
+    # Without even_shards, a rank of several that yielded fewer than its shard is warned of (a
+    # new user's 2-rank DDP run hung, nothing said why); one rank alone, or a full shard, not.
+    for length, rank, world, warned in ((10, 0, 2, True), (10, 1, 2, True), (3, 1, 2, False),
+                                        (10, 0, 1, False)):
+        ds = sft.GraphDataset(build_skipping_3_and_4, length, rank=rank, world_size=world,
+                              threads=2, backend="host")
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            items = list(ds)
+        short = [str(w.message) for w in said if "leaves them waiting" in str(w.message)]
+        lost = [i for i in ds.rank_indices() if i in (3, 4)]
+        assert len(items) == len(ds.rank_indices()) - len(lost)
+        if warned:
+            assert short == [f"GraphDataset: rank {rank} of 2 yielded 4 of its 5 samples (items "
+                             f"skipped: on_error='skip'); with DDP, a rank that takes fewer steps "
+                             f"than the others leaves them waiting in their last collective for "
+                             f"ever: even_shards='pad' (or 'drop') makes every rank's count the "
+                             f"same"], short
+        else:
+            assert not short, (length, rank, world, short)
     # The repeats are copies taken before the loop sees the last item: a loop that changes
     # each item in place (x += 1000) changes neither the repeats nor, twice, the item.
     ds = sft.GraphDataset(build_skipping_3_and_4, 40, shuffle=True, seed=1, rank=0, world_size=3,
