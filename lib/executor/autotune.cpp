@@ -386,7 +386,7 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
   // The fluid bound: cores over the summed CPU cost, each stage's ceiling, each device.
   const double cpu = cpu_per_item(models);
   b.fluid_rate = cpu > 0 ? budget.cores / cpu : kInf;
-  std::string why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu));
+  std::string why = fmt::format("cores: {:g} / {} of core time per item", budget.cores, seconds(cpu));
   Limit fluid_limit = Limit::cores;
   std::size_t fluid_at = 0;
   // (Before the stages' ceilings: a stage's rate is capped by the lock too, and the lock is
@@ -455,13 +455,15 @@ Bound rate_bound(const std::vector<StageModel>& models, const Budget& budget) {
     b.limit = why_not == Limit::none ? fluid_limit : why_not;
     b.stage = why_not == Limit::none ? fluid_at : at;
     if (b.limit == Limit::cores)
-      b.why = fmt::format("cores: {:g} / {} of CPU per item", budget.cores, seconds(cpu));
+      b.why = fmt::format("cores: {:g} / {} of core time per item", budget.cores, seconds(cpu));
     else if (b.limit == Limit::memory)
       b.why = budget.memory_bytes < least_bytes(models)
-                  ? fmt::format("memory left to the tuned queues: {} bytes, less than the least "
-                                "they hold ({} bytes)",
-                                budget.memory_bytes, least_bytes(models))
-                  : fmt::format("memory left to the tuned queues: {} bytes", budget.memory_bytes);
+                  ? fmt::format("memory left to the tuned queues: {}, less than the least "
+                                "they hold ({})",
+                                byte_text(static_cast<double>(budget.memory_bytes)),
+                                byte_text(static_cast<double>(least_bytes(models))))
+                  : fmt::format("memory left to the tuned queues: {}",
+                                byte_text(static_cast<double>(budget.memory_bytes)));
     else if (b.limit == Limit::stage)
       b.why = gil_binds(models, lo)
                   ? serial_text(models)
@@ -717,7 +719,9 @@ std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const 
       given += 1;
     }
   for (std::size_t i = 0; i < n; ++i) {
-    if (out[i].cores < 1 && total.cores >= static_cast<double>(n)) {
+    // (A core at least for each graph that asks for any: one that asks for none, its reader
+    // stalled, leaves it to the others.)
+    if (out[i].cores < 1 && demands[i].cores > 0 && total.cores >= static_cast<double>(n)) {
       auto richest = std::max_element(out.begin(), out.end(),
                                       [](const Budget& a, const Budget& b) { return a.cores < b.cores; });
       richest->cores -= 1;
@@ -1058,11 +1062,24 @@ GraphDemand Autotuner::demand(int priority) const {
     // climb wanted one that the budget did not have.
     g.cores = std::max(a.cores, alloc_.cores) + (short_of_cores_ ? 1.0 : 0.0);
   }
+  // (Its consumer sets the pace: more cores would wait for it. A trial's graph whose reader
+  // slept kept half of a 2-core runtime, and the graph beside it ran at 60% of its rate.)
+  if (paced_cores_ >= 0) g.cores = std::min(g.cores, paced_cores_);
   g.memory_bytes = std::max(alloc_.bytes, std::size_t{1});
   return g;
 }
 
 void Autotuner::retune(const Sample& s, Action action, std::string reason, Decision& d) {
+  if (trial_) {
+    // A move on trial when a re-tune comes (a drift, a budget, firm estimates) is not judged:
+    // said, and undone before the model's moves, which start from what was kept (a trial's
+    // probe was silently kept in some runs and reverted in others).
+    for (const TuneEvent& c : trial_->changes)
+      emit(d, {s.end_ns, Action::revert, c.stage, c.knob, c.to, c.from,
+               fmt::format("not judged: re-tuned first ({})", reason.empty() ? "a new model" : reason)});
+    alloc_ = base_;
+    trial_.reset();
+  }
   models_ = est_.models();
   refined_ = est_.min_items() >= opt_.min_items;
   bound_ = rate_bound(models_, budget_);
@@ -1391,6 +1408,24 @@ std::optional<Autotuner::Move> Autotuner::propose(const Sample& s) {
 
 Decision Autotuner::observe(const Sample& s) {
   Decision d;
+  // The consumer's pace (demand): a pull sink's reader, a sink (a stage between tuned ones
+  // that the tuner does not set, a batch, is the graph's own limit, not its consumer), over two
+  // windows, or one of half a second or more (a stalled graph's windows are joined, up to 8),
+  // so that one pause of the reader does not give the graph's share away.
+  double paced = -1;
+  if (!models_.empty() && s.window_ns > 0) {
+    const double win = static_cast<double>(s.window_ns);
+    const bool held = std::any_of(s.stages.begin(), s.stages.end(), [&](const StageSample& st) {
+      const bool consumer = st.feeds.rfind("pull sink '", 0) == 0 || st.feeds.rfind("sink '", 0) == 0;
+      return consumer && static_cast<double>(st.blocked_ns) >= 0.5 * win;
+    });
+    if (held) paced = 1.25 * static_cast<double>(s.delivered) / (win * 1e-9) * cpu_per_item(models_);
+  }
+  paced_cores_ = paced < 0                     ? -1.0
+                 : paced_last_ >= 0           ? std::max(paced, paced_last_)
+                 : s.window_ns >= 500'000'000 ? paced
+                                              : -1.0;
+  paced_last_ = paced;
   const std::vector<std::size_t> drifted = est_.add(s);
   if (!est_.ready()) {
     d.allocation = alloc_;
@@ -1473,8 +1508,14 @@ Decision Autotuner::observe(const Sample& s) {
       base_ = alloc_;
       // This window measured the kept allocation: it is the next move's baseline.
     } else {
+      // (The rule it missed: a gain under it read as a gain, "+10.6%, noise 1.0%", a trial's.)
+      const std::string rule =
+          mv.release ? fmt::format("; released only at a loss within the noise{}",
+                                   bound_.limit == Limit::gpu ? " and the GPU kept busy" : "")
+                     : fmt::format("; kept only for a gain over {:.1f}%{}", 100 * std::max(noise(), mv.min_gain),
+                                   bound_.limit == Limit::gpu ? " or the GPU brought to its busy target" : "");
       for (const TuneEvent& c : mv.changes)
-        emit(d, {s.end_ns, Action::revert, c.stage, c.knob, c.to, c.from, figures});
+        emit(d, {s.end_ns, Action::revert, c.stage, c.knob, c.to, c.from, figures + rule});
       tabu_.push_back(mv.key);
       alloc_ = base_;
       d.changed = true;

@@ -350,6 +350,14 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
   return s;
 }
 
+autotune::GraphDemand RunTuner::demand_of(double fixed) const {
+  // (With the cores of the stages it does not model, which come off its share: a demand sized
+  // to the rate, its consumer's pace, lost them.)
+  autotune::GraphDemand demand = tuner_.demand(priority_);
+  if (demand.cores < static_cast<double>(autotune::kUnlimited)) demand.cores += fixed;
+  return demand;
+}
+
 void RunTuner::loop() {
   RunStats before = graph_.snapshot();
   std::int64_t serial_before = detail::process_serial_ns();
@@ -388,7 +396,7 @@ void RunTuner::loop() {
     std::size_t memory = autotune::kUnlimited;
     bool alone = true;
     if (board_) {
-      const autotune::Budget share = board_->share(this, tuner_.demand(priority_), &alone);
+      const autotune::Budget share = board_->share(this, demand_of(fixed), &alone);
       cores = std::min(cores, share.cores);
       memory = share.memory_bytes;
     }
@@ -411,6 +419,9 @@ void RunTuner::loop() {
         memory_left_ != tuner_.budget().memory_bytes)
       tuner_.set_budget({.cores = left, .memory_bytes = memory_left_, .pool = pool});
     const autotune::Decision d = tuner_.observe(s);
+    // (The demand this window showed, posted now for the others' next windows, not at this
+    // graph's next: a stalled graph's windows are joined up to 2 s long.)
+    if (board_) board_->share(this, demand_of(fixed));
     std::vector<autotune::TuneEvent> events = d.events;
     // A pull sink's items are outside the admission limit (consumed as they arrive; its reader
     // may hold them past the run): under a budget, what its queue may hold is sized here (if

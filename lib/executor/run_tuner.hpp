@@ -65,6 +65,9 @@ class RunTuner {
 
  private:
   void loop();
+  /// What this graph asks of the runtime's board: its tuner's demand with the cores of the
+  /// stages the tuner does not model (`fixed`, the last window's).
+  autotune::GraphDemand demand_of(double fixed) const;
   /// Starts the automatic stages where the last tuned run of a graph of this name ended them.
   void warm_start();
   /// A stage's new settings (0: unchanged).

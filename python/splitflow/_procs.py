@@ -13,9 +13,11 @@ it is pickled once, when the pool is made).
 Design
   * Workers start lazily: all N on the first submit() (a graph built but never run starts no
     process). Each has its own duplex pipe and takes its items in FIFO order, one at a time.
-    submit() sends an item to the worker with the fewest outstanding items (ties rotate); the
-    caller bounds the items in flight (``depth`` per worker), so the next item already waits in
-    the pipe when one finishes. Past that bound items still go out, to the least loaded worker.
+    submit() sends an item to the worker with the fewest outstanding items (ties rotate), a
+    started one with room (under ``depth`` items) before one still starting (whose start, 0.5-0.7
+    s with torch imported, its items would wait for: a trade, where a body is slower than that);
+    the caller bounds the items in flight (``depth`` per worker), so the next item already waits
+    in the pipe when one finishes. Past that bound items still go out, to the least loaded worker.
   * submit() never blocks on a worker: a message the pipe does not take at once is queued and
     the reader thread sends it when the worker has read. The pool's lock is never held across
     anything that waits on another process.
@@ -57,8 +59,9 @@ Design
         use stays mapped until the last of them goes (the file is gone already).
   * A worker that dies (a signal, os._exit) fails the item it held, the oldest one sent to it,
     with an Error naming the signal or exit code; a replacement worker (generation + 1, with new
-    arenas) takes the rest of its items, re-serialized from the objects the parent keeps until
-    each item completes; the dead worker's files are removed and the parent unmaps its arenas. A
+    arenas) starts, and the rest of its items are sent again, first among the items waiting, to
+    the workers as submit() chooses them (a started one with room first), re-serialized from the
+    objects the parent keeps until each item completes; the dead worker's files are removed and the parent unmaps its arenas. A
     function that cannot be loaded in a worker, or workers that die three times in a row while
     they start, break the pool: every item then fails with that error.
   * Workers ignore SIGINT (Ctrl-C stops the parent only); they exit on a stop message (skipping
@@ -1041,7 +1044,7 @@ class _State:
         self.start_failures = 0
         self.submitted = self.completed = self.failed = self.restarts = 0
         self.replaced_stale = 0  # workers replaced while busy with a withdrawn item
-        self.resent = 0  # items sent again, to the next free worker, after theirs died with them
+        self.resent = 0  # items sent again after their worker died with them
 
     # -- under self.lock --------------------------------------------------------------------------
 
@@ -1355,7 +1358,7 @@ class _State:
     def _replace_stale(self):
         """A worker whose item in hand was withdrawn by its run (a run left early, cancelled or
         failed) and is still busy with it after _STALE_S is killed and replaced, its other
-        items going to the new one: the next run's items would wait behind it, for ever if the
+        items sent again (_on_death): the next run's items would wait behind it, for ever if the
         body hangs (a new user's trial: an epoch after a break waited for a body of an hour)."""
         now = time.monotonic()
         kill = []
@@ -1541,9 +1544,10 @@ class _State:
                     except BaseException as e:
                         self.broken = _stops_run(Error(f"stage '{self.stage}': cannot start a "
                                                        f"worker process ({type(e).__name__}: {e})"))
-                # Its other items go first to the next free worker (_dispatch, after this look
-                # at the workers): a started one takes them at once, where the new one would
-                # hold them while it starts (0.5-0.7 s with torch imported).
+                # Its other items go back to the front of the waiting ones (_dispatch, after
+                # this look at the workers, sends them as _pick chooses): a started worker with
+                # room takes them at once, where the new one would hold them while it starts
+                # (0.5-0.7 s with torch imported).
                 again = []
                 for seq, entry in entries:
                     if new.process is None:

@@ -563,8 +563,8 @@ class GraphDataset(_data.IterableDataset):
     built on first use, after any fork; two datasets do not share one;
     host_memory_budget bounds the bytes the samples in flight and the output queue hold, for a
     graph with automatic stages: docs/autotune.md). capacity: the output queue's. max_in_flight,
-    trace, autotune_window, autotune_queues, priority: each epoch's graph's (splitflow.Graph's;
-    trace=True: ``last_run.trace_json()`` holds the epoch's events). Samples' splitflow tensors
+    trace, autotune_window, autotune_queues, priority, autotune_cores: each epoch's graph's
+    (splitflow.Graph's; trace=True: ``last_run.trace_json()`` holds the epoch's events). Samples' splitflow tensors
     become torch tensors (zero-copy) unless to_torch=False.
     even_shards: None (default: rank r reads items r, r + world, ...: shards differ by one when
     world does not divide length), "pad" (every rank reads ceil(length / world), the first
@@ -603,7 +603,8 @@ class GraphDataset(_data.IterableDataset):
                  threads=0, backend="auto", streams=8, capacity=0, max_in_flight=256,
                  to_torch=True, name="dataset", even_shards=None, batch_size=None,
                  drop_last=False, index_field="index", remote=None, host_memory_budget=0,
-                 trace=False, autotune_window=0.25, autotune_queues=True, priority=0):
+                 trace=False, autotune_window=0.25, autotune_queues=True, priority=0,
+                 autotune_cores=0):
         super().__init__()
         if not callable(build):  # (it failed at the first iteration, naming nothing)
             raise GraphError(f"GraphDataset: build must be a function build(graph, indices) -> "
@@ -631,7 +632,7 @@ class GraphDataset(_data.IterableDataset):
                                   host_memory_budget=host_memory_budget)
         self._graph_args = dict(max_in_flight=max_in_flight, trace=trace,
                                 autotune_window=autotune_window, autotune_queues=autotune_queues,
-                                priority=priority)
+                                priority=priority, autotune_cores=autotune_cores)
         self._capacity = capacity
         self._to_torch = to_torch
         self.name = name
@@ -1027,8 +1028,8 @@ class GraphDataset(_data.IterableDataset):
         where = f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
         what = "batches" if batch is not None else "samples"
         warnings.warn(
-            f"GraphDataset: {where} yielded {yielded} of its {want} {what} (items skipped: "
-            f"on_error='skip'); with DDP, a rank that takes fewer steps than the others leaves "
+            f"GraphDataset: {where} yielded {yielded} of its {want} {what} (items its stages "
+            f"skipped, on_error='skip', or dropped); with DDP, a rank that takes fewer steps than the others leaves "
             f"them waiting in their last collective for ever: even_shards='pad' (or 'drop') "
             f"makes every rank's count the same", stacklevel=3)
 

@@ -1763,9 +1763,19 @@ A job: stages joined by bounded queues. Python callables run with the GIL (they 
 it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_setup(collectable_graph))
       .def(py::init([](std::shared_ptr<PyRuntime> rt, std::string name, py::object max_in_flight,
                        py::object capacity, bool trace, double autotune_window,
-                       bool autotune_queues, py::object priority) {
+                       bool autotune_queues, py::object priority, py::object autotune_cores) {
              GraphOptions o;
              const std::string who = "splitflow.Graph '" + name + "'";
+             // (C++'s GraphOptions::autotune_cores, which Python lacked: a trial.)
+             if (py::isinstance<py::bool_>(autotune_cores) ||
+                 !(py::hasattr(autotune_cores, "__float__") || py::hasattr(autotune_cores, "__index__")))
+               throw GraphError(who + ": autotune_cores must be a number of cores, not " +
+                                py::repr(autotune_cores).cast<std::string>());
+             o.autotune_cores = py::float_(autotune_cores).cast<double>();
+             if (!(o.autotune_cores >= 0) || !std::isfinite(o.autotune_cores))
+               throw GraphError(who + ": autotune_cores=" + py::repr(autotune_cores).cast<std::string>() +
+                                ": it must be a finite number of cores, 0 or more (0: the runtime's "
+                                "threads)");
              // (Past C's int it was pybind's "incompatible constructor arguments": a trial.)
              o.priority = static_cast<int>(int_in(priority, who, "priority", INT_MIN, INT_MAX));
              o.autotune_queues = autotune_queues;
@@ -1790,7 +1800,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
            }),
            py::arg("runtime"), py::arg("name") = "graph", py::arg("max_in_flight") = 256,
            py::arg("capacity") = 32, py::arg("trace") = false, py::arg("autotune_window") = 0.25,
-           py::arg("autotune_queues") = true, py::arg("priority") = 0)
+           py::arg("autotune_queues") = true, py::arg("priority") = 0, py::arg("autotune_cores") = 0)
       .def_property_readonly("name", [](const PyGraph& g) { return g.graph.name(); })
       .def("source", [](std::shared_ptr<PyGraph> g, std::string name, py::object iterable) {
         // (An iterable another system fills says so: splitflow.dask's remote pass.)
@@ -2186,17 +2196,17 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
                            "with their dot ('.png'), not '" + e + "'");
     if (extensions && extensions->empty())
       throw GraphError("splitflow.image_files('" + where + "'): extensions= is empty");
+    // (Not a pattern: a path that is not there. A new user's trial read "FileList::glob: no file
+    // matches" for a directory misspelled.)
+    if (!fs::exists(where) && where.find_first_of("*?[") == std::string::npos)
+      throw Error("splitflow.image_files('" + where + "'): no such directory or file (it takes a "
+                  "directory, a list file or a glob pattern)");
     if (fs::is_directory(where))
       return extensions ? image::FileList::directory(where, *extensions).paths()
                         : image::FileList::directory(where).paths();
     if (extensions)
       throw GraphError("splitflow.image_files('" + where + "'): extensions= is for a directory");
     if (fs::is_regular_file(where)) return image::FileList::list_file(where).paths();
-    // (Not a pattern: a path that is not there. A new user's trial read "FileList::glob: no file
-    // matches" for a directory misspelled.)
-    if (where.find_first_of("*?[") == std::string::npos)
-      throw Error("splitflow.image_files('" + where + "'): no such directory or file (it takes a "
-                  "directory, a list file or a glob pattern)");
     return image::FileList::glob(where).paths();
   }, py::arg("where"), py::arg("extensions") = py::none(),
   "JPEG files: every .jpg/.jpeg under a directory (in torchvision ImageFolder's order with the "

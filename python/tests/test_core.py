@@ -772,6 +772,27 @@ def test_item_bytes_and_the_runtimes_memory_budget():
         sf.Runtime(threads=1, host_memory_budget=-1)
 
 
+def test_autotune_cores_is_the_graphs_core_budget_as_in_cpp():
+    # GraphOptions::autotune_cores, which Python lacked (a trial's sf.Graph(...,
+    # autotune_cores=1) raised TypeError).
+    rt = sf.Runtime(threads=2, backend="host")
+    for cores in (1, 2):
+        g = sf.Graph(rt, "cores", autotune_window=0.01, autotune_cores=cores)
+        out = g.pull_sink("out")
+        # (1 MiB fills: the run lasts windows of 10 ms, its first one modelled)
+        g.indices("i", list(range(1000))) >> g.stage("fill", sf.ops.fill([1024, 1024], "uint8")) >> out
+        run = g.run()
+        assert sum(1 for _ in out) == 1000 and run.wait(timeout=60) == "succeeded"
+        events = run.stats()["autotune"]
+        assert events and f"(cores: {cores} / " in events[0], events[0]
+    for bad, text in [(-1, "autotune_cores=-1: it must be a finite number of cores, 0 or more"),
+                      (float("nan"), "autotune_cores=nan: it must be a finite number"),
+                      (True, "autotune_cores must be a number of cores, not True"),
+                      ("2", "autotune_cores must be a number of cores, not '2'")]:
+        with pytest.raises(sf.GraphError, match=re.escape(f"splitflow.Graph 'x': {text}")):
+            sf.Graph(rt, "x", autotune_cores=bad)
+
+
 def test_a_stage_of_an_op_given_no_concurrency_is_tuned_and_a_functions_is_serial():
     # docs/api.md, "Concurrency": where a user sets nothing the library's own work is tuned; a
     # Python function's state is its author's, so it runs one at a time.

@@ -163,6 +163,8 @@ def test_image_files_directory_glob_and_list(tmp_path):
                                                  "such directory or file (it takes a directory, a "
                                                  "list file or a glob pattern)")):
         sf.image_files(tmp_path / "nope")
+    with pytest.raises(sf.Error, match="no such directory or file"):
+        sf.image_files(tmp_path / "nope", extensions=[".png"])
 
 
 def test_corrupt_files_are_skipped_counted_and_named(tmp_path):

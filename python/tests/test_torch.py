@@ -450,7 +450,7 @@ def test_even_shards_make_up_skipped_items_so_every_rank_takes_the_same_steps():
         assert len(items) == len(ds.rank_indices()) - len(lost)
         if warned:
             assert short == [f"GraphDataset: rank {rank} of 2 yielded 4 of its 5 samples (items "
-                             f"skipped: on_error='skip'); with DDP, a rank that takes fewer steps "
+                             f"its stages skipped, on_error='skip', or dropped); with DDP, a rank that takes fewer steps "
                              f"than the others leaves them waiting in their last collective for "
                              f"ever: even_shards='pad' (or 'drop') makes every rank's count the "
                              f"same"], short

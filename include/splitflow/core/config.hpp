@@ -103,7 +103,8 @@ struct GraphOptions {
   std::size_t trace_max_events = std::size_t{1} << 18;
   /// Stages with Concurrency::automatic: how often the tuner measures and decides (1 ms to
   /// kMaxAutotuneWindow), and the cores their bodies may hold at once (0: the runtime's
-  /// threads; finite, not negative). The Graph refuses others, naming them.
+  /// threads; finite, not negative; the tuner counts whole cores, at least one: 0.5 is 1, 2.4
+  /// is 2). The Graph refuses others, naming them.
   std::chrono::milliseconds autotune_window{250};
   double autotune_cores = 0;
   /// The tuner sizes the input queues of automatic CPU stages whose capacity is not set (fed

@@ -167,7 +167,7 @@ struct Bound {
   double fluid_rate = 0;   ///< the same without rounding: min(cores / sum cost, stages, GPUs)
   Limit limit = Limit::none;
   std::size_t stage = 0;   ///< Limit::stage or gpu: the (first) stage at fault
-  std::string why{};         ///< "cores: 126 / 0.380 s of CPU per item"
+  std::string why{};         ///< "cores: 126 / 0.380 s of core time per item"
 };
 
 /// Charged cores of `k` invocations of `m` in flight.
@@ -230,7 +230,8 @@ struct GraphDemand {
 };
 /// Splits `total` between graphs: each gets its demand when that is below its weighted fair
 /// share, the rest is shared by weight (water-filling; what is left when every demand is met
-/// goes to all by weight), cores rounded to whole cores.
+/// goes to all by weight), cores rounded to whole cores, one at least for each graph that asks
+/// for any while the total has one for each.
 std::vector<Budget> split_budget(const std::vector<GraphDemand>& demands, const Budget& total);
 
 /// What a tuner event did.
@@ -464,7 +465,11 @@ class Autotuner {
   const std::vector<StageModel>& models() const noexcept { return models_; }
   /// The bound of the current model and budget.
   const Bound& bound() const noexcept { return bound_; }
-  /// What this graph asks of a shared budget (split_budget), with `priority`.
+  /// What this graph asks of a shared budget (split_budget), with `priority`: the cores its
+  /// model's allocation holds, or, while its consumer (a pull sink's reader, a sink) held its
+  /// stages back half of each of the last two windows or more, the CPU the rates it delivered
+  /// need (the higher, a quarter more): a graph whose reader stalls asks for none. (Without the
+  /// cores of the stages the tuner does not model: the runtime adds those.)
   GraphDemand demand(int priority = 0) const;
   /// True when the hill climb has no move left (until a drift, a budget change or a rate drop).
   bool converged() const noexcept { return phase_ == Phase::converged; }
@@ -489,6 +494,8 @@ class Autotuner {
   bool budget_changed_ = false;
   bool refined_ = false;  // the model is from min_items per stage
   bool short_of_cores_ = false;  // the last climb step wanted a core the budget lacked
+  double paced_cores_ = -1;  // the CPU the last two windows' rates need, when their consumer paced both (-1: not)
+  double paced_last_ = -1;   // the last window's (-1: its consumer did not pace it)
   Budget old_budget_;
   CostEstimator est_;
   std::vector<StageModel> models_;
