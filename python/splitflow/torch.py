@@ -1026,7 +1026,8 @@ class GraphDataset(_data.IterableDataset):
         if world <= 1 or yielded >= want:
             return
         where = f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
-        what = "batches" if batch is not None else "samples"
+        what = ("batch" if batch is not None else "sample") if want == 1 else \
+            ("batches" if batch is not None else "samples")
         warnings.warn(
             f"GraphDataset: {where} yielded {yielded} of its {want} {what} (items its stages "
             f"skipped, on_error='skip', or dropped); with DDP, a rank that takes fewer steps than the others leaves "
