@@ -61,9 +61,10 @@ Design
     with an Error naming the signal or exit code; a replacement worker (generation + 1, with new
     arenas) starts, and the rest of its items are sent again, first among the items waiting, to
     the workers as submit() chooses them (a started one with room first), re-serialized from the
-    objects the parent keeps until each item completes; the dead worker's files are removed and the parent unmaps its arenas. A
-    function that cannot be loaded in a worker, or workers that die three times in a row while
-    they start, break the pool: every item then fails with that error.
+    objects the parent keeps until each item completes; the dead worker's files are removed and
+    the parent unmaps its arenas. A function that cannot be loaded in a worker, or workers that
+    die three times in a row while they start, break the pool: every item then fails with that
+    error.
   * Workers ignore SIGINT (Ctrl-C stops the parent only); they exit on a stop message (skipping
     the items queued behind it) or when their pipe closes, and remove the pool's files when the
     parent is gone. As DataLoader workers do, a worker sets torch's intra-op threads to 1 once
@@ -1549,7 +1550,7 @@ class _State:
                 # room takes them at once, where the new one would hold them while it starts
                 # (0.5-0.7 s with torch imported).
                 again = []
-                for seq, entry in entries:
+                for _, entry in entries:
                     if new.process is None:
                         failures.append((entry.completion, self.broken))
                         continue

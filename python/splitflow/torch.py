@@ -219,6 +219,19 @@ def _distributed_initialised():
     return dist.is_available() and dist.is_initialized()
 
 
+def _steps(n, batch):
+    """The steps n samples make: n, or the batches of a (size, drop_last) batch."""
+    if batch is None:
+        return n
+    size, drop = batch
+    return n // size if drop else -(-n // size)
+
+
+def _rank_text(rank, world, info):
+    """"rank r of w", with the DataLoader worker's id where there is one."""
+    return f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
+
+
 def _int_arg(who, name, value, minimum=None, none_ok=False):
     """An integer argument (a Python or NumPy integer: not a float, a string or a bool), at least
     `minimum`; ValueError naming `who`'s argument otherwise (2.5 was taken as 2, "3" failed
@@ -564,8 +577,8 @@ class GraphDataset(_data.IterableDataset):
     host_memory_budget bounds the bytes the samples in flight and the output queue hold, for a
     graph with automatic stages: docs/autotune.md). capacity: the output queue's. max_in_flight,
     trace, autotune_window, autotune_queues, priority, autotune_cores: each epoch's graph's
-    (splitflow.Graph's; trace=True: ``last_run.trace_json()`` holds the epoch's events). Samples' splitflow tensors
-    become torch tensors (zero-copy) unless to_torch=False.
+    (splitflow.Graph's; trace=True: ``last_run.trace_json()`` holds the epoch's events).
+    Samples' splitflow tensors become torch tensors (zero-copy) unless to_torch=False.
     even_shards: None (default: rank r reads items r, r + world, ...: shards differ by one when
     world does not divide length), "pad" (every rank reads ceil(length / world), the first
     items of the epoch's order read twice, as DistributedSampler pads) or "drop" (every rank
@@ -728,12 +741,7 @@ class GraphDataset(_data.IterableDataset):
         or batches when the graph batches (batch_size=, or found by an earlier iteration here).
         With DataLoader workers each worker batches its own share: up to num_workers - 1 more,
         shorter, batches. Skipped samples make fewer (with even_shards they are made up)."""
-        n = self._samples()
-        batch = self._graph_batch()
-        if batch is not None:
-            size, drop = batch
-            return n // size if drop else -(-n // size)
-        return n
+        return _steps(self._samples(), self._graph_batch())
 
     def set_epoch(self, epoch):
         """Selects the epoch's (deterministic) order; call before iterating, as with
@@ -1021,18 +1029,17 @@ class GraphDataset(_data.IterableDataset):
         (a new user's trial: a 2-rank gloo run hung, one rank's corrupt file skipped, nothing
         said why). Said as a warning naming the rank and the count."""
         rank, world = self.shard()
-        size = batch[0] if batch is not None else 1
-        want = n if batch is None else (n // size if batch[1] else -(-n // size))
+        want = _steps(n, batch)
         if world <= 1 or yielded >= want:
             return
-        where = f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
         what = ("batch" if batch is not None else "sample") if want == 1 else \
             ("batches" if batch is not None else "samples")
         warnings.warn(
-            f"GraphDataset: {where} yielded {yielded} of its {want} {what} (items its stages "
-            f"skipped, on_error='skip', or dropped); with DDP, a rank that takes fewer steps than the others leaves "
-            f"them waiting in their last collective for ever: even_shards='pad' (or 'drop') "
-            f"makes every rank's count the same", stacklevel=3)
+            f"GraphDataset: {_rank_text(rank, world, info)} yielded {yielded} of its {want} "
+            f"{what} (items its stages skipped, on_error='skip', or dropped); with DDP, a rank "
+            f"that takes fewer steps than the others leaves them waiting in their last "
+            f"collective for ever: even_shards='pad' (or 'drop') makes every rank's count the "
+            f"same", stacklevel=3)
 
     def _make_up(self, n, batch, yielded, held, out, progress, info):
         """even_shards: a share of n samples whose items a stage skipped yields fewer than the
@@ -1042,7 +1049,7 @@ class GraphDataset(_data.IterableDataset):
         the state_dict's positions left are as many as the steps left need (a resume goes on
         with them: its items were skipped, and it makes them up as well)."""
         size = batch[0] if batch is not None else 1
-        want = n if batch is None else (n // size if batch[1] else -(-n // size))
+        want = _steps(n, batch)
         short = want - yielded - (held is not None)
         first = None
         if held is not None:
@@ -1059,7 +1066,7 @@ class GraphDataset(_data.IterableDataset):
         if short <= 0:
             return
         rank, world = self.shard()
-        where = f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
+        where = _rank_text(rank, world, info)
         what = "batches" if batch is not None else "samples"
         if first is None:
             # (A resumed epoch whose positions left were all skipped: the shard's first item.)
