@@ -45,8 +45,58 @@ def build_cpu_part(paths, size, g, indices, *, seed, epoch):
     return indices >> read >> crop
 
 
-def timed(g, out, n):
-    """A pass over the n images: (images/s over the whole pass, seconds to its first batch)."""
+def cpu_s(pids):
+    """CPU seconds (user + system, all threads) the processes `pids` have used."""
+    import psutil
+
+    return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
+
+
+_BLOBS = {}
+
+
+def transport_split(k, items, shape):
+    """A split's worth of results made once per worker process (the arrays a split of the CPU
+    part returns, as run_split returns them: its dict, the results as numpy arrays): what Dask's
+    transport moves, without the work that makes it."""
+    import numpy as np
+
+    key = (items, shape)
+    if key not in _BLOBS:
+        _BLOBS[key] = [np.full(shape, i % 251, np.uint8) for i in range(items)]
+    return {"split": k, "results": list(_BLOBS[key])}
+
+
+def transport_cost(client, items, shape, pids, splits=24):
+    """Dask's transport alone: splits of `items` arrays of `shape` made once on the workers,
+    fetched by the client as a pass fetches its splits (two per worker in flight, in order,
+    directly from the workers). Returns the CPU seconds per item all the processes (client,
+    scheduler, workers) spent."""
+    import bench_dask
+
+    n_workers = len(client.scheduler_info()["workers"])
+    cap = max(2, 2 * n_workers)
+    futs = [client.submit(bench_dask.transport_split, k, items, shape, pure=False)
+            for k in range(cap)]
+    client.gather(futs, direct=True)  # the arrays made before the count starts
+    futs = [client.submit(bench_dask.transport_split, cap + k, items, shape, pure=False)
+            for k in range(cap)]
+    c0 = cpu_s(pids)
+    for k in range(splits):
+        out = client.gather(futs.pop(0), direct=True)
+        assert len(out["results"]) == items
+        futs.append(client.submit(bench_dask.transport_split, 2 * cap + k, items, shape,
+                                  pure=False))
+    used = cpu_s(pids) - c0
+    client.cancel(futs)
+    return used / (splits * items)
+
+
+def timed(g, out, n, pids=None):
+    """A pass over the n images: (images/s over the whole pass, seconds to its first batch,
+    CPU seconds per image of the processes `pids`)."""
+    pids = pids or [os.getpid()]
+    c0 = cpu_s(pids)
     start = time.perf_counter()
     first = None
     count = 0
@@ -56,7 +106,7 @@ def timed(g, out, n):
         count += b.shape[0]
     elapsed = time.perf_counter() - start
     assert count == n, (count, n)
-    return n / elapsed, first
+    return n / elapsed, first, (cpu_s(pids) - c0) / n
 
 
 def model(m, nic_gbit, gpu_rate, workers=(1, 2, 4, 8, 16, 32, 64)):
@@ -128,18 +178,25 @@ def main():
         out_r = gr.pull_sink("out")
         remote.source(gr) >> gr.batch("batch", 64) >> out_r
 
+        # CPU counted over every process of the configuration: the local pass's one; the remote
+        # pass's client (with the LocalCluster's scheduler and nannies, in this process) and
+        # workers.
+        pids = {"local": [os.getpid()],
+                "remote": [os.getpid()] + sorted(client.run(os.getpid).values())}
         configs = {"local": (gl, out_l), "remote": (gr, out_r)}
         for g, out in configs.values():  # warm-up: worker imports, graphs, the split size
             timed(g, out, n)
         rates = {k: [] for k in configs}
         firsts = {k: [] for k in configs}
+        cpus = {k: [] for k in configs}
         passes = []
         for r in range(args.repeats):
             order = list(configs) if r % 2 == 0 else list(reversed(configs))
             for k in order:
-                rate, first = timed(*configs[k], n)
+                rate, first, cpu = timed(*configs[k], n, pids[k])
                 rates[k].append(rate)
                 firsts[k].append(first)
+                cpus[k].append(cpu)
                 if k == "remote":
                     passes.append(remote.stats())
             print(f"repeat {r + 1}: " + ", ".join(f"{k} {rates[k][-1]:.0f}/s" for k in configs),
@@ -152,6 +209,11 @@ def main():
             t = time.perf_counter()
             client.submit(sfd.run_split, build, k, [], 1, 0, opts, pure=False).result()
             trips.append(time.perf_counter() - t)
+        # Dask's transport of the same bytes alone: splits of the pass's size, arrays of a
+        # result's shape, made once on the workers (the CPU it costs per image, every process).
+        split_items = int(statistics.median(p["split_items"] for p in passes))
+        transport = [transport_cost(client, split_items, (args.size, args.size, 3),
+                                    pids["remote"]) for _ in range(3)]
         print(remote.report())
 
     med = {k: statistics.median(v) for k, v in rates.items()}
@@ -176,7 +238,14 @@ def main():
         "bytes_per_item": median_of("bytes") / n if median_of("bytes") else None,
         "worker_item_s": median_of("item_s"),
         "local_wait_fraction": statistics.median(p["wait_s"] / p["wall_s"] for p in passes),
+        "cpu_ms_per_item": {k: 1e3 * statistics.median(v) for k, v in cpus.items()},
+        "transport_cpu_ms_per_item": 1e3 * statistics.median(transport),
     }
+    # What the transport alone allows when one machine's cores do all the work, the pipeline's,
+    # the client's side and the workers' (each image costs the local pipeline's CPU and the
+    # transport's): local CPU / (local CPU + the transport's).
+    loc = result["cpu_ms_per_item"]["local"]
+    result["transport_bound"] = loc / (loc + result["transport_cpu_ms_per_item"])
     for k, v in med.items():
         print(f"{k:>7}: {v:7.0f} images/s")
     print(f"a pass's first batch after: local {1e3 * result['first_batch_s']['local']:.0f} ms, "
@@ -188,6 +257,10 @@ def main():
           f"{1e3 * result['empty_split_round_trip_s']:.1f} ms; "
           f"{result['bytes_per_s'] / 1e6:.1f} MB/s ({result['bytes_per_item'] / 1e3:.0f} kB/item); "
           f"worker {1e3 * result['worker_item_s']:.2f} ms/item")
+    print(f"CPU per image, every process: local {loc:.2f} ms, remote "
+          f"{result['cpu_ms_per_item']['remote']:.2f} ms; Dask's transport of a result alone "
+          f"{result['transport_cpu_ms_per_item']:.2f} ms: on one machine's cores it bounds "
+          f"remote / local at {result['transport_bound']:.2f}")
     result["model"] = model(result, args.nic_gbit, args.gpu_rate)
     print(f"model (docs/scale-out.md), NIC {args.nic_gbit:g} Gbit/s, GPU node {args.gpu_rate:.0f} "
           "images/s:")

@@ -125,6 +125,12 @@ def main():
         ("18", "Dask cost per split: worker gap + fetch (ms)",
          1e3 * dask["overhead_s_per_split"] if dask and dask.get("overhead_s_per_split")
          is not None else None, "(stated)", None),
+        ("18", "Dask: CPU per image, remote / local (every process)",
+         ratio((dask.get("cpu_ms_per_item") or {}).get("remote"),
+               (dask.get("cpu_ms_per_item") or {}).get("local")) if dask else None,
+         "(stated)", None),
+        ("18", "Dask transport alone: bound on remote / local here",
+         dask and dask.get("transport_bound"), "(stated)", None),
         ("16", "Peak RSS, 10x the images / 1x (same config)",
          memory and memory.get("peak_10x_vs_1x"), "0.90 to 1.10", lambda v: abs(v - 1) <= 0.10),
         ("7", "Inference at a p99 target: dynamic / no batching",
