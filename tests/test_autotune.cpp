@@ -637,7 +637,7 @@ TEST(Autotune, TextsNameABatchsSamplesAndWhyARunStaysUnderItsBound) {
                         .work_ns = static_cast<std::int64_t>(static_cast<double>(delivered) * b_s * 1e9),
                         .cpu_ns = static_cast<std::int64_t>(static_cast<double>(delivered) * b_s * 1e9),
                         .blocked_ns = b_blocked, .concurrency = 1,
-                        .feeds = "pull sink 'out' (its reader)"});
+                        .feeds = "pull sink 'out' (its reader)", .feeds_consumer = true});
     return s;
   };
   auto texts = [](Autotuner& t, auto window, int n) {
@@ -1219,7 +1219,7 @@ TEST(Autotune, AGraphItsReaderHoldsBackAsksForTheCoresItsRateNeeds) {
       const auto ns = static_cast<std::int64_t>(delivered) * 1'000'000;  // 1 ms of CPU an item
       s.stages.push_back({.name = "work", .items = delivered, .work_ns = ns, .cpu_ns = ns,
                           .blocked_ns = static_cast<std::int64_t>(blocked * static_cast<double>(length)),
-                          .concurrency = 2, .feeds = feeds});
+                          .concurrency = 2, .feeds = feeds, .feeds_consumer = feeds[0] == 'p'});
       return s;
     };
     auto w = [&](std::int64_t at, double rate, double blocked) { return wl(at, rate, blocked, kWin); };

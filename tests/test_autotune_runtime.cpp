@@ -689,6 +689,8 @@ TEST(AutotuneRuntime, AnAsyncStagesSampleIsItsCallsCpuAndItsConsumersSlots) {
   EXPECT_EQ(s.stages[0].feeds, "'b' (not tuned)");
   EXPECT_EQ(s.stages[1].fed_by, "");
   EXPECT_EQ(s.stages[1].feeds, "sink 's'");
+  EXPECT_FALSE(s.stages[0].feeds_consumer) << "'b' is a stage of the graph, not its consumer";
+  EXPECT_TRUE(s.stages[1].feeds_consumer);
   // The model: 'read' is an I/O stage (5 us of CPU in 2 ms).
   autotune::CostEstimator est;
   est.add(s);

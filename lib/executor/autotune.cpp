@@ -1416,8 +1416,7 @@ Decision Autotuner::observe(const Sample& s) {
   if (!models_.empty() && s.window_ns > 0) {
     const double win = static_cast<double>(s.window_ns);
     const bool held = std::any_of(s.stages.begin(), s.stages.end(), [&](const StageSample& st) {
-      const bool consumer = st.feeds.rfind("pull sink '", 0) == 0 || st.feeds.rfind("sink '", 0) == 0;
-      return consumer && static_cast<double>(st.blocked_ns) >= 0.5 * win;
+      return st.feeds_consumer && static_cast<double>(st.blocked_ns) >= 0.5 * win;
     });
     if (held) paced = 1.25 * static_cast<double>(s.delivered) / (win * 1e-9) * cpu_per_item(models_);
   }

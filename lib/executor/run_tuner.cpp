@@ -342,8 +342,11 @@ autotune::Sample RunTuner::sample_of(const RunStats& before, const RunStats& now
       if (s.stages[m].fed_by.empty() && std::find(cs.begin(), cs.end(), st.name) != cs.end())
         s.stages[m].fed_by = outside(j);
       if (s.stages[m].feeds.empty() &&
-          std::find(st.consumers.begin(), st.consumers.end(), now.stages[j].name) != st.consumers.end())
+          std::find(st.consumers.begin(), st.consumers.end(), now.stages[j].name) != st.consumers.end()) {
         s.stages[m].feeds = outside(j);
+        s.stages[m].feeds_consumer =
+            now.stages[j].kind == StageKind::sink || now.stages[j].kind == StageKind::pull_sink;
+      }
     }
   }
   if (modelled) *modelled = std::move(picked);

@@ -89,6 +89,10 @@ struct StageSample {
   /// sink 'out' (its reader)", "'b' (not tuned)"); empty where a modelled stage or nothing is.
   std::string fed_by{};
   std::string feeds{};
+  /// What it feeds is the graph's consumer: a sink, or a pull sink (its reader). Held back by
+  /// it half of the window or more, the graph asks for the cores its delivered rate needs, not
+  /// its model's (Autotuner::demand).
+  bool feeds_consumer = false;
 };
 
 /// One window of one graph.
