@@ -213,7 +213,7 @@ TEST(Stats, ItemsDeliveredLeavesOutTheItemsASinkSkipped) {
   EXPECT_NE(to_json(st).find("\"items_delivered\":150"), std::string::npos) << to_json(st);
   EXPECT_NE(report(st).find("150 items delivered"), std::string::npos) << report(st);
   // The items skipped are said in the report, not only in the figures (a new user's trial).
-  EXPECT_NE(report(st).find("'odd-fails' skipped 50 items and replaced 0 whose bodies threw (its "
+  EXPECT_NE(report(st).find("'odd-fails' skipped 50 items whose bodies threw (its "
                             "errors name the first 64: StageStats::errors"),
             std::string::npos) << report(st);
   EXPECT_EQ(report(st).find("'fork' skipped"), std::string::npos) << report(st);
@@ -234,9 +234,32 @@ TEST(Stats, TheReportCountsOneItemInTheSingular) {
   EXPECT_EQ(run.wait(), RunStatus::succeeded);
   const std::string text = report(run.stats());
   EXPECT_NE(text.find("(1 item delivered)"), std::string::npos) << text;
-  EXPECT_NE(text.find("'first-fails' skipped 1 item and replaced 0 whose bodies threw"),
-            std::string::npos) << text;
+  EXPECT_NE(text.find("'first-fails' skipped 1 item whose body threw"), std::string::npos) << text;
+  EXPECT_EQ(text.find("replaced 0"), std::string::npos) << text;
   EXPECT_EQ(text.find("1 items"), std::string::npos) << text;
+}
+
+// A stage that replaced items says that alone ("skipped 0 items and replaced 2" read as if it
+// had skipped some: a re-read of the report); one that skipped, that alone.
+TEST(Stats, TheReportSaysWhatAStageDidWithTheItemsWhoseBodiesThrew) {
+  Runtime rt({.threads = 2});
+  Graph g(rt, "replaced");
+  auto src = g.source("n", [i = 0]() mutable -> std::optional<int> {
+    return i < 6 ? std::optional<int>(i++) : std::nullopt;
+  });
+  auto sub = g.stage("sub", [](int x) { if (x < 2) throw std::runtime_error("small"); return x; },
+                     {.on_error = OnError::substitute});
+  sub.substitute_on_error(-1);
+  auto both = g.sink("both", [](int x) { if (x == 5) throw std::runtime_error("five"); },
+                     {.on_error = OnError::skip});
+  src >> sub >> both;
+  auto run = g.run();
+  EXPECT_EQ(run.wait(), RunStatus::succeeded);
+  const std::string text = report(run.stats());
+  EXPECT_NE(text.find("'sub' replaced 2 items whose bodies threw (its errors"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("'both' skipped 1 item whose body threw"), std::string::npos) << text;
+  EXPECT_EQ(text.find("skipped 0"), std::string::npos) << text;
 }
 
 // Planted bottleneck 1: a slow CPU stage starves the GPU. "the report names it"

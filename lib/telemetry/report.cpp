@@ -440,11 +440,18 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
       out += fmt::format("zip '{}' dropped {} that had no partner (one input ended first, "
                          "or the partner was dropped upstream)\n",
                          s.name, count_of(s.items_skipped, "item"));
-    else if (s.items_skipped + s.items_substituted > 0)
-      out += fmt::format("'{}' skipped {} and replaced {} whose bodies threw (its errors "
-                         "name the first {}: StageStats::errors; Python: the stage's \"errors\")\n",
-                         s.name, count_of(s.items_skipped, "item"), s.items_substituted,
+    else if (s.items_skipped + s.items_substituted > 0) {
+      // What it did, each said only where it did it ("skipped 2 items and replaced 0" read as
+      // if replacing were the usual: a re-read of the report).
+      std::string did = s.items_skipped > 0 ? "skipped " + count_of(s.items_skipped, "item") : "";
+      if (s.items_substituted > 0)
+        did += (did.empty() ? "replaced " : " and replaced ") + count_of(s.items_substituted, "item");
+      out += fmt::format("'{}' {} whose {} (its errors name the first {}: StageStats::errors; "
+                         "Python: the stage's \"errors\")\n",
+                         s.name, did,
+                         s.items_skipped + s.items_substituted == 1 ? "body threw" : "bodies threw",
                          StageStats::kMaxItemErrors);
+    }
     if (s.items_expired > 0)
       out += fmt::format("'{}' dropped {} whose deadline had passed\n", s.name,
                          count_of(s.items_expired, "request"));
