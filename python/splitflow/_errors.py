@@ -18,6 +18,8 @@ traceback in its notes.
 A StageError survives pickling (DataLoader workers): its attributes travel with it, and one
 rebuilt from its message alone (as torch's worker error wrapper does) reads them back from it.
 """
+import math
+import operator
 import re
 
 __all__ = ["Error", "GraphError", "StageError", "OverloadedError", "DeadlineError",
@@ -80,3 +82,54 @@ class RemoteException(Exception):
 
     def __reduce__(self):  # (its notes, the worker's traceback, travel in its __dict__)
         return (RemoteException, (str(self), self.remote_type), self.__dict__)
+
+
+# ---- argument checks shared by the modules (splitflow.torch, splitflow.dask) -----------------
+
+def _int_arg(who, name, value, minimum=None, none_ok=False, maximum=None):
+    """An integer argument (a Python or NumPy integer: not a float, a string or a bool), at least
+    `minimum` (at most `maximum`); GraphError naming `who`'s argument otherwise (2.5 was taken as
+    2, "3" failed later with a TypeError of its own)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise GraphError(f"{who}: {name} must be an int{' (or None)' if none_ok else ''}, "
+                         f"not {value!r}")
+    v = operator.index(value)
+    if minimum is not None and v < minimum:
+        raise GraphError(f"{who}: {name} must be >= {minimum}{' (or None)' if none_ok else ''}, "
+                         f"not {value!r}")
+    if maximum is not None and v > maximum:
+        raise GraphError(f"{who}: {name} must be <= {maximum}, not {value!r}")
+    return v
+
+
+def _seconds_arg(who, name, value, none_ok=False):
+    """A duration in seconds: a real number (not a bool or a string), finite and > 0;
+    GraphError naming `who`'s argument otherwise (a timeout of 0 never let a split finish)."""
+    if value is None and none_ok:
+        return None
+    ok = not isinstance(value, (bool, str, bytes))
+    try:
+        v = float(value) if ok else math.nan
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (v > 0 and math.isfinite(v)):
+        raise GraphError(f"{who}: {name} must be a number of seconds > 0"
+                         f"{' (or None)' if none_ok else ''}, not {value!r}")
+    return v
+
+
+def _not_a_node(who, last, none_is):
+    """The GraphError for a build(g, ...) that returned `last`, not a node of g (it failed at
+    `last >> out` with Python's words: "unsupported operand type(s) for >>: 'int' and
+    'splitflow._core.Node'", a new user's trial). none_is: what None stands for."""
+    import reprlib
+
+    try:
+        shown = " " + reprlib.repr(last)  # (cut short with "...")
+    except Exception:  # (a repr that raises: the type alone)
+        shown = ""
+    return GraphError(f"{who} returned {type(last).__name__}{shown}, not a node of g; return "
+                      f"the last node it added (its output is the samples), or None for "
+                      f"{none_is}")

@@ -64,12 +64,11 @@ import os
 import threading
 import time
 import uuid
-import weakref
 
 import numpy as np
 
 from . import _core
-from ._errors import Error, GraphError, StageError
+from ._errors import Error, GraphError, StageError, _int_arg, _not_a_node, _seconds_arg
 
 __all__ = ["Remote", "RemotePass", "connect", "remote", "run_split"]
 
@@ -176,6 +175,9 @@ def _graph_for(build, seed, epoch, opts):
     last = build(g, src, seed=seed, epoch=epoch)
     if last is None:
         last = src
+    elif not isinstance(last, _core.Node):
+        raise _not_a_node("splitflow.dask.remote: build(g, indices, seed=, epoch=)", last,
+                          "the indices themselves")
     out = g.pull_sink("out")
     last >> out
     hit = (g, feed, out)
@@ -421,16 +423,43 @@ class Remote:
         else:
             raise GraphError(f"splitflow.dask.remote: order must be 'in_order' or "
                              f"'out_of_order', not {order!r}")
-        if split != "auto" and (isinstance(split, bool) or int(split) < 1):
-            raise GraphError(f"splitflow.dask.remote: split must be 'auto' or >= 1, not {split!r}")
-        if max_splits_in_flight is not None and int(max_splits_in_flight) < 1:
-            raise GraphError("splitflow.dask.remote: max_splits_in_flight must be >= 1")
+        # Every argument checked here, in the user's call, naming it (a timeout of 0 was taken and
+        # no split could finish; 2.7 items a split were 2, split_seconds=-1 made splits of one
+        # item, threads=-1 failed at the first pass on a worker, naming splitflow.Runtime: a new
+        # user's trial).
+        who = "splitflow.dask.remote"
+        if split != "auto":
+            if isinstance(split, str):
+                raise GraphError(f"{who}: split must be 'auto' or a number of items >= 1, not "
+                                 f"{split!r}")
+            split = _int_arg(who, "split", split, 1)
+        max_splits_in_flight = _int_arg(who, "max_splits_in_flight", max_splits_in_flight, 1,
+                                        none_ok=True)
+        seed = _int_arg(who, "seed", seed, 0, maximum=2**63 - 1)
+        epoch = _int_arg(who, "epoch", epoch, 0)
+        probe = _int_arg(who, "probe", probe, 1)
+        threads = _int_arg(who, "threads", threads, 0)
+        max_in_flight = _int_arg(who, "max_in_flight", max_in_flight, 1)
+        split_seconds = _seconds_arg(who, "split_seconds", split_seconds)
+        timeout = _seconds_arg(who, "timeout", timeout)
+        stuck_after = _seconds_arg(who, "stuck_after", stuck_after, none_ok=True)
+        if backend not in ("auto", "host", "cuda"):
+            raise GraphError(f"{who}: backend must be 'auto', 'host' or 'cuda' (each worker's "
+                             f"runtime), not {backend!r}")
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"{who}: name must be a non-empty str, not {name!r}")
         # Refused here, in the user's call, rather than at the first pass; kept as validated (a
         # generator given as items is read once).
         items = None if items is None else _as_indices(items)
-        if stuck_after is not None and not float(stuck_after) > 0:
-            raise GraphError(f"splitflow.dask.remote: stuck_after must be > 0 seconds, not "
-                             f"{stuck_after!r}")
+        # A client's place: what is not one failed at the first item with "'NoneType' object has
+        # no attribute 'submit'" (an address given as the client: a new user's trial).
+        from distributed import Client
+
+        if not isinstance(client, Client):
+            hint = (f" (an address: sf.dask.connect({client!r}) makes its client)"
+                    if isinstance(client, str) else "")
+            raise GraphError(f"{who}: client must be a distributed.Client, not "
+                             f"{type(client).__name__}{hint}")
         # A closed client can run no pass, and has no scheduler to name: said here, in the
         # user's call (the first pass said "status 'closed', scheduler ?": a new user's trial).
         status = getattr(client, "status", "running")
@@ -444,18 +473,18 @@ class Remote:
         # its errors named the scheduler as '?' (a new user's trial).
         self.scheduler_address = _scheduler_address(client)
         self.items = items
-        self.stuck_after = None if stuck_after is None else float(stuck_after)
-        self.seed = int(seed)
-        self.epoch = int(epoch)
-        self.split = split if split == "auto" else int(split)
-        self.split_seconds = float(split_seconds)
-        self.probe = max(1, int(probe))
-        self.max_splits_in_flight = None if max_splits_in_flight is None else int(max_splits_in_flight)
-        self.timeout = float(timeout)
+        self.stuck_after = stuck_after
+        self.seed = seed
+        self.epoch = epoch
+        self.split = split
+        self.split_seconds = split_seconds
+        self.probe = probe
+        self.max_splits_in_flight = max_splits_in_flight
+        self.timeout = timeout
         self.direct = direct
         self.name = name
-        self.opts = {"threads": int(threads), "backend": backend,
-                     "max_in_flight": int(max_in_flight), "name": name,
+        self.opts = {"threads": threads, "backend": backend,
+                     "max_in_flight": max_in_flight, "name": name,
                      "client_pid": os.getpid()}  # (a worker in this process: _in_process_threads)
         self.last_pass = None
         self._per_item_s = None  # measured cost of an item on a worker (split="auto")
@@ -466,7 +495,7 @@ class Remote:
                         "Dask workers are its processes)")
 
     def set_epoch(self, epoch):
-        self.epoch = int(epoch)
+        self.epoch = _int_arg("splitflow.dask.Remote.set_epoch", "epoch", epoch, 0)
 
     def source(self, g, name=None):
         """``g.source(name, self)``: this remote segment as the source of the local graph ``g``."""
@@ -497,8 +526,10 @@ class Remote:
     def iterate(self, indices, *, seed=None, epoch=None):
         """A pass over ``indices`` (an iterator of the results, in order); ``stats()`` then
         describes it."""
-        p = RemotePass(self, indices, self.seed if seed is None else int(seed),
-                       self.epoch if epoch is None else int(epoch))
+        who = "splitflow.dask.Remote.iterate"
+        p = RemotePass(self, indices,
+                       self.seed if seed is None else _int_arg(who, "seed", seed, 0, maximum=2**63 - 1),
+                       self.epoch if epoch is None else _int_arg(who, "epoch", epoch, 0))
         self.last_pass = p
         return p
 
@@ -529,6 +560,13 @@ def _as_indices(items):
     is not an int (a path, a record: a new user's trial got int()'s "invalid literal")."""
     seq = items if hasattr(items, "__len__") else list(items)
     a = np.asarray(seq)
+    if a.ndim > 1:  # (flattened, [[1, 2], [3, 4]] was four items: a new user's trial)
+        raise GraphError(f"splitflow.dask.remote: items are dataset indices, one dimension, not "
+                         f"an array of shape {a.shape}")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        # (2**63 + 5 wrapped to a negative index: a new user's trial)
+        raise GraphError(f"splitflow.dask.remote: item {int(np.argmax(a))} is "
+                         f"{int(a.max())}, past the largest dataset index (2**63 - 1)")
     if a.size and a.dtype.kind not in "iu":
         flat = list(np.asarray(seq, dtype=object).reshape(-1))
         k, bad = next(((k, x) for k, x in enumerate(flat)
@@ -680,7 +718,6 @@ class RemotePass:
 
     def _top_up(self):
         n = len(self.indices)
-        r = self.remote
         while self.next_start < n and len(self.pending) + (1 if self.buffer else 0) < self.cap:
             if getattr(self.client, "status", "running") != "running":
                 if self.pending or self.buffer:
@@ -864,14 +901,23 @@ class RemotePass:
         lost = sorted(list(self.pending) + ([split] if split is not None else []),
                       key=lambda s: s.no)
         while self._reconnected(deadline):
+            # The splits submitted through the connection that answers, their futures alive,
+            # were not lost: a slow answer is not a loss (a timeout shorter than a split's work
+            # resubmitted every split in flight, again and again, and no split finished: a new
+            # user's trial). The others go again.
+            comm = getattr(self.client, "scheduler_comm", None)
+            stale = [s for s in lost if s.future is None or s.comm is not comm
+                     or s.future.status in ("cancelled", "lost")]
+            if stale:
+                self.reconnections += 1
             try:
-                for s in lost:
+                for s in stale:
                     self._submit(s, f"-r{self.reconnections}")
                     s.submitted = time.perf_counter()
             except Exception:  # lost again meanwhile
                 continue
             self.pending = collections.deque(lost)
-            self.resubmitted += len(lost)
+            self.resubmitted += len(stale)
             return True
         pending = len(lost)
         left = int(sum(len(s.indices) for s in lost)) + len(self.indices) - self.next_start
@@ -891,7 +937,7 @@ class RemotePass:
     def _reconnected(self, deadline=None):
         """Whether the client is connected to a scheduler that answers, waiting for it until
         the deadline (by default `timeout` after the last progress, at least half of it from
-        now); counts a reconnection."""
+        now)."""
         now = time.monotonic()
         timeout = self.remote.timeout
         if deadline is None:
@@ -901,7 +947,6 @@ class RemotePass:
             if status in ("closing", "closed"):
                 return False  # the client gave up (its own connect timeout) or was closed
             if status == "running" and self._scheduler_answers(deadline):
-                self.reconnections += 1
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -1194,6 +1239,7 @@ class RemotePass:
         # result: in a short pass a large part of it, which more workers or larger splits do not
         # shorten; a new user's trial of 150 items was told "larger splits would cut it" with
         # the training loop the bottleneck), which the text states apart.
+        whole = wall  # (the workers' busy time counts the fill's work too: judged over it)
         fill = min(s.get("fill_s") or 0.0, wall, wait)
         filled = (f" after its first results ({fill:.2f} s before them: the first split's work, "
                   f"round trip and fetch)") if fill >= 0.1 * wall else ""
@@ -1247,7 +1293,9 @@ class RemotePass:
         # (each split's graph uses its worker's runtime threads, all of them).
         slots = max(1, min(int(s.get("worker_threads") or workers),
                            int(s.get("max_splits_in_flight") or workers)))
-        busy_frac = busy_s / (wall * slots)
+        # Over the whole pass: the workers' busy time has the fill's splits in it (over the
+        # pass after the fill, a trial read "the workers busy 202%").
+        busy_frac = min(1.0, busy_s / (whole * slots))
         cost = s.get("overhead_s_per_split")
         behind = s.get("wait_behind_s") or 0.0
         slow = s.get("waited_behind_split")

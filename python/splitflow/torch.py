@@ -62,9 +62,7 @@ What is guaranteed:
 """
 import collections
 import copy
-import operator
 import os
-import reprlib
 import warnings
 
 import numpy as np
@@ -72,7 +70,7 @@ import torch
 import torch.utils.data as _data
 
 from . import _core
-from ._errors import GraphError, StageError
+from ._errors import GraphError, StageError, _int_arg, _not_a_node
 
 __all__ = ["GraphDataset", "to_torch"]
 
@@ -230,22 +228,6 @@ def _steps(n, batch):
 def _rank_text(rank, world, info):
     """"rank r of w", with the DataLoader worker's id where there is one."""
     return f"rank {rank} of {world}" + (f", DataLoader worker {info.id}" if info is not None else "")
-
-
-def _int_arg(who, name, value, minimum=None, none_ok=False):
-    """An integer argument (a Python or NumPy integer: not a float, a string or a bool), at least
-    `minimum`; ValueError naming `who`'s argument otherwise (2.5 was taken as 2, "3" failed
-    later with a TypeError of its own)."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise GraphError(f"{who}: {name} must be an int{' (or None)' if none_ok else ''}, "
-                         f"not {value!r}")
-    v = operator.index(value)
-    if minimum is not None and v < minimum:
-        raise GraphError(f"{who}: {name} must be >= {minimum}{' (or None)' if none_ok else ''}, "
-                         f"not {value!r}")
-    return v
 
 
 class _Graph(_core.Graph):
@@ -939,16 +921,7 @@ class GraphDataset(_data.IterableDataset):
         if returned_none:
             last = source
         elif not isinstance(last, _core.Node):
-            # (It failed at `last >> out` with Python's words: "unsupported operand type(s) for
-            # >>: 'int' and 'splitflow._core.Node'", a new user's trial.)
-            try:
-                shown = " " + reprlib.repr(last)  # (cut short with "...")
-            except Exception:  # (a repr that raises: the type alone)
-                shown = ""
-            raise GraphError(
-                f"GraphDataset: build(g, source) returned {type(last).__name__}{shown}, not "
-                f"a node of g; return the last node it added (its output is the samples), or None "
-                f"for the indices themselves")
+            raise _not_a_node("GraphDataset: build(g, source)", last, "the indices themselves")
         made = graph.made_batches()
         if made is None and self.batch_size is not None:
             # Its items would be samples counted as batches: len() a batch count, and what the

@@ -20,6 +20,12 @@ def build_samples(g, indices, *, seed, epoch):
     return indices >> g.stage("sample", lambda i: sample(i, seed, epoch))
 
 
+def build_returning_5(g, indices, *, seed, epoch):
+    """A build that returns what is not a node."""
+    indices >> g.stage("sample", lambda i: sample(i, seed, epoch))
+    return 5
+
+
 def build_slow_samples(g, indices, *, seed, epoch):
     """5 ms of worker time per item (a worker's load, so that a split is still running when the
     test kills its worker)."""
