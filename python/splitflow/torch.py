@@ -75,6 +75,13 @@ from ._errors import GraphError, StageError, _int_arg, _not_a_node
 __all__ = ["GraphDataset", "to_torch"]
 
 
+def _same_tuple(x, values):
+    """`values` as a tuple of x's class: a named tuple stays one (torch's default_convert keeps
+    it; rebuilt as a plain tuple, the DataLoader made it a list and sample.label raised
+    AttributeError: a new user's trial)."""
+    return type(x)(*values) if hasattr(type(x), "_fields") else tuple(values)
+
+
 def to_torch(x, _where="the item"):
     """splitflow.Tensor -> torch.Tensor (zero-copy, DLPack), inside tuples, lists and dicts.
     A dtype this torch lacks (torch 1.13: uint16, uint32, uint64) raises TypeError naming the
@@ -96,7 +103,7 @@ def to_torch(x, _where="the item"):
                 f"convert it in the graph (e.g. a stage returning "
                 f"arr.astype(numpy.{wider})), as default_collate would need too") from None
     if isinstance(x, tuple):
-        return tuple(to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x))
+        return _same_tuple(x, (to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x)))
     if isinstance(x, list):
         return [to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x)]
     if isinstance(x, dict):
@@ -112,7 +119,7 @@ def _copy(x):
     if isinstance(x, np.ndarray):
         return x.copy()
     if isinstance(x, tuple):
-        return tuple(_copy(v) for v in x)
+        return _same_tuple(x, (_copy(v) for v in x))
     if isinstance(x, list):
         return [_copy(v) for v in x]
     if isinstance(x, dict):

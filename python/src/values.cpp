@@ -317,6 +317,11 @@ py::object to_python(Value&& v) {
           for (std::size_t i = 0; i < n; ++i) l[i] = field(i);
           return l;
         }
+        case Sample::Kind::named: {
+          py::tuple t(n);
+          for (std::size_t i = 0; i < n; ++i) t[i] = field(i);
+          return p->type.get()(*t);
+        }
       }
       return py::none();
     }
@@ -579,6 +584,7 @@ const char* kind_name(Sample::Kind k) {
     case Sample::Kind::tuple: return "tuple";
     case Sample::Kind::dict: return "dict";
     case Sample::Kind::list: return "list";
+    case Sample::Kind::named: return "named tuple";
   }
   return "?";
 }
@@ -914,6 +920,7 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     // trial found tuples where torch gives a list.)
     out->kind = first.kind == Sample::Kind::tuple ? Sample::Kind::list : first.kind;
     out->keys = first.keys;
+    if (first.kind == Sample::Kind::named) out->type = first.type;
     for (std::size_t i = 1; i < n; ++i) {
       const Sample& s = *std::get<SamplePtr>(items[i]);
       if (s.kind != first.kind || s.keys != first.keys || s.fields.size() != first.fields.size())
@@ -938,24 +945,38 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     if (!gil) throw_exiting(who.c_str());
     // Lists ([image, label], as many Datasets return): transposed and collated position by
     // position, a list of the columns, as default_collate does (they went on as a list of the
-    // lists: a new user's trial).
-    bool lists = true;
-    for (const Value& v : items) lists = lists && PyList_Check(std::get<PyObj>(v).get().ptr());
-    if (lists) {
-      const Py_ssize_t len = PyList_GET_SIZE(std::get<PyObj>(items[0]).get().ptr());
+    // lists: a new user's trial). Named tuples of one class (Sample(image, label)): the same,
+    // into that class, as default_collate does (they went on as a list of the tuples, and
+    // batch.image raised AttributeError: a new user's trial).
+    PyObject* first = std::get<PyObj>(items[0]).ptr();
+    bool lists = true, named = PyTuple_Check(first) && py::hasattr(py::handle(first), "_fields");
+    for (const Value& v : items) {
+      PyObject* o = std::get<PyObj>(v).ptr();
+      lists = lists && PyList_Check(o);
+      named = named && Py_TYPE(o) == Py_TYPE(first);
+    }
+    if (lists || named) {
+      const auto size = [&](std::size_t i) {
+        PyObject* o = std::get<PyObj>(items[i]).ptr();
+        return lists ? PyList_GET_SIZE(o) : PyTuple_GET_SIZE(o);
+      };
+      const Py_ssize_t len = size(0);
       for (std::size_t i = 1; i < n; ++i)
-        if (const Py_ssize_t m = PyList_GET_SIZE(std::get<PyObj>(items[i]).get().ptr()); m != len)
+        if (const Py_ssize_t m = size(i); m != len)
           throw Error(who + ": item " + std::to_string(i) + " of the batch is a list of " + std::to_string(m) +
                       " where item 0 is a list of " + std::to_string(len) +
                       ": a batch of lists collates position by position, as torch's default_collate "
                       "does, and needs lists of one length");
       auto out = std::make_shared<Sample>();
-      out->kind = Sample::Kind::list;
+      out->kind = lists ? Sample::Kind::list : Sample::Kind::named;
+      if (named) out->type = PyObj(py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(first))));
       for (Py_ssize_t f = 0; f < len; ++f) {
         std::vector<Value> column;
         column.reserve(n);
-        for (const Value& v : items)
-          column.push_back(from_python(py::handle(PyList_GET_ITEM(std::get<PyObj>(v).get().ptr(), f))));
+        for (const Value& v : items) {
+          PyObject* o = std::get<PyObj>(v).ptr();
+          column.push_back(from_python(py::handle(lists ? PyList_GET_ITEM(o, f) : PyTuple_GET_ITEM(o, f))));
+        }
         out->fields.push_back(collate(std::move(column), who + " (position " + std::to_string(f) + ")"));
       }
       return out;

@@ -211,10 +211,13 @@ const std::vector<std::uint64_t>* item_ids(const Value& v) noexcept;
 /// stack into a tensor). Shared between the copies of a fanned-out item: change it through
 /// writable(), which copies a shared one first.
 struct Sample {
-  enum class Kind { tuple, dict, list };
+  /// named: a batch of named tuples of one class, collated field by field into that class (as
+  /// torch's default_collate does); to Python, `type(*fields)`.
+  enum class Kind { tuple, dict, list, named };
   Kind kind = Kind::tuple;
   std::vector<std::string> keys;  // dict: one per field, in the dict's order
   std::vector<Value> fields;
+  PyObj type;                     // named: the named tuple's class
 
   /// A field's name, read once from Python (a str key or an int index), looked up without
   /// the GIL.

@@ -2,6 +2,7 @@
 through the graph as one item; C++ ops apply to one field (field=...) and carry the others;
 a skip drops the whole sample; Graph.batch collates field by field, as torch's
 default_collate does; labels read from an ImageFolder-like tree stay with their images."""
+import collections
 import os
 import warnings
 
@@ -239,6 +240,53 @@ def test_lists_collate_position_by_position_like_default_collate():
     with pytest.raises(sf.StageError, match=r"item 1 of the batch is a list of 1 where item 0 is a "
                                             r"list of 2: a batch of lists collates position by position"):
         batches([[1, 2], [3]], 2)
+
+
+Pair = collections.namedtuple("Pair", "image label")
+
+
+def test_named_tuples_collate_into_their_class_like_default_collate():
+    # Named tuples (a Dataset's Sample(image, label)) went on as a list of the tuples, and
+    # batch.image raised AttributeError; default_collate makes one of their class, of the
+    # collated fields (a new user's trial). Nested, and through GraphDataset's to_torch too.
+    rt = sf.Runtime(threads=2, backend="host")
+    samples = [Pair(np.full((2, 2), i, np.float32), i) for i in range(4)]
+    g = sf.Graph(rt, "named")
+    out = g.pull_sink("out")
+    g.source("s", samples) >> g.stage("id", lambda x: x) >> g.batch("b", 4) >> out
+    (got,) = list(g.iterate(out))
+    ref = torch.utils.data.default_collate(samples)
+    assert type(got) is Pair and type(ref) is Pair
+    assert torch.equal(sft.to_torch(got.image), ref.image)
+    assert torch.equal(sft.to_torch(got.label), ref.label)
+    as_torch = sft.to_torch(got)
+    assert type(as_torch) is Pair and torch.equal(as_torch.label, ref.label)
+    g = sf.Graph(rt, "nested")
+    out = g.pull_sink("out")
+    g.source("s", [Pair(Pair(i, -i), i) for i in range(3)]) >> g.batch("b", 3) >> out
+    (nested,) = list(g.iterate(out))
+    assert type(nested) is Pair and type(nested.image) is Pair
+    assert np.asarray(nested.image.label).tolist() == [0, -1, -2]
+    # Named tuples of two classes are not one structure: a list, as before.
+    Other = collections.namedtuple("Other", "image label")
+    g = sf.Graph(rt, "mixed")
+    out = g.pull_sink("out")
+    g.source("s", [Pair(1, 2), Other(3, 4)]) >> g.batch("b", 2) >> out
+    (mixed,) = list(g.iterate(out))
+    assert isinstance(mixed, list) and [type(x) for x in mixed] == [Pair, Other]
+
+
+def test_a_graph_datasets_named_tuples_stay_named_tuples_in_a_dataloader():
+    # to_torch rebuilt every tuple as a plain one, which the DataLoader made a list (a new
+    # user's trial); torch's default_convert keeps a named tuple's class.
+    def build(g, indices):
+        return indices >> g.stage("pair", lambda i: Pair(np.full(2, i, np.float32), i))
+
+    ds = sft.GraphDataset(build, 5, threads=2, backend="host")
+    got = list(torch.utils.data.DataLoader(ds, batch_size=None))
+    assert [type(x) for x in got] == [Pair] * 5
+    assert [int(x.label) for x in got] == list(range(5))
+    assert torch.equal(got[3].image, torch.full((2,), 3.0))
 
 
 def test_bools_and_bytes_collate_like_default_collate():
