@@ -1827,13 +1827,26 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "A C++ source of integers (indices into a dataset): no GIL per item.")
       .def("stage", [](std::shared_ptr<PyGraph> g, std::string name, py::object body,
                        py::object concurrency, py::object ordered_arg, py::object capacity_arg,
-                       std::string on_error, py::object substitute, py::object order,
+                       py::object on_error_arg, py::object substitute, py::object order,
                        py::object field, py::object processes_arg, py::object blocking_arg) {
         const std::string who = "splitflow.Graph.stage('" + name + "')";
-        // (The substitute won, silently: a new user's trial.)
-        if (on_error == "skip" && !substitute.is_none())
-          throw GraphError(who + ": on_error='skip' drops a failed item, substitute= replaces it: "
-                           "give one of them");
+        // None: 'fail', or 'substitute' where substitute= is given. A policy said with a
+        // substitute that contradicts it is refused (the substitute won, silently, over 'skip'
+        // and over 'fail': new users' trials); 'substitute' is C++'s OnError::substitute.
+        if (!on_error_arg.is_none() && !py::isinstance<py::str>(on_error_arg))
+          throw GraphError(who + ": on_error must be 'fail', 'skip' or 'substitute', not " +
+                           std::string(py::repr(on_error_arg)));
+        std::string on_error = on_error_arg.is_none() ? "fail" : on_error_arg.cast<std::string>();
+        if ((on_error == "skip" || on_error == "fail") && !on_error_arg.is_none() && !substitute.is_none())
+          throw GraphError(who + ": on_error='" + on_error + "' " +
+                           (on_error == "skip" ? "drops a failed item" : "fails the run on a failed item") +
+                           ", substitute= replaces it: give one of them");
+        if (on_error == "substitute") {
+          if (substitute.is_none())
+            throw GraphError(who + ": on_error='substitute' replaces a failed item with substitute=, "
+                             "which is not given");
+          on_error = "fail";  // (substitute= sets the policy: substitute_on_error)
+        }
         const bool ordered = flag_arg(ordered_arg, who, "ordered");
         const bool blocking = flag_arg(blocking_arg, who, "blocking");
         const std::size_t processes =
@@ -1938,7 +1951,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         if (sub) s->substitute_on_error(*sub);
         return std::make_shared<PyNode>(PyNode{g, name, &s->in_port(), &s->out_port(), std::nullopt});
       }, py::arg("name"), py::arg("body"), py::arg("concurrency") = py::none(), py::arg("ordered") = true,
-      py::arg("capacity") = 0, py::arg("on_error") = "fail", py::arg("substitute") = py::none(),
+      py::arg("capacity") = 0, py::arg("on_error") = py::none(), py::arg("substitute") = py::none(),
       py::arg("order") = py::none(), py::arg("field") = py::none(), py::arg("processes") = 0,
       py::arg("blocking") = false,
       "A CPU stage: a Python callable (holds the GIL while it runs) or a C++ op from "

@@ -251,6 +251,25 @@ def test_skip_and_a_substitute_together_are_refused():
         g.stage("py", fns.square, on_error="skip", substitute=-1)
 
 
+# An explicit on_error="fail" beside substitute= was taken and the substitute won, silently (a
+# new user's trial); "substitute" (C++'s OnError::substitute) is taken with substitute= only.
+def test_fail_and_a_substitute_together_are_refused_and_substitute_is_the_policys_name():
+    g = sf.Graph(sf.Runtime(threads=2), "policies")
+    with pytest.raises(sf.GraphError) as e:
+        g.stage("py", fns.square, on_error="fail", substitute=-1)
+    assert str(e.value) == ("splitflow.Graph.stage('py'): on_error='fail' fails the run on a "
+                            "failed item, substitute= replaces it: give one of them"), str(e.value)
+    with pytest.raises(sf.GraphError) as e:
+        g.stage("py", fns.square, on_error="substitute")
+    assert str(e.value) == ("splitflow.Graph.stage('py'): on_error='substitute' replaces a failed "
+                            "item with substitute=, which is not given"), str(e.value)
+    with pytest.raises(sf.GraphError, match=r"on_error must be 'fail', 'skip' or 'substitute', not 3"):
+        g.stage("py", fns.square, on_error=3)
+    for kw in (dict(on_error="substitute", substitute=-1), dict(substitute=-1)):
+        got, _, _ = run_list(list(range(8)), fns.raise_on_five, **kw)
+        assert got == [x if x != 5 else -1 for x in range(8)], (kw, got)
+
+
 def test_skip_drops_only_the_failing_item():
     got, g, st = run_list(list(range(20)), fns.raise_on_five, on_error="skip")
     assert got == [x for x in range(20) if x != 5]
