@@ -104,9 +104,10 @@ def _int_arg(who, name, value, minimum=None, none_ok=False, maximum=None):
     return v
 
 
-def _seconds_arg(who, name, value, none_ok=False):
-    """A duration in seconds: a real number (not a bool or a string), finite and > 0;
-    GraphError naming `who`'s argument otherwise (a timeout of 0 never let a split finish)."""
+def _seconds_arg(who, name, value, none_ok=False, inf_ok=False):
+    """A duration in seconds: a real number (not a bool or a string), > 0 and finite (or
+    infinite where inf_ok: never); GraphError naming `who`'s argument otherwise (a timeout of 0
+    never let a split finish)."""
     if value is None and none_ok:
         return None
     ok = not isinstance(value, (bool, str, bytes))
@@ -114,9 +115,10 @@ def _seconds_arg(who, name, value, none_ok=False):
         v = float(value) if ok else math.nan
     except (TypeError, ValueError):
         v = math.nan
-    if not (v > 0 and math.isfinite(v)):
+    if not (v > 0 and (math.isfinite(v) or (inf_ok and v == math.inf))):
+        other = ["inf: never"] * inf_ok + ["None"] * none_ok
         raise GraphError(f"{who}: {name} must be a number of seconds > 0"
-                         f"{' (or None)' if none_ok else ''}, not {value!r}")
+                         f"{' (or ' + ', or '.join(other) + ')' if other else ''}, not {value!r}")
     return v
 
 

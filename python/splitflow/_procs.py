@@ -926,10 +926,9 @@ def _with_field(item, field, value):
     fields[field] = value
     if isinstance(item, list):
         return fields
-    if type(item) is tuple:
-        return tuple(fields)
-    make = getattr(type(item), "_make", None)  # a namedtuple
-    return make(fields) if make else tuple(fields)
+    from ._tuples import rebuilt
+
+    return rebuilt(item, fields)
 
 
 def _close_pipe(slot):

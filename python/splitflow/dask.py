@@ -61,6 +61,7 @@ import collections
 import itertools
 import math
 import os
+import reprlib
 import threading
 import time
 import uuid
@@ -69,6 +70,7 @@ import numpy as np
 
 from . import _core
 from ._errors import Error, GraphError, StageError, _int_arg, _not_a_node, _seconds_arg
+from ._tuples import rebuilt
 
 __all__ = ["Remote", "RemotePass", "connect", "remote", "run_split"]
 
@@ -218,7 +220,10 @@ def _to_wire(x):
         return out, n
     if isinstance(x, (tuple, list)):
         parts = [_to_wire(v) for v in x]
-        return type(x)(p[0] for p in parts), sum(p[1] for p in parts)
+        # (A named tuple's class takes its fields as arguments: rebuilt through _make; its
+        # class's constructor given one generator failed on the worker: a review.)
+        values = [p[0] for p in parts]
+        return (values if isinstance(x, list) else rebuilt(x, values)), sum(p[1] for p in parts)
     if isinstance(x, (bytes, bytearray, memoryview)):
         return x, len(x)
     return x, 8
@@ -230,8 +235,10 @@ def _from_wire(x):
         return _core._as_tensor(x.array)
     if isinstance(x, dict):
         return {k: _from_wire(v) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):  # (as _to_wire rebuilt it)
-        return type(x)(_from_wire(v) for v in x)
+    if isinstance(x, list):  # (as _to_wire rebuilt it)
+        return [_from_wire(v) for v in x]
+    if isinstance(x, tuple):
+        return rebuilt(x, [_from_wire(v) for v in x])
     return x
 
 
@@ -435,14 +442,15 @@ class Remote:
             split = _int_arg(who, "split", split, 1)
         max_splits_in_flight = _int_arg(who, "max_splits_in_flight", max_splits_in_flight, 1,
                                         none_ok=True)
-        seed = _int_arg(who, "seed", seed, 0, maximum=2**63 - 1)
-        epoch = _int_arg(who, "epoch", epoch, 0)
+        # (The ops take both as unsigned 64-bit numbers.)
+        seed = _int_arg(who, "seed", seed, 0, maximum=2**64 - 1)
+        epoch = _int_arg(who, "epoch", epoch, 0, maximum=2**64 - 1)
         probe = _int_arg(who, "probe", probe, 1)
         threads = _int_arg(who, "threads", threads, 0)
         max_in_flight = _int_arg(who, "max_in_flight", max_in_flight, 1)
         split_seconds = _seconds_arg(who, "split_seconds", split_seconds)
-        timeout = _seconds_arg(who, "timeout", timeout)
-        stuck_after = _seconds_arg(who, "stuck_after", stuck_after, none_ok=True)
+        timeout = _seconds_arg(who, "timeout", timeout, inf_ok=True)
+        stuck_after = _seconds_arg(who, "stuck_after", stuck_after, none_ok=True, inf_ok=True)
         if backend not in ("auto", "host", "cuda"):
             raise GraphError(f"{who}: backend must be 'auto', 'host' or 'cuda' (each worker's "
                              f"runtime), not {backend!r}")
@@ -495,7 +503,7 @@ class Remote:
                         "Dask workers are its processes)")
 
     def set_epoch(self, epoch):
-        self.epoch = _int_arg("splitflow.dask.Remote.set_epoch", "epoch", epoch, 0)
+        self.epoch = _int_arg("splitflow.dask.Remote.set_epoch", "epoch", epoch, 0, maximum=2**64 - 1)
 
     def source(self, g, name=None):
         """``g.source(name, self)``: this remote segment as the source of the local graph ``g``."""
@@ -528,8 +536,9 @@ class Remote:
         describes it."""
         who = "splitflow.dask.Remote.iterate"
         p = RemotePass(self, indices,
-                       self.seed if seed is None else _int_arg(who, "seed", seed, 0, maximum=2**63 - 1),
-                       self.epoch if epoch is None else _int_arg(who, "epoch", epoch, 0))
+                       self.seed if seed is None else _int_arg(who, "seed", seed, 0, maximum=2**64 - 1),
+                       self.epoch if epoch is None else _int_arg(who, "epoch", epoch, 0,
+                                                                 maximum=2**64 - 1))
         self.last_pass = p
         return p
 
@@ -559,14 +568,24 @@ def _as_indices(items):
     """The items as an int64 array of dataset indices, or GraphError naming the first one that
     is not an int (a path, a record: a new user's trial got int()'s "invalid literal")."""
     seq = items if hasattr(items, "__len__") else list(items)
-    a = np.asarray(seq)
+    try:
+        a = np.asarray(seq)
+    except ValueError as e:  # (a ragged list of lists)
+        raise GraphError(f"splitflow.dask.remote: items are dataset indices, one dimension, not "
+                         f"{reprlib.repr(seq)} ({e})") from None
     if a.ndim > 1:  # (flattened, [[1, 2], [3, 4]] was four items: a new user's trial)
         raise GraphError(f"splitflow.dask.remote: items are dataset indices, one dimension, not "
                          f"an array of shape {a.shape}")
-    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
-        # (2**63 + 5 wrapped to a negative index: a new user's trial)
-        raise GraphError(f"splitflow.dask.remote: item {int(np.argmax(a))} is "
-                         f"{int(a.max())}, past the largest dataset index (2**63 - 1)")
+    # Past int64 (2**63 + 5 wrapped to a negative index: a new user's trial; Python ints past
+    # it made an object array, said as "item 0 is 1 (int)": a review).
+    top = np.iinfo(np.int64).max
+    flat = (a.tolist() if a.dtype.kind == "u" else [] if a.dtype.kind == "i"
+            else list(np.asarray(seq, dtype=object).reshape(-1)))
+    k, big = next(((k, x) for k, x in enumerate(flat) if isinstance(x, int)
+                   and not isinstance(x, bool) and not -top - 1 <= x <= top), (None, None))
+    if k is not None:
+        raise GraphError(f"splitflow.dask.remote: item {k} is {big}, past the dataset indices "
+                         f"(-2**63 .. 2**63 - 1)")
     if a.size and a.dtype.kind not in "iu":
         flat = list(np.asarray(seq, dtype=object).reshape(-1))
         k, bad = next(((k, x) for k, x in enumerate(flat)
@@ -635,6 +654,7 @@ class RemotePass:
         self.worker_threads = None  # the cluster's task slots at the pass's start
         self.max_local_bytes = 0
         self.reconnections = 0   # the scheduler connection lost and found again within timeout
+        self.comm = None         # the client's scheduler connection last seen (_start, _lost)
         self.resubmitted = 0     # splits submitted again after a reconnection
         self.last_progress = None  # time.monotonic() of the start or the last split done
         self.latencies = []      # submit -> result taken (s), per split (queueing included)
@@ -690,6 +710,7 @@ class RemotePass:
     def _start(self):
         self.t0 = time.perf_counter()
         self.last_progress = time.monotonic()
+        self.comm = getattr(self.client, "scheduler_comm", None)
         status = getattr(self.client, "status", "running")
         if status != "running":
             raise Error(f"splitflow.dask: the Dask client is not connected to its scheduler "
@@ -858,7 +879,8 @@ class RemotePass:
 
     def _check_scheduler(self, quiet_since):
         """Raises when the scheduler is gone or has not answered for `timeout` seconds; True
-        when the splits in flight were resubmitted after a reconnection."""
+        when it answered again (the splits in flight it lost, after a reconnection, submitted
+        again)."""
         timeout = self.remote.timeout
         status = getattr(self.client, "status", "running")
         if status != "running":
@@ -894,7 +916,9 @@ class RemotePass:
     def _lost(self, why, split=None, deadline=None):
         """The scheduler's connection closed (or it did not answer): waits for the client to
         reconnect (Dask's client retries on its own, to a scheduler restarted at its address)
-        and then submits every split not yet taken again, in order (True); raises when it does
+        and then submits again, in order, the splits not yet taken that were lost (their
+        futures cancelled, or sent through a connection that is gone) and `split`, whose result
+        could not be taken (True); raises when it does
         not come back within `timeout` of the last progress (at least half of it from now), or
         by `deadline` (time.monotonic()) where given: a scheduler that did not answer has had
         its `timeout`."""
@@ -904,20 +928,23 @@ class RemotePass:
             # The splits submitted through the connection that answers, their futures alive,
             # were not lost: a slow answer is not a loss (a timeout shorter than a split's work
             # resubmitted every split in flight, again and again, and no split finished: a new
-            # user's trial). The others go again.
+            # user's trial). The others go again, and the split whose result could not be taken
+            # (a fetch that did not end: computed again, maybe elsewhere, not fetched again for
+            # ever from where it hung: a review).
             comm = getattr(self.client, "scheduler_comm", None)
-            stale = [s for s in lost if s.future is None or s.comm is not comm
-                     or s.future.status in ("cancelled", "lost")]
-            if stale:
+            if comm is not self.comm:  # a reconnection (Dask's client cancels every future)
                 self.reconnections += 1
+                self.comm = comm
+            stale = [s for s in lost if s is split or s.future is None or s.comm is not comm
+                     or s.future.status in ("cancelled", "lost")]
             try:
                 for s in stale:
-                    self._submit(s, f"-r{self.reconnections}")
+                    self._submit(s, f"-r{self.resubmitted}")
+                    self.resubmitted += 1
                     s.submitted = time.perf_counter()
             except Exception:  # lost again meanwhile
                 continue
             self.pending = collections.deque(lost)
-            self.resubmitted += len(stale)
             return True
         pending = len(lost)
         left = int(sum(len(s.indices) for s in lost)) + len(self.indices) - self.next_start
@@ -979,7 +1006,8 @@ class RemotePass:
             # scheduler that hangs then held the pass for ever (a review).
             try:
                 out = self.client.sync(self.client._gather, [fut], direct=self.remote.direct,
-                                       callback_timeout=self.remote.timeout)[0]
+                                       callback_timeout=(None if math.isinf(self.remote.timeout)
+                                                         else self.remote.timeout))[0]
             except (TimeoutError, asyncio.TimeoutError) as e:
                 self._lost(f"the fetch of finished split {split.no} did not end within "
                            f"timeout={self.remote.timeout:g} s ({type(e).__name__})", split,
@@ -1001,7 +1029,8 @@ class RemotePass:
                         f"{split.start + len(split.indices) - 1}) failed on the cluster: "
                         f"{type(e).__name__}: {e}") from e
         finally:
-            split.future = None  # taken once: Dask forgets the result
+            if split.future is fut:  # (not the one _lost submitted again meanwhile)
+                split.future = None  # taken once: Dask forgets the result
         return out
 
     def _accept(self, split, out):
@@ -1325,7 +1354,7 @@ class RemotePass:
                     f"(its remote stages' figures name the stage) is the limit, not the transport")
         if busy_frac < 0.75:
             text = (f"the local graph waited {100 * frac:.0f}% of the run for remote results{filled}, but "
-                    f"the workers' {slots} task slots were busy only {100 * busy_frac:.0f}% of it: "
+                    f"the workers' {slots} task slots were busy only {100 * busy_frac:.0f}% of the pass: "
                     f"not their compute but moving splits to and from them")
             if s["splits_in_flight_max"] < slots:
                 text += (f"; only {s['splits_in_flight_max']} splits were in flight for {slots} "

@@ -71,15 +71,9 @@ import torch.utils.data as _data
 
 from . import _core
 from ._errors import GraphError, StageError, _int_arg, _not_a_node
+from ._tuples import rebuilt
 
 __all__ = ["GraphDataset", "to_torch"]
-
-
-def _same_tuple(x, values):
-    """`values` as a tuple of x's class: a named tuple stays one (torch's default_convert keeps
-    it; rebuilt as a plain tuple, the DataLoader made it a list and sample.label raised
-    AttributeError: a new user's trial)."""
-    return type(x)(*values) if hasattr(type(x), "_fields") else tuple(values)
 
 
 def to_torch(x, _where="the item"):
@@ -103,7 +97,7 @@ def to_torch(x, _where="the item"):
                 f"convert it in the graph (e.g. a stage returning "
                 f"arr.astype(numpy.{wider})), as default_collate would need too") from None
     if isinstance(x, tuple):
-        return _same_tuple(x, (to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x)))
+        return rebuilt(x, (to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x)))
     if isinstance(x, list):
         return [to_torch(v, f"{_where}[{i}]") for i, v in enumerate(x)]
     if isinstance(x, dict):
@@ -119,7 +113,7 @@ def _copy(x):
     if isinstance(x, np.ndarray):
         return x.copy()
     if isinstance(x, tuple):
-        return _same_tuple(x, (_copy(v) for v in x))
+        return rebuilt(x, (_copy(v) for v in x))
     if isinstance(x, list):
         return [_copy(v) for v in x]
     if isinstance(x, dict):

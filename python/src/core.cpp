@@ -1837,6 +1837,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
           throw GraphError(who + ": on_error must be 'fail', 'skip' or 'substitute', not " +
                            std::string(py::repr(on_error_arg)));
         std::string on_error = on_error_arg.is_none() ? "fail" : on_error_arg.cast<std::string>();
+        if (on_error != "fail" && on_error != "skip" && on_error != "substitute")
+          throw GraphError(who + ": on_error must be 'fail', 'skip' or 'substitute', not '" + on_error + "'");
         if ((on_error == "skip" || on_error == "fail") && !on_error_arg.is_none() && !substitute.is_none())
           throw GraphError(who + ": on_error='" + on_error + "' " +
                            (on_error == "skip" ? "drops a failed item" : "fails the run on a failed item") +

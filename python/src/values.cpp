@@ -317,10 +317,10 @@ py::object to_python(Value&& v) {
           for (std::size_t i = 0; i < n; ++i) l[i] = field(i);
           return l;
         }
-        case Sample::Kind::named: {
-          py::tuple t(n);
-          for (std::size_t i = 0; i < n; ++i) t[i] = field(i);
-          return p->type.get()(*t);
+        case Sample::Kind::named: {  // (through _make, as splitflow._tuples.rebuilt)
+          py::list l(n);
+          for (std::size_t i = 0; i < n; ++i) l[i] = field(i);
+          return p->type.get().attr("_make")(l);
         }
       }
       return py::none();
@@ -591,7 +591,8 @@ const char* kind_name(Sample::Kind k) {
 }  // namespace
 
 std::string Sample::describe() const {
-  std::string d = std::string("a sample (") + kind_name(kind) + " of " +
+  std::string d = std::string("a sample (") + kind_name(kind) +
+                  (kind == Kind::named ? " " + type_name : std::string()) + " of " +
                   std::to_string(fields.size());
   if (kind == Kind::dict) {
     d += ": ";
@@ -920,10 +921,11 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     // trial found tuples where torch gives a list.)
     out->kind = first.kind == Sample::Kind::tuple ? Sample::Kind::list : first.kind;
     out->keys = first.keys;
-    if (first.kind == Sample::Kind::named) out->type = first.type;
+    if (first.kind == Sample::Kind::named) out->type = first.type, out->type_name = first.type_name;
     for (std::size_t i = 1; i < n; ++i) {
       const Sample& s = *std::get<SamplePtr>(items[i]);
-      if (s.kind != first.kind || s.keys != first.keys || s.fields.size() != first.fields.size())
+      if (s.kind != first.kind || s.keys != first.keys || s.fields.size() != first.fields.size() ||
+          s.type.ptr() != first.type.ptr())  // (named tuples of two classes)
         throw Error(who + ": item " + std::to_string(i) + " of the batch is " + s.describe() +
                     ", the first is " + first.describe() + "; a batch needs one structure");
     }
@@ -949,7 +951,11 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
     // into that class, as default_collate does (they went on as a list of the tuples, and
     // batch.image raised AttributeError: a new user's trial).
     PyObject* first = std::get<PyObj>(items[0]).ptr();
-    bool lists = true, named = PyTuple_Check(first) && py::hasattr(py::handle(first), "_fields");
+    // (A named tuple: a tuple subclass with _fields and _make, rebuilt through _make, as
+    // splitflow._tuples.rebuilt does; another tuple subclass stays a list of the items.)
+    const py::handle first_type = reinterpret_cast<PyObject*>(Py_TYPE(first));
+    bool lists = true, named = PyTuple_Check(first) && !PyTuple_CheckExact(first) &&
+                               py::hasattr(first_type, "_fields") && py::hasattr(first_type, "_make");
     for (const Value& v : items) {
       PyObject* o = std::get<PyObj>(v).ptr();
       lists = lists && PyList_Check(o);
@@ -969,7 +975,10 @@ Value collate(std::vector<Value>&& items, const std::string& who) {
                       "does, and needs lists of one length");
       auto out = std::make_shared<Sample>();
       out->kind = lists ? Sample::Kind::list : Sample::Kind::named;
-      if (named) out->type = PyObj(py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(first))));
+      if (named) {
+        out->type = PyObj(py::reinterpret_borrow<py::object>(first_type));
+        out->type_name = reinterpret_cast<PyTypeObject*>(first_type.ptr())->tp_name;
+      }
       for (Py_ssize_t f = 0; f < len; ++f) {
         std::vector<Value> column;
         column.reserve(n);

@@ -218,6 +218,7 @@ struct Sample {
   std::vector<std::string> keys;  // dict: one per field, in the dict's order
   std::vector<Value> fields;
   PyObj type;                     // named: the named tuple's class
+  std::string type_name;          // named: its name, for errors (read without the GIL)
 
   /// A field's name, read once from Python (a str key or an int index), looked up without
   /// the GIL.

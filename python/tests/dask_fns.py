@@ -1,5 +1,6 @@
 """Remote graph segments for test_dask.py: the Dask workers import them by name, so they live in
 a module, not in the test file."""
+import collections
 import time
 
 import numpy as np
@@ -18,6 +19,14 @@ def sample(i, seed, epoch):
 
 def build_samples(g, indices, *, seed, epoch):
     return indices >> g.stage("sample", lambda i: sample(i, seed, epoch))
+
+
+Pair = collections.namedtuple("Pair", "x index")
+
+
+def build_pairs(g, indices, *, seed, epoch):
+    """Named-tuple samples."""
+    return indices >> g.stage("pair", lambda i: Pair(sample(i, seed, epoch)["x"], i))
 
 
 def build_returning_5(g, indices, *, seed, epoch):

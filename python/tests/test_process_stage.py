@@ -265,6 +265,10 @@ def test_fail_and_a_substitute_together_are_refused_and_substitute_is_the_policy
                             "item with substitute=, which is not given"), str(e.value)
     with pytest.raises(sf.GraphError, match=r"on_error must be 'fail', 'skip' or 'substitute', not 3"):
         g.stage("py", fns.square, on_error=3)
+    with pytest.raises(sf.GraphError) as e:  # (it named no stage, nor 'substitute': a review)
+        g.stage("py", fns.square, on_error="bogus", substitute=-1)
+    assert str(e.value) == ("splitflow.Graph.stage('py'): on_error must be 'fail', 'skip' or "
+                            "'substitute', not 'bogus'"), str(e.value)
     for kw in (dict(on_error="substitute", substitute=-1), dict(substitute=-1)):
         got, _, _ = run_list(list(range(8)), fns.raise_on_five, **kw)
         assert got == [x if x != 5 else -1 for x in range(8)], (kw, got)

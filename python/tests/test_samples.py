@@ -274,6 +274,36 @@ def test_named_tuples_collate_into_their_class_like_default_collate():
     g.source("s", [Pair(1, 2), Other(3, 4)]) >> g.batch("b", 2) >> out
     (mixed,) = list(g.iterate(out))
     assert isinstance(mixed, list) and [type(x) for x in mixed] == [Pair, Other]
+    # A subclass whose __new__ takes more than the fields is rebuilt through _make, as
+    # default_convert would fail to (type(*fields): "missing 1 required positional argument":
+    # a review); a tuple subclass with _fields but no _make stays a list of its items.
+
+    class Tagged(Pair):
+        def __new__(cls, image, label, tag):
+            return super().__new__(cls, image, label)
+
+    class Fields(tuple):
+        _fields = ("a", "b")
+
+    g = sf.Graph(rt, "subclasses")
+    out = g.pull_sink("out")
+    g.source("s", [Tagged(1, 2, "t"), Tagged(3, 4, "t")]) >> g.batch("b", 2) >> out
+    (tagged,) = list(g.iterate(out))
+    assert type(tagged) is Tagged and np.asarray(tagged.label).tolist() == [2, 4]
+    g = sf.Graph(rt, "fields")
+    out = g.pull_sink("out")
+    g.source("s", [Fields((1, 2)), Fields((3, 4))]) >> g.batch("b", 2) >> out
+    (fields,) = list(g.iterate(out))
+    assert isinstance(fields, list) and [type(x) for x in fields] == [Fields, Fields]
+    assert type(sft.to_torch(Fields((1, 2)))) is tuple and type(sft.to_torch(Tagged(1, 2, "t"))) is Tagged
+    # Batches of two classes batched again are refused, not all made the first class.
+    g = sf.Graph(rt, "two-levels")
+    out = g.pull_sink("out")
+    g.source("s", [Pair(1, 2), Pair(3, 4), Other(5, 6), Other(7, 8)]) >> g.batch("b", 2) \
+        >> g.batch("bb", 2) >> out
+    with pytest.raises(sf.StageError, match=r"item 1 of the batch is a sample \(named tuple Other "
+                                            r"of 2\), the first is a sample \(named tuple Pair of 2\)"):
+        list(g.iterate(out))
 
 
 def test_a_graph_datasets_named_tuples_stay_named_tuples_in_a_dataloader():
