@@ -104,10 +104,10 @@ def _int_arg(who, name, value, minimum=None, none_ok=False, maximum=None):
     return v
 
 
-def _seconds_arg(who, name, value, none_ok=False, inf_ok=False):
-    """A duration in seconds: a real number (not a bool or a string), > 0 and finite (or
-    infinite where inf_ok: never); GraphError naming `who`'s argument otherwise (a timeout of 0
-    never let a split finish)."""
+def _seconds_arg(who, name, value, none_ok=False, inf_ok=False, maximum=None):
+    """A duration in seconds: a real number (not a bool or a string), > 0 and finite, at most
+    `maximum` (or infinite where inf_ok: never); GraphError naming `who`'s argument otherwise (a
+    timeout of 0 never let a split finish)."""
     if value is None and none_ok:
         return None
     ok = not isinstance(value, (bool, str, bytes))
@@ -115,9 +115,11 @@ def _seconds_arg(who, name, value, none_ok=False, inf_ok=False):
         v = float(value) if ok else math.nan
     except (TypeError, ValueError):
         v = math.nan
-    if not (v > 0 and (math.isfinite(v) or (inf_ok and v == math.inf))):
+    finite = math.isfinite(v) and (maximum is None or v <= maximum)
+    if not (v > 0 and (finite or (inf_ok and v == math.inf))):
         other = ["inf: never"] * inf_ok + ["None"] * none_ok
         raise GraphError(f"{who}: {name} must be a number of seconds > 0"
+                         f"{f' and <= {maximum:g}' if maximum is not None else ''}"
                          f"{' (or ' + ', or '.join(other) + ')' if other else ''}, not {value!r}")
     return v
 

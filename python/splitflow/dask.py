@@ -449,8 +449,11 @@ class Remote:
         threads = _int_arg(who, "threads", threads, 0)
         max_in_flight = _int_arg(who, "max_in_flight", max_in_flight, 1)
         split_seconds = _seconds_arg(who, "split_seconds", split_seconds)
-        timeout = _seconds_arg(who, "timeout", timeout, inf_ok=True)
-        stuck_after = _seconds_arg(who, "stuck_after", stuck_after, none_ok=True, inf_ok=True)
+        # (Past about 1e10 s asyncio's clock overflowed, said as a failure "on the cluster": a
+        # verification trial.)
+        timeout = _seconds_arg(who, "timeout", timeout, inf_ok=True, maximum=1e9)
+        stuck_after = _seconds_arg(who, "stuck_after", stuck_after, none_ok=True, inf_ok=True,
+                                   maximum=1e9)
         if backend not in ("auto", "host", "cuda"):
             raise GraphError(f"{who}: backend must be 'auto', 'host' or 'cuda' (each worker's "
                              f"runtime), not {backend!r}")
@@ -556,17 +559,24 @@ def _fed_by(name):
 
 
 class _Split:
-    __slots__ = ("no", "start", "indices", "future", "submitted", "comm")
+    __slots__ = ("no", "start", "indices", "future", "submitted", "comm", "fetch_timeouts")
 
     def __init__(self, no, start, indices, future, submitted):
         self.no, self.start, self.indices = no, start, indices
         self.future, self.submitted = future, submitted
         self.comm = None  # the client's scheduler connection it was submitted through
+        self.fetch_timeouts = 0  # its fetches that did not end within timeout
 
 
 def _as_indices(items):
     """The items as an int64 array of dataset indices, or GraphError naming the first one that
     is not an int (a path, a record: a new user's trial got int()'s "invalid literal")."""
+    if isinstance(items, np.ndarray) and items.ndim == 0 or \
+            not isinstance(items, (str, bytes)) and not hasattr(items, "__iter__"):
+        # (5 failed with "'int' object is not iterable", a 0-d array was one item: a
+        # verification trial.)
+        raise GraphError(f"splitflow.dask.remote: items are dataset indices, a sequence of "
+                         f"ints (items=range(n)), not {items!r} ({type(items).__name__})")
     seq = items if hasattr(items, "__len__") else list(items)
     try:
         a = np.asarray(seq)
@@ -1009,6 +1019,19 @@ class RemotePass:
                                        callback_timeout=(None if math.isinf(self.remote.timeout)
                                                          else self.remote.timeout))[0]
             except (TimeoutError, asyncio.TimeoutError) as e:
+                split.fetch_timeouts += 1
+                if split.fetch_timeouts >= 2 and self._scheduler_answers(time.monotonic() + 1.0):
+                    # Computed again and fetched again, and again not within timeout, the
+                    # scheduler answering: the fetch itself takes longer (a timeout of 1e-4 s
+                    # resubmitted every split for ever: a verification trial).
+                    self.close()
+                    self.error = Error(
+                        f"splitflow.dask: the fetch of finished split {split.no} (items "
+                        f"{split.start}..{split.start + len(split.indices) - 1}) did not end "
+                        f"within timeout={self.remote.timeout:g} s, twice, the scheduler "
+                        f"answering: a fetch moves a split's results from its worker; raise "
+                        f"timeout (or make splits smaller: split=, split_seconds=)")
+                    raise self.error from e
                 self._lost(f"the fetch of finished split {split.no} did not end within "
                            f"timeout={self.remote.timeout:g} s ({type(e).__name__})", split,
                            deadline=time.monotonic())

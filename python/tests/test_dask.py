@@ -686,6 +686,11 @@ def test_items_that_are_not_indices_are_refused_naming_the_first():
     with pytest.raises(sf.GraphError, match=r"items are dataset indices, one dimension, not "
                                             r"\[\[1, 2\], \[3\]\]"):
         sfd.remote(fns.build_samples, None, items=[[1, 2], [3]])
+    # (5 failed with "'int' object is not iterable", a 0-d array was one item: a trial.)
+    for bad in (5, np.int64(5), np.array(5)):
+        with pytest.raises(sf.GraphError, match=r"items are dataset indices, a sequence of ints "
+                                                r"\(items=range\(n\)\), not"):
+            sfd.remote(fns.build_samples, None, items=bad)
 
 
 # Every argument is checked in the call that gives it, naming it: a timeout of 0 was taken and
@@ -695,10 +700,12 @@ def test_items_that_are_not_indices_are_refused_naming_the_first():
 # that is not one failed at the first item with "'NoneType' object has no attribute 'submit'"
 # (a new user's trial).
 def test_remote_arguments_are_checked_in_the_call_naming_each():
-    bad = [(dict(timeout=0), "timeout must be a number of seconds > 0 (or inf: never), not 0"),
-           (dict(timeout=-1), "timeout must be a number of seconds > 0 (or inf: never), not -1"),
-           (dict(timeout="x"), "timeout must be a number of seconds > 0 (or inf: never), not 'x'"),
-           (dict(timeout=float("nan")), "timeout must be a number of seconds > 0 (or inf: never), not nan"),
+    bad = [(dict(timeout=0), "timeout must be a number of seconds > 0 and <= 1e+09 (or inf: never), not 0"),
+           (dict(timeout=-1), "timeout must be a number of seconds > 0 and <= 1e+09 (or inf: never), not -1"),
+           (dict(timeout="x"), "timeout must be a number of seconds > 0 and <= 1e+09 (or inf: never), not 'x'"),
+           (dict(timeout=float("nan")), "timeout must be a number of seconds > 0 and <= 1e+09 (or inf: never), not nan"),
+           # (past about 1e10 s asyncio's clock overflowed, said as a failure "on the cluster")
+           (dict(timeout=1e10), "timeout must be a number of seconds > 0 and <= 1e+09 (or inf: never), not 10000000000.0"),
            (dict(split=2.7), "split must be an int, not 2.7"),
            (dict(split="abc"), "split must be 'auto' or a number of items >= 1, not 'abc'"),
            (dict(split=0), "split must be >= 1, not 0"),
@@ -711,7 +718,7 @@ def test_remote_arguments_are_checked_in_the_call_naming_each():
            (dict(threads=-1), "threads must be >= 0, not -1"),
            (dict(max_in_flight=0), "max_in_flight must be >= 1, not 0"),
            (dict(max_splits_in_flight=True), "max_splits_in_flight must be an int (or None), not True"),
-           (dict(stuck_after=0), "stuck_after must be a number of seconds > 0 (or inf: never, or None), not 0"),
+           (dict(stuck_after=0), "stuck_after must be a number of seconds > 0 and <= 1e+09 (or inf: never, or None), not 0"),
            (dict(backend="bogus"), "backend must be 'auto', 'host' or 'cuda' (each worker's runtime), not 'bogus'"),
            (dict(name=""), "name must be a non-empty str, not ''")]
     for kwargs, said in bad:
@@ -754,6 +761,32 @@ def test_named_tuple_samples_come_back_as_their_class():
     assert [type(x) for x in got] == [fns.Pair] * 12
     assert [x.index for x in got] == list(range(12))
     assert np.asarray(got[7].x).tobytes() == fns.sample(7, 0, 0)["x"].tobytes()
+
+
+# A fetch that cannot end within the timeout, the scheduler answering, fails the pass the second
+# time, saying to raise the timeout (a split computed again and fetched again for ever, nothing
+# yielded: a verification trial's timeout=1e-4).
+def test_a_fetch_that_never_ends_within_the_timeout_fails_the_pass_saying_so():
+    result = {}
+
+    def go(client):
+        r = sfd.remote(fns.build_samples, client, items=list(range(10)), split=5, timeout=1e-4)
+        try:
+            run_local_graph(r)
+        except sf.StageError as e:
+            result["error"] = e
+        result["stats"] = r.stats()
+
+    with cluster(1) as (_, client):
+        t = threading.Thread(target=go, args=(client,), daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "the pass went on for a minute"
+    cause = result["error"].__cause__
+    assert "the fetch of finished split 0 (items 0..4) did not end within timeout=0.0001 s, twice, " \
+           "the scheduler answering" in str(cause), str(cause)
+    assert "raise timeout" in str(cause), str(cause)
+    assert result["stats"]["resubmitted_splits"] == 1, result["stats"]
 
 
 # A scheduler that answers slowly on the connection the splits went through lost nothing: the
