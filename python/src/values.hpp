@@ -212,7 +212,7 @@ const std::vector<std::uint64_t>* item_ids(const Value& v) noexcept;
 /// writable(), which copies a shared one first.
 struct Sample {
   /// named: a batch of named tuples of one class, collated field by field into that class (as
-  /// torch's default_collate does); to Python, `type(*fields)`.
+  /// torch's default_collate does); to Python, `type._make(fields)` (as splitflow._tuples).
   enum class Kind { tuple, dict, list, named };
   Kind kind = Kind::tuple;
   std::vector<std::string> keys;  // dict: one per field, in the dict's order
