@@ -414,12 +414,15 @@ def test_a_hung_scheduler_fails_the_run_within_the_timeout():
 def test_a_cluster_left_without_workers_fails_within_the_timeout():
     """Every worker retired mid-epoch: the splits would wait in the scheduler for ever; the run
     fails after timeout without progress, naming the scheduler and what to do."""
-    with cluster(1) as (_, client):
+    with cluster(1) as (c, client):
         r = sfd.remote(fns.build_slow_samples, client, items=list(range(200)), split=10,
                        timeout=3)
         it = r.iterate(list(range(200)))
         got = [next(it)]
-        client.retire_workers(list(client.scheduler_info()["workers"]))
+        # (Not client.retire_workers: Dask keeps a worker that holds a result it cannot move
+        # elsewhere, "the worker will not be retired", and the pass then ended well: seen under
+        # a loaded ctest -j2. The cluster scaled to none closes it whatever it holds.)
+        c.scale(0)
         t = time.monotonic()
         with pytest.raises(sf.Error, match="has no workers and no split finished") as info:
             for x in it:
