@@ -596,8 +596,7 @@ def _as_indices(items):
     if k is not None:
         raise GraphError(f"splitflow.dask.remote: item {k} is {big}, past the dataset indices "
                          f"(-2**63 .. 2**63 - 1)")
-    if a.size and a.dtype.kind not in "iu":
-        flat = list(np.asarray(seq, dtype=object).reshape(-1))
+    if a.size and a.dtype.kind not in "iu":  # (flat: the items as objects, made above)
         k, bad = next(((k, x) for k, x in enumerate(flat)
                        if isinstance(x, bool) or not isinstance(x, (int, np.integer))), (0, flat[0]))
         raise GraphError(
