@@ -186,12 +186,24 @@ py::object python_error(std::exception_ptr p) {
 
 // ---- runtime, graph, nodes ---------------------------------------------------------------------
 
+struct PyGraph;
+/// Whether `g`'s run is still going once the interpreter exits (RunRegistry::shut_down left it:
+/// a body inside a call that runs no bytecode): the graph is then never destroyed, as its
+/// destructor would wait for that run. Other objects wait for none.
+bool left_running_at_exit(const PyGraph* g) noexcept;
+template <class T>
+bool left_running_at_exit(const T*) noexcept {
+  return false;
+}
+
 /// Deletes with the GIL released when the deleting thread holds it: destructors that wait for
 /// runs must let the runs' Python stages take the GIL.
 template <class T>
 std::shared_ptr<T> make_released(std::unique_ptr<T> p) {
   return std::shared_ptr<T>(p.release(), [](T* x) {
+    if (left_running_at_exit(x)) return;  // (leaked at exit: see left_running_at_exit)
     if (PyGILState_Check()) {
+      if constexpr (requires { x->before_release(); }) x->before_release();
       NoGil nogil;
       delete x;
     } else {
@@ -229,8 +241,6 @@ struct PyRuntime {
   Runtime rt;
 };
 
-struct PyGraph;
-
 /// Cancels `run` and waits for it to end; its error, if any, is not raised (the caller is
 /// abandoning the run). Call without the GIL: its Python stages may need it to finish.
 void drain(const Run& run) noexcept {
@@ -264,14 +274,18 @@ struct RunRegistry {
     r.cancel();
   }
   /// A cancelled run's Python bodies get this long to return at interpreter exit before they
-  /// are interrupted (KeyboardInterrupt at their next bytecode, as Ctrl-C does in a loop).
+  /// are interrupted (KeyboardInterrupt at their next bytecode, as Ctrl-C does in a loop), and
+  /// as long again after that before the run is left behind.
   static constexpr std::chrono::seconds kExitGrace{2};
   /// Interpreter exit, once the exit gate is closed (no new runs, no Python on splitflow's
   /// threads): cancels every run (all first, so that they stop together), lets them end, and
   /// waits for the threads still inside the gate (Python stages finishing their call; readers
   /// woken by the cancel go to sleep). Python bodies still running after kExitGrace are
   /// interrupted: a body that never returns (a service's model stuck in a loop) held the
-  /// process at exit for ever, Ctrl-C included (a new user's trial). Without the GIL.
+  /// process at exit for ever, Ctrl-C included (a new user's trial). A body inside a call that
+  /// runs no bytecode (time.sleep, a blocking read, C code) cannot be interrupted: its run is
+  /// left behind kExitGrace later, named on stderr, and the process exits without it (before,
+  /// it waited for that call: for ever for a hung one). Without the GIL.
   void shut_down();
 };
 RunRegistry& registry() {
@@ -283,13 +297,32 @@ RunRegistry& registry() {
 /// (each gets a KeyboardInterrupt at its next bytecode, as the main thread would) instead of
 /// the run waiting for them to return. Used only with the GIL held: the GIL is its lock.
 struct BodyThreads {
-  std::unordered_map<unsigned long, int> running;  // thread id -> bodies running (nested: > 1)
+  struct Running {
+    int n = 0;                          // bodies running on the thread (nested: > 1)
+    const std::string* who = nullptr;   // the outermost's "stage 'x' of graph 'g'" (null: unnamed)
+  };
+  std::unordered_map<unsigned long, Running> running;  // thread id -> its bodies
   std::unordered_set<unsigned long> interrupted;
 
   /// Raises KeyboardInterrupt in every thread running a body of the graph (with the GIL).
   void interrupt() {
-    for (const auto& [tid, n] : running)
-      if (n > 0 && PyThreadState_SetAsyncExc(tid, PyExc_KeyboardInterrupt) > 0) interrupted.insert(tid);
+    for (const auto& [tid, r] : running)
+      if (r.n > 0 && PyThreadState_SetAsyncExc(tid, PyExc_KeyboardInterrupt) > 0) interrupted.insert(tid);
+  }
+  /// The bodies running now, named once each: "stage 'x' of graph 'g' (2 bodies)" (with the GIL).
+  std::string names() const {
+    std::vector<std::pair<std::string, int>> seen;
+    for (const auto& [tid, r] : running) {
+      if (r.n <= 0) continue;
+      const std::string who = r.who && !r.who->empty() ? *r.who : "a Python body";
+      auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& p) { return p.first == who; });
+      if (it == seen.end()) seen.emplace_back(who, 1); else ++it->second;
+    }
+    std::sort(seen.begin(), seen.end());
+    std::string out;
+    for (const auto& [who, n] : seen)
+      out += (out.empty() ? "" : ", ") + who + (n > 1 ? " (" + std::to_string(n) + " bodies)" : "");
+    return out;
   }
 };
 
@@ -319,12 +352,32 @@ void RunRegistry::shut_down() {
     copy.swap(runs);
     shut = true;
   }
+  std::string left;  // the bodies of the runs left behind
   if (still_running_after_grace(copy)) {
-    py::gil_scoped_acquire gil;  // (the exit gate is closed: WithGil would not take it)
-    interrupt_bodies(copy);
+    std::vector<std::string> names(copy.size());
+    {
+      py::gil_scoped_acquire gil;  // (the exit gate is closed: WithGil would not take it)
+      interrupt_bodies(copy);
+      for (std::size_t i = 0; i < copy.size(); ++i)
+        if (auto b = copy[i].bodies.lock()) names[i] = b->names();
+    }
+    const auto grace = std::chrono::steady_clock::now() + kExitGrace;
+    for (std::size_t i = 0; i < copy.size(); ++i) {
+      const auto rest = std::max<std::chrono::nanoseconds>(grace - std::chrono::steady_clock::now(), 0ns);
+      if (!copy[i].run.wait_for(rest))
+        left += (left.empty() ? "" : ", ") + (names[i].empty() ? std::string("a body") : names[i]);
+    }
   }
-  for (auto& e : copy) drain(e.run);
-  exit_gate::wait_empty(std::chrono::seconds(10));
+  for (auto& e : copy)
+    if (e.run.status() != RunStatus::running) drain(e.run);
+  if (!left.empty()) {
+    std::fprintf(stderr,
+                 "splitflow: exiting without waiting for %s: cancelled %lld s ago, still inside a "
+                 "call that Python cannot interrupt (time.sleep, a blocking read, C code)\n",
+                 left.c_str(), static_cast<long long>(2 * kExitGrace.count()));
+    std::fflush(stderr);
+  }
+  exit_gate::wait_empty(left.empty() ? std::chrono::milliseconds(10s) : std::chrono::milliseconds(200ms));
 }
 
 /// A Python body running on this thread (construct and destroy with the GIL held). On leaving,
@@ -332,12 +385,14 @@ void RunRegistry::shut_down() {
 /// reach other code on the thread.
 class BodyScope {
  public:
-  explicit BodyScope(BodyThreads* t) : t_(t), tid_(PyThread_get_thread_ident()) {
-    if (t_) ++t_->running[tid_];
+  BodyScope(BodyThreads* t, const std::string* who) : t_(t), tid_(PyThread_get_thread_ident()) {
+    if (!t_) return;
+    auto& r = t_->running[tid_];
+    if (r.n++ == 0) r.who = who;
   }
   ~BodyScope() {
     if (!t_) return;
-    if (--t_->running[tid_] == 0) t_->running.erase(tid_);
+    if (--t_->running[tid_].n == 0) t_->running.erase(tid_);
     if (t_->interrupted.erase(tid_)) PyThreadState_SetAsyncExc(tid_, nullptr);
   }
   BodyScope(const BodyScope&) = delete;
@@ -369,6 +424,9 @@ struct PyGraph {
   std::vector<HeldRef> held;
   Graph graph;
   std::optional<Run> last_run;  // the latest run started from Python (run(), iterate())
+  /// A run that Ctrl-C cancelled and left to end behind (end_on_ctrl_c): the graph's next run
+  /// waits for it to end (wait_for_abandoned) rather than be refused as "already running".
+  std::optional<Run> abandoned;
 
   /// Destroyed with its run going (its last reference dropped: a service's graph and run left
   /// in a function's locals): the run is cancelled, as Graph's destructor does, and Python
@@ -383,6 +441,10 @@ struct PyGraph {
     return held.back();
   }
 };
+
+bool left_running_at_exit(const PyGraph* g) noexcept {
+  return !exit_gate::open() && g->last_run && g->last_run->status() == RunStatus::running;
+}
 
 PyGraph::~PyGraph() {
   if (!last_run || last_run->status() != RunStatus::running) return;
@@ -433,6 +495,72 @@ void collectable_graph(PyHeapTypeObject* heap_type) {
 /// Python bodies too, so that the cancel that follows does not wait for them to return.
 void interrupt_bodies_on_ctrl_c(const std::shared_ptr<PyGraph>& g) {
   if (g && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) g->bodies->interrupt();
+}
+
+/// How long Ctrl-C waits for the run it cancels (end_on_ctrl_c).
+constexpr std::chrono::seconds kCtrlCGrace{1};
+
+/// A signal handler raised an exception while the caller waited for `run` (for x in sink,
+/// run.wait(); pending, with the GIL): the run is cancelled (through `sink`'s close() when
+/// given, so that the readers of the graph's other pull sinks are told who stopped it), its
+/// Python bodies interrupted on KeyboardInterrupt (each gets it at its next bytecode), and it
+/// gets kCtrlCGrace to end. A body inside a call that runs no bytecode (time.sleep, a blocking
+/// read, an Event's wait, C code) does not end by then: the run is left to end behind, when that
+/// call returns; stderr names the bodies, and the graph's next run waits for it
+/// (wait_for_abandoned). Before, the exception waited for those calls: a body hung in one held
+/// Ctrl-C for ever.
+void end_on_ctrl_c(const Run& run, const std::shared_ptr<PyGraph>& g, const PullSink<Value>* sink) {
+  if (!run.valid()) return;
+  interrupt_bodies_on_ctrl_c(g);
+  bool ended = false;
+  {
+    NoGil nogil;
+    if (sink && run.status() == RunStatus::running) sink->close();
+    run.cancel();
+    ended = run.wait_for(kCtrlCGrace);
+    if (ended) drain(run);  // (its error, if any, is not the caller's: it stopped the run)
+  }
+  if (ended || !g) return;
+  g->abandoned = run;
+  const std::string names = g->bodies->names();
+  std::fprintf(stderr,
+               "splitflow: graph '%s' was cancelled (Ctrl-C) and has not ended within %lld s: %s "
+               "still running, inside a call that Python cannot interrupt (time.sleep, a blocking "
+               "read, C code). It ends when that call returns; the graph's next run waits for "
+               "it.\n",
+               g->graph.name().c_str(), static_cast<long long>(kCtrlCGrace.count()),
+               names.empty() ? "a body is" : (names + (names.find(", ") == std::string::npos ? " is" : " are")).c_str());
+  std::fflush(stderr);
+}
+
+/// Before a run of `g` starts (with the GIL): a run that Ctrl-C left to end behind
+/// (end_on_ctrl_c) is waited for, in 50 ms slices that let Ctrl-C through, saying once on
+/// stderr what it waits for when that takes more than a second.
+void wait_for_abandoned(PyGraph& g) {
+  if (!g.abandoned) return;
+  const Run run = *g.abandoned;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool said = false;
+  for (;;) {
+    bool done = false;
+    {
+      NoGil nogil;
+      done = run.wait_for(50ms);
+      if (done) drain(run);
+    }
+    if (done) break;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (!said && std::chrono::steady_clock::now() - t0 >= 1s) {
+      said = true;
+      const std::string names = g.bodies->names();
+      std::fprintf(stderr,
+                   "splitflow: graph '%s' waits for its run cancelled by Ctrl-C to end before "
+                   "the next one starts: %s still running\n",
+                   g.graph.name().c_str(), names.empty() ? "a body" : names.c_str());
+      std::fflush(stderr);
+    }
+  }
+  g.abandoned.reset();
 }
 
 /// A node handle: its Value input and output ends (either may be null), and the graph.
@@ -865,7 +993,7 @@ struct PythonBody {
   std::shared_ptr<GilSampler> gil_sampler = std::make_shared<GilSampler>();  // the stage's
   Value operator()(Value v) const {
     BodyGil gil(gil_sampler.get());
-    BodyScope scope(threads.get());
+    BodyScope scope(threads.get(), &who);
     if (auto* b = std::get_if<BatchPtr>(&v)) return on_batch(std::move(*b));
     return call_python([&] { return from_python(fn->obj.get()(to_python(std::move(v)))); });
   }
@@ -917,9 +1045,12 @@ auto per_item(Op op) {
 struct PythonSource {
   HeldRef iterable;  // the graph's (PyGraph::hold)
   PyObj iterator;
+  std::shared_ptr<BodyThreads> threads = {};  // the graph's (Ctrl-C interrupts its bodies)
+  std::string who = {};  // "source 'n' of graph 'g'"
   std::shared_ptr<GilSampler> gil_sampler = std::make_shared<GilSampler>();
   std::optional<Value> operator()() {
     BodyGil gil(gil_sampler.get(), "a Python source");
+    BodyScope scope(threads.get(), &who);
     return call_python([&]() -> std::optional<Value> {
       if (!iterator) iterator = PyObj(py::iter(iterable->obj.get()));
       PyObject* next = PyIter_Next(iterator.get().ptr());
@@ -990,11 +1121,7 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
       }
     }
     if (PyErr_CheckSignals() != 0) {
-      interrupt_bodies_on_ctrl_c(graph);
-      {
-        NoGil nogil;
-        drain(run);
-      }
+      end_on_ctrl_c(run, graph, nullptr);
       throw py::error_already_set();
     }
     // A run whose pull sink is full and read by nobody waits for ever: say so, once. Checked
@@ -1035,6 +1162,10 @@ struct PullIterator {
   Reader reader;
   std::shared_ptr<PyNode> node;
   Run run;
+  /// Whether the run is the iterator's own (Graph.iterate) or the graph's run that `for x in
+  /// sink` reads (Graph.run, then the sink): that one is cancelled by leaving the loop only once
+  /// an item was taken, as C++'s range-for over a PullSink does.
+  bool own = true;
   bool finished = false;
   std::optional<std::uint64_t> item;  // the number in its run of the item last returned
 
@@ -1062,8 +1193,7 @@ struct PullIterator {
       }
       if (PyErr_CheckSignals() != 0) {
         finished = true;
-        interrupt_bodies_on_ctrl_c(node->graph);
-        cancel_and_wait();
+        end_on_ctrl_c(run, node->graph, &*node->pull);
         throw py::error_already_set();
       }
       // A loop that has waited kStuckSlices for one item says once, on stderr, what the run's
@@ -1077,10 +1207,58 @@ struct PullIterator {
     }
   }
   static constexpr int kStuckSlices = 20 * 120;  // 50 ms slices: 120 s
-  void cancel_and_wait() {
-    if (!run.valid()) return;
-    NoGil nogil;
-    close_and_drain();
+  /// How long closing a run waits for its bodies before it says what it waits for.
+  static constexpr std::chrono::seconds kCloseNote{3};
+  /// close(), or the iterator let go of with the GIL (a break): ends the run (close_and_drain)
+  /// and waits for it, with the GIL released in 50 ms slices that let Ctrl-C through. After
+  /// kCloseNote stderr names the bodies it waits for; a Ctrl-C then leaves the run to end behind
+  /// (end_on_ctrl_c) and returns false, KeyboardInterrupt pending. Before, a body that never
+  /// returned held close() (GraphDataset's, when a DataLoader loop stops) and Ctrl-C for ever.
+  bool close_and_wait() {
+    if (!run.valid()) return true;
+    {
+      NoGil nogil;
+      if (run.status() == RunStatus::running) node->pull->close();
+      run.cancel();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    bool said = false;
+    for (;;) {
+      bool done = false;
+      {
+        NoGil nogil;
+        done = run.wait_for(50ms);
+        if (done) drain(run);
+      }
+      if (done) return true;
+      if (PyErr_CheckSignals() != 0) {
+        end_on_ctrl_c(run, node->graph, nullptr);
+        return false;
+      }
+      if (!said && std::chrono::steady_clock::now() - t0 >= kCloseNote) {
+        said = true;
+        const std::string names = node->graph->bodies->names();
+        std::fprintf(stderr,
+                     "splitflow: closing a run of graph '%s' waits for %s, still running %lld s "
+                     "after its cancel; Ctrl-C leaves the run to end behind\n",
+                     node->graph->graph.name().c_str(), names.empty() ? "its stages" : names.c_str(),
+                     static_cast<long long>(kCloseNote.count()));
+        std::fflush(stderr);
+      }
+    }
+  }
+  /// Before the iterator is deleted by its last reference, with the GIL (make_released): a loop
+  /// left early ends the run here, as close() does; a Ctrl-C during that wait leaves the run
+  /// behind and is raised again at the next bytecode (a destructor cannot raise it).
+  void before_release() {
+    if (finished || !run.valid() || !python_alive() || !exit_gate::open() || (!own && !item) ||
+        run.status() != RunStatus::running)
+      return;
+    finished = true;
+    if (!close_and_wait()) {
+      PyErr_Clear();
+      PyErr_SetInterrupt();
+    }
   }
   /// The reader stops (a break, close(), Ctrl-C): the run ends as its sink's close() ends it,
   /// so that the readers of the graph's other pull sinks are told who stopped it. Without the GIL.
@@ -1090,19 +1268,37 @@ struct PullIterator {
     drain(run);
   }
   // Leaving a loop early ends the run before the loop statement returns, so that the graph can
-  // run again at once. (make_released deletes iterators with the GIL released: waiting here
+  // run again at once: before_release does, with the GIL; here the rest (a last reference let go
+  // of without the GIL). (make_released deletes iterators with the GIL released: waiting here
   // lets the run's Python stages take it.)
   ~PullIterator() {
-    if (finished || !run.valid() || !python_alive()) return;
-    if (run.status() == RunStatus::running) {
-      if (PyGILState_Check()) {
-        cancel_and_wait();
-      } else {
-        close_and_drain();
-      }
-    }
+    if (finished || !run.valid() || !python_alive() || (!own && !item)) return;
+    if (run.status() == RunStatus::running) close_and_drain();
   }
 };
+
+/// PullIterator's dealloc. An iterator dropped while a KeyboardInterrupt leaves its loop (Ctrl-C
+/// landed in the loop's own code: `for x in g.iterate(o): step(x)`, the error still set as the
+/// loop's frame unwinds) ends its run as Ctrl-C in next() does (end_on_ctrl_c: interrupted
+/// bodies, a bounded wait, a hung body left behind); before, the iterator's destructor waited for
+/// the run's end, for ever behind a hung body. Other drops (a break, another exception) wait for
+/// the end as before: the loop statement returns with the run over.
+void ctrl_c_aware_iterator(PyHeapTypeObject* heap_type) {
+  heap_type->ht_type.tp_dealloc = [](PyObject* self) {
+    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) && python_alive()) {
+      auto* inst = reinterpret_cast<py::detail::instance*>(self);
+      auto vh = inst->get_value_and_holder();
+      if (vh.holder_constructed()) {
+        if (const auto& it = vh.holder<std::shared_ptr<PullIterator>>();
+            it && !it->finished && it->run.valid() && (it->own || it->item)) {
+          it->finished = true;
+          end_on_ctrl_c(it->run, it->node->graph, &*it->node->pull);
+        }
+      }
+    }
+    py::detail::pybind11_object_dealloc(self);
+  };
+}
 
 // ---- stats as Python dicts --------------------------------------------------------------------------
 
@@ -1610,7 +1806,13 @@ waiting at once.)doc")
       })
       .def("__iter__", [](std::shared_ptr<PyNode> n) {
         if (!n->pull) throw GraphError("splitflow: only a pull sink can be iterated ('" + n->name + "')");
-        return make_released(std::make_unique<PullIterator>(n));
+        auto it = std::make_unique<PullIterator>(n);
+        // The graph's run going now is the one it reads: Ctrl-C, close() and leaving the loop
+        // early cancel that one (before, nothing cancelled it: the run went on, its sink full,
+        // and the graph's next run was refused as "already running").
+        it->own = false;
+        if (const auto& last = n->graph->last_run; last && last->status() == RunStatus::running) it->run = *last;
+        return make_released(std::move(it));
       }, "Iterates the items of the graph's current run (pull sinks only).")
       .def("__repr__", [](const PyNode& n) { return "<splitflow.Node " + n.name + ">"; })
       .def("first", [](const PyNode& n) {
@@ -1629,7 +1831,7 @@ waiting at once.)doc")
       .def("withdrawn", [](const PyCompletion& c) { return c.c->withdrawn(); },
            "Whether its item's run was cancelled or failed (an answer now does nothing).");
 
-  py::class_<PullIterator, std::shared_ptr<PullIterator>>(m, "PullIterator")
+  py::class_<PullIterator, std::shared_ptr<PullIterator>>(m, "PullIterator", py::custom_type_setup(ctrl_c_aware_iterator))
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PullIterator::next)
       .def_property_readonly("item", [](const PullIterator& it) { return it.item; },
@@ -1645,9 +1847,10 @@ waiting at once.)doc")
       .def("close", [](PullIterator& it) {
         if (!it.finished) {
           it.finished = true;
-          it.cancel_and_wait();
+          if (!it.close_and_wait()) throw py::error_already_set();
         }
-      }, "Cancels the run if it is still going.");
+      }, "Cancels the run if it is still going, and waits for its end (Ctrl-C: see "
+         "docs/architecture.md, \"The Python layer\").");
 
   py::class_<PyRun, std::shared_ptr<PyRun>>(m, "Run", "A run of a graph: wait(), cancel(), stats().")
       .def("wait", [](PyRun& r, std::optional<double> timeout) -> py::object {
@@ -1807,7 +2010,8 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         std::string fed_by;
         if (py::object f = py::getattr(iterable, "splitflow_fed_by", py::none()); py::isinstance<py::str>(f))
           fed_by = f.cast<std::string>();
-        auto s = g->graph.source(name, PythonSource{g->hold(std::move(iterable)), {}});
+        auto s = g->graph.source(name, PythonSource{g->hold(std::move(iterable)), {}, g->bodies,
+                                                 "source '" + name + "' of graph '" + g->graph.name() + "'"});
         if (!fed_by.empty()) s.fed_by(std::move(fed_by));
         return std::make_shared<PyNode>(PyNode{g, name, nullptr, &s.out_port(), std::nullopt});
       }, py::arg("name"), py::arg("iterable"),
@@ -2090,7 +2294,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       "as C++'s Concurrency::automatic). order, on_error and field (the op takes that field of each sample, the others pass through) as "
       "for stage().")
       .def("sink", [](std::shared_ptr<PyGraph> g, std::string name, py::object body) {
-        PythonBody b{g->hold(std::move(body)), g->bodies};
+        PythonBody b{g->hold(std::move(body)), g->bodies, "sink '" + name + "' of graph '" + g->graph.name() + "'"};
         auto s = g->graph.sink<Value>(name, [b](Value v) { (void)b(std::move(v)); });
         return std::make_shared<PyNode>(PyNode{g, name, &s.in_port(), nullptr, std::nullopt});
       }, py::arg("name"), py::arg("body"), "A sink calling a Python callable on each item.")
@@ -2130,6 +2334,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
       .def("connect", [](PyGraph&, const PyNode& a, const PyNode& b) { connect_nodes(a, b); })
       .def("run", [](std::shared_ptr<PyGraph> g) {
         if (!exit_gate::open()) throw_exiting(("splitflow.Graph.run('" + g->graph.name() + "')").c_str());
+        wait_for_abandoned(*g);
         starting_a_run();
         auto r = std::make_shared<PyRun>();
         r->graph = g;
@@ -2151,6 +2356,7 @@ it); C++ ops (splitflow.ops) run without it, in parallel.)doc", py::custom_type_
         // run() + an iterator over `sink` that owns the run: leaving the loop early cancels it.
         if (!sink->pull) throw GraphError("splitflow.Graph.iterate: '" + sink->name + "' is not a pull sink");
         if (!exit_gate::open()) throw_exiting(("splitflow.Graph.iterate('" + g->graph.name() + "')").c_str());
+        wait_for_abandoned(*g);
         starting_a_run();
         auto it = std::make_unique<PullIterator>(sink);
         {

@@ -4,6 +4,7 @@ source that raises midway: a clear error naming the stage and item (or the inter
 the run ended, the interpreter and the runtime usable afterwards."""
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -192,6 +193,175 @@ def test_ctrl_c_interrupts_a_running_python_body_promptly(rt, how):
     o2 = h.pull_sink("out")
     h.source("s", list(range(50))) >> h.stage("py", busy(0.002), concurrency=2) >> o2
     assert sorted(h.iterate(o2)) == list(range(50))
+
+
+def hangs_at(n, released, ready, entered=None):
+    """A body that, on item n (setting `entered`), once `ready` is set (the reader has taken
+    the items before n), presses Ctrl-C (as a signal would: the main thread raises
+    KeyboardInterrupt at its next check) and then waits on `released`, an Event: a call that
+    runs no bytecode, so the KeyboardInterrupt splitflow sends the graph's bodies cannot end it."""
+    import _thread
+
+    def body(x):
+        if x == n and not released.is_set():
+            if entered is not None:
+                entered.set()
+            ready.wait()
+            _thread.interrupt_main()
+            released.wait()
+        return x
+    return body
+
+
+# Ctrl-C while a body waits inside a call Python cannot interrupt (an Event's wait here; a
+# time.sleep, a blocking read, C code): the KeyboardInterrupt came only once that call returned,
+# for ever if it never did, in `for x in g.iterate(o)` (from next() and from the loop's own
+# code, which dropped the iterator and waited for the run); `run = g.run(); for x in sink`
+# raised at once but never cancelled the run, and the next run was refused "already running".
+# Now the run is cancelled and given a second; a body still inside such a call is left to end
+# behind, named on stderr, and the graph's next run waits for it.
+@pytest.mark.parametrize("how", ["iterate", "sink", "wait"])
+def test_ctrl_c_is_not_held_by_a_body_inside_a_call_python_cannot_interrupt(rt, how, capfd):
+    released, ready = threading.Event(), threading.Event()
+    watchdog = threading.Timer(30, released.set)  # (the old behaviour: KeyboardInterrupt at 30 s)
+    watchdog.start()
+    g = sf.Graph(rt, f"hung-{how}")
+    src = g.source("s", range(10)) >> g.stage("slow", hangs_at(3, released, ready))
+    got = []
+
+    def keep(x):
+        got.append(x)
+        if x == 2 and how != "wait":
+            ready.set()
+    if how == "wait":
+        src >> g.sink("keep", keep)
+    else:
+        out = g.pull_sink("out")
+        src >> out
+    # The main thread keeps the GIL from ready.set() until it waits (in next() or run.wait(),
+    # which release it): no switch interval passes meanwhile, so the interrupt lands in the wait.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if how == "iterate":
+                for x in g.iterate(out):
+                    keep(x)
+            elif how == "sink":
+                run = g.run()
+                for x in out:
+                    keep(x)
+            else:
+                run = g.run()
+                ready.set()
+                run.wait()
+        sys.setswitchinterval(interval)
+        assert not released.is_set(), "KeyboardInterrupt waited for the body to return"
+        assert g.running()  # the run ends when the body returns
+        err = capfd.readouterr().err
+        assert f"graph 'hung-{how}' was cancelled (Ctrl-C) and has not ended within 1 s: stage " \
+               f"'slow' of graph 'hung-{how}' is still running" in err
+        assert "the graph's next run waits for it" in err
+    finally:
+        sys.setswitchinterval(interval)
+        released.set()
+        watchdog.cancel()
+    if how == "sink":
+        assert run.wait(timeout=30) in ("cancelled", "failed")
+    # The next run waits for the one left behind (not refused as "already running") and sees
+    # every item; no stray interrupt reaches its bodies.
+    got.clear()
+    if how == "wait":
+        assert g.run().wait(timeout=30) == "succeeded"
+    else:
+        got = list(g.iterate(out))
+    assert got == list(range(10))
+
+
+# A loop left early (break) cancels its run and waits for its end, as before; behind a body
+# inside a call Python cannot interrupt it said nothing and held Ctrl-C for ever. Now it says
+# after 3 s what it waits for, and a Ctrl-C meanwhile leaves the run behind: KeyboardInterrupt
+# is raised just after the break.
+def test_ctrl_c_while_a_break_waits_for_a_hung_body_leaves_the_run_behind(rt, capfd):
+    released, ready, entered = threading.Event(), threading.Event(), threading.Event()
+    watchdog = threading.Timer(30, released.set)  # (the old behaviour: the break returned at 30 s)
+    watchdog.start()
+    g = sf.Graph(rt, "hung-break")
+    out = g.pull_sink("out")
+    g.source("s", range(10)) >> g.stage("slow", hangs_at(3, released, ready, entered)) >> out
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30)  # (the GIL stays with the main thread from ready.set() to the wait)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for x in g.iterate(out):
+                if x == 2:
+                    entered.wait()
+                    ready.set()
+                    break
+            sys.setswitchinterval(interval)
+            end = time.monotonic() + 60
+            while time.monotonic() < end:  # the interrupt raised again after the break lands here
+                pass
+        assert not released.is_set(), "the break waited for the body to return"
+        assert g.running()
+        assert "graph 'hung-break' was cancelled (Ctrl-C) and has not ended within 1 s" in capfd.readouterr().err
+    finally:
+        sys.setswitchinterval(interval)
+        released.set()
+        watchdog.cancel()
+    assert list(g.iterate(out)) == list(range(10))
+
+
+# `run = g.run(); for x in sink` then leaving the loop early (break, close()) cancels the run,
+# as docs/api.md says and as C++'s range-for over a PullSink does; before, nothing cancelled it:
+# the run went on until its sink was full, and the next run was refused as "already running".
+# An iterator that took no item cancels nothing when dropped (C++ alike).
+def test_leaving_a_loop_over_a_runs_sink_early_cancels_that_run(rt):
+    g = sf.Graph(rt, "sink-break")
+    out = g.pull_sink("out", capacity=4)
+    g.source("s", range(1000)) >> g.stage("id", lambda x: x) >> out
+    run = g.run()
+    for x in out:
+        break
+    assert run.wait(timeout=30) == "cancelled"
+    run = g.run()
+    it = iter(out)
+    assert next(it) == 0
+    it.close()
+    assert run.wait(timeout=30) == "cancelled"
+    run = g.run()
+    del it
+    iter(out)  # taken nothing: the run goes on
+    assert list(out) == list(range(1000))
+    assert run.wait(timeout=30) == "succeeded"
+
+
+# Interpreter exit with a run whose body is inside a call Python cannot interrupt: the exit
+# hook cancels the run, interrupts its bodies, and leaves it 4 s later, naming the body;
+# before, the process waited for that call: for ever for a hung one (Ctrl-C included).
+def test_interpreter_exit_leaves_behind_a_body_python_cannot_interrupt():
+    import subprocess
+    import textwrap
+    script = textwrap.dedent("""
+        import threading, splitflow as sf
+        forever = threading.Event()
+        def body(x):
+            if x == 3:
+                forever.wait()
+            return x
+        rt = sf.Runtime(threads=2, backend="host")
+        g = sf.Graph(rt, "stuck")
+        out = g.pull_sink("out")
+        g.source("n", range(10)) >> g.stage("slow", body) >> out
+        it = g.iterate(out)
+        print([next(it) for _ in range(3)], flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[0, 1, 2]\n"
+    assert "splitflow: exiting without waiting for stage 'slow' of graph 'stuck': cancelled 4 s " \
+           "ago, still inside a call that Python cannot interrupt" in done.stderr
 
 
 def test_runtime_shares_its_device_through_an_arbiter():
