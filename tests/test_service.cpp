@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <splitflow/ops/ops.hpp>
 #include <splitflow/serving/service.hpp>
@@ -947,6 +948,31 @@ TEST(Service, ARequestAdmittedAsTheRunEndsIsFailedOnceNeverAlsoRefused) {
     EXPECT_EQ(s.failed, 1u);
     EXPECT_EQ(s.rejected, 0u);
   }
+}
+
+// The Runtime destroyed under a serving graph ends its run; a submit then says the graph cannot
+// run again (it said "run() the graph again to serve again", and run() then threw "the
+// graph's Runtime has been destroyed": a new C++ user's trial).
+TEST(Service, ASubmitAfterItsRuntimeIsDestroyedSaysTheGraphCannotRunAgain) {
+  auto rt = std::make_unique<Runtime>(host(2));
+  Graph g(*rt, "orphaned");
+  auto svc = g.service<int, int>("requests", {.max_pending = 4});
+  svc.source() >> g.stage("inc", [](int x) { return x + 1; }) >> svc.sink();
+  auto run = g.run();
+  EXPECT_EQ(svc.submit(1).get(), 2);
+  rt.reset();
+  try {
+    svc.submit(2);
+    ADD_FAILURE() << "a request was taken after its Runtime was destroyed";
+  } catch (const GraphError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("its graph's Runtime was destroyed, which ended the run; the graph cannot "
+                        "run again"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("run() the graph again"), std::string::npos) << what;
+  }
+  EXPECT_THROW(g.run(), GraphError);
 }
 
 // A Service is a handle: a copy kept by a client thread may outlive its Graph (a server's

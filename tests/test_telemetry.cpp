@@ -442,6 +442,42 @@ RunStats planted_gpu_run() {
 }
 }  // namespace
 
+// A GPU stage with an output ring only (ring_item_bytes 0: no input ring), full: the results
+// a reader keeps hold its room (docs/architecture.md). The diagnosis names the output ring and
+// says what to do; the producer is blocked behind the GPU stage. It said "blocked by the pinned
+// ring into 'model'" (which has none) with no advice, and the report's ring line "ring into
+// 'model' ... producers waited" (a new C++ user's trial).
+TEST(Diagnosis, AFullOutputRingIsNamedAsTheOutputRingWithWhatToDo) {
+  RunStats st = planted_gpu_run();
+  StageStats& model = st.stages[1];
+  model.busy_ns = 950'000'000;
+  model.ring_capacity = 4 << 20;
+  model.ring_item_bytes = 0;
+  model.ring_max_in_use = 4 << 20;
+  model.ring_refusals = 40;
+  model.ring_wait_ns = 900'000'000;
+  const Diagnosis d = diagnose(st, std::nullopt);
+  EXPECT_EQ(d.bottleneck, "model") << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "the pinned output ring of GPU stage 'model' is full: its bursts "
+                                   "waited 900.0 ms (90% of the run, 40 refusals) for room (at "
+                                   "most 4.0 MiB of its 4.0 MiB in use)"))
+      << join(d.findings);
+  EXPECT_TRUE(contains(d.findings, "stage 'load' is blocked 50% of the run behind GPU stage "
+                                   "'model', whose pinned output ring is full"))
+      << join(d.findings);
+  EXPECT_FALSE(contains(d.findings, "ring into")) << join(d.findings);
+  EXPECT_TRUE(contains(d.suggestions, "or leave GpuStageOptions::out_ring_bytes of 'model' at 0"))
+      << join(d.suggestions);
+  const std::string text = report(st);
+  EXPECT_NE(text.find("output ring of 'model': 4.0 MiB capacity"), std::string::npos) << text;
+  EXPECT_NE(text.find("40 refusals, its bursts waited 900.0 ms"), std::string::npos) << text;
+  // With an input ring the same figures are the input ring's, named so.
+  model.ring_item_bytes = 4096;
+  const std::string with_input = report(st);
+  EXPECT_NE(with_input.find("ring into 'model'"), std::string::npos) << with_input;
+  EXPECT_NE(with_input.find("producers waited 900.0 ms"), std::string::npos) << with_input;
+}
+
 // A CPU chain under backpressure: src >> cheap (2 at once) >> slow (serial, busy 99.5%) >>
 // pull sink. The source is blocked behind 'cheap' and 'cheap' behind 'slow': the bottleneck is
 // 'slow', the last stage of the chain not blocked itself, with the suggestion to raise its
@@ -1121,4 +1157,31 @@ TEST(Prometheus, ExpositionTextIsWellFormed) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("splitflow_stage_latency_seconds{"), std::string::npos);
+}
+
+// Label values are UTF-8 whatever bytes a name holds, as in the JSON summary: each ill-formed
+// part becomes one U+FFFD, the same parts as the JSON's (a graph named "\xff\xfe" made the whole
+// text unreadable as UTF-8: a new C++ user's trial); well-formed multi-byte names stay as they
+// are.
+TEST(Prometheus, LabelValuesAreUtf8WhateverBytesANameHolds) {
+  Runtime rt({.threads = 1});
+  // Two bytes that begin nothing; a well-formed e-acute; a truncated 3-byte sequence (one
+  // part); an overlong '/' (two); a surrogate (three); a 4-byte sequence cut by the end (one).
+  Graph g(rt, "bad\xff\xfe|caf\xc3\xa9|\xe2\x82|\xc0\xaf|\xed\xa0\x80|\xf0\x9f\x98");
+  auto src = g.source("n", counter(3));
+  auto sink = g.sink("s\x80", [](long) {});
+  src >> sink;
+  auto run = g.run();
+  run.wait();
+  const std::string text = prometheus_text(run.stats());
+  const std::string r = "\xef\xbf\xbd";
+  const std::string graph = "bad" + r + r + "|caf\xc3\xa9|" + r + "|" + r + r + "|" + r + r + r + "|" + r;
+  EXPECT_NE(text.find("splitflow_stage_items_total{graph=\"" + graph + "\",stage=\"s" + r +
+                      "\",direction=\"in\"} 3"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find('\xff'), std::string::npos);
+  // The JSON summary writes the same name.
+  EXPECT_NE(to_json(run.stats()).find("\"graph\":\"" + graph + "\""), std::string::npos)
+      << to_json(run.stats());
 }

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "backend.hpp"
+#include "splitflow/core/detail/text.hpp"
 #include "splitflow/core/error.hpp"
 #include "splitflow/device/arbiter.hpp"
 
@@ -982,15 +983,7 @@ std::string arbiters_prometheus(const std::vector<ArbiterView>& views) {
   auto help = [&](const char* metric, const char* type, const char* text) {
     o += fmt::format("# HELP {} {}\n# TYPE {} {}\n", metric, text, metric, type);
   };
-  auto label = [](const std::string& s) {
-    std::string r;
-    for (char c : s) {
-      if (c == '"' || c == '\\') r += '\\';
-      if (c == '\n') { r += "\\n"; continue; }
-      r += c;
-    }
-    return r;
-  };
+  auto label = [](const std::string& s) { return detail::prometheus_label(s); };
   help("splitflow_arbiter_capacity", "gauge", "Bursts the device runs at once across processes.");
   for (const auto& v : views)
     o += fmt::format("splitflow_arbiter_capacity{{arbiter=\"{}\"}} {}\n", label(v.name), v.capacity);

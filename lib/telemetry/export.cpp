@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "splitflow/core/detail/text.hpp"
 #include "splitflow/telemetry/export.hpp"
 #include "splitflow/telemetry/stats.hpp"
 #include "splitflow/telemetry/telemetry.hpp"
@@ -148,19 +149,10 @@ Json device_json(const DeviceStats& d) {
   return j;
 }
 
-// Prometheus label values escape backslash, quote and newline.
-std::string label(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
+// Prometheus label values: UTF-8 (a name may hold any bytes: a graph named with bytes that are
+// not UTF-8 made the whole text unreadable, a new user's trial), backslash, quote and newline
+// escaped.
+std::string label(const std::string& s) { return detail::prometheus_label(s); }
 
 }  // namespace
 

@@ -218,6 +218,24 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
     const double ring_wait = frac(g.ring_wait_ns, wall);
     const bool ring_blocks = g.ring_capacity > 0 && g.ring_refusals > 0 && ring_wait > 0.1 &&
                              producers_blocked(st, g.name) > 0.3;
+    // Only an output ring (no input ring: ring_item_bytes is the input ring's), full: its room is
+    // held by results not let go of downstream (docs/architecture.md, "Results kept from an
+    // output ring hold it"). It was reported as "the pinned ring into" the stage, with no
+    // advice: a new C++ user's trial.
+    if (g.ring_capacity > 0 && g.ring_item_bytes == 0 && g.ring_refusals > 0 && ring_wait > 0.1) {
+      if (d.bottleneck.empty()) d.bottleneck = g.name;
+      d.findings.push_back(fmt::format(
+          "the pinned output ring of GPU stage '{}' is full: its bursts waited {} ({} of the run, "
+          "{} refusals) for room (at most {} of its {} in use), held by its results downstream",
+          g.name, ms(g.ring_wait_ns), pct(ring_wait), g.ring_refusals,
+          mib(static_cast<double>(g.ring_max_in_use)), mib(static_cast<double>(g.ring_capacity))));
+      d.suggestions.push_back(fmt::format(
+          "copy the results of '{}' that are kept into memory of their own (HostTensor::empty and "
+          "a memcpy; NumPy's np.array(x)), or leave GpuStageOptions::out_ring_bytes of '{}' at 0: "
+          "a result from its output ring holds its room until its last copy is gone",
+          g.name, g.name));
+      continue;
+    }
     if (ring_blocks && (starved > 0.2 || used < 0.5 * static_cast<double>(g.concurrency_limit))) {
       // The GPU stage waits for input while its producers wait for ring space: the ring is in
       // the way.
@@ -344,7 +362,11 @@ Diagnosis diagnose(const RunStats& st, const std::optional<DeviceStats>& device)
       if (cs && (!by || saturation(*cs, wall) > saturation(*by, wall))) by = cs;
     }
     if (!by) continue;
-    if (by->ring_capacity > 0 && by->ring_refusals > 0) {
+    if (by->ring_capacity > 0 && by->ring_refusals > 0 && by->ring_item_bytes == 0) {
+      d.findings.push_back(fmt::format("stage '{}' is blocked {} of the run behind GPU stage '{}', "
+                                       "whose pinned output ring is full",
+                                       s.name, pct(blocked), by->name));
+    } else if (by->ring_capacity > 0 && by->ring_refusals > 0) {
       d.findings.push_back(fmt::format("stage '{}' is blocked {} of the run by the pinned ring "
                                        "into '{}'",
                                        s.name, pct(blocked), by->name));
@@ -471,11 +493,13 @@ std::string report(const RunStats& st, const std::optional<DeviceStats>& device)
         st.gpu.staging_copies);
     for (const auto& s : st.stages)
       if (s.ring_capacity > 0)
-        out += fmt::format("ring into '{}': {} capacity, {} mean / {} max in use, {} wraps, {} "
-                           "refusals, producers waited {}\n",
+        out += fmt::format("{} '{}': {} capacity, {} mean / {} max in use, {} wraps, {} "
+                           "refusals, {} waited {}\n",
+                           s.ring_item_bytes == 0 ? "output ring of" : "ring into",
                            s.name, mib(static_cast<double>(s.ring_capacity)),
                            mib(s.ring_mean_in_use), mib(static_cast<double>(s.ring_max_in_use)),
-                           s.ring_wraps, s.ring_refusals, ms(s.ring_wait_ns));
+                           s.ring_wraps, s.ring_refusals,
+                           s.ring_item_bytes == 0 ? "its bursts" : "producers", ms(s.ring_wait_ns));
   }
   if (device)
     out += fmt::format("device: {}: busy {} of {}, held/busy {:.2f}, streams {} ({:.1f} leased "

@@ -79,8 +79,11 @@ inline constexpr std::chrono::milliseconds kMaxAutotuneWindow = std::chrono::hou
 /// Per-graph policy.
 struct GraphOptions {
   /// Items admitted by the sources and not yet consumed by a sink (like oneTBB's
-  /// max_number_of_live_tokens). A fan-out copy counts as one more item (while a fan-out
-  /// copies, the item and its copies are alive at once: one object more than counted); a batch formed of
+  /// max_number_of_live_tokens). A fan-out copy counts as one more item, from when it is made:
+  /// the sources admit again only once the count is back under the limit, but the copies of
+  /// items already admitted are made and counted past it, so behind a fan-out to k consumers up
+  /// to k times max_in_flight items may be alive (while a fan-out copies, the item and its
+  /// copies are alive at once: one object more than counted); a batch formed of
   /// items counts as one from then on (its items are not counted apart: behind a batch of n,
   /// up to about n times as many source items may be alive: docs/autotune.md, "Memory").
   std::size_t max_in_flight = 256;

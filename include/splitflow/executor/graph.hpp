@@ -462,9 +462,9 @@ class Graph {
   auto stage(std::string name, F body, StageOptions options = {}) {
     using I = typename detail::input_type<In, F>::type;
     static_assert(std::is_invocable_v<F&, I&&> || std::is_invocable_v<F&, I&&, HostAllocator&>,
-                  "splitflow::Graph::stage: the body cannot be called with the input type "
-                  "(items arrive as rvalues: take the input by value, as const In& or In&&, "
-                  "not In&)");
+                  "splitflow::Graph::stage: the body cannot be called with one item of the "
+                  "input type: it takes one item (or one item and a HostAllocator&), which "
+                  "arrives as an rvalue: by value, as const In& or In&&, not In&");
     using Out = typename detail::stage_output<F, I>::type;
     static_assert(!std::is_void_v<Out>,
                   "splitflow::Graph::stage: the body returns nothing; use sink() for a body "
@@ -594,9 +594,9 @@ class Graph {
   auto sink(std::string name, F body, StageOptions options = {}) {
     using I = typename detail::input_type<In, F>::type;
     static_assert(std::is_invocable_v<F&, I&&>,
-                  "splitflow::Graph::sink: the body cannot be called with the input type "
-                  "(items arrive as rvalues: take the input by value, as const In& or In&&, "
-                  "not In&)");
+                  "splitflow::Graph::sink: the body cannot be called with one item of the "
+                  "input type: it takes one item, which arrives as an rvalue: by value, as "
+                  "const In& or In&&, not In&");
     if (options.blocking)
       throw GraphError("splitflow::Graph::sink('" + name + "'): StageOptions::blocking is for "
                        "Graph::stage; a sink that waits can be a blocking stage into a sink");

@@ -426,6 +426,11 @@ class PushSourceNode final : public Emitter<In> {
     if (phase_ == Phase::running && !accepting_ && !this->graph().stopping())
       return "the service was closed (its run ends once every request taken is answered; run() "
              "the graph again to serve again)";
+    // (After its Runtime's destruction it said "run() the graph again", which then threw: a
+    // new C++ user's trial.)
+    if (this->graph().ended_by_runtime())
+      return "its graph's Runtime was destroyed, which ended the run; the graph cannot run again "
+             "(a new Runtime and graph can serve)";
     return "its graph's run ended (it finished, was cancelled or failed) or is ending; run() the "
            "graph again to serve again";
   }

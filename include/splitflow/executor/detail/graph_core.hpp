@@ -119,6 +119,11 @@ class GraphCore {
 
   // ---- hot path, called by nodes --------------------------------------------------------------
   bool stopping() const noexcept { return stop_.load(std::memory_order_acquire); }
+  /// Whether the destruction of the graph's Runtime ended its last run (a service's refusal
+  /// then says that running it again cannot serve again).
+  bool ended_by_runtime() const noexcept {
+    return stop_reason_.load() == StopReason::cancelled && cancel_cause_.load() == CancelCause::runtime_end;
+  }
   void add_items(std::uint64_t n) noexcept {
     pending_.fetch_add(n << kItemShift, std::memory_order_relaxed);
   }

@@ -341,7 +341,10 @@ class Emitter : public NodeBase {
         graph().add_items(n * (consumers - 1));
         Scratch<Envelope<Out>> copy;
         for (std::size_t i = 0; i + 1 < consumers; ++i) {
-          copy->assign(out.begin(), out.end());
+          // Copy-constructed one by one: an item type need not be copy-assignable (assign()
+          // needed it: a type with a deleted copy assignment did not compile, even without a
+          // fan-out, a new C++ user's trial).
+          for (const auto& e : out) copy->push_back(e);
           targets_[i]->push(*copy, w, produced, *this);
           copy->clear();
         }
