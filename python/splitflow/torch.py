@@ -983,11 +983,17 @@ class GraphDataset(_data.IterableDataset):
             _name_dataset_index(e, run_indices)
             raise
         finally:
-            it.close()  # an early break or an exception cancels the run
-            if remote is not None:
-                # Its splits still in flight are released now, and its figures end with the
-                # run (left to the next epoch, they held the workers' results and aged).
-                remote.close()
+            try:
+                # An early break or an exception cancels the run. (A Ctrl-C while this waits for
+                # a body that cannot be interrupted leaves the run behind and raises here: in a
+                # loop left early the generator's finaliser runs this, and Python reports that
+                # KeyboardInterrupt as ignored; the loop has ended.)
+                it.close()
+            finally:
+                if remote is not None:
+                    # Its splits still in flight are released now, and its figures end with the
+                    # run (left to the next epoch, they held the workers' results and aged).
+                    remote.close()
         if info is not None:
             _warn_skipped(self.last_run, info.id)
         if not making_up and not self._probing:

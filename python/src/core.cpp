@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <atomic>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -202,8 +204,11 @@ template <class T>
 std::shared_ptr<T> make_released(std::unique_ptr<T> p) {
   return std::shared_ptr<T>(p.release(), [](T* x) {
     if (left_running_at_exit(x)) return;  // (leaked at exit: see left_running_at_exit)
+    if constexpr (requires { x->before_release(); })
+      if (PyGILState_Check()) x->before_release();
+    if constexpr (requires { x->deleted_behind(); })
+      if (x->deleted_behind()) return;
     if (PyGILState_Check()) {
-      if constexpr (requires { x->before_release(); }) x->before_release();
       NoGil nogil;
       delete x;
     } else {
@@ -285,7 +290,10 @@ struct RunRegistry {
   /// process at exit for ever, Ctrl-C included (a new user's trial). A body inside a call that
   /// runs no bytecode (time.sleep, a blocking read, C code) cannot be interrupted: its run is
   /// left behind kExitGrace later, named on stderr, and the process exits without it (before,
-  /// it waited for that call: for ever for a hung one). Without the GIL.
+  /// it waited for that call: for ever for a hung one). Should that call return while the
+  /// interpreter finalises, CPython's own code takes the GIL back and Python 3.11 ends the
+  /// thread mid-C++ (values.hpp, NoGil), which can abort the process: leaving a run is the last
+  /// resort, 4 s after the cancel. Without the GIL.
   void shut_down();
 };
 RunRegistry& registry() {
@@ -435,6 +443,32 @@ struct PyGraph {
   /// trial). Without the GIL (make_released).
   ~PyGraph();
 
+  /// Its last reference let go of with the GIL while its run goes on: the run is cancelled and
+  /// waited for here, in slices that let Ctrl-C through (wait_in_slices); Python bodies still
+  /// running RunRegistry::kExitGrace later are interrupted, and stderr says what it waits for.
+  /// A Ctrl-C then leaves the run behind (end_on_ctrl_c; deleted_behind deletes the graph once
+  /// it ends) and is raised at the next bytecode. Before, the destructor waited with no signal
+  /// checks: for ever behind a body inside a call Python cannot interrupt (a verification
+  /// trial: a function's graph, its run going, freed as the function returned).
+  void before_release();
+
+  /// Its last reference gone while a run that Ctrl-C left behind still runs (abandoned): the
+  /// graph is deleted on a thread of its own once that run ends, rather than here (its
+  /// destructor would wait for the run: for ever behind a hung body, the review of the Ctrl-C
+  /// change found, e.g. a function's graph dropped as its KeyboardInterrupt is handled).
+  /// True if so; from the last reference's thread, with or without the GIL.
+  bool deleted_behind() {
+    if (!abandoned || abandoned->status() != RunStatus::running) return false;
+    std::thread([this, run = *abandoned] {
+      try {
+        run.wait();
+      } catch (...) {
+      }
+      delete this;  // (its Python objects are dropped with the GIL, or left once exiting)
+    }).detach();
+    return true;
+  }
+
   /// Holds `o` for a body (with the GIL).
   HeldRef hold(py::object o) {
     held.push_back(std::make_shared<Held>(Held{PyObj(std::move(o))}));
@@ -491,27 +525,34 @@ void collectable_graph(PyHeapTypeObject* heap_type) {
   };
 }
 
-/// A signal handler raised `KeyboardInterrupt` (pending, with the GIL): interrupt the graph's
-/// Python bodies too, so that the cancel that follows does not wait for them to return.
-void interrupt_bodies_on_ctrl_c(const std::shared_ptr<PyGraph>& g) {
-  if (g && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) g->bodies->interrupt();
-}
-
 /// How long Ctrl-C waits for the run it cancels (end_on_ctrl_c).
 constexpr std::chrono::seconds kCtrlCGrace{1};
 
-/// A signal handler raised an exception while the caller waited for `run` (for x in sink,
-/// run.wait(); pending, with the GIL): the run is cancelled (through `sink`'s close() when
-/// given, so that the readers of the graph's other pull sinks are told who stopped it), its
-/// Python bodies interrupted on KeyboardInterrupt (each gets it at its next bytecode), and it
-/// gets kCtrlCGrace to end. A body inside a call that runs no bytecode (time.sleep, a blocking
-/// read, an Event's wait, C code) does not end by then: the run is left to end behind, when that
-/// call returns; stderr names the bodies, and the graph's next run waits for it
-/// (wait_for_abandoned). Before, the exception waited for those calls: a body hung in one held
-/// Ctrl-C for ever.
-void end_on_ctrl_c(const Run& run, const std::shared_ptr<PyGraph>& g, const PullSink<Value>* sink) {
-  if (!run.valid()) return;
-  interrupt_bodies_on_ctrl_c(g);
+/// What stopped the caller, for the messages: "Ctrl-C" for a KeyboardInterrupt, else the
+/// exception's type (a SIGTERM handler's SystemExit, say).
+std::string stop_cause(PyObject* type) {
+  if (!type || PyErr_GivenExceptionMatches(type, PyExc_KeyboardInterrupt)) return "Ctrl-C";
+  return PyType_Check(type) ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "an exception";
+}
+
+/// A signal handler raised an exception (pending: `type` is PyErr_Occurred(); or given: a
+/// `with` block's exit) while the caller waited for `run` (for x in sink, run.wait(), a close):
+/// the run is cancelled (through `sink`'s close() when given, so that the readers of the
+/// graph's other pull sinks are told who stopped it), its Python bodies interrupted (each gets
+/// a KeyboardInterrupt at its next bytecode), and it gets kCtrlCGrace to end. A body inside a
+/// call that runs no bytecode (time.sleep, a blocking read, an Event's wait, C code) does not
+/// end by then: the run is left to end behind, when that call returns; stderr names the bodies,
+/// and the graph's next run waits for it (wait_for_abandoned). Before, the exception waited for
+/// those calls: a body hung in one held Ctrl-C for ever. With the GIL; a run that has ended (an
+/// iterator's, outliving it) is left alone.
+void end_on_ctrl_c(const Run& run, PyGraph* g, const PullSink<Value>* sink,
+                   PyObject* type = nullptr) {
+  if (!run.valid() || run.status() != RunStatus::running) return;
+  // Left behind already (a `with` block's exit after its loop's Ctrl-C): the graph runs one
+  // run at a time, so a running abandoned run is this one.
+  if (g && g->abandoned && g->abandoned->status() == RunStatus::running) return;
+  if (!type) type = PyErr_Occurred();
+  if (g) g->bodies->interrupt();
   bool ended = false;
   {
     NoGil nogil;
@@ -524,21 +565,23 @@ void end_on_ctrl_c(const Run& run, const std::shared_ptr<PyGraph>& g, const Pull
   g->abandoned = run;
   const std::string names = g->bodies->names();
   std::fprintf(stderr,
-               "splitflow: graph '%s' was cancelled (Ctrl-C) and has not ended within %lld s: %s "
+               "splitflow: graph '%s' was cancelled (%s) and has not ended within %lld s: %s "
                "still running, inside a call that Python cannot interrupt (time.sleep, a blocking "
                "read, C code). It ends when that call returns; the graph's next run waits for "
                "it.\n",
-               g->graph.name().c_str(), static_cast<long long>(kCtrlCGrace.count()),
+               g->graph.name().c_str(), stop_cause(type).c_str(), static_cast<long long>(kCtrlCGrace.count()),
                names.empty() ? "a body is" : (names + (names.find(", ") == std::string::npos ? " is" : " are")).c_str());
   std::fflush(stderr);
 }
 
-/// Before a run of `g` starts (with the GIL): a run that Ctrl-C left to end behind
-/// (end_on_ctrl_c) is waited for, in 50 ms slices that let Ctrl-C through, saying once on
-/// stderr what it waits for when that takes more than a second.
-void wait_for_abandoned(PyGraph& g) {
-  if (!g.abandoned) return;
-  const Run run = *g.abandoned;
+/// How long waiting for a cancelled run goes before it says what it waits for.
+constexpr std::chrono::seconds kCloseNote{3};
+
+/// Waits for `run` to end (with the GIL) in 50 ms slices with the GIL released (so that its
+/// Python stages can finish), letting a signal handler's exception through: true once it ended,
+/// false with that exception pending. `note()` is called once, after `note_after` of waiting.
+template <class Note>
+bool wait_in_slices(const Run& run, std::chrono::nanoseconds note_after, Note note) {
   const auto t0 = std::chrono::steady_clock::now();
   bool said = false;
   for (;;) {
@@ -548,18 +591,94 @@ void wait_for_abandoned(PyGraph& g) {
       done = run.wait_for(50ms);
       if (done) drain(run);
     }
-    if (done) break;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    if (!said && std::chrono::steady_clock::now() - t0 >= 1s) {
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) return false;
+    if (!said && std::chrono::steady_clock::now() - t0 >= note_after) {
       said = true;
-      const std::string names = g.bodies->names();
-      std::fprintf(stderr,
-                   "splitflow: graph '%s' waits for its run cancelled by Ctrl-C to end before "
-                   "the next one starts: %s still running\n",
-                   g.graph.name().c_str(), names.empty() ? "a body" : names.c_str());
-      std::fflush(stderr);
+      note();
     }
   }
+}
+
+/// Waits for `run`, cancelled, to end (with the GIL; wait_in_slices). After kCloseNote stderr
+/// names the bodies it waits for; an exception from a signal handler (Ctrl-C) leaves the run to
+/// end behind (end_on_ctrl_c) and returns false, the exception pending. Before, a body that
+/// never returned held close(), a break, a `with` block's end and Ctrl-C for ever.
+bool wait_cancelled(const Run& run, PyGraph* g) {
+  const bool ended = wait_in_slices(run, kCloseNote, [&] {
+    if (!g) return;
+    const std::string names = g->bodies->names();
+    std::fprintf(stderr,
+                 "splitflow: ending a cancelled run of graph '%s' waits for %s, still running "
+                 "%lld s after the cancel; Ctrl-C leaves the run to end behind\n",
+                 g->graph.name().c_str(), names.empty() ? "its stages" : names.c_str(),
+                 static_cast<long long>(kCloseNote.count()));
+    std::fflush(stderr);
+  });
+  if (!ended) end_on_ctrl_c(run, g, nullptr);
+  return ended;
+}
+
+/// The exception a destructor cannot raise (a signal handler's, during an iterator's close on
+/// its release), raised in the main thread at its next bytecode (a pending call), as it was.
+void raise_later();
+
+void PyGraph::before_release() {
+  if (!last_run || last_run->status() != RunStatus::running || !python_alive() || !exit_gate::open())
+    return;
+  if (abandoned && abandoned->status() == RunStatus::running) return;  // (deleted_behind)
+  const Run run = *last_run;
+  {
+    NoGil nogil;
+    run.cancel();
+  }
+  const bool ended = wait_in_slices(run, RunRegistry::kExitGrace, [&] {
+    bodies->interrupt();
+    const std::string names = bodies->names();
+    std::fprintf(stderr,
+                 "splitflow: dropping graph '%s' waits for its cancelled run: %s still running "
+                 "%lld s after the cancel (interrupted now); Ctrl-C leaves the run to end behind\n",
+                 graph.name().c_str(), names.empty() ? "its stages" : names.c_str(),
+                 static_cast<long long>(RunRegistry::kExitGrace.count()));
+    std::fflush(stderr);
+  });
+  if (ended) return;
+  end_on_ctrl_c(run, this, nullptr);
+  raise_later();
+}
+
+void raise_later() {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  if (!type) return;
+  auto* saved = new std::array<PyObject*, 3>{type, value, tb};
+  const int added = Py_AddPendingCall([](void* p) -> int {
+    std::unique_ptr<std::array<PyObject*, 3>> e(static_cast<std::array<PyObject*, 3>*>(p));
+    PyErr_Restore((*e)[0], (*e)[1], (*e)[2]);  // steals
+    return -1;
+  }, saved);
+  if (added != 0) {  // (the queue is full: the exception is lost, as an unraisable one)
+    PyErr_Restore(saved->at(0), saved->at(1), saved->at(2));
+    delete saved;
+    PyErr_WriteUnraisable(nullptr);
+  }
+}
+
+/// Before a run of `g` starts (with the GIL): a run that Ctrl-C left to end behind
+/// (end_on_ctrl_c) is waited for, in 50 ms slices that let Ctrl-C through, saying once on
+/// stderr what it waits for when that takes more than a second.
+void wait_for_abandoned(PyGraph& g) {
+  if (!g.abandoned) return;
+  const Run run = *g.abandoned;  // (a copy: another thread's start may reset it meanwhile)
+  const bool ended = wait_in_slices(run, 1s, [&] {
+    const std::string names = g.bodies->names();
+    std::fprintf(stderr,
+                 "splitflow: graph '%s' waits for its run cancelled by Ctrl-C to end before the "
+                 "next one starts: %s still running\n",
+                 g.graph.name().c_str(), names.empty() ? "a body" : names.c_str());
+    std::fflush(stderr);
+  });
+  if (!ended) throw py::error_already_set();
   g.abandoned.reset();
 }
 
@@ -1121,7 +1240,7 @@ RunStatus wait_run(const Run& run, std::optional<double> timeout_s, bool& done,
       }
     }
     if (PyErr_CheckSignals() != 0) {
-      end_on_ctrl_c(run, graph, nullptr);
+      end_on_ctrl_c(run, graph.get(), nullptr);
       throw py::error_already_set();
     }
     // A run whose pull sink is full and read by nobody waits for ever: say so, once. Checked
@@ -1193,7 +1312,7 @@ struct PullIterator {
       }
       if (PyErr_CheckSignals() != 0) {
         finished = true;
-        end_on_ctrl_c(run, node->graph, &*node->pull);
+        end_on_ctrl_c(run, node->graph.get(), &*node->pull);
         throw py::error_already_set();
       }
       // A loop that has waited kStuckSlices for one item says once, on stderr, what the run's
@@ -1207,13 +1326,9 @@ struct PullIterator {
     }
   }
   static constexpr int kStuckSlices = 20 * 120;  // 50 ms slices: 120 s
-  /// How long closing a run waits for its bodies before it says what it waits for.
-  static constexpr std::chrono::seconds kCloseNote{3};
-  /// close(), or the iterator let go of with the GIL (a break): ends the run (close_and_drain)
-  /// and waits for it, with the GIL released in 50 ms slices that let Ctrl-C through. After
-  /// kCloseNote stderr names the bodies it waits for; a Ctrl-C then leaves the run to end behind
-  /// (end_on_ctrl_c) and returns false, KeyboardInterrupt pending. Before, a body that never
-  /// returned held close() (GraphDataset's, when a DataLoader loop stops) and Ctrl-C for ever.
+  /// close(), or the iterator let go of with the GIL (a break): ends the run (its sink's
+  /// close(), as close_and_drain) and waits for its end (wait_cancelled: a Ctrl-C meanwhile
+  /// leaves it behind and returns false, the exception pending).
   bool close_and_wait() {
     if (!run.valid()) return true;
     {
@@ -1221,44 +1336,18 @@ struct PullIterator {
       if (run.status() == RunStatus::running) node->pull->close();
       run.cancel();
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    bool said = false;
-    for (;;) {
-      bool done = false;
-      {
-        NoGil nogil;
-        done = run.wait_for(50ms);
-        if (done) drain(run);
-      }
-      if (done) return true;
-      if (PyErr_CheckSignals() != 0) {
-        end_on_ctrl_c(run, node->graph, nullptr);
-        return false;
-      }
-      if (!said && std::chrono::steady_clock::now() - t0 >= kCloseNote) {
-        said = true;
-        const std::string names = node->graph->bodies->names();
-        std::fprintf(stderr,
-                     "splitflow: closing a run of graph '%s' waits for %s, still running %lld s "
-                     "after its cancel; Ctrl-C leaves the run to end behind\n",
-                     node->graph->graph.name().c_str(), names.empty() ? "its stages" : names.c_str(),
-                     static_cast<long long>(kCloseNote.count()));
-        std::fflush(stderr);
-      }
-    }
+    return wait_cancelled(run, node->graph.get());
   }
   /// Before the iterator is deleted by its last reference, with the GIL (make_released): a loop
-  /// left early ends the run here, as close() does; a Ctrl-C during that wait leaves the run
-  /// behind and is raised again at the next bytecode (a destructor cannot raise it).
+  /// left early ends the run here, as close() does; an exception a signal handler raises during
+  /// that wait (Ctrl-C) leaves the run behind and is raised at the next bytecode (a destructor
+  /// cannot raise it).
   void before_release() {
     if (finished || !run.valid() || !python_alive() || !exit_gate::open() || (!own && !item) ||
         run.status() != RunStatus::running)
       return;
     finished = true;
-    if (!close_and_wait()) {
-      PyErr_Clear();
-      PyErr_SetInterrupt();
-    }
+    if (!close_and_wait()) raise_later();
   }
   /// The reader stops (a break, close(), Ctrl-C): the run ends as its sink's close() ends it,
   /// so that the readers of the graph's other pull sinks are told who stopped it. Without the GIL.
@@ -1292,7 +1381,7 @@ void ctrl_c_aware_iterator(PyHeapTypeObject* heap_type) {
         if (const auto& it = vh.holder<std::shared_ptr<PullIterator>>();
             it && !it->finished && it->run.valid() && (it->own || it->item)) {
           it->finished = true;
-          end_on_ctrl_c(it->run, it->node->graph, &*it->node->pull);
+          end_on_ctrl_c(it->run, it->node->graph.get(), &*it->node->pull);
         }
       }
     }
@@ -1892,10 +1981,22 @@ waiting at once.)doc")
       })
       .def("trace_json", [](const PyRun& r) { return r.run.trace_json(); })
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](PyRun& r, py::args) {
-        // Leaving a `with` block cancels a run still going (an exception, a break).
-        NoGil nogil;
-        drain(r.run);  // (cancelling a finished run does nothing)
+      .def("__exit__", [](PyRun& r, py::object type, py::object, py::object) {
+        // Leaving a `with` block cancels a run still going (an exception, a break) and waits for
+        // its end: as Ctrl-C in a wait when a KeyboardInterrupt (or another exception that is
+        // not an Exception: SystemExit) leaves it (end_on_ctrl_c: a body that cannot be
+        // interrupted is left behind), else in slices that let Ctrl-C through (wait_cancelled).
+        // It drained the run whatever: for ever behind a hung body, Ctrl-C ignored.
+        if (!r.run.valid() || r.run.status() != RunStatus::running) return false;
+        if (!type.is_none() && !PyErr_GivenExceptionMatches(type.ptr(), PyExc_Exception)) {
+          end_on_ctrl_c(r.run, r.graph.get(), nullptr, type.ptr());
+          return false;
+        }
+        {
+          NoGil nogil;
+          r.run.cancel();
+        }
+        if (!wait_cancelled(r.run, r.graph.get())) throw py::error_already_set();
         return false;
       });
 
