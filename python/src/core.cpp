@@ -246,6 +246,14 @@ struct PyRuntime {
   Runtime rt;
 };
 
+/// Cancels `run`, through `sink`'s close() when given and the run is going (that run is then
+/// the graph's current one: the readers of its other pull sinks are told who stopped it).
+/// Without the GIL.
+void cancel_through(const Run& run, const PullSink<Value>* sink) noexcept {
+  if (sink && run.status() == RunStatus::running) sink->close();
+  run.cancel();
+}
+
 /// Cancels `run` and waits for it to end; its error, if any, is not raised (the caller is
 /// abandoning the run). Call without the GIL: its Python stages may need it to finish.
 void drain(const Run& run) noexcept {
@@ -556,8 +564,7 @@ void end_on_ctrl_c(const Run& run, PyGraph* g, const PullSink<Value>* sink,
   bool ended = false;
   {
     NoGil nogil;
-    if (sink && run.status() == RunStatus::running) sink->close();
-    run.cancel();
+    cancel_through(run, sink);
     ended = run.wait_for(kCtrlCGrace);
     if (ended) drain(run);  // (its error, if any, is not the caller's: it stopped the run)
   }
@@ -1333,8 +1340,7 @@ struct PullIterator {
     if (!run.valid()) return true;
     {
       NoGil nogil;
-      if (run.status() == RunStatus::running) node->pull->close();
-      run.cancel();
+      cancel_through(run, &*node->pull);
     }
     return wait_cancelled(run, node->graph.get());
   }
@@ -1352,8 +1358,7 @@ struct PullIterator {
   /// The reader stops (a break, close(), Ctrl-C): the run ends as its sink's close() ends it,
   /// so that the readers of the graph's other pull sinks are told who stopped it. Without the GIL.
   void close_and_drain() noexcept {
-    // While its run is going, that run is the graph's current one: close() cancels it.
-    if (run.status() == RunStatus::running) node->pull->close();
+    cancel_through(run, &*node->pull);
     drain(run);
   }
   // Leaving a loop early ends the run before the loop statement returns, so that the graph can
